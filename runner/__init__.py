@@ -1,0 +1,1 @@
+"""Durable CrewAI-style flows and crews on Celery workers, with checkpoints in Redis."""

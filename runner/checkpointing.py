@@ -1,0 +1,248 @@
+"""CrewAI's persistence surfaces: ``@persist``, ``CheckpointConfig``, and the sinks
+that decide which of a run's checkpoints reach durable storage.
+
+* ``@persist`` (class or method) saves the state after every (or the marked)
+  method through a ``FlowPersistence`` (default: Redis from the settings); a
+  persistence built on a checkpoint store also keeps the full checkpoint, so such
+  runs can later be resumed step-exactly.
+* ``CheckpointConfig`` writes full checkpoints to a provider on the selected
+  events; for a flow the default events checkpoint after every method.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from runner.flow import events as ev
+from runner.store.base import CheckpointStore
+from runner.store.models import Checkpoint
+
+log = logging.getLogger("runner.persist")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+FLOW_DEFAULT_EVENTS = frozenset(
+    {
+        ev.FLOW_STARTED,
+        ev.METHOD_FINISHED,
+        ev.METHOD_FAILED,
+        ev.FLOW_PAUSED,
+        "flow_resumed",
+        "flow_cancelled",
+    }
+)
+"""A flow checkpoints when it starts, after every method, and when it stops early."""
+
+CREW_DEFAULT_EVENTS = frozenset({"task_completed", "task_failed", "crew_kickoff_started"})
+
+
+class CheckpointConfig(BaseModel):
+    """Where and when checkpoints are written (CrewAI's fields and defaults)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    location: str = "./.checkpoints"
+    """A directory for ``JsonProvider``, a database file for ``SqliteProvider``."""
+    on_events: list[str] | None = None
+    """Events that write a checkpoint; ``["*"]`` = all; ``None`` = the kind's default."""
+    provider: Any = None
+    """A checkpoint store (or store class); default ``JsonProvider`` at ``location``."""
+    max_checkpoints: int | None = None
+    """Checkpoints kept per run; older ones are pruned after each write."""
+    restore_from: str | Path | None = None
+    """A checkpoint id, a run id (its latest) or a checkpoint JSON file to restore."""
+
+    def events(self, kind: str = "flow") -> frozenset[str]:
+        """The events that write a checkpoint for a flow or a crew."""
+        if self.on_events is None:
+            return FLOW_DEFAULT_EVENTS if kind == "flow" else CREW_DEFAULT_EVENTS
+        if "*" in self.on_events:
+            return frozenset({"*"})
+        return frozenset(self.on_events)
+
+    def store(self) -> CheckpointStore:
+        """The provider this config writes to, bound to ``location``."""
+        provider = self.provider
+        if provider is None:
+            from runner.store.jsondir import JsonProvider
+
+            provider = JsonProvider
+        if isinstance(provider, type):
+            provider = provider(self.location)
+        bind = getattr(provider, "bind", None)
+        if callable(bind):
+            provider = bind(self.location)
+        return provider  # type: ignore[no-any-return]
+
+
+def resolve_config(value: CheckpointConfig | bool | None) -> CheckpointConfig | None:
+    """CrewAI's values: ``None``/``False`` off here, ``True`` defaults, a config as is."""
+    if value is True:
+        return CheckpointConfig()
+    if isinstance(value, CheckpointConfig):
+        return value
+    return None
+
+
+# -- @persist --------------------------------------------------------------------------------
+
+
+class FlowPersistenceLike(Protocol):
+    """CrewAI's ``FlowPersistence`` face."""
+
+    def save_state(self, flow_uuid: str, method_name: str, state_data: Any) -> None: ...
+
+    def load_state(self, flow_uuid: str) -> dict[str, Any] | None: ...
+
+
+class PersistSpec(BaseModel):
+    """What ``@persist`` attached to a class or method."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    persistence: Any = None
+    verbose: bool = False
+
+
+PERSIST_ATTR = "__runner_persist__"
+
+
+def persist(persistence: Any = None, verbose: bool = False) -> Any:
+    """Persist flow state after every method (on a class) or after one method.
+
+    Usable as ``@persist``, ``@persist()`` or ``@persist(SQLiteFlowPersistence(...))``.
+    """
+    if callable(persistence) and not hasattr(persistence, "save_state"):
+        return persist()(persistence)
+
+    def decorate(target: Any) -> Any:
+        setattr(target, PERSIST_ATTR, PersistSpec(persistence=persistence, verbose=verbose))
+        return target
+
+    return decorate
+
+
+# -- sinks: which checkpoints are written where ---------------------------------------------
+
+
+class Sink:
+    """No persistence: nothing is written and nothing can be restored."""
+
+    store: CheckpointStore | None = None
+
+    def write(self, ckpt: Checkpoint) -> Checkpoint:
+        """Write ``ckpt`` if its event is selected; return it (with ``seq`` if written)."""
+        return ckpt
+
+    def load_state(self, run_id: str) -> dict[str, Any] | None:
+        """The latest state saved for ``run_id``."""
+        return None
+
+    def latest(self, run_id: str) -> Checkpoint | None:
+        """The latest full checkpoint of ``run_id``, where the sink keeps them."""
+        return None
+
+
+class StoreSink(Sink):
+    """Full checkpoints to a store on the selected events."""
+
+    def __init__(
+        self, store: CheckpointStore, events: frozenset[str], max_checkpoints: int | None = None
+    ) -> None:
+        self.store = store
+        self.events = events
+        self.max_checkpoints = max_checkpoints
+
+    def write(self, ckpt: Checkpoint) -> Checkpoint:
+        """Commit ``ckpt`` when its event is one of ours."""
+        assert self.store is not None
+        if "*" in self.events or ckpt.event in self.events:
+            return self.store.commit(ckpt, max_checkpoints=self.max_checkpoints)
+        return ckpt
+
+    def load_state(self, run_id: str) -> dict[str, Any] | None:
+        """State of the run's latest checkpoint."""
+        latest = self.latest(run_id)
+        return None if latest is None else dict(latest.state)
+
+    def latest(self, run_id: str) -> Checkpoint | None:
+        """The run's latest checkpoint in the store."""
+        assert self.store is not None
+        return self.store.latest(run_id)
+
+
+class PersistSink(Sink):
+    """``@persist``: state after every method, or after the marked methods."""
+
+    def __init__(
+        self, persistence: FlowPersistenceLike, methods: frozenset[str] | None, verbose: bool
+    ) -> None:
+        self.persistence = persistence
+        self.methods = methods
+        self.verbose = verbose
+        self.store = getattr(persistence, "store", None)
+
+    def write(self, ckpt: Checkpoint) -> Checkpoint:
+        """Save the state when a persisted method finished."""
+        if ckpt.event != ev.METHOD_FINISHED or ckpt.step is None:
+            return ckpt
+        if self.methods is not None and ckpt.step not in self.methods:
+            return ckpt
+        if self.verbose:
+            log.info("Saving flow state to memory for ID: %s", ckpt.run_id)
+        if self.store is not None:
+            return self.store.commit(ckpt)
+        self.persistence.save_state(ckpt.run_id, ckpt.step, ckpt.state)
+        return ckpt
+
+    def load_state(self, run_id: str) -> dict[str, Any] | None:
+        """CrewAI's ``load_state``."""
+        return self.persistence.load_state(run_id)
+
+    def latest(self, run_id: str) -> Checkpoint | None:
+        """Full checkpoints exist only when the persistence is store-backed."""
+        return None if self.store is None else self.store.latest(run_id)
+
+
+def default_persistence() -> FlowPersistenceLike:
+    """``@persist`` without an argument: Redis from the settings."""
+    from runner.store.persistence import RedisFlowPersistence
+
+    return RedisFlowPersistence()
+
+
+def sink_for(flow_cls: type, instance_persistence: Any, checkpoint: Any) -> Sink:
+    """Pick the sink for a flow: checkpoint config, else ``@persist``, else none."""
+    config = resolve_config(checkpoint)
+    if config is not None:
+        return StoreSink(config.store(), config.events("flow"), config.max_checkpoints)
+    spec: PersistSpec | None = getattr(flow_cls, PERSIST_ATTR, None)
+    methods: frozenset[str] | None = None
+    if spec is None:
+        marked = {
+            name: getattr(fn, PERSIST_ATTR)
+            for name, fn in _methods(flow_cls)
+            if isinstance(getattr(fn, PERSIST_ATTR, None), PersistSpec)
+        }
+        if marked:
+            spec = next(iter(marked.values()))
+            methods = frozenset(marked)
+    persistence = instance_persistence or (spec.persistence if spec else None)
+    if spec is None and persistence is None:
+        return Sink()
+    verbose = bool(spec and spec.verbose)
+    return PersistSink(persistence or default_persistence(), methods, verbose)
+
+
+def _methods(cls: type) -> list[tuple[str, Any]]:
+    found: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if callable(value) and not name.startswith("__"):
+                found[name] = value
+    return list(found.items())

@@ -1,0 +1,1 @@
+"""Running flows on Celery workers: app, step tasks, dispatch, leases, recovery."""

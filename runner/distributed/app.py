@@ -1,0 +1,83 @@
+"""The Celery app: configured from the runner settings and ``config/celeryconfig.py``.
+
+The settings a correct run depends on (JSON only, late acks, reject on worker
+loss, prefetch 1, task events for Flower) are applied after the user's config
+file, so a config file cannot silently turn them off.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from runner.embedded import resolve_redis_url
+from runner.settings import RunnerSettings, get_settings
+
+REQUIRED: dict[str, Any] = {
+    "task_serializer": "json",
+    "result_serializer": "json",
+    "accept_content": ["json"],
+    "result_accept_content": ["json"],
+    "task_acks_late": True,
+    "task_reject_on_worker_lost": True,
+    "worker_prefetch_multiplier": 1,
+    "worker_send_task_events": True,
+    "task_send_sent_event": True,
+    "task_track_started": True,
+    "result_extended": True,
+    "broker_connection_retry_on_startup": True,
+}
+
+CONFIG_MODULE = "config.celeryconfig"
+
+
+def load_config_module() -> dict[str, Any]:
+    """Plain names from ``RUNNER_CELERY_CONFIG`` (a module) or ``config/celeryconfig.py``."""
+    name = os.environ.get("RUNNER_CELERY_CONFIG", CONFIG_MODULE)
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        path = Path.cwd() / "config" / "celeryconfig.py"
+        if name != CONFIG_MODULE or not path.is_file():
+            return {}
+        sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(name)
+        finally:
+            sys.path.pop(0)
+    return {k: v for k, v in vars(module).items() if not k.startswith("_") and k.islower()}
+
+
+def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") -> Celery:
+    """A Celery app on the settings' Redis (the embedded one when none is configured)."""
+    settings = settings or get_settings()
+    url = resolve_redis_url(settings.redis_url)
+    app = Celery(main, set_as_current=False)
+    conf: dict[str, Any] = {"broker_url": url, "result_backend": url}
+    conf.update(load_config_module())
+    conf.update(REQUIRED)
+    app.conf.update(conf)
+    app.conf.runner_redis_url = url
+    return app
+
+
+_app: Celery | None = None
+
+
+def get_app() -> Celery:
+    """The process-wide producer app (workers install theirs with :func:`set_app`)."""
+    global _app
+    if _app is None:
+        _app = make_app()
+    return _app
+
+
+def set_app(app: Celery | None) -> None:
+    """Make ``app`` the one :func:`get_app` returns (``None`` forgets it)."""
+    global _app
+    _app = app

@@ -1,0 +1,153 @@
+"""Producer side: submit runs to the workers and follow them.
+
+``submit`` validates inputs and writes the run's first checkpoint before
+anything is enqueued, so invalid inputs never reach a worker and a submitted run
+is always visible in the store.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any
+
+from runner.errors import (
+    FlowImportError,
+    RunCancelled,
+    RunFailed,
+    RunNotFound,
+    RunStateError,
+    RunTimeout,
+)
+from runner.flow import orchestrator as orch
+from runner.flow import transition as tr
+from runner.store.models import Checkpoint, RunInfo, RunStatus
+
+from .engine import START_TASK, Runtime, commit_status
+
+_runtime: Runtime | None = None
+
+
+def runtime() -> Runtime:
+    """The process-wide producer runtime (app + store) from the settings."""
+    global _runtime
+    if _runtime is None:
+        from .app import get_app
+
+        _runtime = Runtime.create(get_app())
+    return _runtime
+
+
+def set_runtime(rt: Runtime | None) -> None:
+    """Use ``rt`` for submits in this process (tests, embedded demo)."""
+    global _runtime
+    _runtime = rt
+
+
+def load_flow(path: str) -> Any:
+    """The class named by ``pkg.mod:Class``, or :class:`FlowImportError`."""
+    from runner.flow.flow import Flow
+
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise FlowImportError(f"flow path {path!r} is not of the form pkg.mod:Class", path=path)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise FlowImportError(f"cannot import {module_name}: {exc}", path=path) from None
+    obj = getattr(module, attr, None)
+    if not (isinstance(obj, type) and issubclass(obj, Flow)):
+        raise FlowImportError(f"{path} is not a Flow class", path=path)
+    return obj
+
+
+def submit(
+    flow: str | type, inputs: dict[str, Any] | None = None, *, rt: Runtime | None = None
+) -> RunHandle:
+    """Validate ``inputs``, create the run, and enqueue its start on the workers."""
+    rt = rt or runtime()
+    flow_cls: Any = load_flow(flow) if isinstance(flow, str) else flow
+    instance = flow_cls()
+    instance._state = instance._apply_inputs(instance._dump(), dict(inputs or {}))
+    run_id = instance.flow_id
+    if rt.store.run(run_id) is not None:
+        raise RunStateError(f"run {run_id} already exists; resume or fork it", run_id=run_id)
+    first = tr.start(
+        flow_cls.graph(),
+        run_id,
+        instance._dump(),
+        flow=flow_cls.flow_path(),
+        name=flow_cls.flow_name(),
+    )
+    rt.store.commit(first.checkpoint)
+    rt.app.send_task(
+        START_TASK, kwargs={"run_id": run_id}, task_id=f"{run_id}:start", kwargsrepr=run_id
+    )
+    return RunHandle(run_id, rt)
+
+
+class RunHandle:
+    """A submitted run: poll its status, wait for it, read its result, cancel it."""
+
+    def __init__(self, run_id: str, rt: Runtime | None = None) -> None:
+        self.run_id = run_id
+        self.rt = rt or runtime()
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.run_id!r})"
+
+    def info(self) -> RunInfo:
+        """The run's metadata (``RunNotFound`` if it does not exist)."""
+        info = self.rt.store.run(self.run_id)
+        if info is None:
+            raise RunNotFound(f"no run {self.run_id}", run_id=self.run_id)
+        return info
+
+    def status(self) -> RunStatus:
+        """The run's current status."""
+        return self.info().status
+
+    def latest(self) -> Checkpoint:
+        """The run's newest checkpoint."""
+        ckpt = self.rt.store.latest(self.run_id)
+        if ckpt is None:
+            raise RunNotFound(f"no run {self.run_id}", run_id=self.run_id)
+        return ckpt
+
+    def wait(self, timeout: float | None = None, interval: float = 0.02) -> RunStatus:
+        """Block until the run stops (succeeded, failed, cancelled or paused)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if status.finished or status is RunStatus.PAUSED:
+                return status
+            if deadline is not None and time.monotonic() > deadline:
+                raise RunTimeout(
+                    f"run {self.run_id} still {status.value} after {timeout}s",
+                    run_id=self.run_id,
+                )
+            time.sleep(interval)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait, then the last method's output; raise if the run did not succeed."""
+        status = self.wait(timeout)
+        latest = self.latest()
+        if status is RunStatus.SUCCEEDED:
+            return orch.last_output(tr.record_of(latest))
+        if status is RunStatus.CANCELLED:
+            raise RunCancelled(f"run {self.run_id} was cancelled", run_id=self.run_id)
+        error = latest.error
+        detail = f"{error.type}: {error.message}" if error else status.value
+        raise RunFailed(
+            f"run {self.run_id} {status.value} at {latest.step}: {detail}",
+            run_id=self.run_id,
+            step=latest.step,
+        )
+
+    def cancel(self) -> Checkpoint:
+        """Stop dispatching; running steps finish and commit; the run can be resumed."""
+        if self.status().finished:
+            raise RunStateError(
+                f"run {self.run_id} is already {self.status().value}", run_id=self.run_id
+            )
+        return commit_status(self.rt, self.run_id, "flow_cancelled", RunStatus.CANCELLED)

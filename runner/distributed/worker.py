@@ -1,0 +1,120 @@
+"""Worker side: import the allow-listed flow modules and register their tasks.
+
+Only modules named in ``RUNNER_FLOW_MODULES`` are imported, at start-up; a
+message can name a task, never a module. Each flow method becomes the task
+``<Flow>.<method>``; ``runner.start_run`` checks a new run's flow against the
+allow-list before its start methods are dispatched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import threading
+from typing import Any
+
+from celery import Celery, signals
+
+from runner.errors import FlowImportError, RunnerError
+from runner.settings import RunnerSettings, get_settings
+
+from .engine import RECOVER_TASK, START_TASK, Runtime, execute, recover, start_run, task_name
+
+log = logging.getLogger("runner.worker")
+
+
+def install(
+    app: Celery, modules: list[str] | None = None, settings: RunnerSettings | None = None
+) -> Runtime:
+    """Register the runner's tasks and the allow-listed flows on ``app``."""
+    settings = settings or get_settings()
+    rt = Runtime.create(app, settings)
+    _register_builtins(app, rt)
+    for name in settings.flow_modules if modules is None else modules:
+        for flow_cls in flows_in(name):
+            register_flow(app, rt, flow_cls)
+    _start_recovery_on_ready(app, rt)
+    return rt
+
+
+def flows_in(module_name: str) -> list[type]:
+    """The Flow subclasses defined in ``module_name`` (imported here)."""
+    from runner.flow.flow import Flow
+
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise FlowImportError(
+            f"cannot import flow module {module_name}: {exc}", module=module_name
+        ) from None
+    return [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, Flow)
+        and obj is not Flow
+        and obj.__module__ == module.__name__
+    ]
+
+
+def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
+    """One task per method of ``flow_cls``; returns the task names."""
+    name = flow_cls.flow_name()
+    rt.flows[name] = flow_cls
+    names = []
+    for method, spec in flow_cls.graph().methods.items():
+        limit = spec.time_limit or rt.settings.step_time_limit
+
+        def body(
+            task: Any, run_id: str, activation: str, epoch: int = 0, attempt: int = 1
+        ) -> dict[str, Any]:
+            return execute(rt, task, flow_cls, run_id, activation, epoch, attempt)
+
+        body.__name__ = body.__qualname__ = f"{name}.{method}"
+        app.task(
+            name=task_name(name, method),
+            bind=True,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            soft_time_limit=limit,
+            time_limit=limit * 1.5 + 5 if limit else None,
+            max_retries=None,
+        )(body)
+        names.append(task_name(name, method))
+    return names
+
+
+def _register_builtins(app: Celery, rt: Runtime) -> None:
+    @app.task(name=START_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+    def start(task: Any, run_id: str) -> dict[str, Any]:
+        try:
+            return {"run_id": run_id, "dispatched": start_run(rt, run_id)}
+        except RunnerError as exc:
+            log.error("run %s not started: %s", run_id, exc)
+            return {"run_id": run_id, "error": str(exc)}
+
+    @app.task(name=RECOVER_TASK)
+    def recover_task() -> dict[str, list[str]]:
+        return recover(rt, force=True)
+
+
+def _start_recovery_on_ready(app: Celery, rt: Runtime) -> None:
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", app) is not app:
+            return
+        thread = threading.Thread(target=_recovery_loop, args=(rt,), daemon=True, name="recover")
+        thread.start()
+
+    signals.worker_ready.connect(on_ready, weak=False)
+
+
+def _recovery_loop(rt: Runtime) -> None:
+    stop = threading.Event()
+    while not stop.wait(rt.settings.recovery_interval):
+        try:
+            resent = recover(rt)
+            if resent:
+                log.warning("recovery re-dispatched %s", resent)
+        except Exception:
+            log.exception("recovery pass failed; retrying in %ss", rt.settings.recovery_interval)

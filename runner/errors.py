@@ -1,0 +1,127 @@
+"""One exception tree for the whole runner.
+
+Every error the runner raises derives from :class:`RunnerError`. Each carries
+structured fields and survives Celery's JSON serializer: ``__reduce__`` rebuilds
+the exception from its keyword fields, and :meth:`RunnerError.to_dict` gives a
+JSON-safe description for checkpoints and CLI ``--json`` output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RunnerError(Exception):
+    """Root of every error the runner raises."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+        for key, value in fields.items():
+            setattr(self, key, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.fields))
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe description: error type, message and fields."""
+        return {"type": type(self).__name__, "message": self.message, **self.fields}
+
+
+def _rebuild(cls: type[RunnerError], message: str, fields: dict[str, Any]) -> RunnerError:
+    err = cls.__new__(cls)
+    RunnerError.__init__(err, message, **fields)
+    return err
+
+
+# --- definition errors: the flow or crew as written is wrong -------------------------------
+
+
+class DefinitionError(RunnerError):
+    """A flow, crew or decorator is used in a way that cannot work."""
+
+
+class UnknownTrigger(DefinitionError):
+    """A listener names a trigger that is neither a method nor a router label."""
+
+
+class FlowImportError(DefinitionError):
+    """A ``pkg.mod:Flow`` path does not import, or is outside the allow-list."""
+
+
+class UnknownStep(DefinitionError):
+    """A step name (e.g. a ``--rerun`` step) that is not a method of the flow."""
+
+
+# --- store errors: checkpoints and runs ----------------------------------------------------
+
+
+class StoreError(RunnerError):
+    """A checkpoint store could not do what was asked."""
+
+
+class StoreUnavailable(StoreError):
+    """The store's backend (Redis, a file, a database) cannot be reached."""
+
+
+class CheckpointNotFound(StoreError):
+    """No checkpoint with the given id exists."""
+
+
+class RunNotFound(StoreError):
+    """No run with the given id exists."""
+
+
+class CorruptCheckpoint(StoreError):
+    """A stored snapshot could not be decoded into a checkpoint."""
+
+
+class CommitConflict(StoreError):
+    """The run advanced since the caller read it (optimistic concurrency)."""
+
+
+class StaleAttempt(StoreError):
+    """Another attempt of the same step already committed (fencing)."""
+
+
+class NotSerializable(StoreError):
+    """State or an output cannot be written as JSON."""
+
+
+# --- run state errors: the run cannot do what was asked now ---------------------------------
+
+
+class RunStateError(RunnerError):
+    """A run is not in a state that allows the requested operation."""
+
+
+class GraphChanged(RunStateError):
+    """The flow's graph changed and completed steps no longer exist."""
+
+
+class RunCancelled(RunStateError):
+    """The run was cancelled."""
+
+
+class RunFailed(RunStateError):
+    """The run ended failed; carries the failing step and its error."""
+
+
+class RunTimeout(RunStateError):
+    """Waiting for a run took longer than allowed."""
+
+
+class CycleLimitExceeded(RunStateError):
+    """A step would run more often in one run than its ``max_calls`` allows (a runaway loop)."""
+
+
+class NotInFlight(RunStateError):
+    """A step activation was committed that is not in flight (unknown or already committed)."""
+
+
+class InvalidInputs(RunnerError):
+    """Inputs do not validate against the flow's state model."""

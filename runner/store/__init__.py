@@ -1,0 +1,1 @@
+"""Checkpoint stores: a small protocol, the Redis store, and SQLite / JSON-directory providers."""

@@ -1,0 +1,187 @@
+"""Record rules shared by the providers, so every backend derives the same metadata.
+
+A provider moves bytes; these helpers decide what a committed checkpoint means for
+the run's :class:`RunInfo`, what a fork's first checkpoint looks like, and how a
+snapshot is encoded and decoded (with the store's errors, never pydantic's).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
+
+from runner import ids
+from runner.errors import (
+    CommitConflict,
+    CorruptCheckpoint,
+    NotSerializable,
+    StaleAttempt,
+    StoreError,
+)
+from runner.store.models import Checkpoint, Lineage, RunInfo, RunStatus
+
+FORKED_EVENT = "forked"
+"""Event of the first checkpoint of a run made by :meth:`CheckpointStore.fork`."""
+
+_FIXED_RUN_FIELDS = frozenset({"run_id"})
+
+
+def resolve_max(default: int | None) -> int:
+    """A provider's history length: the given value, else the settings' ``max_checkpoints``."""
+    if default is not None:
+        return max(default, 0)
+    from runner.settings import get_settings
+
+    return get_settings().max_checkpoints
+
+
+def encode(checkpoint: Checkpoint) -> str:
+    """The checkpoint as JSON text; :class:`NotSerializable` if a value cannot be written."""
+    try:
+        return checkpoint.model_dump_json()
+    except (PydanticSerializationError, TypeError, ValueError) as exc:
+        raise NotSerializable(
+            f"checkpoint {checkpoint.id} of run {checkpoint.run_id} is not JSON: {exc}",
+            checkpoint_id=checkpoint.id,
+            run_id=checkpoint.run_id,
+        ) from None
+
+
+def decode(data: str | bytes, checkpoint_id: str, where: str) -> Checkpoint:
+    """Parse a stored snapshot; :class:`CorruptCheckpoint` naming the id if it is unreadable."""
+    try:
+        return Checkpoint.model_validate_json(data)
+    except (ValidationError, ValueError, UnicodeDecodeError) as exc:
+        reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise CorruptCheckpoint(
+            f"checkpoint {checkpoint_id} in {where} cannot be decoded: {reason}",
+            checkpoint_id=checkpoint_id,
+        ) from None
+
+
+def decode_info(data: str | bytes | dict[str, Any], run_id: str, where: str) -> RunInfo:
+    """Parse stored run metadata; :class:`StoreError` naming the run if it is unreadable."""
+    try:
+        if isinstance(data, dict):
+            return RunInfo.model_validate(data)
+        return RunInfo.model_validate_json(data)
+    except ValidationError as exc:
+        raise StoreError(
+            f"metadata of run {run_id} in {where} cannot be decoded: {exc.errors()[0]['msg']}",
+            run_id=run_id,
+        ) from None
+
+
+def run_info_after(
+    checkpoint: Checkpoint, previous: RunInfo | None, now: float | None = None
+) -> RunInfo:
+    """The run's metadata once ``checkpoint`` (with ``seq`` set) is committed.
+
+    Status, latest id, seq, event, step and error (``Type: message``, or none)
+    come from the checkpoint; ``flow`` too when the checkpoint has one. Name
+    (``meta["name"]``) and lineage are taken from the run's first checkpoint.
+    ``created_at`` is the first commit's time, ``updated_at`` this commit's.
+    """
+    now = time.time() if now is None else now
+    if previous is None:
+        info = RunInfo(run_id=checkpoint.run_id, created_at=now)
+        name = checkpoint.meta.get("name")
+        info.name = str(name) if name else None
+        if checkpoint.lineage is not None:
+            info.parent_run_id = checkpoint.lineage.parent_run_id
+            info.parent_checkpoint_id = checkpoint.lineage.parent_checkpoint_id
+            info.branch = checkpoint.lineage.branch
+    else:
+        info = previous.model_copy()
+    info.status = checkpoint.status
+    info.latest = checkpoint.id
+    info.seq = checkpoint.seq
+    info.event = checkpoint.event
+    info.step = checkpoint.step
+    info.updated_at = max(now, info.created_at)
+    info.flow = checkpoint.flow or info.flow
+    error = checkpoint.error
+    info.error = f"{error.type}: {error.message}" if error is not None else None
+    return info
+
+
+def run_info_updated(info: RunInfo, fields: dict[str, Any], now: float | None = None) -> RunInfo:
+    """``info`` with ``fields`` set and ``updated_at`` bumped (unless given)."""
+    unknown = set(fields) - (set(RunInfo.model_fields) - _FIXED_RUN_FIELDS)
+    if unknown:
+        raise StoreError(
+            f"cannot update run {info.run_id}: unknown field(s) {', '.join(sorted(unknown))}",
+            run_id=info.run_id,
+        )
+    data = info.model_dump()
+    data["updated_at"] = time.time() if now is None else now
+    data.update(fields)
+    try:
+        return RunInfo.model_validate(data)
+    except ValidationError as exc:
+        raise StoreError(
+            f"cannot update run {info.run_id}: {exc.errors()[0]['msg']}", run_id=info.run_id
+        ) from None
+
+
+def forked(
+    source: Checkpoint,
+    new_run_id: str,
+    branch: str | None,
+    state: dict[str, Any] | None,
+) -> Checkpoint:
+    """The first checkpoint of a fork: a copy of ``source`` in run ``new_run_id``.
+
+    New id, event ``forked``, status ``pending`` (nothing of the new run has run),
+    no activation or error, lineage pointing at the source; ``state`` replaces the
+    copied state when given, and a state ``id`` becomes ``new_run_id`` (the flow
+    state's id is its run id). The store assigns ``seq`` (always 1).
+    """
+    new_state = dict(source.state if state is None else state)
+    if "id" in new_state:
+        new_state["id"] = new_run_id
+    return source.model_copy(
+        update={
+            "id": ids.checkpoint_id(),
+            "run_id": new_run_id,
+            "seq": 0,
+            "event": FORKED_EVENT,
+            "activation": None,
+            "attempt": None,
+            "status": RunStatus.PENDING,
+            "state": new_state,
+            "lineage": Lineage(
+                parent_run_id=source.run_id, parent_checkpoint_id=source.id, branch=branch
+            ),
+            "created_at": time.time(),
+            "error": None,
+        },
+        deep=True,
+    )
+
+
+def check_activation(
+    checkpoint: Checkpoint, recorded_attempt: str | None, recorded_id: str
+) -> None:
+    """Raise :class:`StaleAttempt` unless ``checkpoint`` is the recorded attempt again."""
+    if checkpoint.attempt != recorded_attempt:
+        raise StaleAttempt(
+            f"activation {checkpoint.activation} of run {checkpoint.run_id} was already "
+            f"committed by attempt {recorded_attempt} as checkpoint {recorded_id}",
+            run_id=checkpoint.run_id,
+            activation=checkpoint.activation,
+            checkpoint_id=recorded_id,
+        )
+
+
+def conflict(run_id: str, expected: int, actual: int) -> CommitConflict:
+    """The :class:`CommitConflict` for a compare-and-set commit that lost."""
+    return CommitConflict(
+        f"run {run_id} is at seq {actual}, not the expected {expected}",
+        run_id=run_id,
+        expected=expected,
+        actual=actual,
+    )

@@ -1,0 +1,97 @@
+"""Every Redis key the runner uses, built in one place.
+
+Layout (``P`` is the deployment prefix, default ``runner``; ``{R}`` is the run id
+as a Redis Cluster hash tag, so all keys of one run live in one slot):
+
+======================  ======  ==============================================
+key                     type    holds
+======================  ======  ==============================================
+``P:{R}:meta``          hash    run metadata (:class:`RunInfo` fields)
+``P:{R}:history``       zset    checkpoint ids scored by sequence number
+``P:{R}:ckpt:<id>``     string  one checkpoint snapshot, JSON
+``P:{R}:attempts``      hash    activation -> ``token|checkpoint id`` (idempotency, fencing)
+``P:{R}:pins``          set     checkpoint ids a fork points to (never pruned)
+``P:{R}:dispatched``    hash    activation -> attempt token of the dispatched task
+``P:{R}:leases``        zset    running activations scored by lease expiry
+``P:{R}:owners``        hash    activation -> attempt token holding its lease
+``P:runs``              zset    run ids scored by last update (the run index)
+``P:ckpts``             hash    checkpoint id -> run id (lookup by checkpoint id)
+``P:active``            zset    run ids whose status is ``running`` (recovery scans it)
+``P:recover-lock``      string  held by the worker doing the current recovery pass
+======================  ======  ==============================================
+
+The ``P:runs``/``P:ckpts``/``P:active`` index keys are global: the commit script writes
+them together with the run's keys, which a single Redis (and Sentinel) allows;
+on Redis Cluster they are the only cross-slot keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key builder for one deployment prefix."""
+
+    prefix: str = "runner"
+
+    def run(self, run_id: str, part: str) -> str:
+        """A per-run key: ``P:{run_id}:part``."""
+        return f"{self.prefix}:{{{run_id}}}:{part}"
+
+    def meta(self, run_id: str) -> str:
+        """The run's metadata hash."""
+        return self.run(run_id, "meta")
+
+    def history(self, run_id: str) -> str:
+        """The run's checkpoint history sorted set."""
+        return self.run(run_id, "history")
+
+    def snapshot_prefix(self, run_id: str) -> str:
+        """Prefix of the run's snapshot keys (the id is appended)."""
+        return self.run(run_id, "ckpt:")
+
+    def snapshot(self, run_id: str, checkpoint_id: str) -> str:
+        """One checkpoint snapshot."""
+        return self.snapshot_prefix(run_id) + checkpoint_id
+
+    def attempts(self, run_id: str) -> str:
+        """Committed activations and their attempt tokens."""
+        return self.run(run_id, "attempts")
+
+    def pins(self, run_id: str) -> str:
+        """Checkpoint ids protected from pruning."""
+        return self.run(run_id, "pins")
+
+    def dispatched(self, run_id: str) -> str:
+        """Activations already sent to workers."""
+        return self.run(run_id, "dispatched")
+
+    def leases(self, run_id: str) -> str:
+        """Running activations by lease expiry."""
+        return self.run(run_id, "leases")
+
+    def owners(self, run_id: str) -> str:
+        """Attempt tokens holding the leases."""
+        return self.run(run_id, "owners")
+
+    @property
+    def active(self) -> str:
+        """Runs whose status is running."""
+        return f"{self.prefix}:active"
+
+    @property
+    def recover_lock(self) -> str:
+        """Lock of the periodic recovery pass."""
+        return f"{self.prefix}:recover-lock"
+
+    @property
+    def runs(self) -> str:
+        """The global run index."""
+        return f"{self.prefix}:runs"
+
+    @property
+    def checkpoints(self) -> str:
+        """The global checkpoint id -> run id lookup."""
+        return f"{self.prefix}:ckpts"

@@ -1,0 +1,140 @@
+"""CrewAI's ``FlowPersistence`` face over any checkpoint store.
+
+CrewAI's ``@persist`` calls ``save_state`` after each flow method and
+``load_state`` when a flow is kicked off with an existing state id. Here each
+save is a checkpoint (event ``method_finished``) of the run named by the flow's
+state id, so the states CrewAI code saves are the runner's history too.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from runner.errors import NotSerializable
+from runner.store.base import CheckpointStore
+from runner.store.models import Checkpoint
+from runner.store.sqlite import SqliteProvider
+
+if TYPE_CHECKING:
+    from runner.store.redis import RedisProvider
+
+DB_FILENAME = "flow_states.db"
+"""File name of the SQLite database, as CrewAI's."""
+
+
+def default_db_path() -> Path:
+    """``flow_states.db`` in the runner's data directory (``$XDG_DATA_HOME/runner``)."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "runner" / DB_FILENAME
+
+
+class FlowPersistence(ABC):
+    """Where ``@persist`` keeps flow states (CrewAI's interface)."""
+
+    @abstractmethod
+    def init_db(self) -> None:
+        """Create whatever storage the backend needs (idempotent)."""
+
+    @abstractmethod
+    def save_state(
+        self, flow_uuid: str, method_name: str, state_data: dict[str, Any] | BaseModel
+    ) -> None:
+        """Record the flow's state after ``method_name`` finished."""
+
+    @abstractmethod
+    def load_state(self, flow_uuid: str) -> dict[str, Any] | None:
+        """The most recently saved state of ``flow_uuid``, or ``None``."""
+
+
+class StorePersistence(FlowPersistence):
+    """:class:`FlowPersistence` over any :class:`CheckpointStore`."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+
+    def init_db(self) -> None:
+        """Nothing to do: a store creates its storage when opened."""
+
+    def save_state(
+        self, flow_uuid: str, method_name: str, state_data: dict[str, Any] | BaseModel
+    ) -> None:
+        """Commit the state as a ``method_finished`` checkpoint of run ``flow_uuid``."""
+        checkpoint = Checkpoint(
+            run_id=flow_uuid,
+            event="method_finished",
+            step=method_name,
+            state=_state_dict(flow_uuid, state_data),
+        )
+        self.store.commit(checkpoint)
+
+    def load_state(self, flow_uuid: str) -> dict[str, Any] | None:
+        """The state of the run's latest checkpoint, or ``None`` for an unknown run."""
+        latest = self.store.latest(flow_uuid)
+        return None if latest is None else latest.state
+
+    def close(self) -> None:
+        """Close the underlying store."""
+        self.store.close()
+
+    def __enter__(self) -> StorePersistence:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class SQLiteFlowPersistence(StorePersistence):
+    """Flow states in a SQLite file (default: ``flow_states.db`` in the data directory)."""
+
+    def __init__(self, db_path: str | os.PathLike[str] | None = None) -> None:
+        path = Path(db_path) if db_path is not None else default_db_path()
+        if db_path is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self.db_path = str(path)
+        super().__init__(SqliteProvider(path))
+
+
+class RedisFlowPersistence(StorePersistence):
+    """Flow states in Redis, the same history the workers write.
+
+    ``provider`` wraps an existing :class:`RedisProvider`; otherwise one is made
+    from ``url`` (``None``: the configured or embedded Redis) and ``prefix``.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str = "runner",
+        provider: RedisProvider | None = None,
+    ) -> None:
+        if provider is None:
+            from runner.store.redis import RedisProvider
+
+            provider = RedisProvider(url, prefix=prefix)
+        super().__init__(provider)
+
+
+def _state_dict(flow_uuid: str, state: dict[str, Any] | BaseModel) -> dict[str, Any]:
+    """The state as a JSON dict; :class:`NotSerializable` if it cannot be one."""
+    try:
+        if isinstance(state, BaseModel):
+            return state.model_dump(mode="json")
+        if isinstance(state, dict):
+            data = to_jsonable_python(state)
+            if isinstance(data, dict):
+                return data
+    except (PydanticSerializationError, TypeError, ValueError) as exc:
+        raise NotSerializable(
+            f"state of flow {flow_uuid} is not JSON: {exc}", run_id=flow_uuid
+        ) from None
+    raise NotSerializable(
+        f"state of flow {flow_uuid} must be a dict or a pydantic model, not {type(state).__name__}",
+        run_id=flow_uuid,
+    )

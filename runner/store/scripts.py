@@ -1,0 +1,156 @@
+"""Lua scripts of the Redis store, one named constant each.
+
+Each opens with its KEYS/ARGV header. They are registered once per client
+(``redis.Redis.register_script``) and run by EVALSHA.
+"""
+
+COMMIT = """
+-- Commit one checkpoint: idempotent per activation, gapless sequence, pruning.
+-- KEYS[1] meta hash      KEYS[2] history zset   KEYS[3] attempts hash
+-- KEYS[4] pins set       KEYS[5] runs index     KEYS[6] checkpoint index
+-- KEYS[7] active runs index
+-- ARGV[1] checkpoint id  ARGV[2] snapshot JSON without "seq" (an object)
+-- ARGV[3] activation ('' = none)   ARGV[4] attempt token
+-- ARGV[5] expected seq ('' = any)  ARGV[6] max checkpoints (0 = keep all)
+-- ARGV[7] now (unix seconds)       ARGV[8] run id
+-- ARGV[9] snapshot key prefix      ARGV[10] meta fields JSON (set every commit)
+-- ARGV[11] meta fields JSON (set only when the run is new)
+-- Returns {'ok', seq} | {'dup', checkpoint id} | {'stale', checkpoint id}
+--       | {'conflict', current seq}
+local activation = ARGV[3]
+if activation ~= '' then
+  local prev = redis.call('HGET', KEYS[3], activation)
+  if prev then
+    local sep = string.find(prev, '|', 1, true)
+    local cid = string.sub(prev, sep + 1)
+    if string.sub(prev, 1, sep - 1) == ARGV[4] then return {'dup', cid} end
+    return {'stale', cid}
+  end
+end
+local cur = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
+if ARGV[5] ~= '' and tonumber(ARGV[5]) ~= cur then return {'conflict', tostring(cur)} end
+local seq = cur + 1
+local id = ARGV[1]
+redis.call('SET', ARGV[9] .. id, string.sub(ARGV[2], 1, -2) .. ',"seq":' .. seq .. '}')
+redis.call('ZADD', KEYS[2], seq, id)
+if activation ~= '' then redis.call('HSET', KEYS[3], activation, ARGV[4] .. '|' .. id) end
+local fields = {'seq', seq, 'latest', id, 'updated_at', ARGV[7]}
+for k, v in pairs(cjson.decode(ARGV[10])) do
+  fields[#fields + 1] = k
+  fields[#fields + 1] = v
+end
+redis.call('HSET', KEYS[1], unpack(fields))
+if cur == 0 then
+  redis.call('HSETNX', KEYS[1], 'created_at', ARGV[7])
+  redis.call('HSETNX', KEYS[1], 'run_id', ARGV[8])
+  for k, v in pairs(cjson.decode(ARGV[11])) do redis.call('HSETNX', KEYS[1], k, v) end
+end
+redis.call('ZADD', KEYS[5], ARGV[7], ARGV[8])
+redis.call('HSET', KEYS[6], id, ARGV[8])
+if redis.call('HGET', KEYS[1], 'status') == 'running' then
+  redis.call('ZADD', KEYS[7], ARGV[7], ARGV[8])
+else
+  redis.call('ZREM', KEYS[7], ARGV[8])
+end
+local keep = tonumber(ARGV[6])
+if keep > 0 then
+  local extra = redis.call('ZCARD', KEYS[2]) - keep
+  if extra > 0 then
+    for _, old in ipairs(redis.call('ZRANGE', KEYS[2], 0, extra - 1)) do
+      if redis.call('SISMEMBER', KEYS[4], old) == 0 then
+        redis.call('DEL', ARGV[9] .. old)
+        redis.call('ZREM', KEYS[2], old)
+        redis.call('HDEL', KEYS[6], old)
+      end
+    end
+  end
+end
+return {'ok', tostring(seq)}
+"""
+
+PRUNE = """
+-- Delete all but the newest ARGV[1] checkpoints of a run, sparing pinned ones.
+-- KEYS[1] history zset   KEYS[2] pins set   KEYS[3] checkpoint index
+-- ARGV[1] keep           ARGV[2] snapshot key prefix   ARGV[3] '1' = dry run
+-- Returns the ids deleted (or that would be).
+local extra = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
+local gone = {}
+if extra <= 0 then return gone end
+for _, old in ipairs(redis.call('ZRANGE', KEYS[1], 0, extra - 1)) do
+  if redis.call('SISMEMBER', KEYS[2], old) == 0 then
+    gone[#gone + 1] = old
+    if ARGV[3] ~= '1' then
+      redis.call('DEL', ARGV[2] .. old)
+      redis.call('ZREM', KEYS[1], old)
+      redis.call('HDEL', KEYS[3], old)
+    end
+  end
+end
+return gone
+"""
+
+UPDATE_RUN = """
+-- Set fields of an existing run's metadata and touch the run index.
+-- KEYS[1] meta hash   KEYS[2] runs index   KEYS[3] active runs index
+-- ARGV[1] run id      ARGV[2] now   ARGV[3] fields JSON
+-- Returns 0 when the run does not exist, else 1.
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local fields = {'updated_at', ARGV[2]}
+for k, v in pairs(cjson.decode(ARGV[3])) do
+  fields[#fields + 1] = k
+  fields[#fields + 1] = v
+end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+if redis.call('HGET', KEYS[1], 'status') == 'running' then
+  redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+else
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
+return 1
+"""
+
+DELETE_RUN = """
+-- Remove a run: its snapshots, history, metadata and index entries.
+-- KEYS[1] meta  KEYS[2] history  KEYS[3] attempts  KEYS[4] pins  KEYS[5] dispatched
+-- KEYS[6] leases  KEYS[7] runs index  KEYS[8] checkpoint index  KEYS[9] active index
+-- KEYS[10] lease owners
+-- ARGV[1] run id  ARGV[2] snapshot key prefix
+-- Returns 1 when the run existed, else 0.
+local existed = redis.call('EXISTS', KEYS[1])
+for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  redis.call('DEL', ARGV[2] .. id)
+  redis.call('HDEL', KEYS[8], id)
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[10])
+redis.call('ZREM', KEYS[7], ARGV[1])
+redis.call('ZREM', KEYS[9], ARGV[1])
+return existed
+"""
+
+CLAIM = """
+-- Take (or renew) the lease of a running activation unless another attempt holds it.
+-- KEYS[1] leases zset   KEYS[2] lease owners hash
+-- ARGV[1] activation    ARGV[2] attempt token   ARGV[3] expiry   ARGV[4] now
+-- Returns 1 when the caller holds the lease, 0 when a live lease is another's.
+local owner = redis.call('HGET', KEYS[2], ARGV[1])
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if owner and owner ~= ARGV[2] and expiry and tonumber(expiry) > tonumber(ARGV[4]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+RELEASE = """
+-- Drop an activation's lease if the caller still holds it.
+-- KEYS[1] leases zset   KEYS[2] lease owners hash
+-- ARGV[1] activation    ARGV[2] attempt token
+if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""

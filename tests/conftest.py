@@ -1,0 +1,108 @@
+"""Fixtures shared by every test: a real Redis on a database of the tests' own.
+
+The Redis is chosen once per session: ``RUNNER_TEST_REDIS_URL`` if set, else the local server on
+127.0.0.1:6379 if it answers, else a private :class:`~runner.embedded.EmbeddedRedis`. Tests use
+database ``RUNNER_TEST_DB`` (default 11), never 0. The database is flushed when a session starts,
+unless another test session is still using it (sessions register in :data:`SESSIONS_KEY`).
+Code under test finds it through ``RUNNER_REDIS_URL``; other ``RUNNER_*`` variables of the
+developer's shell are hidden, so tests see the documented defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+
+from runner.embedded import EmbeddedRedis, ping
+from runner.errors import StoreUnavailable
+from runner.settings import reset_settings
+
+LOCAL_REDIS_URL = "redis://127.0.0.1:6379"
+DEFAULT_TEST_DB = 11
+SESSIONS_KEY = "runner-tests:sessions"
+SESSION_TTL = 4 * 3600  # a crashed session stops others flushing for at most this long
+
+# KEYS[1] sessions zset; ARGV[1] session id, ARGV[2] ttl. Drops expired sessions, flushes the
+# database if no other session is live, then registers this one: one step, so no session can
+# register between another's check and its flush.
+_CLAIM_DB = """
+local now = tonumber(redis.call('TIME')[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local flushed = 0
+if redis.call('ZCARD', KEYS[1]) == 0 then
+    redis.call('FLUSHDB')
+    flushed = 1
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+return flushed
+"""
+
+
+# --- Redis ----------------------------------------------------------------------------------
+
+
+def url_with_db(url: str, db: int) -> str:
+    """``url`` pointed at database ``db``, unless it already names one."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix" or parts.path.strip("/"):
+        return url
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+def _choose_redis(stack: contextlib.ExitStack, db: int) -> str:
+    explicit = os.environ.get("RUNNER_TEST_REDIS_URL")
+    if explicit:
+        url = url_with_db(explicit, db)
+        ping(url)
+        return url
+    with contextlib.suppress(StoreUnavailable):
+        url = url_with_db(LOCAL_REDIS_URL, db)
+        ping(url, timeout=0.5)
+        return url
+    server = stack.enter_context(EmbeddedRedis())
+    return f"redis://127.0.0.1:{server.port}/{db}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def redis_url() -> Iterator[str]:
+    """URL of the test database, flushed at session start and exported as RUNNER_REDIS_URL."""
+    db = int(os.environ.get("RUNNER_TEST_DB", DEFAULT_TEST_DB))
+    with contextlib.ExitStack() as stack:
+        url = _choose_redis(stack, db)
+        client = stack.enter_context(contextlib.closing(redis.Redis.from_url(url)))
+        if client.connection_pool.connection_kwargs.get("db", 0) == 0:
+            pytest.exit(f"refusing to run tests on Redis DB 0 ({url}); use another DB", 4)
+        session = uuid.uuid4().hex
+        client.eval(_CLAIM_DB, 1, SESSIONS_KEY, session, SESSION_TTL)
+        stack.callback(client.zrem, SESSIONS_KEY, session)
+        stack.callback(reset_settings)  # runs after the environment is restored
+        env = stack.enter_context(pytest.MonkeyPatch.context())
+        for name in list(os.environ):
+            if name.startswith("RUNNER_") and not name.startswith("RUNNER_TEST_"):
+                env.delenv(name)
+        env.setenv("RUNNER_REDIS_URL", url)
+        reset_settings()
+        yield url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    """A client (bytes responses) on the test database, closed after the test."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+# --- keys -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix no other test uses, e.g. ``t-1a2b3c4d``."""
+    return f"t-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,349 @@
+"""The rules every checkpoint store keeps, run against each provider.
+
+A provider passes when it behaves the same as the others here; see the rules in
+:mod:`runner.store.base`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner import ids
+from runner.errors import CheckpointNotFound, CommitConflict, RunNotFound, StaleAttempt
+from runner.store.base import CheckpointStore
+from runner.store.jsondir import JsonProvider
+from runner.store.models import Checkpoint, Lineage, RunStatus, StepError
+from runner.store.redis import RedisProvider
+from runner.store.sqlite import SqliteProvider
+
+Opener = Callable[..., CheckpointStore]
+
+
+@pytest.fixture(params=["redis", "sqlite", "jsondir"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """Opens stores of one provider, all on the same storage; closes them afterwards."""
+    opened: list[CheckpointStore] = []
+
+    def make(**kwargs: Any) -> CheckpointStore:
+        if request.param == "redis":
+            url = request.getfixturevalue("redis_url")
+            prefix = request.getfixturevalue("prefix")
+            return RedisProvider(url, prefix=prefix, **kwargs)
+        if request.param == "sqlite":
+            return SqliteProvider(tmp_path / "store.db", **kwargs)
+        return JsonProvider(tmp_path / "store", **kwargs)
+
+    def opener(**kwargs: Any) -> CheckpointStore:
+        store = make(**kwargs)
+        opened.append(store)
+        return store
+
+    yield opener
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(open_store: Opener) -> CheckpointStore:
+    """A store of the provider under test that keeps every checkpoint."""
+    return open_store(max_checkpoints=0)
+
+
+def ckpt(run_id: str, **fields: Any) -> Checkpoint:
+    fields.setdefault("event", "method_finished")
+    return Checkpoint(run_id=run_id, **fields)
+
+
+def commit_many(store: CheckpointStore, run_id: str, n: int, **kwargs: Any) -> list[Checkpoint]:
+    return [store.commit(ckpt(run_id, state={"n": i}), **kwargs) for i in range(n)]
+
+
+def full_checkpoint(run_id: str) -> Checkpoint:
+    return Checkpoint(
+        run_id=run_id,
+        seq=99,  # ignored: the store assigns seq
+        event="method_failed",
+        step="write",
+        activation="write#1",
+        attempt="token-1",
+        status=RunStatus.FAILED,
+        state={"id": run_id, "nested": {"list": [1, 2.5, None, "é"], "ok": True}, "n": 0},
+        completed=["start#1", "plan#1"],
+        outputs={"plan": {"steps": ["a", "b"]}, "start": None},
+        in_flight=["review#1"],
+        record={"routers": {"route#1": "yes"}, "joins": {"and_1": ["a"]}},
+        flow="pkg.mod:ReportFlow",
+        fingerprint="f00d",
+        lineage=Lineage(parent_run_id="parent", parent_checkpoint_id="p-1", branch="b"),
+        created_at=1_700_000_000.125,
+        error=StepError(type="ValueError", message="bad", traceback="Traceback ...", attempts=3),
+        meta={"name": "Report", "children": ["c1"]},
+    )
+
+
+def test_commit_assigns_gapless_seq_from_one_and_round_trips_every_field(store):
+    run = ids.run_id()
+    first = commit_many(store, run, 3)
+    full = full_checkpoint(run)
+    committed = store.commit(full)
+
+    assert [c.seq for c in [*first, committed]] == [1, 2, 3, 4]
+    expected = full.model_copy(update={"seq": 4})
+    assert committed == expected
+    assert store.get(full.id) == expected
+    assert store.latest(run) == expected
+    assert store.history(run)[0] == expected
+
+
+def test_get_of_unknown_checkpoint_raises_checkpoint_not_found(store):
+    with pytest.raises(CheckpointNotFound):
+        store.get(ids.checkpoint_id())
+
+
+def test_unknown_run_has_no_latest_history_or_metadata(store):
+    run = ids.run_id()
+    assert store.latest(run) is None
+    assert store.history(run) == []
+    assert store.run(run) is None
+
+
+def test_history_is_newest_first_and_pages_with_limit_and_offset(store):
+    run = ids.run_id()
+    commit_many(store, run, 7)
+
+    def seqs(**page: int) -> list[int]:
+        return [c.seq for c in store.history(run, **page)]
+
+    assert seqs() == [7, 6, 5, 4, 3, 2, 1]
+    assert seqs(limit=3) == [7, 6, 5]
+    assert seqs(limit=3, offset=3) == [4, 3, 2]
+    assert seqs(limit=3, offset=6) == [1]
+    assert seqs(offset=10) == []
+
+
+def test_runs_lists_newest_updated_first_with_status_filter_and_limit(store):
+    a, b, c = ids.run_id(), ids.run_id(), ids.run_id()
+    for run, status in [(a, RunStatus.RUNNING), (b, RunStatus.SUCCEEDED), (c, RunStatus.RUNNING)]:
+        store.commit(ckpt(run, status=status))
+        time.sleep(0.01)
+    store.commit(ckpt(a))
+
+    assert [r.run_id for r in store.runs()] == [a, c, b]
+    assert [r.run_id for r in store.runs(limit=2)] == [a, c]
+    assert [r.run_id for r in store.runs(limit=2, offset=1)] == [c, b]
+    assert [r.run_id for r in store.runs(status=RunStatus.SUCCEEDED)] == [b]
+    assert [r.run_id for r in store.runs(status=RunStatus.RUNNING, limit=1)] == [a]
+    assert store.runs(status=RunStatus.CANCELLED) == []
+
+
+def test_run_metadata_reflects_the_latest_checkpoint(store):
+    run = ids.run_id()
+    store.commit(ckpt(run, event="run_started", flow="pkg.mod:F", meta={"name": "F"}))
+    last = store.commit(ckpt(run, step="plan", status=RunStatus.PAUSED))
+
+    info = store.run(run)
+    assert info is not None
+    assert (info.run_id, info.status, info.latest, info.seq) == (run, RunStatus.PAUSED, last.id, 2)
+    assert (info.event, info.step, info.flow, info.name) == (
+        "method_finished",
+        "plan",
+        "pkg.mod:F",
+        "F",
+    )
+    assert 0 < info.created_at <= info.updated_at
+    assert info.parent_run_id is None and info.error is None
+
+    failure = StepError(type="KeyError", message="boom")
+    store.commit(ckpt(run, event="method_failed", status=RunStatus.FAILED, error=failure))
+    info = store.run(run)
+    assert info is not None
+    assert (info.status, info.seq, info.error) == (RunStatus.FAILED, 3, "KeyError: boom")
+
+
+def test_update_run_sets_status(store):
+    run = ids.run_id()
+    latest = store.commit(ckpt(run))
+
+    info = store.update_run(run, status=RunStatus.CANCELLED)
+
+    assert info.status == RunStatus.CANCELLED
+    assert store.run(run) == info
+    assert [r.run_id for r in store.runs(status=RunStatus.CANCELLED)] == [run]
+    assert store.latest(run) == latest
+
+
+def test_update_run_of_unknown_run_raises_run_not_found(store):
+    with pytest.raises(RunNotFound):
+        store.update_run(ids.run_id(), status=RunStatus.CANCELLED)
+
+
+def test_delete_run_removes_the_run_and_all_its_checkpoints(store):
+    doomed, kept = ids.run_id(), ids.run_id()
+    gone = commit_many(store, doomed, 3)
+    commit_many(store, kept, 2)
+
+    assert store.delete_run(doomed) is True
+
+    for checkpoint in gone:
+        with pytest.raises(CheckpointNotFound):
+            store.get(checkpoint.id)
+    assert store.latest(doomed) is None and store.history(doomed) == []
+    assert store.run(doomed) is None
+    assert [r.run_id for r in store.runs()] == [kept]
+    assert len(store.history(kept)) == 2
+    assert store.delete_run(doomed) is False
+
+
+def test_commit_with_max_checkpoints_keeps_only_the_newest_n(store, open_store):
+    run = ids.run_id()
+    made = commit_many(store, run, 6, max_checkpoints=3)
+
+    assert [c.id for c in store.history(run)] == [c.id for c in reversed(made[3:])]
+    with pytest.raises(CheckpointNotFound):
+        store.get(made[0].id)
+    assert store.commit(ckpt(run), max_checkpoints=3).seq == 7
+
+    small = open_store(max_checkpoints=2)
+    other = ids.run_id()
+    commit_many(small, other, 4)
+    assert [c.seq for c in small.history(other)] == [4, 3]
+
+
+def test_prune_keeps_the_newest_n_and_returns_the_deleted_ids(store):
+    run = ids.run_id()
+    made = commit_many(store, run, 6)
+    doomed = {c.id for c in made[:4]}
+
+    assert set(store.prune(run, 2, dry_run=True)) == doomed
+    assert len(store.history(run)) == 6
+
+    assert set(store.prune(run, 2)) == doomed
+    assert [c.seq for c in store.history(run)] == [6, 5]
+    assert store.prune(run, 2) == []
+
+
+def test_pruning_never_deletes_a_checkpoint_a_fork_points_to(store):
+    run = ids.run_id()
+    made = commit_many(store, run, 5)
+    store.fork(made[1].id, new_run_id=ids.run_id())
+
+    assert set(store.prune(run, 1)) == {made[0].id, made[2].id, made[3].id}
+    assert store.get(made[1].id) == made[1]
+    store.commit(ckpt(run), max_checkpoints=1)
+    assert [c.seq for c in store.history(run)] == [6, 2]
+
+
+def test_same_activation_and_attempt_committed_twice_returns_the_first_checkpoint(store):
+    run = ids.run_id()
+    first = store.commit(ckpt(run, activation="plan#1", attempt="t1", state={"v": 1}))
+
+    again = store.commit(ckpt(run, activation="plan#1", attempt="t1", state={"v": 2}))
+
+    assert (again.id, again.seq, again.state) == (first.id, first.seq, {"v": 1})
+    assert len(store.history(run)) == 1
+    assert store.commit(ckpt(run, activation="write#1", attempt="t1")).seq == 2
+
+
+def test_same_activation_with_another_attempt_raises_stale_attempt_and_writes_nothing(store):
+    run = ids.run_id()
+    store.commit(ckpt(run, activation="plan#1", attempt="t1"))
+    before = (store.history(run), store.run(run))
+
+    with pytest.raises(StaleAttempt):
+        store.commit(ckpt(run, activation="plan#1", attempt="t2"))
+
+    assert (store.history(run), store.run(run)) == before
+
+
+def test_expected_seq_mismatch_raises_commit_conflict_and_writes_nothing(store):
+    run = ids.run_id()
+    assert store.commit(ckpt(run), expected_seq=0).seq == 1
+    store.commit(ckpt(run))
+    before = (store.history(run), store.run(run))
+
+    for stale in (0, 1, 5):
+        with pytest.raises(CommitConflict):
+            store.commit(ckpt(run), expected_seq=stale)
+
+    assert (store.history(run), store.run(run)) == before
+    assert store.commit(ckpt(run), expected_seq=2).seq == 3
+
+
+def test_fork_copies_the_checkpoint_into_a_new_run_and_leaves_the_source_untouched(store):
+    source = ids.run_id()
+    made = [
+        store.commit(ckpt(source, state={"id": source, "n": i}, completed=[f"s{i}#1"]))
+        for i in range(3)
+    ]
+    before = (store.history(source), store.run(source))
+    new = ids.run_id()
+
+    forked = store.fork(made[1].id, new_run_id=new, branch="try-b")
+
+    assert forked.id not in {c.id for c in made}
+    assert (forked.run_id, forked.seq, forked.event) == (new, 1, "forked")
+    assert forked.lineage == Lineage(
+        parent_run_id=source, parent_checkpoint_id=made[1].id, branch="try-b"
+    )
+    assert forked.state == {"id": new, "n": 1}
+    assert forked.completed == ["s1#1"]
+    assert store.latest(new) == forked
+    info = store.run(new)
+    assert info is not None
+    assert (info.parent_run_id, info.parent_checkpoint_id, info.branch) == (
+        source,
+        made[1].id,
+        "try-b",
+    )
+    assert (store.history(source), store.run(source)) == before
+
+    edited = store.fork(made[2].id, new_run_id=ids.run_id(), state={"n": 42})
+    assert edited.state == {"n": 42}
+    with pytest.raises(CheckpointNotFound):
+        store.fork(ids.checkpoint_id(), new_run_id=ids.run_id())
+
+
+def _commit_concurrently(stores: list[CheckpointStore], run: str, each: int) -> list[Checkpoint]:
+    def work(store: CheckpointStore) -> list[Checkpoint]:
+        return [store.commit(ckpt(run, state={"n": i})) for i in range(each)]
+
+    with ThreadPoolExecutor(max_workers=len(stores)) as pool:
+        return [c for batch in pool.map(work, stores) for c in batch]
+
+
+def test_concurrent_commits_from_eight_threads_are_all_kept_with_gapless_seq(store):
+    run = ids.run_id()
+    made = _commit_concurrently([store] * 8, run, 25)
+
+    assert sorted(c.seq for c in made) == list(range(1, 201))
+    history = store.history(run, limit=500)
+    assert [c.seq for c in history] == list(range(200, 0, -1))
+    assert {c.id for c in history} == {c.id for c in made}
+
+
+def test_concurrent_commits_through_separate_stores_keep_seq_gapless(open_store):
+    run = ids.run_id()
+    stores = [open_store(max_checkpoints=0) for _ in range(8)]
+    made = _commit_concurrently(stores, run, 10)
+
+    assert sorted(c.seq for c in made) == list(range(1, 81))
+    assert len(stores[0].history(run, limit=500)) == 80
+
+
+@pytest.mark.parametrize("status", list(RunStatus))
+def test_checkpoint_json_round_trip_keeps_error_and_status(status):
+    checkpoint = full_checkpoint("run-1").model_copy(update={"status": status, "seq": 4})
+
+    data = checkpoint.model_dump_json()
+
+    assert f'"status":"{status.value}"' in data
+    assert Checkpoint.model_validate_json(data) == checkpoint
+    assert Checkpoint.model_validate_json(data).error == StepError(
+        type="ValueError", message="bad", traceback="Traceback ...", attempts=3
+    )
