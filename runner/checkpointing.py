@@ -77,7 +77,7 @@ class CheckpointConfig(BaseModel):
         bind = getattr(provider, "bind", None)
         if callable(bind):
             provider = bind(self.location)
-        return provider  # type: ignore[no-any-return]
+        return provider
 
 
 def resolve_config(value: CheckpointConfig | bool | None) -> CheckpointConfig | None:

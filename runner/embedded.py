@@ -126,8 +126,14 @@ class EmbeddedRedis:
 
     @property
     def running(self) -> bool:
-        """True while the server process is alive."""
-        return self._proc is not None and self._proc.poll() is None
+        """True while the server process is alive (in a forked child too, which shares it)."""
+        if self._proc is None or os.getpid() == self._owner:
+            return self._proc is not None and self._proc.poll() is None
+        try:  # not our child: poll() would see no such child and call it dead
+            os.kill(self._proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
     def start(self) -> str:
         """Start the server (no-op if running), wait until it answers PING; return its URL."""

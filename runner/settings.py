@@ -61,7 +61,7 @@ def get_settings() -> RunnerSettings:
     """Settings from the environment (and ``RUNNER_ENV_FILE`` if set), cached."""
     env_file = os.environ.get("RUNNER_ENV_FILE")
     if env_file:
-        return RunnerSettings(_env_file=env_file)  # type: ignore[call-arg]
+        return RunnerSettings(_env_file=env_file)
     return RunnerSettings()
 
 

@@ -51,7 +51,7 @@ class Runtime:
     store: RedisProvider
     coord: Coordinator
     settings: RunnerSettings
-    flows: dict[str, type] = field(default_factory=dict)
+    flows: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def create(cls, app: Celery, settings: RunnerSettings | None = None) -> Runtime:
@@ -119,7 +119,7 @@ def start_run(rt: Runtime, run_id: str) -> list[str]:
 
 
 def execute(
-    rt: Runtime, task: Any, flow_cls: type, run_id: str, activation: str, epoch: int, attempt: int
+    rt: Runtime, task: Any, flow_cls: Any, run_id: str, activation: str, epoch: int, attempt: int
 ) -> dict[str, Any]:
     """Body of every step task (see the module docstring)."""
     latest = rt.store.latest(run_id)
@@ -160,7 +160,7 @@ def execute(
 
 
 def _done(
-    graph: Any, flow_cls: type, latest: Checkpoint, act: Activation, result: StepResult, token: str
+    graph: Any, flow_cls: Any, latest: Checkpoint, act: Activation, result: StepResult, token: str
 ) -> tr.Transition | None:
     if _activation(tr.record_of(latest), act.id) is None:
         return None
@@ -173,7 +173,7 @@ def _done(
         new_state=result.new_state,
         output=result.output,
         label=result.label,
-        reducers=reducers_for(flow_cls.state_type()),  # type: ignore[attr-defined]
+        reducers=reducers_for(flow_cls.state_type()),
         attempt=token,
     )
 

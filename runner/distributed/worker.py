@@ -71,7 +71,7 @@ def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
         ) -> dict[str, Any]:
             return execute(rt, task, flow_cls, run_id, activation, epoch, attempt)
 
-        body.__name__ = body.__qualname__ = f"{name}.{method}"
+        body.__name__ = body.__qualname__ = f"{name}__{method}"
         app.task(
             name=task_name(name, method),
             bind=True,

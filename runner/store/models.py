@@ -7,7 +7,7 @@ they reach a record, so a store never sees a Python object it cannot write.
 from __future__ import annotations
 
 import time
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from runner import ids
 
 
-class RunStatus(str, Enum):
+class RunStatus(StrEnum):
     """Where a run is in its life."""
 
     PENDING = "pending"

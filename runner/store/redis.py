@@ -69,7 +69,7 @@ class RedisProvider:
                 url = resolve_redis_url(settings.redis_url)
             client = redis.Redis.from_url(url)
         self.url = url or _client_url(client)
-        self.client = client
+        self.client: Any = client
         self.keys = Keys(prefix if prefix is not None else settings.prefix)
         self.max_checkpoints = (
             settings.max_checkpoints if max_checkpoints is None else max_checkpoints
@@ -256,9 +256,7 @@ class RedisProvider:
         start, page = offset if status is None else 0, max(limit, 100)
         skipped = 0
         while len(found) < limit:
-            ids = self._guard(
-                lambda s=start: self.client.zrevrange(self.keys.runs, s, s + page - 1)
-            )
+            ids = self._page(self.keys.runs, start, page)
             if not ids:
                 break
             for info in self._infos([raw.decode() for raw in ids]):
@@ -282,6 +280,9 @@ class RedisProvider:
         self.client.close()
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _page(self, key: str, start: int, count: int) -> list[bytes]:
+        return self._guard(lambda: self.client.zrevrange(key, start, start + count - 1))
 
     def _infos(self, run_ids: list[str]) -> list[RunInfo]:
         def fetch() -> list[Any]:

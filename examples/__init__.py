@@ -1,0 +1,1 @@
+"""Runnable example flows and a producer script."""

@@ -1,0 +1,380 @@
+"""The graph of a Flow class: its steps, their triggers, router labels and a fingerprint.
+
+:func:`compile_graph` reads the ``@start`` / ``@listen`` / ``@router`` marks of a Flow class
+(base classes included; a subclass attribute of the same name wins, so overriding a step
+without re-decorating it removes the step), validates the wiring and caches the result in the
+class's own ``__dict__`` so every subclass compiles its own graph.
+
+Events are strings: a method's name (it finished) or a router label (a router returned it).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import json
+import textwrap
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import Any
+
+from runner.errors import DefinitionError, UnknownStep, UnknownTrigger
+from runner.flow.conditions import Cond, describe, has_and, leaves, to_json
+from runner.flow.decorators import DEFAULT_MAX_CALLS, STEP_ATTR, StepDecl
+
+_CACHE_ATTR = "__runner_graph__"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One step of a flow, as compiled."""
+
+    name: str
+    """The method's name; also the event it emits when it finishes."""
+    is_start: bool
+    """Runs at kickoff (see :attr:`FlowGraph.kickoff`)."""
+    is_router: bool
+    """Its return value is emitted as a label."""
+    condition: Cond | None
+    """What triggers it; ``None`` for an unconditional start."""
+    labels: frozenset[str] | None
+    """The labels a router can return; ``None`` if not a router or not determinable."""
+    takes_arg: bool
+    """Accepts the trigger's output as a positional argument besides ``self``."""
+    is_async: bool
+    """Defined with ``async def``."""
+    retries: int | None
+    """Retries on failure; ``None`` = settings default."""
+    retry_backoff: float | None
+    """First retry delay in seconds; ``None`` = settings default."""
+    time_limit: float | None
+    """Soft time limit of an attempt in seconds; ``None`` = settings default."""
+    max_calls: int
+    """Activations allowed per run."""
+
+
+@dataclass(frozen=True)
+class FlowGraph:
+    """The compiled, immutable wiring of a Flow class."""
+
+    name: str
+    """The flow class's qualified name."""
+    methods: Mapping[str, MethodSpec]
+    """Every step by name, in definition order (base classes first)."""
+    starts: tuple[str, ...]
+    """Unconditional starts, in definition order."""
+    labels: frozenset[str]
+    """Every known router label."""
+    fingerprint: str
+    """16 hex digits of a hash of the wiring (names, roles, conditions); not of the bodies."""
+    open_labels: bool
+    """Some router's labels could not be determined; unknown string triggers are allowed."""
+    _index: Mapping[str, tuple[str, ...]] = field(repr=False, compare=False)
+
+    @property
+    def kickoff(self) -> tuple[str, ...]:
+        """The steps run at kickoff: the unconditional starts, or all starts if none."""
+        if self.starts:
+            return self.starts
+        return tuple(m.name for m in self.methods.values() if m.is_start)
+
+    def spec(self, name: str) -> MethodSpec:
+        """The step called ``name``; :class:`UnknownStep` if there is none."""
+        try:
+            return self.methods[name]
+        except KeyError:
+            raise UnknownStep(
+                f"{self.name} has no step {name!r}", flow=self.name, step=name
+            ) from None
+
+    def listeners(self, event: str) -> tuple[str, ...]:
+        """Steps whose condition mentions ``event``, in definition order."""
+        return self._index.get(event, ())
+
+    def emits(self, name: str) -> frozenset[str]:
+        """The events step ``name`` may emit: its name and, for a router, its labels.
+
+        A router with undeterminable labels may emit any trigger that is not a method name.
+        """
+        spec = self.spec(name)
+        if not spec.is_router:
+            return frozenset((name,))
+        if spec.labels is None:
+            return frozenset((name, *(e for e in self._index if e not in self.methods)))
+        return frozenset((name, *spec.labels))
+
+    def emitters(self, label: str) -> tuple[str, ...]:
+        """Routers that may return ``label``."""
+        return tuple(
+            m.name
+            for m in self.methods.values()
+            if m.is_router and (m.labels is None or label in m.labels)
+        )
+
+    def downstream(self, steps: Iterable[str]) -> frozenset[str]:
+        """``steps`` and every step reachable from them through triggers and router labels."""
+        todo = [self.spec(s).name for s in steps]
+        reached = set(todo)
+        while todo:
+            for event in self.emits(todo.pop()):
+                for listener in self.listeners(event):
+                    if listener not in reached:
+                        reached.add(listener)
+                        todo.append(listener)
+        return frozenset(reached)
+
+    def to_mermaid(self) -> str:
+        """A Mermaid ``flowchart TD``: starts as stadiums, routers as diamonds, label edges
+        dashed with the label as text, edges into an ``and_`` join thick."""
+        lines = ["flowchart TD"]
+        lines += [f"    {_node(m)}" for m in self.methods.values()]
+        for m in self.methods.values():
+            if m.condition is not None:
+                lines += [f"    {edge}" for edge in self._edges_into(m)]
+        return "\n".join(lines) + "\n"
+
+    def _edges_into(self, m: MethodSpec) -> Iterator[str]:
+        assert m.condition is not None
+        arrow = "==>" if has_and(m.condition) else "-->"
+        for leaf in sorted(leaves(m.condition)):
+            if leaf in self.methods:
+                yield f"{_node_id(leaf)} {arrow} {_node_id(m.name)}"
+            for r in self.emitters(leaf) if leaf not in self.methods else ():
+                yield f'{_node_id(r)} -.->|"{_mermaid_text(leaf)}"| {_node_id(m.name)}'
+
+
+def _node_id(name: str) -> str:
+    # A prefix keeps Mermaid keywords (``end``, ``graph``) usable as method names.
+    return f"n_{name}"
+
+
+def _mermaid_text(text: str) -> str:
+    return text.replace('"', "#quot;")
+
+
+def _node(m: MethodSpec) -> str:
+    text = f'"{_mermaid_text(m.name)}"'
+    if m.is_router:
+        return f"{_node_id(m.name)}{{{text}}}"
+    if m.is_start:
+        return f"{_node_id(m.name)}([{text}])"
+    return f"{_node_id(m.name)}[{text}]"
+
+
+# --- compiling ------------------------------------------------------------------------------
+
+
+def compile_graph(flow_cls: type) -> FlowGraph:
+    """The validated graph of ``flow_cls``, compiled once per class and cached on it.
+
+    Raises :class:`DefinitionError` (or :class:`UnknownTrigger`) naming the offending step.
+    """
+    cached = flow_cls.__dict__.get(_CACHE_ATTR)
+    if isinstance(cached, FlowGraph):
+        return cached
+    graph = _build(flow_cls)
+    setattr(flow_cls, _CACHE_ATTR, graph)
+    return graph
+
+
+def _step_functions(flow_cls: type) -> dict[str, tuple[Callable[..., Any], StepDecl]]:
+    """Decorated public methods, base classes first, the most derived definition winning."""
+    found: dict[str, Any] = {}
+    for klass in reversed(flow_cls.__mro__):
+        for name, value in vars(klass).items():
+            if not name.startswith("_"):
+                found[name] = value
+    steps = {}
+    for name, value in found.items():
+        decl = getattr(value, STEP_ATTR, None)
+        if isinstance(decl, StepDecl) and callable(value):
+            steps[name] = (value, decl)
+    return steps
+
+
+def _takes_arg(fn: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p for p in params if p.kind in kinds]
+    var = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    return len(positional) > 1 or var
+
+
+def _spec(name: str, fn: Callable[..., Any], decl: StepDecl, owner: type) -> MethodSpec:
+    labels = None
+    if decl.is_router:
+        labels = decl.labels if decl.labels is not None else infer_labels(fn, owner)
+    opts = decl.options
+    return MethodSpec(
+        name=name,
+        is_start=decl.is_start,
+        is_router=decl.is_router,
+        condition=decl.condition,
+        labels=labels,
+        takes_arg=_takes_arg(fn),
+        is_async=inspect.iscoroutinefunction(fn),
+        retries=opts.retries,
+        retry_backoff=opts.retry_backoff,
+        time_limit=opts.time_limit,
+        max_calls=opts.max_calls if opts.max_calls is not None else DEFAULT_MAX_CALLS,
+    )
+
+
+def _build(flow_cls: type) -> FlowGraph:
+    name = flow_cls.__qualname__
+    steps = _step_functions(flow_cls)
+    specs = {n: _spec(n, fn, decl, flow_cls) for n, (fn, decl) in steps.items()}
+    _validate(name, specs)
+    index: dict[str, list[str]] = {}
+    for m in specs.values():
+        for leaf in sorted(leaves(m.condition)) if m.condition is not None else ():
+            index.setdefault(leaf, []).append(m.name)
+    return FlowGraph(
+        name=name,
+        methods=MappingProxyType(specs),
+        starts=tuple(m.name for m in specs.values() if m.is_start and m.condition is None),
+        labels=frozenset().union(*(m.labels or () for m in specs.values())),
+        fingerprint=_fingerprint(specs),
+        open_labels=any(m.is_router and m.labels is None for m in specs.values()),
+        _index=MappingProxyType({k: tuple(v) for k, v in index.items()}),
+    )
+
+
+def _validate(flow: str, specs: Mapping[str, MethodSpec]) -> None:
+    if not any(m.is_start for m in specs.values()):
+        raise DefinitionError(f"{flow} has no @start() method", flow=flow)
+    labels = frozenset().union(*(m.labels or () for m in specs.values()))
+    open_labels = any(m.is_router and m.labels is None for m in specs.values())
+    for m in specs.values():
+        if m.condition is None:
+            if not m.is_start:
+                raise DefinitionError(
+                    f"{flow}.{m.name}: a @router needs a trigger", flow=flow, step=m.name
+                )
+            continue
+        if m.name in leaves(m.condition):
+            raise DefinitionError(
+                f"{flow}.{m.name} listens to itself ({describe(m.condition)})",
+                flow=flow,
+                step=m.name,
+            )
+        for leaf in sorted(leaves(m.condition)):
+            if leaf not in specs and leaf not in labels and not open_labels:
+                raise UnknownTrigger(
+                    f"{flow}.{m.name} listens to {leaf!r}, which is neither a step "
+                    f"nor a router label",
+                    flow=flow,
+                    step=m.name,
+                    trigger=leaf,
+                )
+
+
+def _fingerprint(specs: Mapping[str, MethodSpec]) -> str:
+    wiring = [
+        {
+            "name": m.name,
+            "start": m.is_start,
+            "router": m.is_router,
+            "condition": None if m.condition is None else to_json(m.condition),
+        }
+        for m in sorted(specs.values(), key=lambda m: m.name)
+    ]
+    text = json.dumps(wiring, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# --- router label inference -----------------------------------------------------------------
+
+_MISSING = object()
+_SKIP = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def infer_labels(fn: Callable[..., Any], owner: type | None = None) -> frozenset[str] | None:
+    """The labels a router can return, read from its ``return`` statements.
+
+    Understands string constants, ``a if c else b``, and names or attribute chains that
+    resolve (through the function's globals and closure, ``self`` meaning ``owner``) to a
+    string or an Enum member (its ``value``). ``None`` if any return is something else
+    or the source is unavailable.
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    defs = (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+    func = next((n for n in defs if n.name == fn.__name__), None)
+    if func is None:
+        return None
+    scope = _scope(fn, owner)
+    found: set[str] = set()
+    for ret in _returns(func):
+        values = _return_values(ret.value, scope)
+        if values is None:
+            return None
+        found.update(values)
+    return frozenset(found)
+
+
+def _returns(node: ast.AST) -> Iterator[ast.Return]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, _SKIP):
+            continue
+        if isinstance(child, ast.Return):
+            yield child
+        yield from _returns(child)
+
+
+def _scope(fn: Callable[..., Any], owner: type | None) -> dict[str, Any]:
+    scope: dict[str, Any] = dict(getattr(fn, "__globals__", {}))
+    code = getattr(fn, "__code__", None)
+    for name, cell in zip(
+        getattr(code, "co_freevars", ()), getattr(fn, "__closure__", None) or (), strict=False
+    ):
+        try:
+            scope[name] = cell.cell_contents
+        except ValueError:  # an empty cell: the name is not bound yet
+            continue
+    if owner is not None:
+        scope["self"] = owner
+    return scope
+
+
+def _return_values(expr: ast.expr | None, scope: Mapping[str, Any]) -> list[str] | None:
+    if expr is None or (isinstance(expr, ast.Constant) and expr.value is None):
+        return []  # returning None emits no label
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+        return [expr.value]
+    if isinstance(expr, ast.IfExp):
+        body, orelse = _return_values(expr.body, scope), _return_values(expr.orelse, scope)
+        return None if body is None or orelse is None else body + orelse
+    if isinstance(expr, ast.Name | ast.Attribute):
+        obj = _resolve(expr, scope)
+        if isinstance(obj, Enum):
+            return [str(obj.value)]
+        if isinstance(obj, str):
+            return [obj]
+    return None
+
+
+def _resolve(expr: ast.expr, scope: Mapping[str, Any]) -> Any:
+    if isinstance(expr, ast.Name):
+        return scope.get(expr.id, _MISSING)
+    if isinstance(expr, ast.Attribute):
+        base = _resolve(expr.value, scope)
+        return _MISSING if base is _MISSING else getattr(base, expr.attr, _MISSING)
+    return _MISSING
+
+
+def route_label(result: object) -> str | None:
+    """The label a router's return value emits: an Enum's ``value``, else ``str``; None: none."""
+    if result is None:
+        return None
+    if isinstance(result, Enum):
+        return str(result.value)
+    return str(result)

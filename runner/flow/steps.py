@@ -1,0 +1,90 @@
+"""Running one flow method: the part both executors share.
+
+A step runs against its own copy of the state (made from the JSON snapshot it
+started from), so parallel branches never see each other's half-done writes; the
+result says what the state became, what the method returned, and for a router
+which label it chose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+from runner.errors import NotSerializable
+from runner.flow.graph import FlowGraph
+from runner.flow.orchestrator import Activation
+from runner.flow.state import dump_state
+
+current_state: contextvars.ContextVar[Any] = contextvars.ContextVar("runner_step_state")
+"""The state object of the step running in this thread or task."""
+
+
+@dataclass
+class StepResult:
+    """What one attempt of a step produced."""
+
+    activation: Activation
+    base_state: dict[str, Any]
+    new_state: dict[str, Any] | None = None
+    output: Any = None
+    label: str | None = None
+    error: BaseException | None = None
+    duration: float = 0.0
+    attempts: int = 1
+
+
+def run_step(
+    flow: Any, graph: FlowGraph, activation: Activation, base_state: dict[str, Any], arg: Any
+) -> StepResult:
+    """Run ``activation``'s method once on a fresh copy of ``base_state``."""
+    spec = graph.methods[activation.method]
+    state_obj = flow._state_from_json(base_state)
+    token = current_state.set(state_obj)
+    began = time.perf_counter()
+    result = StepResult(activation, base_state)
+    try:
+        method = getattr(flow, activation.method)
+        value = method(arg) if spec.takes_arg else method()
+        if inspect.isawaitable(value):
+            value = _await(value)
+        result.label = route_label(value) if spec.is_router else None
+        result.output = to_json(value, activation.method)
+        result.new_state = dump_state(state_obj)
+    except Exception as exc:
+        result.error = exc
+    finally:
+        current_state.reset(token)
+        result.duration = time.perf_counter() - began
+    return result
+
+
+def route_label(value: Any) -> str:
+    """A router's return value as a label (Enum members give their value)."""
+    if isinstance(value, Enum):
+        value = value.value
+    return str(value)
+
+
+def to_json(value: Any, where: str) -> Any:
+    """``value`` as JSON-safe data, or :class:`NotSerializable` naming ``where``."""
+    try:
+        return to_jsonable_python(value)
+    except Exception as exc:
+        raise NotSerializable(
+            f"output of {where} is not JSON-serializable: {exc}", where=where
+        ) from None
+
+
+def _await(awaitable: Any) -> Any:
+    async def wrapper() -> Any:
+        return await awaitable
+
+    return asyncio.run(wrapper())

@@ -1,0 +1,165 @@
+"""Turning one step's result into the run's next checkpoint.
+
+Both executors (in process and on Celery workers) go through these functions, so
+a run started by one can be resumed by the other. Everything here is pure: the
+caller reads the latest checkpoint, calls one of these, and commits the result
+(on workers with compare-and-set on the sequence number, retrying on conflict).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.flow import orchestrator as orch
+from runner.flow.graph import FlowGraph
+from runner.flow.orchestrator import Activation, ExecutionRecord
+from runner.flow.state import Reducer, apply_changes, diff
+from runner.store.models import Checkpoint, RunStatus, StepError
+
+
+@dataclass
+class Transition:
+    """A checkpoint to commit and the activations it makes ready."""
+
+    checkpoint: Checkpoint
+    ready: list[Activation] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+
+def record_of(ckpt: Checkpoint) -> ExecutionRecord:
+    """The orchestrator record stored in a checkpoint."""
+    return ExecutionRecord.model_validate(ckpt.record)
+
+
+def with_record(ckpt: Checkpoint, record: ExecutionRecord, **update: Any) -> Checkpoint:
+    """A new checkpoint (fresh id) carrying ``record`` and ``update``."""
+    from runner import ids
+
+    fields: dict[str, Any] = {
+        "id": ids.checkpoint_id(),
+        "seq": 0,
+        "record": record.model_dump(mode="json"),
+        "completed": list(record.completed),
+        "outputs": dict(record.outputs),
+        "in_flight": list(record.in_flight),
+        "activation": None,
+        "attempt": None,
+        "error": None,
+        "created_at": _now(),
+    }
+    fields.update(update)
+    return ckpt.model_copy(update=fields, deep=True)
+
+
+def start(
+    graph: FlowGraph, run_id: str, state: dict[str, Any], *, flow: str, name: str, **extra: Any
+) -> Transition:
+    """The first checkpoint of a fresh run and its start activations."""
+    record, ready = orch.begin(graph, ExecutionRecord())
+    base = Checkpoint(
+        run_id=run_id,
+        event="flow_started",
+        state=state,
+        flow=flow,
+        fingerprint=graph.fingerprint,
+        meta={"name": name, "ready": [a.id for a in ready]},
+        **extra,
+    )
+    return Transition(with_record(base, record, status=RunStatus.RUNNING), ready)
+
+
+def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Transition:
+    """Re-run a known run from its starts (CrewAI's ``inputs={"id": X}``)."""
+    record, ready = orch.begin(graph, ExecutionRecord())
+    ckpt = with_record(
+        latest,
+        record,
+        event="flow_started",
+        step=None,
+        state=state,
+        status=RunStatus.RUNNING,
+        fingerprint=graph.fingerprint,
+        meta={
+            **latest.meta,
+            "ready": [a.id for a in ready],
+            "epoch": int(latest.meta.get("epoch", 0)) + 1,
+        },
+    )
+    return Transition(ckpt, ready)
+
+
+def step_done(
+    graph: FlowGraph,
+    latest: Checkpoint,
+    activation: Activation,
+    *,
+    base_state: dict[str, Any],
+    new_state: dict[str, Any],
+    output: Any,
+    label: str | None,
+    reducers: dict[str, Reducer],
+    attempt: str | None = None,
+) -> Transition:
+    """Apply a finished step's state changes and output onto ``latest``."""
+    changes = diff(base_state, new_state)
+    merged, conflicts = apply_changes(latest.state, base_state, changes, reducers)
+    record, ready = orch.complete(graph, record_of(latest), activation.id, output, label)
+    finished = orch.is_finished(record) and latest.status is RunStatus.RUNNING
+    meta = {**latest.meta, "ready": [a.id for a in ready]}
+    if conflicts:
+        meta["conflicts"] = conflicts
+    else:
+        meta.pop("conflicts", None)
+    ckpt = with_record(
+        latest,
+        record,
+        event="method_execution_finished",
+        step=activation.method,
+        activation=activation_key(latest, activation.id),
+        attempt=attempt,
+        state=merged,
+        status=RunStatus.SUCCEEDED if finished else latest.status,
+        meta=meta,
+    )
+    return Transition(ckpt, ready, conflicts)
+
+
+def activation_key(latest: Checkpoint, activation_id: str) -> str:
+    """The store's idempotency key of an activation: unique across restarts of a run id."""
+    epoch = int(latest.meta.get("epoch", 0))
+    return f"{epoch}/{activation_id}" if epoch else activation_id
+
+
+def step_failed(
+    latest: Checkpoint, activation: Activation, error: StepError, *, status: RunStatus
+) -> Transition:
+    """A failure checkpoint: the activation stays in flight so resume re-runs it."""
+    ckpt = with_record(
+        latest,
+        record_of(latest),
+        event="method_execution_failed",
+        step=activation.method,
+        status=status,
+        error=error,
+        meta={**latest.meta, "ready": []},
+    )
+    return Transition(ckpt)
+
+
+def status_change(latest: Checkpoint, event: str, status: RunStatus, **meta: Any) -> Checkpoint:
+    """A checkpoint that only changes the run's status (cancel, pause, resume)."""
+    return with_record(
+        latest,
+        record_of(latest),
+        event=event,
+        step=None,
+        status=status,
+        meta={**latest.meta, **meta, "ready": []},
+    )
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
