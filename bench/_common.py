@@ -251,9 +251,10 @@ def markdown_table(
     sizes = [max(3, *(len(row[col]) for row in cells)) for col in range(width)]
 
     def line(row: Sequence[str]) -> str:
-        return "| " + " | ".join(
+        padded = [
             _JUSTIFY[how](text, size) for text, size, how in zip(row, sizes, aligns, strict=True)
-        ) + " |"
+        ]
+        return "| " + " | ".join(padded) + " |"
 
     rule = [_RULE[how](size) for how, size in zip(aligns, sizes, strict=True)]
     return "\n".join([line(cells[0]), line(rule), *(line(row) for row in cells[1:])])

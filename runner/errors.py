@@ -125,3 +125,10 @@ class NotInFlight(RunStateError):
 
 class InvalidInputs(RunnerError):
     """Inputs do not validate against the flow's state model."""
+
+
+class PauseRun(RunnerError):
+    """Raised by a step (or ``self.pause(reason)``) to pause the run for a human.
+
+    The step is not completed: ``resume`` with inputs re-runs it on the updated state.
+    """

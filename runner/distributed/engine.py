@@ -142,6 +142,11 @@ def execute(
             arg = orch.argument_for(graph, record, act)
             result = run_step(flow, graph, act, dict(latest.state), arg)
         result.attempts = attempt
+        if result.paused is not None:
+            reason = result.paused
+            _commit(rt, run_id, lambda c: _paused(c, act, reason))
+            _emit(flow, run_id, ev.FLOW_PAUSED, act.method, data={"reason": reason})
+            return {"run_id": run_id, "step": activation, "paused": reason}
         if result.error is not None:
             return _on_error(rt, task, flow, act, result, epoch, attempt)
         committed = _commit(rt, run_id, lambda c: _done(graph, flow_cls, c, act, result, token))
@@ -176,6 +181,12 @@ def _done(
         reducers=reducers_for(flow_cls.state_type()),
         attempt=token,
     )
+
+
+def _paused(latest: Checkpoint, act: Activation, reason: str) -> tr.Transition | None:
+    if _activation(tr.record_of(latest), act.id) is None:
+        return None
+    return tr.step_paused(latest, act, reason)
 
 
 def _on_error(

@@ -138,6 +138,12 @@ class Flow(Generic[StateT]):
     def _sink(self) -> Sink:
         return sink_for(type(self), self._persistence, self._checkpoint)
 
+    def pause(self, reason: str = "waiting for input") -> None:
+        """Pause the run here; ``resume`` with inputs re-runs this method."""
+        from runner.errors import PauseRun
+
+        raise PauseRun(reason)
+
     # -- in-process entry points -----------------------------------------------------------
 
     def kickoff(

@@ -12,6 +12,7 @@ import random
 import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +84,10 @@ def resume(
     check_graph(graph, ckpt)
     flow._state = flow._apply_inputs(ckpt.state, inputs)
     record = tr.record_of(ckpt)
-    pending = orch.pending(record)
-    if not pending:
+    if not orch.pending(record):
         return orch.last_output(record)
-    resumed = tr.status_change(ckpt, "flow_resumed", RunStatus.RUNNING)
-    resumed.state = flow._dump()
-    resumed.meta["ready"] = [a.id for a in pending]
-    return LocalRun(flow, graph, sink).run(tr.Transition(resumed, pending))
+    latest = sink.latest(ckpt.run_id) or ckpt
+    return LocalRun(flow, graph, sink).run(tr.resumed(latest, ckpt, flow._dump()))
 
 
 def check_graph(graph: FlowGraph, ckpt: Checkpoint) -> None:
@@ -135,6 +133,15 @@ def _default_store() -> CheckpointStore:
     return RedisProvider()
 
 
+@dataclass(frozen=True)
+class Paused:
+    """What ``kickoff`` returns when a method paused the run for a human."""
+
+    run_id: str
+    step: str
+    reason: str
+
+
 class LocalRun:
     """One in-process execution: dispatch ready methods, commit results in order."""
 
@@ -146,6 +153,7 @@ class LocalRun:
         self.settings = get_settings()
         self.latest: Checkpoint | None = None
         self.failure: StepResult | None = None
+        self.paused: Paused | None = None
 
     def run(self, first: tr.Transition) -> Any:
         """Drive the run to its end; raise the first failing method's exception."""
@@ -161,6 +169,9 @@ class LocalRun:
                     running.pop(future)
                     self._dispatch(pool, running, self._commit(future.result()))
         elapsed = time.perf_counter() - began
+        if self.paused is not None:
+            self._emit(ev.FLOW_PAUSED, method=self.paused.step, data={"reason": self.paused.reason})
+            return self.paused
         if self.failure is not None:
             assert self.failure.error is not None
             self._emit(ev.FLOW_FAILED, duration=elapsed, error=_describe(self.failure.error))
@@ -176,7 +187,7 @@ class LocalRun:
         running: dict[Future[StepResult], Activation],
         ready: list[Activation],
     ) -> None:
-        if self.failure is not None:
+        if self.failure is not None or self.paused is not None:
             return
         assert self.latest is not None
         record = tr.record_of(self.latest)
@@ -200,6 +211,11 @@ class LocalRun:
     def _commit(self, result: StepResult) -> list[Activation]:
         assert self.latest is not None
         act = result.activation
+        if result.paused is not None:
+            self.paused = self.paused or Paused(self.flow.flow_id, act.method, result.paused)
+            pause = tr.step_paused(self.latest, act, result.paused)
+            self.latest = self.sink.write(pause.checkpoint)
+            return []
         if result.error is not None:
             self.failure = self.failure or result
             error = StepError.from_exception(result.error, result.attempts)

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from runner.errors import NotSerializable
+from runner.errors import NotSerializable, PauseRun
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation
 from runner.flow.state import dump_state
@@ -37,6 +37,8 @@ class StepResult:
     output: Any = None
     label: str | None = None
     error: BaseException | None = None
+    paused: str | None = None
+    """The reason, when the step paused the run."""
     duration: float = 0.0
     attempts: int = 1
 
@@ -58,6 +60,8 @@ def run_step(
         result.label = route_label(value) if spec.is_router else None
         result.output = to_json(value, activation.method)
         result.new_state = dump_state(state_obj)
+    except PauseRun as pause:
+        result.paused = pause.message
     except Exception as exc:
         result.error = exc
     finally:

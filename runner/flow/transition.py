@@ -147,6 +147,46 @@ def step_failed(
     return Transition(ckpt)
 
 
+def step_paused(latest: Checkpoint, activation: Activation, reason: str) -> Transition:
+    """The run waits for a human; the step stays in flight and re-runs on resume."""
+    ckpt = with_record(
+        latest,
+        record_of(latest),
+        event="flow_paused",
+        step=activation.method,
+        status=RunStatus.PAUSED,
+        meta={**latest.meta, "ready": [], "pause_reason": reason},
+    )
+    return Transition(ckpt)
+
+
+def resumed(latest: Checkpoint, source: Checkpoint, state: dict[str, Any]) -> Transition:
+    """Continue from ``source`` (the latest or an older checkpoint) in a new epoch.
+
+    A new epoch gives the re-dispatched steps fresh idempotency keys and task ids,
+    so their earlier attempts (also from later history) can neither block nor
+    duplicate them.
+    """
+    record = record_of(source)
+    pending = orch.pending(record)
+    ckpt = with_record(
+        source,
+        record,
+        event="flow_resumed",
+        step=None,
+        state=state,
+        status=RunStatus.RUNNING,
+        meta={
+            **source.meta,
+            "ready": [a.id for a in pending],
+            "epoch": max(int(latest.meta.get("epoch", 0)), int(source.meta.get("epoch", 0))) + 1,
+            "resumed_from": source.id,
+        },
+    )
+    ckpt.meta.pop("pause_reason", None)
+    return Transition(ckpt, pending)
+
+
 def status_change(latest: Checkpoint, event: str, status: RunStatus, **meta: Any) -> Checkpoint:
     """A checkpoint that only changes the run's status (cancel, pause, resume)."""
     return with_record(

@@ -1,0 +1,133 @@
+"""Resume and fork runs on the workers (DESIGN.md section 6).
+
+* ``resume(run_id)`` continues a run from its latest (or a named) checkpoint:
+  only steps not completed there run, the failed or paused one included.
+* ``fork(ref)`` starts a new run from any checkpoint, with edited state and/or
+  steps to re-run (everything downstream of them re-runs too); the source run's
+  history is untouched and the new run records its lineage.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from runner.errors import (
+    CheckpointNotFound,
+    DefinitionError,
+    RunNotFound,
+    RunStateError,
+)
+from runner.flow import orchestrator as orch
+from runner.flow import transition as tr
+from runner.flow.local import check_graph
+from runner.store.models import Checkpoint, RunStatus
+
+from .client import RunHandle, load_flow, runtime
+from .engine import Runtime, _commit, dispatch
+
+
+def find_checkpoint(rt: Runtime, ref: str) -> Checkpoint:
+    """A checkpoint by id, or a run's latest by run id."""
+    try:
+        return rt.store.get(ref)
+    except CheckpointNotFound:
+        latest = rt.store.latest(ref)
+        if latest is None:
+            raise CheckpointNotFound(
+                f"no checkpoint or run {ref}", checkpoint_id=ref
+            ) from None
+        return latest
+
+
+def resume(
+    run_id: str,
+    from_checkpoint: str | None = None,
+    inputs: dict[str, Any] | None = None,
+    *,
+    rt: Runtime | None = None,
+) -> RunHandle:
+    """Continue ``run_id`` on the workers; completed steps are never re-run."""
+    rt = rt or runtime()
+    info = rt.store.run(run_id)
+    if info is None:
+        raise RunNotFound(f"no run {run_id}", run_id=run_id)
+    source = _source(rt, run_id, from_checkpoint)
+    if from_checkpoint is None and info.status is RunStatus.SUCCEEDED:
+        raise RunStateError(f"run {run_id} already succeeded; fork it to run again", run_id=run_id)
+    if from_checkpoint is None and info.status is RunStatus.RUNNING:
+        raise RunStateError(f"run {run_id} is running; cancel it first", run_id=run_id)
+    flow_cls = load_flow(str(source.flow))
+    check_graph(flow_cls.graph(), source)
+    state = _validated(flow_cls, source.state, inputs or {})
+    if not orch.pending(tr.record_of(source)):
+        raise RunStateError(
+            f"checkpoint {source.id} has no step left to run", run_id=run_id
+        )
+    done = _commit(rt, run_id, lambda latest: tr.resumed(latest, source, state))
+    assert done is not None
+    ckpt, step = done
+    dispatch(rt, flow_cls.flow_name(), run_id, int(ckpt.meta["epoch"]), step.ready)
+    return RunHandle(run_id, rt)
+
+
+def fork(
+    ref: str,
+    set: dict[str, Any] | None = None,
+    rerun: list[str] | None = None,
+    branch: str | None = None,
+    run_id: str | None = None,
+    *,
+    rt: Runtime | None = None,
+) -> RunHandle:
+    """Start a new run from checkpoint (or run) ``ref`` with edits; the source is untouched."""
+    rt = rt or runtime()
+    source = find_checkpoint(rt, ref)
+    flow_cls = load_flow(str(source.flow))
+    graph = flow_cls.graph()
+    check_graph(graph, source)
+    unknown = sorted(step for step in (rerun or []) if step not in graph.methods)
+    if unknown:
+        raise DefinitionError(
+            f"{flow_cls.flow_name()} has no method(s) {', '.join(unknown)}", steps=unknown
+        )
+    new_id = run_id or str(uuid.uuid4())
+    if rt.store.run(new_id) is not None:
+        raise RunStateError(f"run {new_id} already exists", run_id=new_id)
+    state = _validated(flow_cls, source.state, {**(set or {}), "id": new_id})
+    record = tr.record_of(source)
+    if rerun:
+        record = orch.invalidate(graph, record, rerun)
+    first = rt.store.fork(source.id, new_run_id=new_id, branch=branch, state=state)
+    pending = orch.pending(record)
+    start = tr.with_record(
+        first,
+        record,
+        event="flow_started",
+        status=RunStatus.RUNNING if pending else RunStatus.SUCCEEDED,
+        meta={**first.meta, "ready": [a.id for a in pending], "epoch": 0, "forked_from": source.id},
+    )
+    rt.store.commit(start, expected_seq=first.seq)
+    dispatch(rt, flow_cls.flow_name(), new_id, 0, pending)
+    return RunHandle(new_id, rt)
+
+
+def _source(rt: Runtime, run_id: str, checkpoint_id: str | None) -> Checkpoint:
+    if checkpoint_id is None:
+        latest = rt.store.latest(run_id)
+        if latest is None:
+            raise RunNotFound(f"no run {run_id}", run_id=run_id)
+        return latest
+    ckpt = rt.store.get(checkpoint_id)
+    if ckpt.run_id != run_id:
+        raise CheckpointNotFound(
+            f"checkpoint {checkpoint_id} belongs to run {ckpt.run_id}, not {run_id}",
+            checkpoint_id=checkpoint_id,
+        )
+    return ckpt
+
+
+def _validated(flow_cls: Any, state: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    flow = flow_cls()
+    flow._state = flow._apply_inputs(state, inputs)
+    return dict(flow._dump())
