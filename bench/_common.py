@@ -69,9 +69,9 @@ def with_db(url: str, db: int) -> str:
     """``url`` selecting DB ``db`` (the path of ``redis://``, the ``db=`` query of ``unix://``)."""
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "db"]
-    if parts.scheme == "unix":
+    if parts.scheme == "unix":  # urlunsplit would drop the empty authority of unix:///path
         query.append(("db", str(db)))
-        return urlunsplit(parts._replace(query=urlencode(query)))
+        return url.split("?", 1)[0].split("#", 1)[0] + "?" + urlencode(query)
     return urlunsplit(parts._replace(path=f"/{db}", query=urlencode(query)))
 
 

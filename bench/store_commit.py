@@ -40,7 +40,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -296,8 +296,8 @@ def run_size(
         snapshot_bytes = {}
         for case in CASES:
             keys, case_run = runs.keys[case], runs.run_ids[case]
-            newest = client.zrevrange(keys.history(case_run), 0, 0)[0].decode()
-            snapshot_bytes[case] = client.strlen(keys.snapshot(case_run, newest))
+            newest = cast(list[bytes], client.zrevrange(keys.history(case_run), 0, 0))[0]
+            snapshot_bytes[case] = client.strlen(keys.snapshot(case_run, newest.decode()))
         k, run = runs.keys[STORE], runs.run_ids[STORE]
         raw_k, raw_run = runs.keys[MULTI], runs.run_ids[MULTI]
         return SizeResult(

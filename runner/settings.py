@@ -44,6 +44,7 @@ class RunnerSettings(BaseSettings):
     recovery_interval: float = Field(
         default=10.0, gt=0, description="Seconds between the workers' recovery passes."
     )
+    queue: str = Field(default="celery", description="Celery queue the steps are sent to.")
     embedded_dir: str | None = Field(
         default=None, description="Data directory of the embedded Redis (default: a temp dir)."
     )

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -106,3 +111,173 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 def prefix() -> str:
     """A key prefix no other test uses, e.g. ``t-1a2b3c4d``."""
     return f"t-{uuid.uuid4().hex[:8]}"
+
+
+# --- Celery workers -------------------------------------------------------------------------
+
+WORKER_MODULES = ("examples.fanout", "examples.linear")
+
+
+def flow_modules() -> str:
+    """Every module the test workers import: the examples and ``tests/flows/*.py``."""
+    here = os.path.dirname(__file__)
+    found = list(WORKER_MODULES)
+    examples = os.path.join(os.path.dirname(here), "examples")
+    for folder, package in ((examples, "examples"), (os.path.join(here, "flows"), "tests.flows")):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py") and not name.startswith("_"):
+                module = f"{package}.{name[:-3]}"
+                if module not in found and module != "examples.demo":
+                    found.append(module)
+    return ",".join(found)
+
+
+@pytest.fixture(scope="session")
+def worker_env(redis_url: str) -> dict[str, str]:
+    """Environment of the test workers and their producer: own prefix and queue, short leases."""
+    session = uuid.uuid4().hex[:8]
+    return {
+        "RUNNER_REDIS_URL": redis_url,
+        "RUNNER_PREFIX": f"tw-{session}",
+        "RUNNER_QUEUE": f"tq-{session}",
+        "RUNNER_FLOW_MODULES": flow_modules(),
+        "RUNNER_LEASE_SECONDS": "2",
+        "RUNNER_RECOVERY_INTERVAL": "0.5",
+        "RUNNER_RETRY_BACKOFF": "0.05",
+    }
+
+
+class WorkerPool:
+    """Subprocess Celery workers (``celery -A workers worker``) that tests can kill."""
+
+    def __init__(self, env: dict[str, str], logdir: str) -> None:
+        self.env = {**os.environ, **env}
+        self.logdir = logdir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, concurrency: int = 2, pool: str = "prefork") -> subprocess.Popen[bytes]:
+        """Start one worker and wait until it answers a ping."""
+        n = len(self.procs)
+        log = open(os.path.join(self.logdir, f"worker-{n}.log"), "ab")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers",
+                "worker",
+                "-P",
+                pool,
+                "-c",
+                str(concurrency),
+                "-n",
+                f"w{n}-{uuid.uuid4().hex[:6]}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "-l",
+                "warning",
+            ],
+            cwd=os.path.dirname(os.path.dirname(__file__)),
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.procs.append(proc)
+        self._wait_ready(proc)
+        return proc
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+        from runner.distributed.app import make_app
+        from runner.settings import RunnerSettings
+
+        app = make_app(RunnerSettings(**_settings_kwargs(self.env)))
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"worker exited with {proc.returncode}; see {self.logdir}")
+                replies = app.control.ping(timeout=0.5) or []
+                if replies:
+                    return
+            raise RuntimeError(f"worker not ready in {timeout}s; see {self.logdir}")
+        finally:
+            app.close()
+
+    def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        """Kill a worker's whole process group member tree (parent and pool children)."""
+        with contextlib.suppress(ProcessLookupError):
+            for child in _children(proc.pid):
+                os.kill(child, sig)
+            os.kill(proc.pid, sig)
+        proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        """Stop every worker still running (SIGTERM, then SIGKILL)."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill(proc)
+        for proc in self.procs:
+            for child in _children(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        return []
+    return [int(p) for p in out.split()]
+
+
+def _settings_kwargs(env: dict[str, str]) -> dict[str, Any]:
+    fields = {
+        "redis_url",
+        "prefix",
+        "queue",
+        "flow_modules",
+        "lease_seconds",
+        "recovery_interval",
+        "retry_backoff",
+    }
+    out: dict[str, Any] = {}
+    for name in fields:
+        value = env.get(f"RUNNER_{name.upper()}")
+        if value is not None:
+            out[name] = value.split(",") if name == "flow_modules" else value
+    return out
+
+
+@pytest.fixture(scope="session")
+def worker_pool(
+    worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerPool]:
+    """A pool of subprocess workers; one is started for the session."""
+    pool = WorkerPool(worker_env, str(tmp_path_factory.mktemp("workers")))
+    pool.start()
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture
+def rt(worker_env: dict[str, str], worker_pool: WorkerPool) -> Iterator[Any]:
+    """The producer runtime of the test workers (their prefix and queue), made current."""
+    from runner.distributed.app import make_app
+    from runner.distributed.client import set_runtime
+    from runner.distributed.engine import Runtime
+    from runner.settings import RunnerSettings
+
+    settings = RunnerSettings(**_settings_kwargs(worker_env))
+    runtime = Runtime.create(make_app(settings), settings)
+    set_runtime(runtime)
+    yield runtime
+    set_runtime(None)
+    runtime.app.close()
+    runtime.store.close()

@@ -58,7 +58,11 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
     settings = settings or get_settings()
     url = resolve_redis_url(settings.redis_url)
     app = Celery(main, set_as_current=False)
-    conf: dict[str, Any] = {"broker_url": url, "result_backend": url}
+    conf: dict[str, Any] = {
+        "broker_url": url,
+        "result_backend": url,
+        "task_default_queue": settings.queue,
+    }
     conf.update(load_config_module())
     conf.update(REQUIRED)
     app.conf.update(conf)

@@ -1,0 +1,1 @@
+"""Flow modules the test workers import (RUNNER_FLOW_MODULES)."""
