@@ -56,6 +56,8 @@ def load_flow(path: str) -> Any:
     except Exception as exc:
         raise FlowImportError(f"cannot import {module_name}: {exc}", path=path) from None
     obj = getattr(module, attr, None)
+    if hasattr(obj, "as_flow") and not isinstance(obj, type):
+        obj = obj.as_flow()  # a Crew: runs as a flow of its tasks
     if not (isinstance(obj, type) and issubclass(obj, Flow)):
         raise FlowImportError(f"{path} is not a Flow class", path=path)
     return obj

@@ -48,7 +48,7 @@ def flows_in(module_name: str) -> list[type]:
         raise FlowImportError(
             f"cannot import flow module {module_name}: {exc}", module=module_name
         ) from None
-    return [
+    found = [
         obj
         for obj in vars(module).values()
         if inspect.isclass(obj)
@@ -56,6 +56,13 @@ def flows_in(module_name: str) -> list[type]:
         and obj is not Flow
         and obj.__module__ == module.__name__
     ]
+    # Crews (objects with ``as_flow``) run as flows of their tasks.
+    found += [
+        obj.as_flow()
+        for obj in vars(module).values()
+        if not inspect.isclass(obj) and callable(getattr(obj, "as_flow", None))
+    ]
+    return found
 
 
 def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
