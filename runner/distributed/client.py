@@ -55,7 +55,7 @@ def load_flow(path: str) -> Any:
         module = importlib.import_module(module_name)
     except Exception as exc:
         raise FlowImportError(f"cannot import {module_name}: {exc}", path=path) from None
-    obj = getattr(module, attr, None)
+    obj: Any = getattr(module, attr, None)
     if hasattr(obj, "as_flow") and not isinstance(obj, type):
         obj = obj.as_flow()  # a Crew: runs as a flow of its tasks
     if not (isinstance(obj, type) and issubclass(obj, Flow)):
