@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner.checkpointing import CheckpointConfig, persist
+from runner.crew import Agent, Crew, CrewOutput, RunsCrews, Task, TaskOutput
 from runner.errors import RunnerError
 from runner.flow.conditions import and_, or_
 from runner.flow.decorators import listen, router, start
@@ -44,8 +45,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Agent",
     "Checkpoint",
     "CheckpointConfig",
+    "Crew",
+    "CrewOutput",
     "EventListener",
     "Flow",
     "FlowEvent",
@@ -58,8 +62,11 @@ __all__ = [
     "RunInfo",
     "RunStatus",
     "RunnerError",
+    "RunsCrews",
     "SQLiteFlowPersistence",
     "SqliteProvider",
+    "Task",
+    "TaskOutput",
     "add",
     "and_",
     "append",

@@ -1,14 +1,15 @@
 """Producer side: submit runs to the workers and follow them.
 
 ``submit`` validates inputs and writes the run's first checkpoint before
-anything is enqueued, so invalid inputs never reach a worker and a submitted run
-is always visible in the store.
+anything is enqueued, so invalid inputs never reach a worker (nothing is stored)
+and a submitted run is always visible in the store.
 """
 
 from __future__ import annotations
 
 import importlib
 import time
+from functools import partial
 from typing import Any
 
 from runner.errors import (
@@ -23,7 +24,7 @@ from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
-from .engine import START_TASK, Runtime, commit_status
+from .engine import Runtime, commit_status, dispatch
 
 _runtime: Runtime | None = None
 
@@ -82,9 +83,9 @@ def submit(
         name=flow_cls.flow_name(),
     )
     rt.store.commit(first.checkpoint)
-    rt.app.send_task(
-        START_TASK, kwargs={"run_id": run_id}, task_id=f"{run_id}:start", kwargsrepr=run_id
-    )
+    # The starts go straight to their tasks (no hop through a start task): a worker
+    # that has not registered the flow fails the run with FlowNotAllowed.
+    dispatch(rt, flow_cls.flow_name(), run_id, 0, first.ready)
     return RunHandle(run_id, rt)
 
 
@@ -116,19 +117,25 @@ class RunHandle:
             raise RunNotFound(f"no run {self.run_id}", run_id=self.run_id)
         return ckpt
 
-    def wait(self, timeout: float | None = None, interval: float = 0.02) -> RunStatus:
-        """Block until the run stops (succeeded, failed, cancelled or paused)."""
+    def wait(self, timeout: float | None = None, interval: float = 0.5) -> RunStatus:
+        """Block until the run stops (succeeded, failed, cancelled or paused).
+
+        Woken by the run's stop notice (pub/sub), and re-reads the status at least
+        every ``interval`` seconds in case a notice was missed.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            status = self.status()
-            if status.finished or status is RunStatus.PAUSED:
-                return status
-            if deadline is not None and time.monotonic() > deadline:
-                raise RunTimeout(
-                    f"run {self.run_id} still {status.value} after {timeout}s",
-                    run_id=self.run_id,
-                )
-            time.sleep(interval)
+        with self.rt.coord.watch_stopped(self.run_id) as notices:
+            while True:
+                status = self.status()
+                if status.finished or status is RunStatus.PAUSED:
+                    return status
+                left = interval if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise RunTimeout(
+                        f"run {self.run_id} still {status.value} after {timeout}s",
+                        run_id=self.run_id,
+                    )
+                self.rt.store._guard(partial(notices.get_message, timeout=min(interval, left)))
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait, then the last method's output; raise if the run did not succeed."""

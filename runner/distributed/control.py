@@ -14,9 +14,10 @@ from typing import Any
 
 from runner.errors import (
     CheckpointNotFound,
-    DefinitionError,
+    InvalidInputs,
     RunNotFound,
     RunStateError,
+    UnknownStep,
 )
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
@@ -55,8 +56,14 @@ def resume(
     source = _source(rt, run_id, from_checkpoint)
     if from_checkpoint is None and info.status is RunStatus.SUCCEEDED:
         raise RunStateError(f"run {run_id} already succeeded; fork it to run again", run_id=run_id)
-    if from_checkpoint is None and info.status is RunStatus.RUNNING:
+    if info.status is RunStatus.RUNNING:
+        # Even with --from: steps still running would commit into the rewound run.
         raise RunStateError(f"run {run_id} is running; cancel it first", run_id=run_id)
+    if inputs and inputs.get("id", run_id) != run_id:
+        raise InvalidInputs(
+            f"inputs cannot change a resumed run's id ({run_id}); fork it instead",
+            run_id=run_id,
+        )
     flow_cls = load_flow(str(source.flow))
     check_graph(flow_cls.graph(), source)
     state = _validated(flow_cls, source.state, inputs or {})
@@ -64,7 +71,18 @@ def resume(
         raise RunStateError(
             f"checkpoint {source.id} has no step left to run", run_id=run_id
         )
-    done = _commit(rt, run_id, lambda latest: tr.resumed(latest, source, state))
+
+    def build(latest: Checkpoint) -> tr.Transition:
+        if from_checkpoint is None and latest.id != source.id:
+            # A late commit landed after we read the run: resuming the older snapshot
+            # would drop it.
+            raise RunStateError(
+                f"run {run_id} changed while resuming (now at seq {latest.seq}); try again",
+                run_id=run_id,
+            )
+        return tr.resumed(latest, source, state)
+
+    done = _commit(rt, run_id, build)
     assert done is not None
     ckpt, step = done
     dispatch(rt, flow_cls.flow_name(), run_id, int(ckpt.meta["epoch"]), step.ready)
@@ -88,8 +106,10 @@ def fork(
     check_graph(graph, source)
     unknown = sorted(step for step in (rerun or []) if step not in graph.methods)
     if unknown:
-        raise DefinitionError(
-            f"{flow_cls.flow_name()} has no method(s) {', '.join(unknown)}", steps=unknown
+        raise UnknownStep(
+            f"{flow_cls.flow_name()} has no step(s) {', '.join(unknown)}",
+            flow=flow_cls.flow_name(),
+            steps=unknown,
         )
     new_id = run_id or str(uuid.uuid4())
     if rt.store.run(new_id) is not None:
@@ -100,12 +120,15 @@ def fork(
         record = orch.invalidate(graph, record, rerun)
     first = rt.store.fork(source.id, new_run_id=new_id, branch=branch, state=state)
     pending = orch.pending(record)
+    # The source's run-local notes (a pause, a resume, merge conflicts) are not the fork's.
+    meta = {k: v for k, v in first.meta.items() if k not in _SOURCE_ONLY_META}
     start = tr.with_record(
         first,
         record,
         event="flow_started",
+        step=None,
         status=RunStatus.RUNNING if pending else RunStatus.SUCCEEDED,
-        meta={**first.meta, "ready": [a.id for a in pending], "epoch": 0, "forked_from": source.id},
+        meta={**meta, "ready": [a.id for a in pending], "epoch": 0, "forked_from": source.id},
     )
     rt.store.commit(start, expected_seq=first.seq)
     dispatch(rt, flow_cls.flow_name(), new_id, 0, pending)
@@ -127,7 +150,38 @@ def _source(rt: Runtime, run_id: str, checkpoint_id: str | None) -> Checkpoint:
     return ckpt
 
 
+def check_fields(flow_cls: Any, values: dict[str, Any]) -> None:
+    """Raise :class:`InvalidInputs` naming keys the flow's state model would silently drop.
+
+    A typo in ``--set`` or ``--input`` must not pass unnoticed. Dict state, models that
+    allow extra fields, and models that read their raw input (a ``before``/``wrap`` model
+    validator, e.g. a crew's state collecting kickoff inputs) take any key.
+    """
+    model = flow_cls.state_type()
+    if model is None or _takes_any_key(model):
+        return
+    unknown = sorted(key for key in values if key not in model.model_fields)
+    if unknown:
+        raise InvalidInputs(
+            f"{model.__name__} has no field(s) {', '.join(unknown)} "
+            f"(fields: {', '.join(model.model_fields)})",
+            flow=flow_cls.flow_name(),
+            fields=unknown,
+        )
+
+
+def _takes_any_key(model: Any) -> bool:
+    if model.model_config.get("extra") == "allow":
+        return True
+    validators = model.__pydantic_decorators__.model_validators.values()
+    return any(v.info.mode in ("before", "wrap") for v in validators)
+
+
+_SOURCE_ONLY_META = ("pause_reason", "resumed_from", "conflicts")
+
+
 def _validated(flow_cls: Any, state: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    check_fields(flow_cls, inputs)
     flow = flow_cls()
     flow._state = flow._apply_inputs(state, inputs)
     return dict(flow._dump())

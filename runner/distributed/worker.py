@@ -2,8 +2,9 @@
 
 Only modules named in ``RUNNER_FLOW_MODULES`` are imported, at start-up; a
 message can name a task, never a module. Each flow method becomes the task
-``<Flow>.<method>``; ``runner.start_run`` checks a new run's flow against the
-allow-list before its start methods are dispatched.
+``<Flow>.<method>``. A message for a task this worker has not registered (a flow
+outside the allow-list) fails its run with :class:`FlowNotAllowed`; a step whose
+run names another import path than the registered flow does the same.
 """
 
 from __future__ import annotations
@@ -16,10 +17,19 @@ from typing import Any
 
 from celery import Celery, signals
 
-from runner.errors import FlowImportError, RunnerError
+from runner.errors import DefinitionError, FlowImportError, RunnerError
 from runner.settings import RunnerSettings, get_settings
 
-from .engine import RECOVER_TASK, START_TASK, Runtime, execute, recover, start_run, task_name
+from .engine import (
+    RECOVER_TASK,
+    START_TASK,
+    Runtime,
+    execute,
+    fail_not_allowed,
+    recover,
+    start_run,
+    task_name,
+)
 
 log = logging.getLogger("runner.worker")
 
@@ -35,6 +45,7 @@ def install(
         for flow_cls in flows_in(name):
             register_flow(app, rt, flow_cls)
     _start_recovery_on_ready(app, rt)
+    _fail_runs_of_unknown_tasks(app, rt)
     return rt
 
 
@@ -68,6 +79,13 @@ def flows_in(module_name: str) -> list[type]:
 def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
     """One task per method of ``flow_cls``; returns the task names."""
     name = flow_cls.flow_name()
+    known = rt.flows.get(name)
+    if known is not None and known.flow_path() != flow_cls.flow_path():
+        raise DefinitionError(
+            f"two flows are named {name}: {known.flow_path()} and {flow_cls.flow_path()}; "
+            "task names (<Flow>.<method>) must be unique, so rename one (Flow.name)",
+            flow=name,
+        )
     rt.flows[name] = flow_cls
     names = []
     for method, spec in flow_cls.graph().methods.items():
@@ -114,6 +132,26 @@ def _start_recovery_on_ready(app: Celery, rt: Runtime) -> None:
         thread.start()
 
     signals.worker_ready.connect(on_ready, weak=False)
+
+
+def _fail_runs_of_unknown_tasks(app: Celery, rt: Runtime) -> None:
+    """A step message for a task this worker lacks fails its run (nothing is imported)."""
+
+    def on_unknown(sender: Any = None, name: str = "", message: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", app) is not app:
+            return
+        try:
+            _args, kwargs, *_rest = message.payload
+            run_id = kwargs["run_id"]
+        except Exception:
+            log.warning("unknown task %s with an unexpected body; not a runner step", name)
+            return
+        latest = rt.coord.read(str(run_id))
+        if latest is None or not name.startswith(f"{latest.meta.get('name')}."):
+            return  # not one of this deployment's runs, or not its flow's task
+        fail_not_allowed(rt, latest.run_id, f"this worker has no task {name}")
+
+    signals.task_unknown.connect(on_unknown, weak=False)
 
 
 def _recovery_loop(rt: Runtime) -> None:

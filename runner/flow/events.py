@@ -81,6 +81,11 @@ def unregister(listener: EventListener) -> None:
             _global.remove(listener)
 
 
+def wanted(listeners: list[EventListener] | tuple[EventListener, ...] = ()) -> bool:
+    """Whether an event would reach anyone: ``listeners`` or a registered one."""
+    return bool(listeners or _global)
+
+
 def emit(event: FlowEvent, listeners: list[EventListener] | tuple[EventListener, ...] = ()) -> None:
     """Deliver ``event`` to ``listeners`` and the global ones; never raises."""
     with _lock:

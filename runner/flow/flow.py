@@ -19,9 +19,12 @@ from runner.checkpointing import CheckpointConfig, Sink, sink_for
 from runner.errors import DefinitionError, InvalidInputs
 from runner.flow.graph import FlowGraph, compile_graph
 from runner.flow.state import dump_state
-from runner.flow.steps import current_state
+from runner.flow.steps import current_state, json_copy
 
 StateT = TypeVar("StateT", bound=BaseModel | dict[str, Any])
+
+_STATE_TYPE_ATTR = "__runner_state_type__"
+_UNKNOWN: Any = object()
 
 
 class Flow(Generic[StateT]):
@@ -46,7 +49,11 @@ class Flow(Generic[StateT]):
         self._checkpoint = checkpoint if checkpoint is not None else type(self).checkpoint
         self._listeners = list(listeners or [])
         self._restore: CheckpointConfig | str | None = None
-        self._state: Any = self._initial_state()
+        self._state_json: dict[str, Any] | None = None
+        self._state_obj: Any = None
+        self._fresh_id = False
+        """The state's id was made up for this object (no run can have it yet)."""
+        self._state = self._initial_state()
         for key, value in kwargs.items():
             setattr(self, key, value)
 
@@ -57,6 +64,20 @@ class Flow(Generic[StateT]):
         """The state: inside a running method its own copy, else the flow's."""
         step_state = current_state.get(None)
         return step_state if step_state is not None else self._state
+
+    @property
+    def _state(self) -> Any:
+        """The flow's state object, built from the latest committed JSON when first read."""
+        pending = self._state_json
+        if pending is not None:
+            self._state_obj = self._state_from_json(pending)
+            self._state_json = None
+        return self._state_obj
+
+    @_state.setter
+    def _state(self, value: Any) -> None:
+        self._state_obj = value
+        self._state_json = None
 
     @property
     def flow_id(self) -> str:
@@ -80,7 +101,15 @@ class Flow(Generic[StateT]):
 
     @classmethod
     def state_type(cls) -> type[BaseModel] | None:
-        """The pydantic state model, or ``None`` for dict state."""
+        """The pydantic state model, or ``None`` for dict state (found once per class)."""
+        found = cls.__dict__.get(_STATE_TYPE_ATTR, _UNKNOWN)
+        if found is _UNKNOWN or found[0] is not cls.initial_state:
+            found = (cls.initial_state, cls._find_state_type())
+            setattr(cls, _STATE_TYPE_ATTR, found)
+        return found[1]
+
+    @classmethod
+    def _find_state_type(cls) -> type[BaseModel] | None:
         init = cls.initial_state
         if isinstance(init, type) and issubclass(init, BaseModel):
             return init
@@ -103,25 +132,35 @@ class Flow(Generic[StateT]):
             state: Any = init.model_copy(deep=True)
         elif isinstance(init, dict):
             state = copy.deepcopy(init)
+        elif isinstance(init, type) and issubclass(init, dict):
+            state = init()
         elif model is not None:
             state = model()
         else:
             state = {}
         if isinstance(state, dict):
+            self._fresh_id = "id" not in state
             state.setdefault("id", str(uuid.uuid4()))
         elif "id" not in type(state).model_fields:
             raise DefinitionError(
                 f"state model {type(state).__name__} has no 'id' field; subclass FlowState",
                 flow=type(self).__name__,
             )
+        else:
+            made_here = not isinstance(init, BaseModel) and "id" not in state.model_fields_set
+            factory = type(state).model_fields["id"].default_factory
+            self._fresh_id = made_here and factory is not None
         return state
 
     def _state_from_json(self, data: dict[str, Any]) -> Any:
+        """A state object made from JSON ``data``; it shares no list or dict with ``data``."""
         model = type(self).state_type()
+        fresh = json_copy(data)
         if model is None:
-            return copy.deepcopy(data)
+            kind = type(self._state_obj)
+            return fresh if kind is dict or not issubclass(kind, dict) else kind(fresh)
         try:
-            return model.model_validate(data)
+            return model.model_validate(fresh)
         except ValidationError as exc:
             raise InvalidInputs(_one_line(exc), flow=type(self).__name__) from None
 
@@ -130,9 +169,12 @@ class Flow(Generic[StateT]):
         return self._state_from_json({**base, **inputs})
 
     def _set_state(self, data: dict[str, Any]) -> None:
-        self._state = self._state_from_json(data)
+        """Make committed JSON ``data`` the flow's state (built into an object when read)."""
+        self._state_json = data
 
     def _dump(self) -> dict[str, Any]:
+        if self._state_json is not None:
+            return json_copy(self._state_json)
         return dump_state(self._state)
 
     def _sink(self) -> Sink:

@@ -1,28 +1,38 @@
 """The in-process executor behind ``Flow.kickoff``.
 
-Ready methods run on a thread pool (parallel listeners run concurrently); each
-finished method is turned into the next checkpoint on this thread, in completion
-order, and handed to the flow's sink, which writes it if persistence asks for it.
+Ready methods run on a thread pool (parallel listeners run concurrently; a lone sync
+method runs on the calling thread); each finished method is turned into the next
+checkpoint on the calling thread, in completion order, and handed to the flow's sink,
+which writes it if persistence asks for it before any method it made ready starts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
 import uuid
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Any
 
-from runner.checkpointing import CheckpointConfig, Sink, StoreSink
-from runner.errors import CheckpointNotFound, GraphChanged, RunNotFound
+from runner.checkpointing import FLOW_DEFAULT_EVENTS, CheckpointConfig, Sink, StoreSink
+from runner.errors import (
+    CheckpointNotFound,
+    CycleLimitExceeded,
+    DefinitionError,
+    GraphChanged,
+    InvalidInputs,
+    RunNotFound,
+)
 from runner.flow import events as ev
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.graph import FlowGraph
-from runner.flow.orchestrator import Activation
+from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import reducers_for
 from runner.flow.steps import StepResult, run_step
 from runner.settings import get_settings
@@ -45,10 +55,16 @@ def kickoff(
     if restore is not None:
         if isinstance(restore, CheckpointConfig) and not isinstance(sink, StoreSink):
             sink = StoreSink(restore.store(), restore.events("flow"), restore.max_checkpoints)
+        elif sink.store is None:
+            # Restored by id with no store configured: the run continues where it is kept.
+            sink = StoreSink(_default_store(), FLOW_DEFAULT_EVENTS)
         ckpt = load_restore_point(sink, restore)
         return resume(flow, graph, sink, ckpt, inputs)
     lineage = None
     base = flow._dump()
+    # Whether a run with this id may exist: not for an id made up by this flow object.
+    known_id = "id" in inputs or not flow._fresh_id
+    flow._fresh_id = False
     if restore_from_state_id is not None:
         source = sink.load_state(restore_from_state_id)
         if source is None and strict:
@@ -56,6 +72,7 @@ def kickoff(
                 f"no saved state for {restore_from_state_id}", run_id=restore_from_state_id
             )
         if source is not None:
+            known_id = "id" in inputs
             base = {**source, "id": inputs.pop("id", None) or str(uuid.uuid4())}
             parent = sink.latest(restore_from_state_id)
             lineage = Lineage(
@@ -66,13 +83,11 @@ def kickoff(
         base = sink.load_state(str(inputs["id"])) or base
     flow._state = flow._apply_inputs(base, inputs)
     state = flow._dump()
-    previous = sink.latest(flow.flow_id) if lineage is None else None
+    previous = sink.latest(flow.flow_id) if known_id else None
     if previous is not None:
         first = tr.restart(graph, previous, state)
     else:
-        first = tr.start(
-            graph, flow.flow_id, state, flow=flow.flow_path(), name=flow.flow_name()
-        )
+        first = tr.start(graph, flow.flow_id, state, flow=flow.flow_path(), name=flow.flow_name())
         first.checkpoint.lineage = lineage
     return LocalRun(flow, graph, sink).run(first)
 
@@ -82,6 +97,11 @@ def resume(
 ) -> Any:
     """Continue the run of ``ckpt``: only methods not completed there run."""
     check_graph(graph, ckpt)
+    if str(inputs.get("id", ckpt.run_id)) != ckpt.run_id:
+        raise InvalidInputs(
+            f"inputs cannot change a resumed run's id ({ckpt.run_id}); fork it instead",
+            run_id=ckpt.run_id,
+        )
     flow._state = flow._apply_inputs(ckpt.state, inputs)
     record = tr.record_of(ckpt)
     if not orch.pending(record):
@@ -143,57 +163,89 @@ class Paused:
 
 
 class LocalRun:
-    """One in-process execution: dispatch ready methods, commit results in order."""
+    """One in-process execution: dispatch ready methods, commit results in order.
+
+    Methods run on a thread pool, so parallel listeners run concurrently; a sync method
+    that is the only one to run (a chain) runs on this thread, which saves two thread
+    switches per step. This thread turns each result into the next checkpoint, in
+    completion order, keeping the latest checkpoint and its record in memory.
+    """
 
     def __init__(self, flow: Any, graph: FlowGraph, sink: Sink) -> None:
         self.flow = flow
         self.graph = graph
         self.sink = sink
+        self.run_id: str = flow.flow_id
         self.reducers = reducers_for(type(flow).state_type())
         self.settings = get_settings()
         self.latest: Checkpoint | None = None
+        self.record: ExecutionRecord | None = None
         self.failure: StepResult | None = None
         self.paused: Paused | None = None
+        self.loop_here = _event_loop_running()
 
     def run(self, first: tr.Transition) -> Any:
         """Drive the run to its end; raise the first failing method's exception."""
-        self.latest = self.sink.write(first.checkpoint)
+        self._advance(first)
         began = time.perf_counter()
         self._emit(ev.FLOW_STARTED)
-        with ThreadPoolExecutor(max_workers=16, thread_name_prefix="flow") as pool:
-            running: dict[Future[StepResult], Activation] = {}
-            self._dispatch(pool, running, first.ready)
-            while running:
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    running.pop(future)
-                    self._dispatch(pool, running, self._commit(future.result()))
-        elapsed = time.perf_counter() - began
+        done: SimpleQueue[Future[StepResult]] = SimpleQueue()
+        try:
+            with ThreadPoolExecutor(max_workers=16, thread_name_prefix="flow") as pool:
+                ready, running = first.ready, 0
+                while ready or running:
+                    if self.failure is not None or self.paused is not None:
+                        ready = []
+                    if len(ready) == 1 and not running and self._inline(ready[0]):
+                        ready = self._commit(self._attempt(*self._call(ready[0])))
+                        continue
+                    for act in ready:
+                        pool.submit(self._attempt, *self._call(act)).add_done_callback(done.put)
+                    running += len(ready)
+                    ready = []
+                    if running:
+                        ready = self._commit(done.get().result())
+                        running -= 1
+        finally:
+            if self.latest is not None:
+                self.flow._set_state(self.latest.state)
+        return self._finish(time.perf_counter() - began)
+
+    def _finish(self, elapsed: float) -> Any:
+        assert self.latest is not None and self.record is not None
+        if self.failure is not None:
+            assert self.failure.error is not None
+            ended = tr.status_change(
+                self.latest, ev.FLOW_FAILED, RunStatus.FAILED, record=self.record
+            )
+            ended.error = self.latest.error
+            self.sink.write(ended)
+            self._emit(ev.FLOW_FAILED, duration=elapsed, error=_describe(self.failure.error))
+            raise self.failure.error
         if self.paused is not None:
             self._emit(ev.FLOW_PAUSED, method=self.paused.step, data={"reason": self.paused.reason})
             return self.paused
-        if self.failure is not None:
-            assert self.failure.error is not None
-            self._emit(ev.FLOW_FAILED, duration=elapsed, error=_describe(self.failure.error))
-            raise self.failure.error
-        assert self.latest is not None
-        self.sink.write(tr.status_change(self.latest, ev.FLOW_FINISHED, RunStatus.SUCCEEDED))
+        ended = tr.status_change(
+            self.latest, ev.FLOW_FINISHED, RunStatus.SUCCEEDED, record=self.record
+        )
+        self.sink.write(ended)
         self._emit(ev.FLOW_FINISHED, duration=elapsed)
-        return orch.last_output(tr.record_of(self.latest))
+        return orch.last_output(self.record)
 
-    def _dispatch(
-        self,
-        pool: ThreadPoolExecutor,
-        running: dict[Future[StepResult], Activation],
-        ready: list[Activation],
-    ) -> None:
-        if self.failure is not None or self.paused is not None:
-            return
-        assert self.latest is not None
-        record = tr.record_of(self.latest)
-        for act in ready:
-            arg = orch.argument_for(self.graph, record, act)
-            running[pool.submit(self._attempt, act, dict(self.latest.state), arg)] = act
+    def _advance(self, step: tr.Transition) -> None:
+        """Write ``step``'s checkpoint (if the sink keeps it) and make it the latest."""
+        self.latest = self.sink.write(step.checkpoint)
+        self.record = step.record if step.record is not None else tr.record_of(step.checkpoint)
+
+    def _inline(self, act: Activation) -> bool:
+        """Whether ``act`` may run on this thread: a sync method, and no event loop here
+        (a method may start one of its own, as async methods do)."""
+        return not self.loop_here and not self.graph.methods[act.method].is_async
+
+    def _call(self, act: Activation) -> tuple[Activation, dict[str, Any], Any]:
+        """The arguments of :meth:`_attempt` for ``act``: its base state and argument."""
+        assert self.latest is not None and self.record is not None
+        return act, self.latest.state, orch.argument_for(self.graph, self.record, act)
 
     def _attempt(self, act: Activation, base: dict[str, Any], arg: Any) -> StepResult:
         spec = self.graph.methods[act.method]
@@ -209,50 +261,70 @@ class LocalRun:
         raise AssertionError("unreachable")
 
     def _commit(self, result: StepResult) -> list[Activation]:
+        """Turn a finished attempt into the next checkpoint; the activations it made ready."""
         assert self.latest is not None
         act = result.activation
         if result.paused is not None:
-            self.paused = self.paused or Paused(self.flow.flow_id, act.method, result.paused)
-            pause = tr.step_paused(self.latest, act, result.paused)
-            self.latest = self.sink.write(pause.checkpoint)
+            self.paused = self.paused or Paused(self.run_id, act.method, result.paused)
+            self._advance(tr.step_paused(self.latest, act, result.paused, record=self.record))
             return []
-        if result.error is not None:
-            self.failure = self.failure or result
-            error = StepError.from_exception(result.error, result.attempts)
-            failed = tr.step_failed(self.latest, act, error, status=RunStatus.FAILED)
-            self.latest = self.sink.write(failed.checkpoint)
-            self._emit(
-                ev.METHOD_FAILED,
-                method=act.method,
-                duration=result.duration,
-                error=_describe(result.error),
-            )
-            return []
-        assert result.new_state is not None
-        step = tr.step_done(
-            self.graph,
-            self.latest,
-            act,
-            base_state=result.base_state,
-            new_state=result.new_state,
-            output=result.output,
-            label=result.label,
-            reducers=self.reducers,
-            attempt=None,
-        )
-        self.latest = self.sink.write(step.checkpoint)
-        self.flow._set_state(self.latest.state)
+        step = None
+        if result.error is None:
+            assert result.new_state is not None
+            try:
+                step = tr.step_done(
+                    self.graph,
+                    self.latest,
+                    act,
+                    base_state=result.base_state,
+                    new_state=result.new_state,
+                    output=result.output,
+                    label=result.label,
+                    reducers=self.reducers,
+                    record=self.record,
+                )
+            except (CycleLimitExceeded, DefinitionError) as exc:
+                result.error = exc  # e.g. a loop past max_calls: this step fails the run
+        if step is None:
+            return self._fail(result)
+        self._advance(step)
         for field in step.conflicts:
             self._emit(ev.STATE_CONFLICT, method=act.method, data={"field": field})
             log.warning("state field %r written by parallel steps; last commit wins", field)
         self._emit(ev.METHOD_FINISHED, method=act.method, duration=result.duration)
         return step.ready
 
-    def _emit(self, kind: str, **fields: Any) -> None:
-        ev.emit(
-            ev.FlowEvent(type=kind, run_id=self.flow.flow_id, flow=self.flow.flow_name(), **fields),
-            self.flow._listeners,
+    def _fail(self, result: StepResult) -> list[Activation]:
+        assert self.latest is not None and result.error is not None
+        act = result.activation
+        self.failure = self.failure or result
+        error = StepError.from_exception(result.error, result.attempts)
+        failed = tr.step_failed(
+            self.latest, act, error, status=RunStatus.FAILED, record=self.record
         )
+        self._advance(failed)
+        self._emit(
+            ev.METHOD_FAILED,
+            method=act.method,
+            duration=result.duration,
+            error=_describe(result.error),
+        )
+        return []
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if ev.wanted(self.flow._listeners):
+            event = ev.FlowEvent(
+                type=kind, run_id=self.run_id, flow=self.flow.flow_name(), **fields
+            )
+            ev.emit(event, self.flow._listeners)
+
+
+def _event_loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _describe(exc: BaseException) -> str:

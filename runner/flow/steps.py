@@ -48,13 +48,16 @@ def run_step(
 ) -> StepResult:
     """Run ``activation``'s method once on a fresh copy of ``base_state``."""
     spec = graph.methods[activation.method]
-    state_obj = flow._state_from_json(base_state)
-    token = current_state.set(state_obj)
     began = time.perf_counter()
     result = StepResult(activation, base_state)
+    token = None
     try:
+        # A private copy (no list or dict shared with ``base_state``): changes a parallel
+        # branch makes in place cannot leak into this step, nor a failed step's into the run.
+        state_obj = flow._state_from_json(base_state)
+        token = current_state.set(state_obj)
         method = getattr(flow, activation.method)
-        value = method(arg) if spec.takes_arg else method()
+        value = method(json_copy(arg)) if spec.takes_arg else method()
         if inspect.isawaitable(value):
             value = _await(value)
         result.label = route_label(value) if spec.is_router else None
@@ -65,9 +68,20 @@ def run_step(
     except Exception as exc:
         result.error = exc
     finally:
-        current_state.reset(token)
+        if token is not None:
+            current_state.reset(token)
         result.duration = time.perf_counter() - began
     return result
+
+
+def json_copy(value: Any) -> Any:
+    """A copy of a JSON value whose dicts and lists are all new (faster than ``deepcopy``)."""
+    kind = type(value)
+    if kind is dict:
+        return {k: json_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [json_copy(v) for v in value]
+    return value
 
 
 def route_label(value: Any) -> str:

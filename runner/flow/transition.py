@@ -8,9 +8,11 @@ caller reads the latest checkpoint, calls one of these, and commits the result
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner import ids
 from runner.flow import orchestrator as orch
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation, ExecutionRecord
@@ -25,6 +27,8 @@ class Transition:
     checkpoint: Checkpoint
     ready: list[Activation] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    record: ExecutionRecord | None = None
+    """The checkpoint's record as a model (saves re-reading ``checkpoint.record``)."""
 
 
 def record_of(ckpt: Checkpoint) -> ExecutionRecord:
@@ -33,9 +37,11 @@ def record_of(ckpt: Checkpoint) -> ExecutionRecord:
 
 
 def with_record(ckpt: Checkpoint, record: ExecutionRecord, **update: Any) -> Checkpoint:
-    """A new checkpoint (fresh id) carrying ``record`` and ``update``."""
-    from runner import ids
+    """A new checkpoint (fresh id) carrying ``record`` and ``update``.
 
+    Its ``state`` and ``meta`` are new dicts (unless given); values inside are shared with
+    ``ckpt``, which is safe as checkpoints' JSON is replaced, never changed in place.
+    """
     fields: dict[str, Any] = {
         "id": ids.checkpoint_id(),
         "seq": 0,
@@ -46,10 +52,12 @@ def with_record(ckpt: Checkpoint, record: ExecutionRecord, **update: Any) -> Che
         "activation": None,
         "attempt": None,
         "error": None,
-        "created_at": _now(),
+        "created_at": time.time(),
     }
     fields.update(update)
-    return ckpt.model_copy(update=fields, deep=True)
+    fields.setdefault("state", dict(ckpt.state))
+    fields.setdefault("meta", dict(ckpt.meta))
+    return ckpt.model_copy(update=fields)
 
 
 def start(
@@ -66,7 +74,7 @@ def start(
         meta={"name": name, "ready": [a.id for a in ready]},
         **extra,
     )
-    return Transition(with_record(base, record, status=RunStatus.RUNNING), ready)
+    return Transition(with_record(base, record, status=RunStatus.RUNNING), ready, record=record)
 
 
 def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Transition:
@@ -86,7 +94,7 @@ def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Tran
             "epoch": int(latest.meta.get("epoch", 0)) + 1,
         },
     )
-    return Transition(ckpt, ready)
+    return Transition(ckpt, ready, record=record)
 
 
 def step_done(
@@ -100,11 +108,17 @@ def step_done(
     label: str | None,
     reducers: dict[str, Reducer],
     attempt: str | None = None,
+    record: ExecutionRecord | None = None,
 ) -> Transition:
-    """Apply a finished step's state changes and output onto ``latest``."""
+    """Apply a finished step's state changes and output onto ``latest``.
+
+    ``record`` is ``latest``'s record if the caller has it. A run that already failed
+    keeps its status and error: a parallel step finishing later does not hide the failure.
+    """
     changes = diff(base_state, new_state)
     merged, conflicts = apply_changes(latest.state, base_state, changes, reducers)
-    record, ready = orch.complete(graph, record_of(latest), activation.id, output, label)
+    before = record_of(latest) if record is None else record
+    record, ready = orch.complete(graph, before, activation.id, output, label)
     finished = orch.is_finished(record) and latest.status is RunStatus.RUNNING
     meta = {**latest.meta, "ready": [a.id for a in ready]}
     if conflicts:
@@ -120,9 +134,10 @@ def step_done(
         attempt=attempt,
         state=merged,
         status=RunStatus.SUCCEEDED if finished else latest.status,
+        error=latest.error if latest.status is RunStatus.FAILED else None,
         meta=meta,
     )
-    return Transition(ckpt, ready, conflicts)
+    return Transition(ckpt, ready, conflicts, record)
 
 
 def activation_key(latest: Checkpoint, activation_id: str) -> str:
@@ -132,32 +147,45 @@ def activation_key(latest: Checkpoint, activation_id: str) -> str:
 
 
 def step_failed(
-    latest: Checkpoint, activation: Activation, error: StepError, *, status: RunStatus
+    latest: Checkpoint,
+    activation: Activation,
+    error: StepError,
+    *,
+    status: RunStatus,
+    record: ExecutionRecord | None = None,
 ) -> Transition:
     """A failure checkpoint: the activation stays in flight so resume re-runs it."""
+    record = record_of(latest) if record is None else record
     ckpt = with_record(
         latest,
-        record_of(latest),
+        record,
         event="method_execution_failed",
         step=activation.method,
         status=status,
         error=error,
         meta={**latest.meta, "ready": []},
     )
-    return Transition(ckpt)
+    return Transition(ckpt, record=record)
 
 
-def step_paused(latest: Checkpoint, activation: Activation, reason: str) -> Transition:
+def step_paused(
+    latest: Checkpoint,
+    activation: Activation,
+    reason: str,
+    *,
+    record: ExecutionRecord | None = None,
+) -> Transition:
     """The run waits for a human; the step stays in flight and re-runs on resume."""
+    record = record_of(latest) if record is None else record
     ckpt = with_record(
         latest,
-        record_of(latest),
+        record,
         event="flow_paused",
         step=activation.method,
         status=RunStatus.PAUSED,
         meta={**latest.meta, "ready": [], "pause_reason": reason},
     )
-    return Transition(ckpt)
+    return Transition(ckpt, record=record)
 
 
 def resumed(latest: Checkpoint, source: Checkpoint, state: dict[str, Any]) -> Transition:
@@ -184,22 +212,23 @@ def resumed(latest: Checkpoint, source: Checkpoint, state: dict[str, Any]) -> Tr
         },
     )
     ckpt.meta.pop("pause_reason", None)
-    return Transition(ckpt, pending)
+    return Transition(ckpt, pending, record=record)
 
 
-def status_change(latest: Checkpoint, event: str, status: RunStatus, **meta: Any) -> Checkpoint:
+def status_change(
+    latest: Checkpoint,
+    event: str,
+    status: RunStatus,
+    *,
+    record: ExecutionRecord | None = None,
+    **meta: Any,
+) -> Checkpoint:
     """A checkpoint that only changes the run's status (cancel, pause, resume)."""
     return with_record(
         latest,
-        record_of(latest),
+        record_of(latest) if record is None else record,
         event=event,
         step=None,
         status=status,
         meta={**latest.meta, **meta, "ready": []},
     )
-
-
-def _now() -> float:
-    import time
-
-    return time.time()

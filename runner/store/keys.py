@@ -18,6 +18,7 @@ key                     type    holds
 ``P:ckpts``             hash    checkpoint id -> run id (lookup by checkpoint id)
 ``P:active``            zset    run ids whose status is ``running`` (recovery scans it)
 ``P:recover-lock``      string  held by the worker doing the current recovery pass
+``P:{R}:stopped``       channel pub/sub: the run's new status when it stops running
 ======================  ======  ==============================================
 
 The ``P:runs``/``P:ckpts``/``P:active`` index keys are global: the commit script writes
@@ -75,6 +76,10 @@ class Keys:
     def owners(self, run_id: str) -> str:
         """Attempt tokens holding the leases."""
         return self.run(run_id, "owners")
+
+    def stopped(self, run_id: str) -> str:
+        """Pub/sub channel told the run's status when it stops running (``RunHandle.wait``)."""
+        return self.run(run_id, "stopped")
 
     @property
     def active(self) -> str:

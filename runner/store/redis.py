@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -87,8 +87,14 @@ class RedisProvider:
         *,
         expected_seq: int | None = None,
         max_checkpoints: int | None = None,
+        dispatching: Sequence[str] = (),
     ) -> Checkpoint:
-        """Write ``checkpoint`` as the run's next one in one atomic round trip."""
+        """Write ``checkpoint`` as the run's next one in one atomic round trip.
+
+        The same round trip drops the lease of ``checkpoint.activation`` and marks
+        ``dispatching`` (activations the caller sends next) in the run's dispatch
+        markers, so a redelivered commit never sends them again.
+        """
         k, run = self.keys, checkpoint.run_id
         keep = self.max_checkpoints if max_checkpoints is None else max_checkpoints
         keep = max(keep, 0)
@@ -103,6 +109,9 @@ class RedisProvider:
                 k.runs,
                 k.checkpoints,
                 k.active,
+                k.leases(run),
+                k.owners(run),
+                k.dispatched(run),
             ],
             [
                 checkpoint.id,
@@ -116,6 +125,7 @@ class RedisProvider:
                 k.snapshot_prefix(run),
                 json.dumps(_meta_always(checkpoint)),
                 json.dumps(_meta_once(checkpoint)),
+                json.dumps(list(dispatching)),
             ],
         )
         outcome, value = reply[0].decode(), reply[1].decode()

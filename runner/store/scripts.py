@@ -8,13 +8,15 @@ COMMIT = """
 -- Commit one checkpoint: idempotent per activation, gapless sequence, pruning.
 -- KEYS[1] meta hash      KEYS[2] history zset   KEYS[3] attempts hash
 -- KEYS[4] pins set       KEYS[5] runs index     KEYS[6] checkpoint index
--- KEYS[7] active runs index
+-- KEYS[7] active runs index  KEYS[8] leases zset  KEYS[9] lease owners hash
+-- KEYS[10] dispatch markers hash
 -- ARGV[1] checkpoint id  ARGV[2] snapshot JSON without "seq" (an object)
 -- ARGV[3] activation ('' = none)   ARGV[4] attempt token
 -- ARGV[5] expected seq ('' = any)  ARGV[6] max checkpoints (0 = keep all)
 -- ARGV[7] now (unix seconds)       ARGV[8] run id
 -- ARGV[9] snapshot key prefix      ARGV[10] meta fields JSON (set every commit)
 -- ARGV[11] meta fields JSON (set only when the run is new)
+-- ARGV[12] JSON list of activations the caller will dispatch (marked sent now)
 -- Returns {'ok', seq} | {'dup', checkpoint id} | {'stale', checkpoint id}
 --       | {'conflict', current seq}
 local activation = ARGV[3]
@@ -33,7 +35,14 @@ local seq = cur + 1
 local id = ARGV[1]
 redis.call('SET', ARGV[9] .. id, string.sub(ARGV[2], 1, -2) .. ',"seq":' .. seq .. '}')
 redis.call('ZADD', KEYS[2], seq, id)
-if activation ~= '' then redis.call('HSET', KEYS[3], activation, ARGV[4] .. '|' .. id) end
+if activation ~= '' then
+  redis.call('HSET', KEYS[3], activation, ARGV[4] .. '|' .. id)
+  -- A committed step needs no lease; dropping it here leaves none behind if the
+  -- committer dies right after the commit.
+  redis.call('ZREM', KEYS[8], activation)
+  redis.call('HDEL', KEYS[9], activation)
+end
+for _, ready in ipairs(cjson.decode(ARGV[12])) do redis.call('HSETNX', KEYS[10], ready, ARGV[7]) end
 local fields = {'seq', seq, 'latest', id, 'updated_at', ARGV[7]}
 for k, v in pairs(cjson.decode(ARGV[10])) do
   fields[#fields + 1] = k
@@ -153,4 +162,48 @@ if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
   return 1
 end
 return 0
+"""
+
+BEGIN_STEP = """
+-- Read a run's latest checkpoint and, unless the activation was committed, take its lease.
+-- KEYS[1] history zset   KEYS[2] attempts hash   KEYS[3] leases zset   KEYS[4] lease owners hash
+-- ARGV[1] snapshot key prefix   ARGV[2] activation ('' = read only)   ARGV[3] attempt token
+-- ARGV[4] lease expiry          ARGV[5] now
+-- Returns {snapshot JSON | nil, outcome[, holder]}; outcome 'none' (no run), 'read' (read
+-- only), 'done' (committed), 'held' (a live lease of the attempt ``holder``) or 'ok' (the
+-- caller's lease).
+local ids = redis.call('ZREVRANGE', KEYS[1], 0, 0)
+if #ids == 0 then return {false, 'none'} end
+local blob = redis.call('GET', ARGV[1] .. ids[1])
+if ARGV[2] == '' then return {blob, 'read'} end
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return {blob, 'done'} end
+local owner = redis.call('HGET', KEYS[4], ARGV[2])
+local expiry = redis.call('ZSCORE', KEYS[3], ARGV[2])
+if owner and owner ~= ARGV[3] and expiry and tonumber(expiry) > tonumber(ARGV[5]) then
+  return {blob, 'held', owner}
+end
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
+redis.call('HSET', KEYS[4], ARGV[2], ARGV[3])
+return {blob, 'ok'}
+"""
+
+RENEW = """
+-- Extend a lease the caller still holds (a heartbeat); never re-creates a dropped one.
+-- KEYS[1] leases zset   KEYS[2] lease owners hash
+-- ARGV[1] activation    ARGV[2] attempt token   ARGV[3] new expiry
+-- Returns 1 when renewed, 0 when the lease is gone or another attempt's.
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 1
+"""
+
+TAKE_OVER = """
+-- Take the lease of an attempt known to be dead (its process is gone) before it expires.
+-- KEYS[1] leases zset   KEYS[2] lease owners hash
+-- ARGV[1] activation    ARGV[2] dead attempt's token   ARGV[3] new token   ARGV[4] expiry
+-- Returns 1 when taken, 0 when the lease changed hands (or was dropped by a commit).
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+return 1
 """

@@ -1,0 +1,5 @@
+"""``python -m runner``: the ``runner`` command."""
+
+from runner.cli import main
+
+main()

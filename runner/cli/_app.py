@@ -1,0 +1,113 @@
+"""The ``runner`` command group: global options and the one place errors become exit codes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from runner.errors import RunnerError
+
+from ._session import FAILED, USAGE, Session, exit_code_for, report, session, usage_line
+
+HELP = """Submit, follow, inspect, resume and fork durable flow runs.
+
+The Redis URL (required) comes from RUNNER_REDIS_URL or --redis-url, the key prefix from RUNNER_PREFIX and the Celery queue from RUNNER_QUEUE, as for the workers.
+
+Exit codes: 0 ok (a waited-for run succeeded or paused); 1 a run failed or was cancelled, an operation was refused or timed out, or Redis is unreachable; 2 bad input (malformed option, unknown run, checkpoint, flow or step; invalid inputs).
+"""  # noqa: E501  (one line a paragraph: the help formatter wraps it)
+
+
+# Typer >= 0.20 vendors click (``typer._click``); older releases use click itself. Its usage
+# error class is found through the public ``typer.BadParameter``, whichever it is.
+UsageError: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
+)
+ClickException: type[Exception] = next(
+    c for c in UsageError.__mro__ if c.__name__ == "ClickException"
+)
+# A closed pipe (``runner runs | head``) is typer's to handle, as click does: exit 1 quietly.
+PASS_THROUGH: tuple[type[BaseException], ...] = (
+    typer.Exit,
+    typer.Abort,
+    ClickException,
+    BrokenPipeError,
+)
+
+
+def _shows_help(exc: Exception) -> bool:
+    # ``runner`` alone prints the help (click's NoArgsIsHelpError, a usage error subclass).
+    return type(exc).__name__ == "NoArgsIsHelpError"
+
+
+class RunnerGroup(TyperGroup):
+    """Turns every error into one ``error:`` line on stderr and its exit code."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
+    ) -> Any:
+        """Parse the global options; a usage error is one line and exit code 2."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except UsageError as exc:
+            if _shows_help(exc):
+                raise
+            typer.echo(usage_line(exc), err=True)
+            raise typer.Exit(USAGE) from None
+
+    def invoke(self, ctx: Any) -> Any:
+        """Run the command; map runner errors to exit codes (``--debug``: with tracebacks)."""
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            if _shows_help(exc):
+                raise
+            typer.echo(usage_line(exc), err=True)
+            raise typer.Exit(USAGE) from None
+        except PASS_THROUGH:
+            raise
+        except RunnerError as exc:
+            report(exc, debug=_debug(ctx))
+            raise typer.Exit(exit_code_for(exc)) from None
+        except Exception as exc:
+            report(exc, debug=_debug(ctx), internal=True)
+            raise typer.Exit(FAILED) from None
+
+
+def _debug(ctx: Any) -> bool:
+    obj = ctx.find_object(Session)
+    return bool(obj and obj.debug)
+
+
+app = typer.Typer(
+    cls=RunnerGroup,
+    name="runner",
+    help=HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="markdown",
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(
+            "--redis-url",
+            metavar="URL",
+            help="Redis of the runs (default: RUNNER_REDIS_URL).",
+            show_default=False,
+        ),
+    ] = None,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks of errors.")
+    ] = False,
+) -> None:
+    """Global options: they go before the command (``runner --debug status RUN``)."""
+    ctx.obj = Session(redis_url=redis_url, debug=debug)
+    ctx.call_on_close(session(ctx).close)

@@ -1,0 +1,210 @@
+"""What every command shares: the runtime, output, input parsing and the exit-code rule.
+
+Exit codes (the same for every command):
+
+* ``0`` done: the operation worked; a waited-for run succeeded or paused for input;
+* ``1`` a run failed or was cancelled, an operation was refused (e.g. resuming a running
+  run), waiting timed out, or Redis is unreachable;
+* ``2`` bad input: a malformed option, an unknown run, checkpoint, flow or step, inputs
+  the flow's state rejects.
+
+Every error is one line on stderr (``error: no run abc123``); ``runner --debug`` adds the
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from runner.distributed.engine import Runtime
+from runner.errors import (
+    CheckpointNotFound,
+    DefinitionError,
+    InvalidInputs,
+    RunnerError,
+    RunNotFound,
+)
+from runner.settings import RunnerSettings, get_settings, reset_settings
+
+OK, FAILED, USAGE = 0, 1, 2
+
+
+class BadUsage(RunnerError):
+    """A command-line value the runner cannot use (malformed ``--input``, unreadable file)."""
+
+
+BAD_INPUT: tuple[type[RunnerError], ...] = (
+    BadUsage,
+    RunNotFound,
+    CheckpointNotFound,
+    DefinitionError,
+    InvalidInputs,
+)
+"""Errors caused by what the user typed: exit code 2. Every other error exits 1."""
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """``2`` for bad input (see :data:`BAD_INPUT`), ``1`` for everything else."""
+    return USAGE if isinstance(exc, BAD_INPUT) else FAILED
+
+
+@dataclass
+class Session:
+    """One invocation: global options and the runtime, built on first use, closed at exit."""
+
+    redis_url: str | None = None
+    """``--redis-url``; overrides ``RUNNER_REDIS_URL``."""
+    debug: bool = False
+    """``--debug``: show tracebacks."""
+    _settings: RunnerSettings | None = field(default=None, repr=False)
+    _rt: Runtime | None = field(default=None, repr=False)
+
+    def settings(self) -> RunnerSettings:
+        """Settings read from the environment at first use, with ``--redis-url`` applied."""
+        if self._settings is None:
+            reset_settings()  # the environment may differ from the last invocation's (tests)
+            try:
+                settings = get_settings()
+            except ValidationError as exc:
+                raise BadUsage(f"bad setting {_first_error(exc)}") from None
+            if self.redis_url:
+                settings = settings.model_copy(update={"redis_url": self.redis_url})
+            self._settings = settings
+        return self._settings
+
+    @property
+    def rt(self) -> Runtime:
+        """The producer runtime (Celery app + Redis store) of this invocation."""
+        if self._rt is None:
+            from runner.distributed.app import make_app
+
+            settings = self.settings()
+            if not settings.redis_url:
+                # The embedded default is private to the process that starts it: one the
+                # CLI started would hold no runs and serve no workers.
+                raise BadUsage("no Redis configured: set RUNNER_REDIS_URL or pass --redis-url")
+            self._rt = Runtime.create(make_app(settings), settings)  # pings Redis
+        return self._rt
+
+    def close(self) -> None:
+        """Close the runtime's connections; forget the settings read for this invocation."""
+        if self._rt is not None:
+            self._rt.app.close()
+            self._rt.store.close()
+            self._rt = None
+        self._settings = None
+        reset_settings()
+
+
+def session(ctx: typer.Context) -> Session:
+    """The :class:`Session` the group callback put on the context."""
+    obj = ctx.find_object(Session)
+    assert obj is not None, "the runner group callback sets the session"
+    return obj
+
+
+def report(exc: BaseException, *, debug: bool, internal: bool = False) -> None:
+    """Print ``exc`` as one ``error:`` line on stderr (with the traceback under ``--debug``)."""
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    message = one_line(str(exc)) or type(exc).__name__
+    if internal:
+        message = f"unexpected {type(exc).__name__}: {message}"
+        if not debug:
+            message += " (run with --debug for the traceback)"
+    typer.echo(f"error: {message}", err=True)
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) made one space."""
+    return " ".join(text.split())
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+def console() -> Console:
+    """A rich console on stdout; wide when piped, so ids are not wrapped."""
+    out = Console(highlight=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(highlight=False, width=200)
+    return out
+
+
+def print_json(data: Any) -> None:
+    """``data`` (JSON values, e.g. ``model_dump(mode="json")``) as indented JSON on stdout."""
+    typer.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+# --- parsing --------------------------------------------------------------------------------
+
+
+def parse_value(text: str) -> Any:
+    """``text`` as JSON if it parses (``1``, ``true``, ``[1]``, ``"x"``), else the string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_pairs(pairs: list[str] | None, option: str) -> dict[str, Any]:
+    """``["k=v", ...]`` as a dict; each value through :func:`parse_value`."""
+    found: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise BadUsage(f"{option} {pair!r} is not of the form key=value")
+        found[key.strip()] = parse_value(value)
+    return found
+
+
+def load_inputs(pairs: list[str] | None, inputs_file: Path | None) -> dict[str, Any]:
+    """Inputs from ``--inputs-file`` (a JSON object), then ``--input k=v`` on top."""
+    inputs: dict[str, Any] = {}
+    if inputs_file is not None:
+        try:
+            data = json.loads(inputs_file.read_text())
+        except OSError as exc:
+            raise BadUsage(f"cannot read {inputs_file}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise BadUsage(f"{inputs_file} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise BadUsage(f"{inputs_file} must hold a JSON object, not {type(data).__name__}")
+        inputs.update(data)
+    inputs.update(parse_pairs(pairs, "--input"))
+    return inputs
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w`` as seconds."""
+    match = _DURATION.match(text.lower())
+    if match is None:
+        raise BadUsage(f"duration {text!r} is not a number with an optional s/m/h/d/w unit")
+    return float(match.group(1)) * _UNIT[match.group(2)]
+
+
+def usage_line(exc: Any) -> str:
+    """A click usage error as one line naming the command's ``--help``."""
+    where = exc.ctx.command_path if exc.ctx is not None else "runner"
+    return f"error: {one_line(exc.format_message())} (see '{where} --help')"
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = "_".join(str(p) for p in err["loc"]).upper() or "?"
+    return f"RUNNER_{where}: {err['msg']}"

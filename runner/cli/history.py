@@ -1,0 +1,120 @@
+"""Inspecting history: ``checkpoints``, ``show``, ``diff`` and ``graph``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from runner.distributed.client import load_flow
+from runner.distributed.control import find_checkpoint
+from runner.errors import RunNotFound
+from runner.store.models import Checkpoint
+
+from . import render
+from ._app import app
+from ._session import console, print_json, session
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+@app.command()
+def checkpoints(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="Run id.")],
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Newest N.")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """List a run's checkpoints, newest first: seq, id, event, step, status, time."""
+    store = session(ctx).rt.store
+    if store.run(run) is None:
+        raise RunNotFound(f"no run {run}", run_id=run)
+    found = store.history(run, limit=limit)
+    if as_json:
+        print_json([c.model_dump(mode="json") for c in found])
+    else:
+        console().print(render.history_table(found))
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    ref: Annotated[
+        str, typer.Argument(metavar="CKPT", help="Checkpoint id (or a run id: its latest).")
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one checkpoint: state, outputs, completed and in-flight steps, lineage, error."""
+    ckpt = find_checkpoint(session(ctx).rt, ref)
+    if as_json:
+        print_json(ckpt.model_dump(mode="json"))
+    else:
+        console().print(render.checkpoint_view(ckpt))
+
+
+@app.command()
+def diff(
+    ctx: typer.Context,
+    a: Annotated[str, typer.Argument(metavar="CKPT_A", help="Checkpoint (or run) id.")],
+    b: Annotated[str, typer.Argument(metavar="CKPT_B", help="Checkpoint (or run) id.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare two checkpoints (of one run or of a fork and its parent).
+
+    Lists the state fields added, removed and changed from CKPT_A to CKPT_B (nested
+    objects by dotted path) and the step activations completed on one side only.
+    """
+    rt = session(ctx).rt
+    first, second = find_checkpoint(rt, a), find_checkpoint(rt, b)
+    found = checkpoint_diff(first, second)
+    if as_json:
+        print_json({"a": first.id, "b": second.id, **found})
+    else:
+        console().print(render.diff_view(first, second, found))
+
+
+@app.command()
+def graph(
+    flow: Annotated[str, typer.Argument(metavar="FLOW", help="pkg.mod:FlowClass")],
+) -> None:
+    """Print a flow's graph as Mermaid text (paste into a Markdown mermaid block)."""
+    typer.echo(load_flow(flow).graph().to_mermaid(), nl=False)
+
+
+# --- diffing --------------------------------------------------------------------------------
+
+
+def checkpoint_diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:
+    """State changes and completed-steps difference from ``a`` to ``b`` (JSON values)."""
+    added: dict[str, Any] = {}
+    removed: dict[str, Any] = {}
+    changed: dict[str, list[Any]] = {}
+    _walk(a.state, b.state, "", added, removed, changed)
+    in_a, in_b = set(a.completed), set(b.completed)
+    return {
+        "state": {"added": added, "removed": removed, "changed": changed},
+        "completed": {
+            "only_a": [act for act in a.completed if act not in in_b],
+            "only_b": [act for act in b.completed if act not in in_a],
+        },
+    }
+
+
+def _walk(
+    a: dict[str, Any],
+    b: dict[str, Any],
+    prefix: str,
+    added: dict[str, Any],
+    removed: dict[str, Any],
+    changed: dict[str, list[Any]],
+) -> None:
+    for key in [*a, *(k for k in b if k not in a)]:
+        path = f"{prefix}{key}"
+        if key not in b:
+            removed[path] = a[key]
+        elif key not in a:
+            added[path] = b[key]
+        elif isinstance(a[key], dict) and isinstance(b[key], dict):
+            _walk(a[key], b[key], f"{path}.", added, removed, changed)
+        elif a[key] != b[key]:
+            changed[path] = [a[key], b[key]]

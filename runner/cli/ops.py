@@ -1,0 +1,194 @@
+"""Changing runs: ``resume``, ``fork``, ``recover`` and ``prune``."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from runner.distributed import control, engine
+from runner.distributed.client import load_flow
+from runner.errors import FlowImportError, RunNotFound
+from runner.store.models import RunInfo, RunStatus
+from runner.store.redis import RedisProvider
+
+from ._app import app
+from ._outcome import follow
+from ._session import console, parse_duration, parse_pairs, print_json, session
+from .runs import InputOpt, JsonOpt, RunArg, TimeoutOpt, WaitOpt
+
+
+@app.command()
+def resume(
+    ctx: typer.Context,
+    run: RunArg,
+    from_checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--from", metavar="CKPT", help="Continue from this checkpoint of RUN, not the latest."
+        ),
+    ] = None,
+    inputs: InputOpt = None,
+    wait: WaitOpt = False,
+    timeout: TimeoutOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Continue a failed, cancelled or paused run; completed steps are not re-run.
+
+    The failed or paused step runs again, on the state with --input values applied (e.g.
+    `--input approved=true` for a run paused for approval). The run keeps its id and its
+    history grows. With --wait, wait and print how it ended; exit 1 if it failed again.
+    """
+    rt = session(ctx).rt
+    handle = control.resume(run, from_checkpoint, parse_pairs(inputs, "--input"), rt=rt)
+    follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
+
+
+@app.command()
+def fork(
+    ctx: typer.Context,
+    ref: Annotated[
+        str,
+        typer.Argument(metavar="CKPT|RUN", help="A checkpoint id, or a run id (its latest)."),
+    ],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="FIELD=VALUE",
+            help="Edit a state field (repeatable); VALUE is parsed as JSON if it parses.",
+        ),
+    ] = None,
+    rerun: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rerun", metavar="STEP", help="Run STEP and everything downstream again (repeatable)."
+        ),
+    ] = None,
+    branch: Annotated[
+        str | None, typer.Option("--branch", metavar="NAME", help="A label for the fork.")
+    ] = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", metavar="ID", help="Id of the new run.")
+    ] = None,
+    wait: WaitOpt = False,
+    timeout: TimeoutOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start a new run from a checkpoint, optionally with edited state; print its id.
+
+    The new run skips the steps completed at the checkpoint, except --rerun steps and
+    everything downstream of them. The source run is untouched; the new run records
+    its parent run and checkpoint (see `runner status NEW_RUN`).
+    """
+    rt = session(ctx).rt
+    values = parse_pairs(set_, "--set")
+    handle = control.fork(ref, values, rerun or [], branch, run_id, rt=rt)
+    follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
+
+
+@app.command()
+def recover(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Re-dispatch steps of running runs whose worker died or that were never started.
+
+    Workers do this by themselves every RUNNER_RECOVERY_INTERVAL seconds; this runs one
+    pass now. A step still holding a live lease is left alone.
+    """
+    rt = session(ctx).rt
+    for run, problem in _load_running_flows(rt).items():
+        typer.echo(f"warning: run {run} not recovered: {problem}", err=True)
+    resent = engine.recover(rt, force=True)
+    if as_json:
+        print_json(resent)
+    elif not resent:
+        typer.echo("nothing to recover")
+    else:
+        for run, steps in resent.items():
+            typer.echo(f"{run}: re-dispatched {', '.join(steps)}")
+
+
+@app.command()
+def prune(
+    ctx: typer.Context,
+    keep: Annotated[
+        int, typer.Option("--keep", min=1, metavar="N", help="Checkpoints to keep per run.")
+    ],
+    run: Annotated[
+        str | None, typer.Argument(metavar="RUN", help="Only this run (default: every run).")
+    ] = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than",
+            metavar="AGE",
+            help="Only runs not updated within AGE (e.g. 90s, 30m, 12h, 7d, 2w).",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only list what would be deleted.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete old checkpoints, keeping the newest N of each run (of RUN, or of every run).
+
+    A run's newest checkpoint is always kept, and so is any checkpoint a fork started
+    from. With --older-than AGE, only runs whose last update is older than AGE are
+    pruned; runs active within AGE are left whole. Runs themselves are never deleted.
+    """
+    store = session(ctx).rt.store
+    cutoff = time.time() - parse_duration(older_than) if older_than else None
+    if run is not None:
+        info = store.run(run)
+        if info is None:
+            raise RunNotFound(f"no run {run}", run_id=run)
+        targets = [info]
+    else:
+        targets = _all_runs(store)
+    pruned: dict[str, list[str]] = {}
+    for info in targets:
+        if cutoff is not None and info.updated_at >= cutoff:
+            continue
+        gone = store.prune(info.run_id, keep, dry_run=dry_run)
+        if gone:
+            pruned[info.run_id] = gone
+    if as_json:
+        print_json({"dry_run": dry_run, "keep": keep, "pruned": pruned})
+        return
+    verb = "would delete" if dry_run else "deleted"
+    out = console()
+    for run_id, gone in pruned.items():
+        out.print(f"{run_id}: {verb} {len(gone)} checkpoint(s)")
+    total = sum(len(gone) for gone in pruned.values())
+    out.print(f"{verb} {total} checkpoint(s) of {len(pruned)} run(s)")
+
+
+def _load_running_flows(rt: engine.Runtime) -> dict[str, str]:
+    """Register the flows of the running runs, as `resume` loads a run's flow by its path.
+
+    :func:`engine.recover` re-sends only steps of flows its runtime knows (on a worker,
+    its allow-list). Returns run id -> why its flow could not be loaded here.
+    """
+    problems: dict[str, str] = {}
+    for run_id in rt.coord.active_runs():
+        latest = rt.store.latest(run_id)
+        if latest is None or latest.status is not RunStatus.RUNNING or not latest.flow:
+            continue
+        try:
+            flow_cls = load_flow(latest.flow)
+        except FlowImportError as exc:
+            problems[run_id] = str(exc)
+            continue
+        rt.flows.setdefault(flow_cls.flow_name(), flow_cls)
+    return problems
+
+
+def _all_runs(store: RedisProvider) -> list[RunInfo]:
+    """Every run in the index, read page by page before anything is pruned."""
+    found: list[RunInfo] = []
+    page = 500
+    while True:
+        batch = store.runs(limit=page, offset=len(found))
+        found += batch
+        if len(batch) < page:
+            return found

@@ -1,0 +1,100 @@
+"""``Agent``: a role, a goal and a backstory around any LLM client.
+
+The runner prescribes no LLM library and makes no network call itself: ``llm`` is whatever
+the user passes, called with one prompt string. Supported shapes, tried in this order:
+an object with ``.call(prompt)`` (CrewAI's ``LLM``), with ``.invoke(prompt)`` (LangChain
+chat models; a message's ``.content`` is used), or any callable ``llm(prompt)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.checkpointing import CheckpointConfig
+from runner.crew.task import TaskInput, fill
+from runner.errors import DefinitionError
+
+_PROMPT = """You are {role}. {backstory}
+Your personal goal is: {goal}
+
+Current Task: {description}
+
+This is the expected criteria for your final answer: {expected_output}
+You MUST return the actual complete content as the final answer, not a summary."""
+
+_CONTEXT = """
+
+This is the context you're working with:
+{context}"""
+
+
+class Agent:
+    """Who does a task that has no ``fn`` (CrewAI's ``Agent``)."""
+
+    def __init__(
+        self,
+        role: str,
+        goal: str = "",
+        backstory: str = "",
+        llm: Any = None,
+        checkpoint: CheckpointConfig | bool | None = None,
+    ) -> None:
+        if llm is not None and not _callable_llm(llm):
+            raise DefinitionError(
+                f"agent {role!r}: llm must be callable or have .call() or .invoke(); got {llm!r}",
+                agent=role,
+            )
+        self.role = role
+        """The agent's role, e.g. ``"Senior researcher"``."""
+        self.goal = goal
+        """What the agent tries to achieve."""
+        self.backstory = backstory
+        """Who the agent is; part of every prompt."""
+        self.llm = llm
+        """Any LLM client: ``.call(prompt)``, ``.invoke(prompt)`` or ``llm(prompt)``."""
+        self.checkpoint = checkpoint
+        """``None`` inherits from the crew; ``True`` defaults; ``False`` opts its tasks out."""
+
+    def __repr__(self) -> str:
+        return f"Agent(role={self.role!r})"
+
+    def prompt(self, task_input: TaskInput) -> str:
+        """The prompt sent to ``llm`` for ``task_input`` (CrewAI's wording); ``{placeholders}``
+        in the role, goal and backstory are filled from the kickoff inputs too."""
+        inputs = task_input.inputs
+        text = _PROMPT.format(
+            role=fill(self.role, inputs),
+            backstory=fill(self.backstory, inputs),
+            goal=fill(self.goal, inputs),
+            description=task_input.description,
+            expected_output=task_input.expected_output,
+        )
+        if task_input.context:
+            text += _CONTEXT.format(context=task_input.context_text)
+        return text
+
+    def execute_task(self, task_input: TaskInput) -> Any:
+        """Call ``llm`` with this task's prompt; return its answer (text, dict or model)."""
+        if self.llm is None:
+            raise DefinitionError(
+                f"agent {self.role!r} has no llm: pass Agent(llm=...) or give the task a fn",
+                agent=self.role,
+            )
+        return call_llm(self.llm, self.prompt(task_input))
+
+
+def call_llm(llm: Any, prompt: str) -> Any:
+    """Call any supported LLM client with ``prompt``; a chat message gives its ``content``."""
+    for method in ("call", "invoke"):
+        bound = getattr(llm, method, None)
+        if callable(bound):
+            answer = bound(prompt)
+            break
+    else:
+        answer = llm(prompt)
+    content = getattr(answer, "content", None)
+    return content if isinstance(content, str) else answer
+
+
+def _callable_llm(llm: Any) -> bool:
+    return callable(llm) or any(callable(getattr(llm, m, None)) for m in ("call", "invoke"))

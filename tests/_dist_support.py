@@ -1,0 +1,73 @@
+"""Helpers of the distributed tests: private worker pools, history queries, polling."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from runner.distributed.app import make_app
+from runner.distributed.engine import Runtime
+from runner.settings import RunnerSettings
+from runner.store.models import Checkpoint
+from tests.conftest import WorkerPool, _settings_kwargs
+
+
+def eventually(check: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05) -> Any:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true after {timeout}s: {check}")
+        time.sleep(interval)
+
+
+def history(rt: Runtime, run_id: str) -> list[Checkpoint]:
+    """Every checkpoint of the run, oldest first."""
+    return list(reversed(rt.store.history(run_id, limit=1000)))
+
+
+def finished(rt: Runtime, run_id: str, step: str | None = None) -> list[Checkpoint]:
+    """The run's ``method_execution_finished`` checkpoints (of ``step`` if given)."""
+    return [
+        c
+        for c in history(rt, run_id)
+        if c.event == "method_execution_finished" and (step is None or c.step == step)
+    ]
+
+
+def runtime_for(env: dict[str, str]) -> Runtime:
+    """A producer runtime on the prefix and queue of ``env``."""
+    settings = RunnerSettings(**_settings_kwargs(env))
+    return Runtime.create(make_app(settings), settings)
+
+
+@contextlib.contextmanager
+def private_pool(
+    worker_env: dict[str, str], logdir: str, **overrides: str
+) -> Iterator[tuple[WorkerPool, Runtime, dict[str, str]]]:
+    """Workers and a runtime on a prefix and queue of their own (no worker started yet).
+
+    ``overrides`` are more ``RUNNER_*`` variables, e.g. ``RUNNER_LEASE_SECONDS="30"``.
+    Every worker of the pool is stopped on exit.
+    """
+    token = uuid.uuid4().hex[:8]
+    env = {
+        **worker_env,
+        "RUNNER_PREFIX": f"tp-{token}",
+        "RUNNER_QUEUE": f"tpq-{token}",
+        **overrides,
+    }
+    pool = WorkerPool(env, logdir)
+    rt = runtime_for(env)
+    try:
+        yield pool, rt, env
+    finally:
+        pool.stop_all()
+        rt.app.close()
+        rt.store.close()

@@ -1,0 +1,248 @@
+"""The workers' public face: task registration, the allow-list, submit and the run handle,
+and what Flower sees (task events, kwargs reprs, extended results)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import signals
+
+from examples.fanout import FanoutFlow
+from examples.linear import LinearFlow
+from runner import Flow, FlowState, start
+from runner.distributed.client import RunHandle, submit
+from runner.distributed.engine import Runtime, task_id
+from runner.errors import InvalidInputs, RunFailed, RunStateError, RunTimeout
+from runner.store.models import RunStatus
+from tests._dist_support import eventually
+from tests.flows import dist
+from tests.flows.dist import DistChaos, DistDiamond, DistEcho, DistFan, DistGated, executions
+
+FLOWER_SETTINGS = (
+    "worker_send_task_events",
+    "task_send_sent_event",
+    "task_track_started",
+    "result_extended",
+)
+
+
+class OutsiderState(FlowState):
+    """State of the flows below, which the workers never import."""
+
+    touched: bool = False
+
+
+class OutsiderFlow(Flow[OutsiderState]):
+    """Defined in a test module, not under tests/flows: outside the workers' allow-list."""
+
+    @start()
+    def go(self) -> None:
+        self.state.touched = True
+
+
+class Impostor(Flow[OutsiderState]):
+    """Takes the name of an allowed flow (same task names), from another module."""
+
+    name = "DistEcho"
+
+    @start()
+    def hello(self) -> int:
+        dist.client().set(dist.key(self.state.id, "impostor-ran"), 1)
+        return 0
+
+
+def our_node(rt: Runtime) -> str:
+    """The name of the session worker: the one consuming our queue (other sessions share
+    the broker database)."""
+
+    def find() -> str | None:
+        queues = rt.app.control.inspect(timeout=1.0).active_queues() or {}
+        for node, consumed in queues.items():
+            if any(q["name"] == rt.settings.queue for q in consumed):
+                return node
+        return None
+
+    return str(eventually(find, timeout=20))
+
+
+# --- registration and the allow-list ---------------------------------------------------------
+
+
+def test_workers_register_one_task_per_flow_method(rt: Runtime) -> None:
+    node = our_node(rt)
+    registered = set(rt.app.control.inspect(timeout=2.0, destination=[node]).registered()[node])
+    for flow in (LinearFlow, FanoutFlow, DistDiamond, DistFan, DistEcho, DistChaos, DistGated):
+        expected = {f"{flow.flow_name()}.{method}" for method in flow.graph().methods}
+        assert {n for n in registered if n.startswith(f"{flow.flow_name()}.")} == expected
+    assert "DistDiamond.both" in registered
+    assert not any(n.startswith(("OutsiderFlow.", "Impostor.")) for n in registered)
+
+
+def test_workers_accept_json_only(rt: Runtime) -> None:
+    node = our_node(rt)
+    conf = rt.app.control.inspect(timeout=2.0, destination=[node]).conf()[node]
+    assert conf["accept_content"] == ["json"]
+    assert conf["task_serializer"] == "json"
+    assert rt.app.conf.accept_content == ["json"]
+
+
+def test_flow_outside_the_allow_list_fails_the_run_without_importing_it(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    handle = submit(OutsiderFlow, rt=rt)
+    assert handle.wait(timeout=20) is RunStatus.FAILED
+    latest = handle.latest()
+    assert latest.error is not None
+    assert latest.error.type == "FlowNotAllowed"
+    assert "allow-list" in latest.error.message
+    assert "tests.test_distributed_api:OutsiderFlow" in latest.error.message
+    assert latest.state["touched"] is False
+    assert handle.info().error is not None and "FlowNotAllowed" in handle.info().error
+    with pytest.raises(RunFailed, match="FlowNotAllowed"):
+        handle.result(timeout=1)
+
+
+def test_flow_posing_under_an_allowed_name_fails_without_running(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    handle = submit(Impostor, rt=rt)
+    assert handle.wait(timeout=20) is RunStatus.FAILED
+    error = handle.latest().error
+    assert error is not None and error.type == "FlowNotAllowed"
+    assert "tests.test_distributed_api:Impostor" in error.message
+    assert not redis_client.exists(dist.key(handle.run_id, "impostor-ran"))
+    assert executions(redis_client, handle.run_id, "hello") == 0  # DistEcho.hello never ran
+
+
+# --- submit and the handle ------------------------------------------------------------------
+
+
+def test_submit_rejects_invalid_inputs_before_storing_or_enqueueing(rt: Runtime) -> None:
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    published: list[str] = []
+
+    def on_publish(sender: Any = None, **_: Any) -> None:
+        published.append(str(sender))
+
+    signals.before_task_publish.connect(on_publish, weak=False)
+    try:
+        with pytest.raises(InvalidInputs, match="count"):
+            submit(DistEcho, {"id": run_id, "count": "not a number"}, rt=rt)
+    finally:
+        signals.before_task_publish.disconnect(on_publish)
+    assert published == []
+    assert rt.store.run(run_id) is None
+    assert rt.store.latest(run_id) is None
+    assert rt.coord.dispatched(run_id) == {}
+
+
+def test_handle_follows_a_run_to_its_result(rt: Runtime, redis_client: redis.Redis) -> None:
+    handle = DistEcho.submit({"count": 21})
+    assert isinstance(handle, RunHandle)
+    assert handle.status() in (RunStatus.RUNNING, RunStatus.SUCCEEDED)
+    assert handle.wait(timeout=20) is RunStatus.SUCCEEDED
+    assert handle.result() == 42
+    assert handle.latest().state["echo"] == "echo 21"
+    assert handle.run_id == handle.latest().state["id"]
+    assert executions(redis_client, handle.run_id, "hello") == 1
+    with pytest.raises(RunStateError, match="already succeeded"):
+        handle.cancel()
+
+
+def test_wait_times_out_while_a_step_runs_then_returns(rt: Runtime, redis_client: redis.Redis) -> None:
+    handle = DistGated.submit()
+    eventually(lambda: executions(redis_client, handle.run_id, "two") == 1)
+    with pytest.raises(RunTimeout, match="still running"):
+        handle.wait(timeout=0.3)
+    assert handle.status() is RunStatus.RUNNING
+    redis_client.set(dist.key(handle.run_id, "gate", "two"), 1)
+    assert handle.result(timeout=20) == ["one", "two", "three"]
+
+
+def test_submit_of_an_existing_run_id_is_refused(rt: Runtime) -> None:
+    handle = DistEcho.submit({"count": 1})
+    handle.wait(timeout=20)
+    with pytest.raises(RunStateError, match="already exists"):
+        submit(DistEcho, {"id": handle.run_id}, rt=rt)
+
+
+# --- what Flower sees -------------------------------------------------------------------------
+
+
+def test_app_sends_the_events_and_results_flower_needs(rt: Runtime) -> None:
+    for name in FLOWER_SETTINGS:
+        assert rt.app.conf[name] is True, name
+    node = our_node(rt)
+    conf = rt.app.control.inspect(timeout=2.0, destination=[node]).conf()[node]
+    for name in FLOWER_SETTINGS:
+        assert conf[name] is True, name
+
+
+@pytest.fixture
+def task_events(rt: Runtime) -> Iterator[list[dict[str, Any]]]:
+    """Every task event on the broker while the test runs (what Flower consumes)."""
+    seen: list[dict[str, Any]] = []
+    probe = f"probe-{uuid.uuid4().hex}"
+    with rt.app.connection_for_read() as conn:
+        receiver = rt.app.events.Receiver(conn, handlers={"*": seen.append})
+        thread = threading.Thread(
+            target=lambda: receiver.capture(limit=None, timeout=None, wakeup=False), daemon=True
+        )
+        thread.start()
+        # Subscribed once our own probe event comes back.
+        with rt.app.events.default_dispatcher() as dispatcher:
+            eventually(
+                lambda: dispatcher.send("task-probe", uuid=probe)
+                or any(e.get("uuid") == probe for e in seen),
+                timeout=20,
+                interval=0.2,
+            )
+        yield seen
+        receiver.should_stop = True
+        thread.join(timeout=5)
+
+
+def test_task_messages_and_events_carry_run_and_step(
+    rt: Runtime, task_events: list[dict[str, Any]]
+) -> None:
+    published: list[dict[str, Any]] = []
+
+    def on_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
+        published.append({"task": sender, **(headers or {})})
+
+    signals.before_task_publish.connect(on_publish, weak=False)
+    try:
+        handle = DistEcho.submit({"count": 2})
+        assert handle.result(timeout=20) == 4
+    finally:
+        signals.before_task_publish.disconnect(on_publish)
+    run = handle.run_id
+    ids = {"hello#1": task_id(run, 0, "hello#1"), "shout#1": task_id(run, 0, "shout#1")}
+
+    # The producer sends the start step itself: its message names run and step.
+    start_msg = next(m for m in published if m.get("id") == ids["hello#1"])
+    assert start_msg["task"] == "DistEcho.hello"
+    assert start_msg["kwargsrepr"] == f"run={run} step=hello#1"
+
+    # Workers send the next step; Flower sees every step sent, received, started, succeeded.
+    def events_of(uuid_: str) -> dict[str, dict[str, Any]]:
+        return {e["type"]: e for e in task_events if e.get("uuid") == uuid_}
+
+    for act, tid in ids.items():
+        got = eventually(lambda tid=tid: len(events_of(tid)) >= 4 and events_of(tid))
+        assert {"task-sent", "task-received", "task-started", "task-succeeded"} <= set(got)
+        method = act.split("#")[0]
+        assert got["task-sent"]["name"] == got["task-received"]["name"] == f"DistEcho.{method}"
+        assert got["task-sent"]["kwargs"] == f"run={run} step={act}"
+        assert got["task-received"]["kwargs"] == f"run={run} step={act}"
+
+    # The result backend keeps the extended result (task name, kwargs) too.
+    result = rt.app.AsyncResult(ids["shout#1"])
+    assert result.state == "SUCCESS"
+    assert result.name == "DistEcho.shout"
+    assert result.kwargs == {"run_id": run, "activation": "shout#1", "epoch": 0}

@@ -1,0 +1,118 @@
+"""Retries, exhausted retries, time limits, and cancel + resume on the workers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from runner.distributed import control
+from runner.distributed.engine import Runtime
+from runner.errors import RunCancelled, RunFailed
+from runner.store.models import RunStatus
+from tests._dist_support import eventually, finished, history
+from tests.flows import dist
+from tests.flows.dist import DistDoomed, DistFlaky, DistGated, DistSlow, executions
+
+
+def test_failing_step_is_retried_until_it_succeeds(rt: Runtime, redis_client: redis.Redis) -> None:
+    handle = DistFlaky.submit()
+    assert handle.result(timeout=20) == "after 3 attempts"
+    run = handle.run_id
+    assert executions(redis_client, run, "flaky") == 3
+    assert len(finished(rt, run, "flaky")) == 1
+    assert not any(c.event == "method_execution_failed" for c in history(rt, run))
+
+
+def test_exhausted_retries_fail_the_run_and_running_branches_still_commit(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    handle = DistDoomed.submit()
+    assert handle.wait(timeout=20) is RunStatus.FAILED
+    run = handle.run_id
+    failure = next(c for c in history(rt, run) if c.event == "method_execution_failed")
+    assert failure.step == "doomed"
+    assert failure.status is RunStatus.FAILED
+    assert failure.error is not None
+    assert failure.error.type == "ValueError"
+    assert failure.error.message == "boom 3"
+    assert failure.error.attempts == 3
+    assert "Traceback" in failure.error.traceback
+    assert 'raise ValueError(f"boom {n}")' in failure.error.traceback
+    assert executions(redis_client, run, "doomed") == 3
+    with pytest.raises(RunFailed, match="ValueError: boom 3"):
+        handle.result(timeout=1)
+
+    # The sibling branch was running when the run failed: it finishes and commits.
+    assert executions(redis_client, run, "sibling") == 1
+    redis_client.set(dist.key(run, "gate", "sibling"), 1)
+    eventually(lambda: finished(rt, run, "sibling"))
+    latest = handle.latest()
+    assert latest.state["sibling"] == "finished"
+    assert latest.status is RunStatus.FAILED
+    assert handle.status() is RunStatus.FAILED
+    time.sleep(1)  # nothing more is dispatched for a failed run
+    assert executions(redis_client, run, "never") == 0
+    assert rt.coord.leases(run) == {}
+
+
+def test_step_over_its_soft_time_limit_fails_the_run(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    began = time.monotonic()
+    handle = DistSlow.submit()
+    assert handle.wait(timeout=20) is RunStatus.FAILED
+    assert time.monotonic() - began < 4.5  # well before the 5 s sleep would have ended
+    error = handle.latest().error
+    assert error is not None
+    assert error.type == "SoftTimeLimitExceeded"
+    assert error.attempts == 1
+    assert handle.latest().state["done"] == ""
+    assert executions(redis_client, handle.run_id, "slow") == 1
+
+
+def test_cancel_stops_dispatching_and_resume_finishes_without_rerunning(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    handle = DistGated.submit()
+    run = handle.run_id
+    eventually(lambda: executions(redis_client, run, "two") == 1)
+    cancelled = handle.cancel()
+    assert cancelled.status is RunStatus.CANCELLED
+    assert handle.wait(timeout=5) is RunStatus.CANCELLED
+    with pytest.raises(RunCancelled):
+        handle.result(timeout=1)
+
+    # The running step finishes and commits; what it made ready is not dispatched.
+    redis_client.set(dist.key(run, "gate", "two"), 1)
+    eventually(lambda: finished(rt, run, "two"))
+    time.sleep(1.5)  # several recovery passes: they leave a cancelled run alone
+    assert handle.status() is RunStatus.CANCELLED
+    assert executions(redis_client, run, "three") == 0
+    assert "three#1" in handle.latest().in_flight
+
+    resumed = control.resume(run, rt=rt)
+    assert resumed.result(timeout=20) == ["one", "two", "three"]
+    counts = {m: executions(redis_client, run, m) for m in ("one", "two", "three")}
+    assert counts == {"one": 1, "two": 1, "three": 1}
+    assert [c.step for c in finished(rt, run)] == ["one", "two", "three"]
+
+
+def test_cancel_before_a_queued_step_starts_skips_it(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    handle = DistGated.submit()
+    run = handle.run_id
+    eventually(lambda: executions(redis_client, run, "two") == 1)
+    handle.cancel()
+    redis_client.set(dist.key(run, "gate", "two"), 1)
+    eventually(lambda: finished(rt, run, "two"))
+    # A late copy of the next step's message (as if it had been sent) is skipped too.
+    result = rt.app.send_task(
+        "DistGated.three",
+        kwargs={"run_id": run, "activation": "three#1", "epoch": 0},
+        task_id=f"{run}:late-three",
+    ).get(timeout=20)
+    assert result == {"skipped": "run is cancelled"}
+    assert executions(redis_client, run, "three") == 0
