@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python bench/workers.py`: the repo root is not on it
     sys.path.insert(0, str(ROOT))
 
-from celery import Celery, chain, chord  # noqa: E402
+from celery import Celery, Signature, chain, chord  # noqa: E402
 
 from bench._common import (  # noqa: E402
     bench_redis,
@@ -79,10 +79,22 @@ class Worker:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [
-                    sys.executable, "-m", "celery", "-A", self.module, "worker",
-                    "-P", "prefork", "-c", str(self.concurrency),
-                    "-n", self.name,
-                    "--without-gossip", "--without-mingle", "-l", "warning",
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    self.module,
+                    "worker",
+                    "-P",
+                    "prefork",
+                    "-c",
+                    str(self.concurrency),
+                    "-n",
+                    self.name,
+                    "--without-gossip",
+                    "--without-mingle",
+                    "-l",
+                    "warning",
                 ],
                 cwd=ROOT,
                 env={**os.environ, **self.env},
@@ -141,6 +153,10 @@ def _flow_case(rt: Runtime, flow: str, inputs: dict[str, Any] | None = None) -> 
     return call
 
 
+def _noops(noop: Signature, n: int) -> list[Signature]:
+    return [noop.clone() for _ in range(n)]
+
+
 def _raw_case(make: Callable[[], Any]) -> Callable[[], None]:
     def call() -> None:
         make().apply_async().get(timeout=WAIT, disable_sync_subtasks=False)
@@ -180,18 +196,19 @@ def run(url: str, args: argparse.Namespace) -> None:
     noop = raw.signature("bench.noop", immutable=True)
     logs = Path(tempfile.mkdtemp(prefix="bench-workers-"))
     try:
-        with Worker("workers", flow_env, logs / "flows.log") as flows, Worker(
-            "bench._bench_tasks", raw_env, logs / "raw.log"
-        ) as raw_worker:
+        with (
+            Worker("workers", flow_env, logs / "flows.log") as flows,
+            Worker("bench._bench_tasks", raw_env, logs / "raw.log") as raw_worker,
+        ):
             flows.wait_ready(rt.app)
             raw_worker.wait_ready(raw)
             latency = interleave(
                 {
                     "linear": lambda i: _flow_case(rt, "examples.linear:LinearFlow"),
-                    "chain": lambda i: _raw_case(lambda: chain(*[noop.clone()] * 20)),
+                    "chain": lambda i: _raw_case(lambda: chain(*_noops(noop, 20))),
                     "fanout": lambda i: _flow_case(rt, "examples.fanout:FanoutFlow"),
                     "chord": lambda i: _raw_case(
-                        lambda: chain(noop.clone(), chord([noop.clone()] * 10, noop.clone()))
+                        lambda: chain(noop.clone(), chord(_noops(noop, 10), noop.clone()))
                     ),
                 },
                 args.runs,
@@ -203,7 +220,7 @@ def run(url: str, args: argparse.Namespace) -> None:
         with contextlib.closing(rt.store.client) as client:
             delete_prefix(client, prefix)
             delete_prefix(client, "celery-task-meta-")
-            client.delete(flow_q, raw_q)
+            client.delete(flow_q, raw_q, f"_kombu.binding.{flow_q}", f"_kombu.binding.{raw_q}")
         rt.app.close()
         raw.close()
 

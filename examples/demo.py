@@ -23,7 +23,8 @@ from collections import Counter
 from typing import Any
 
 FLOW = "examples.research:ResearchFlow"
-STAGE_SECONDS = "1.5"
+TASK_SECONDS = 0.4
+"""How long each stand-in LLM call takes (a stage is a crew of three tasks)."""
 
 
 def _say(text: str) -> None:
@@ -47,14 +48,15 @@ def _flower(stack: contextlib.ExitStack, env: dict[str, str]) -> None:
     if importlib.util.find_spec("flower") is None:
         _say("Flower is not installed (pip install 'runner[flower]'); skipping it")
         return
+    port = os.environ.get("DEMO_FLOWER_PORT", "5555")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "workers", "flower", "--port=5555"],
+        [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}"],
         env={**os.environ, **env, "FLOWER_UNAUTHENTICATED_API": "true"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     stack.callback(_stop, proc)
-    _say("Flower is at http://127.0.0.1:5555 (every step is a task named <Flow>.<method>)")
+    _say(f"Flower is at http://127.0.0.1:{port} (every step is a task named <Flow>.<method>)")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -86,7 +88,7 @@ def main() -> int:
             "RUNNER_FLOW_MODULES": FLOW.split(":")[0],
             "RUNNER_LEASE_SECONDS": "2",
             "RUNNER_RECOVERY_INTERVAL": "0.5",
-            "RESEARCH_STAGE_SECONDS": STAGE_SECONDS,
+            "RESEARCH_SLEEP": str(TASK_SECONDS),
             "RESEARCH_COUNTS_KEY": f"demo:starts:{uuid.uuid4().hex[:6]}",
         }
         os.environ.update(env)
@@ -105,8 +107,8 @@ def main() -> int:
         handle = flow_cls.submit({"topic": "durable LLM pipelines"})
         _say(f"submitted run {handle.run_id} ({len(stages)} stages: {', '.join(stages)})")
         _wait_for_step(handle, stages[1])
-        time.sleep(float(STAGE_SECONDS) / 2)
-        _say(f"stage {stages[2]} is running: SIGKILL worker 1 and all its processes")
+        time.sleep(TASK_SECONDS * 1.5)
+        _say(f"{stages[2]} is mid-crew: SIGKILL worker 1 and all its processes")
         first.kill()
         second = WorkerProcess(env).start(rt.app)
         stack.callback(second.stop)
@@ -120,23 +122,27 @@ def main() -> int:
 
 def _report(rt: Any, handle: Any, stages: list[str], counts_key: str) -> None:
     history = list(reversed(rt.store.history(handle.run_id, limit=100)))
-    print(f"\n{'seq':>4}  {'event':<26} {'step':<12} checkpoint")
+    print(f"\n{'seq':>4}  {'event':<26} {'step':<8} checkpoint")
     for ckpt in history:
-        print(f"{ckpt.seq:>4}  {ckpt.event:<26} {ckpt.step or '':<12} {ckpt.id}")
-    committed = Counter(c.step for c in history if c.event == "method_execution_finished")
+        print(f"{ckpt.seq:>4}  {ckpt.event:<26} {ckpt.step or '':<8} {ckpt.id}")
     raw = rt.store.client.hgetall(counts_key)
-    started = {k.decode(): int(v) for k, v in raw.items()}
-    print(f"\n{'stage':<12} {'started':>8} {'committed':>10}")
-    for stage in stages:
-        print(f"{stage:<12} {started.get(stage, 0):>8} {committed.get(stage, 0):>10}")
+    calls = {k.decode(): int(v) for k, v in raw.items()}
     rt.store.client.delete(counts_key)
+    children = history[-1].meta.get("children", {})
+    print(f"\n{'stage':<8} {'crew task':<18} {'LLM calls':>9} {'commits':>8}")
+    for activation, link in sorted(children.items()):
+        child = rt.store.history(link["run_id"], limit=100)
+        commits = Counter(c.step for c in child if c.event == "method_execution_finished")
+        for task in sorted(commits, key=lambda t: min(c.seq for c in child if c.step == t)):
+            stage = activation.split("#")[0]
+            print(f"{stage:<8} {task:<18} {calls.get(task, 0):>9} {commits[task]:>8}")
     mid = next(c.id for c in history if c.step == stages[1] and c.event.endswith("finished"))
     print(
-        "\nOnly the stage that was killed ran twice; it committed once.\n"
+        "\nEvery task committed once; only the task the kill interrupted was called twice.\n"
         "Against a Redis you keep (RUNNER_REDIS_URL=... RUNNER_PREFIX=demo), by hand:\n"
         f"  runner checkpoints {handle.run_id}\n"
         f"  runner resume {handle.run_id} --wait          # a failed or cancelled run\n"
-        f"  runner fork {mid} --rerun {stages[2]} --wait  # re-run from stage 3 on\n"
+        f"  runner fork {mid} --rerun {stages[2]} --wait  # redo stage 3 and what follows\n"
     )
 
 

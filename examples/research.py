@@ -22,6 +22,8 @@ Environment:
 * ``RESEARCH_FAIL_ONCE=stage3`` -- the second task of that stage fails on its first attempt
   in each run (a marker file per run and task in ``RESEARCH_MARKER_DIR``, default
   ``<tmp>/runner-research``; on several machines point it at a shared directory).
+* ``RESEARCH_COUNTS_KEY`` -- if set, every fake LLM call increments the task's field of
+  this Redis hash (``make demo`` uses it to show which tasks ran how often).
 * ``RESEARCH_CHECKPOINTS`` -- checkpoint directory of in-process runs (default
   ``.checkpoints``).
 
@@ -65,6 +67,7 @@ class FakeLLM:
         self.flaky_task = flaky_task
 
     def __call__(self, prompt: str) -> str:
+        _count_call()
         time.sleep(float(os.environ.get("RESEARCH_SLEEP", "0.2")))
         self._maybe_fail()
         task = next(
@@ -95,6 +98,21 @@ class FakeLLM:
         raise PlannedFailure(
             f"planned failure of {self.stage}/{running.name} (RESEARCH_FAIL_ONCE); resume the run"
         )
+
+
+def _count_call() -> None:
+    key = os.environ.get("RESEARCH_COUNTS_KEY")
+    if not key:
+        return
+    import redis
+
+    from runner.settings import get_settings
+
+    client = redis.Redis.from_url(get_settings().redis_url or "redis://127.0.0.1:6379/0")
+    try:
+        client.hincrby(key, current_task.get().name, 1)
+    finally:
+        client.close()
 
 
 def stage_crew(name: str, stage: str, role: str, tasks: list[tuple[str, str, str]]) -> Crew:

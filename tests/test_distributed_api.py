@@ -154,7 +154,9 @@ def test_handle_follows_a_run_to_its_result(rt: Runtime, redis_client: redis.Red
         handle.cancel()
 
 
-def test_wait_times_out_while_a_step_runs_then_returns(rt: Runtime, redis_client: redis.Redis) -> None:
+def test_wait_times_out_while_a_step_runs_then_returns(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
     handle = DistGated.submit()
     eventually(lambda: executions(redis_client, handle.run_id, "two") == 1)
     with pytest.raises(RunTimeout, match="still running"):
@@ -197,8 +199,10 @@ def task_events(rt: Runtime) -> Iterator[list[dict[str, Any]]]:
         # Subscribed once our own probe event comes back.
         with rt.app.events.default_dispatcher() as dispatcher:
             eventually(
-                lambda: dispatcher.send("task-probe", uuid=probe)
-                or any(e.get("uuid") == probe for e in seen),
+                lambda: (
+                    dispatcher.send("task-probe", uuid=probe)
+                    or any(e.get("uuid") == probe for e in seen)
+                ),
                 timeout=20,
                 interval=0.2,
             )

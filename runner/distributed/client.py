@@ -13,7 +13,9 @@ from functools import partial
 from typing import Any
 
 from runner.errors import (
+    CommitConflict,
     FlowImportError,
+    InvalidInputs,
     RunCancelled,
     RunFailed,
     RunNotFound,
@@ -24,7 +26,7 @@ from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
-from .engine import Runtime, commit_status, dispatch
+from .engine import Runtime, commit_status, send
 
 _runtime: Runtime | None = None
 
@@ -64,6 +66,33 @@ def load_flow(path: str) -> Any:
     return obj
 
 
+def check_fields(flow_cls: Any, values: dict[str, Any]) -> None:
+    """Raise :class:`InvalidInputs` naming keys the flow's state model would silently drop.
+
+    A typo in ``--set`` or ``--input`` must not pass unnoticed. Dict state, models that
+    allow extra fields, and models that read their raw input (a ``before``/``wrap`` model
+    validator, e.g. a crew's state collecting kickoff inputs) take any key.
+    """
+    model = flow_cls.state_type()
+    if model is None or _takes_any_key(model):
+        return
+    unknown = sorted(key for key in values if key not in model.model_fields)
+    if unknown:
+        raise InvalidInputs(
+            f"{model.__name__} has no field(s) {', '.join(unknown)} "
+            f"(fields: {', '.join(model.model_fields)})",
+            flow=flow_cls.flow_name(),
+            fields=unknown,
+        )
+
+
+def _takes_any_key(model: Any) -> bool:
+    if model.model_config.get("extra") == "allow":
+        return True
+    validators = model.__pydantic_decorators__.model_validators.values()
+    return any(v.info.mode in ("before", "wrap") for v in validators)
+
+
 def submit(
     flow: str | type, inputs: dict[str, Any] | None = None, *, rt: Runtime | None = None
 ) -> RunHandle:
@@ -71,10 +100,9 @@ def submit(
     rt = rt or runtime()
     flow_cls: Any = load_flow(flow) if isinstance(flow, str) else flow
     instance = flow_cls()
+    check_fields(flow_cls, dict(inputs or {}))
     instance._state = instance._apply_inputs(instance._dump(), dict(inputs or {}))
     run_id = instance.flow_id
-    if rt.store.run(run_id) is not None:
-        raise RunStateError(f"run {run_id} already exists; resume or fork it", run_id=run_id)
     first = tr.start(
         flow_cls.graph(),
         run_id,
@@ -82,10 +110,16 @@ def submit(
         flow=flow_cls.flow_path(),
         name=flow_cls.flow_name(),
     )
-    rt.store.commit(first.checkpoint)
+    try:
+        # Created only if new (expected seq 0), its starts marked dispatched, one round trip.
+        rt.store.commit(first.checkpoint, expected_seq=0, dispatching=[a.id for a in first.ready])
+    except CommitConflict:
+        raise RunStateError(
+            f"run {run_id} already exists; resume or fork it", run_id=run_id
+        ) from None
     # The starts go straight to their tasks (no hop through a start task): a worker
     # that has not registered the flow fails the run with FlowNotAllowed.
-    dispatch(rt, flow_cls.flow_name(), run_id, 0, first.ready)
+    send(rt, flow_cls.flow_name(), run_id, 0, first.ready)
     return RunHandle(run_id, rt)
 
 

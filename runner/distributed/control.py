@@ -24,7 +24,7 @@ from runner.flow import transition as tr
 from runner.flow.local import check_graph
 from runner.store.models import Checkpoint, RunStatus
 
-from .client import RunHandle, load_flow, runtime
+from .client import RunHandle, check_fields, load_flow, runtime
 from .engine import Runtime, _commit, dispatch
 
 
@@ -148,33 +148,6 @@ def _source(rt: Runtime, run_id: str, checkpoint_id: str | None) -> Checkpoint:
             checkpoint_id=checkpoint_id,
         )
     return ckpt
-
-
-def check_fields(flow_cls: Any, values: dict[str, Any]) -> None:
-    """Raise :class:`InvalidInputs` naming keys the flow's state model would silently drop.
-
-    A typo in ``--set`` or ``--input`` must not pass unnoticed. Dict state, models that
-    allow extra fields, and models that read their raw input (a ``before``/``wrap`` model
-    validator, e.g. a crew's state collecting kickoff inputs) take any key.
-    """
-    model = flow_cls.state_type()
-    if model is None or _takes_any_key(model):
-        return
-    unknown = sorted(key for key in values if key not in model.model_fields)
-    if unknown:
-        raise InvalidInputs(
-            f"{model.__name__} has no field(s) {', '.join(unknown)} "
-            f"(fields: {', '.join(model.model_fields)})",
-            flow=flow_cls.flow_name(),
-            fields=unknown,
-        )
-
-
-def _takes_any_key(model: Any) -> bool:
-    if model.model_config.get("extra") == "allow":
-        return True
-    validators = model.__pydantic_decorators__.model_validators.values()
-    return any(v.info.mode in ("before", "wrap") for v in validators)
 
 
 _SOURCE_ONLY_META = ("pause_reason", "resumed_from", "conflicts")

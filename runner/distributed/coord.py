@@ -149,9 +149,7 @@ class Coordinator:
     def forget_dispatched(self, run_id: str, keys: list[str]) -> None:
         """Drop markers so a resume can send these activations again."""
         if keys:
-            self.store._guard(
-                lambda: self.store.client.hdel(self.keys.dispatched(run_id), *keys)
-            )
+            self.store._guard(lambda: self.store.client.hdel(self.keys.dispatched(run_id), *keys))
 
     def dispatched(self, run_id: str) -> dict[str, float]:
         """Activation -> when it was last dispatched."""

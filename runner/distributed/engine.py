@@ -33,6 +33,7 @@ from typing import Any
 
 from celery import Celery
 
+from runner.crew import child
 from runner.errors import CommitConflict, FlowImportError, RunnerError, RunNotFound, StaleAttempt
 from runner.flow import events as ev
 from runner.flow import orchestrator as orch
@@ -239,8 +240,20 @@ def _run(
     _emit(flow, run_id, ev.METHOD_STARTED, act.method, data={"attempt": attempt})
     with rt.coord.heartbeat(run_id, lease.key, lease.token):
         arg = orch.argument_for(graph, record, act)
-        result = run_step(flow, graph, act, dict(latest.state), arg)
+        with child.deferring():  # run_crew returns a ChildRun marker instead of blocking
+            result = run_step(flow, graph, act, dict(latest.state), arg)
         result.attempts = attempt
+        marker = child.ChildRun.from_output(result.output) if result.error is None else None
+        if marker is not None:
+            return child.start_child(
+                rt,
+                run_id,
+                act,
+                epoch,
+                marker,
+                base_state=result.base_state,
+                new_state=result.new_state,
+            )
         if result.paused is not None:
             reason = result.paused
             _commit(rt, run_id, lambda c: _paused(c, epoch, act, reason))
@@ -263,7 +276,9 @@ def _run(
     for name in step.conflicts:
         log.warning(
             "run %s: state field %r written by parallel steps; last commit (%s) wins",
-            run_id, name, act.id,
+            run_id,
+            name,
+            act.id,
         )
         _emit(flow, run_id, ev.STATE_CONFLICT, act.method, data={"field": name})
     _emit(flow, run_id, ev.METHOD_FINISHED, act.method, duration=result.duration)
@@ -300,9 +315,7 @@ def _done(
     )
 
 
-def _paused(
-    latest: Checkpoint, epoch: int, act: Activation, reason: str
-) -> tr.Transition | None:
+def _paused(latest: Checkpoint, epoch: int, act: Activation, reason: str) -> tr.Transition | None:
     if not _in_flight(latest, epoch, act):
         return None
     return tr.step_paused(latest, act, reason)
@@ -332,8 +345,14 @@ def _on_error(
         # so the recovery pass does not take a waiting retry for a lost message.
         lease.release()
         rt.coord.redispatch_stamp(run_id, lease.key, at=time.time() + delay)
-        log.warning("run %s step %s attempt %d failed (%s); retrying in %.2fs",
-                    run_id, act.id, attempt, described, delay)
+        log.warning(
+            "run %s step %s attempt %d failed (%s); retrying in %.2fs",
+            run_id,
+            act.id,
+            attempt,
+            described,
+            delay,
+        )
         raise task.retry(
             kwargs={**task.request.kwargs, "attempt": attempt + 1},
             countdown=delay,
@@ -391,6 +410,8 @@ def _commit(
             return None
         if ckpt.status is not RunStatus.RUNNING:
             rt.coord.notify_stopped(run_id, ckpt.status.value)
+            if ckpt.status.finished and "parent" in ckpt.meta:
+                child.on_child_finished(rt, ckpt)
         return ckpt, step
     raise CommitConflict(f"run {run_id}: too many concurrent commits", run_id=run_id)
 
@@ -432,6 +453,9 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
         if flow_cls is None:
             continue
         stale = _stale(rt, latest)
+        if stale and "children" in latest.meta:
+            waiting = child.waiting(rt, latest)
+            stale = [act for act in stale if act.id not in waiting]
         if stale:
             epoch = _epoch(latest)
             resent[run_id] = dispatch(rt, flow_cls.flow_name(), run_id, epoch, stale, force=True)
@@ -442,8 +466,10 @@ def _stale(rt: Runtime, latest: Checkpoint) -> list[Activation]:
     """In-flight activations of ``latest`` that nobody runs and no message will bring.
 
     A lease that expired means its attempt died. With no lease, the activation is
-    queued (or its retry is waiting) until ``lease_seconds`` after it was last sent;
-    one never marked sent (its committer died before dispatching) counts from the
+    taken to be queued (or its retry waiting) until ``lease_seconds`` after it was
+    marked sent; after that its message is presumed lost (its sender died between
+    marking and sending, or a worker died holding it unacknowledged). One never
+    marked (a resume or fork whose caller died before dispatching) counts from the
     latest checkpoint.
     """
     now, grace = time.time(), rt.settings.lease_seconds

@@ -180,6 +180,16 @@ class Flow(Generic[StateT]):
     def _sink(self) -> Sink:
         return sink_for(type(self), self._persistence, self._checkpoint)
 
+    def run_crew(self, crew: Any, inputs: dict[str, Any] | None = None) -> Any:
+        """Run ``crew`` as a child run of this method; return it as the method's output.
+
+        In process the crew runs inline; on workers it is a child run and this method
+        completes when the child succeeds, without a worker waiting for it.
+        """
+        from runner.crew.child import run_crew
+
+        return run_crew(self, crew, inputs)
+
     def pause(self, reason: str = "waiting for input") -> None:
         """Pause the run here; ``resume`` with inputs re-runs this method."""
         from runner.errors import PauseRun

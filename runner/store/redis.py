@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import redis
 from pydantic import ValidationError
 
+from runner.embedded import mask_url
 from runner.errors import (
     CheckpointNotFound,
     CommitConflict,
@@ -33,19 +34,6 @@ from runner.store.models import Checkpoint, RunInfo, RunStatus
 T = TypeVar("T")
 
 _EXCLUDE_SEQ = {"seq"}
-
-
-def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class RedisProvider:
