@@ -34,6 +34,9 @@ from runner.store.models import Checkpoint, RunInfo, RunStatus
 T = TypeVar("T")
 
 _EXCLUDE_SEQ = {"seq"}
+_SEQ_SLOT = '{"seq":' + " " * 12 + ","
+"""Snapshots open with a fixed-width slot the commit script writes the sequence number into
+(JSON allows the spaces), so the script never copies the snapshot to add it."""
 
 
 class RedisProvider:
@@ -86,7 +89,8 @@ class RedisProvider:
         k, run = self.keys, checkpoint.run_id
         keep = self.max_checkpoints if max_checkpoints is None else max_checkpoints
         keep = max(keep, 0)
-        body = checkpoint.model_dump_json(exclude=_EXCLUDE_SEQ)
+        body = _SEQ_SLOT + checkpoint.model_dump_json(exclude=_EXCLUDE_SEQ)[1:]
+        always, once = _meta_always(checkpoint), _meta_once(checkpoint)
         reply = self._call(
             self._commit,
             [
@@ -111,9 +115,13 @@ class RedisProvider:
                 repr(time.time()),
                 run,
                 k.snapshot_prefix(run),
-                json.dumps(_meta_always(checkpoint)),
-                json.dumps(_meta_once(checkpoint)),
-                json.dumps(list(dispatching)),
+                checkpoint.status.value,
+                len(always),
+                len(once),
+                len(dispatching),
+                *_pairs(always),
+                *_pairs(once),
+                *dispatching,
             ],
         )
         outcome, value = reply[0].decode(), reply[1].decode()
@@ -343,9 +351,12 @@ def _field(value: Any) -> str:
     return str(value)
 
 
+def _pairs(fields: dict[str, str]) -> list[str]:
+    return [item for pair in fields.items() for item in pair]
+
+
 def _meta_always(ckpt: Checkpoint) -> dict[str, str]:
     meta = {
-        "status": ckpt.status.value,
         "event": ckpt.event,
         "step": ckpt.step or "",
         "error": f"{ckpt.error.type}: {ckpt.error.message}" if ckpt.error else "",

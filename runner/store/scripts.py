@@ -10,13 +10,15 @@ COMMIT = """
 -- KEYS[4] pins set       KEYS[5] runs index     KEYS[6] checkpoint index
 -- KEYS[7] active runs index  KEYS[8] leases zset  KEYS[9] lease owners hash
 -- KEYS[10] dispatch markers hash
--- ARGV[1] checkpoint id  ARGV[2] snapshot JSON without "seq" (an object)
+-- ARGV[1] checkpoint id
+-- ARGV[2] snapshot JSON opening with '{"seq":' and a 12-space slot the seq is written into
 -- ARGV[3] activation ('' = none)   ARGV[4] attempt token
 -- ARGV[5] expected seq ('' = any)  ARGV[6] max checkpoints (0 = keep all)
 -- ARGV[7] now (unix seconds)       ARGV[8] run id
--- ARGV[9] snapshot key prefix      ARGV[10] meta fields JSON (set every commit)
--- ARGV[11] meta fields JSON (set only when the run is new)
--- ARGV[12] JSON list of activations the caller will dispatch (marked sent now)
+-- ARGV[9] snapshot key prefix      ARGV[10] run status
+-- ARGV[11] A = meta field pairs set every commit, ARGV[12] B = pairs set on a new run,
+-- ARGV[13] C = activations the caller dispatches next (marked sent now);
+-- then A pairs, B pairs and C activations.
 -- Returns {'ok', seq} | {'dup', checkpoint id} | {'stale', checkpoint id}
 --       | {'conflict', current seq}
 local activation = ARGV[3]
@@ -32,37 +34,43 @@ end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 if ARGV[5] ~= '' and tonumber(ARGV[5]) ~= cur then return {'conflict', tostring(cur)} end
 local seq = cur + 1
-local id = ARGV[1]
-redis.call('SET', ARGV[9] .. id, string.sub(ARGV[2], 1, -2) .. ',"seq":' .. seq .. '}')
+local id, now, run = ARGV[1], ARGV[7], ARGV[8]
+local snapshot = ARGV[9] .. id
+redis.call('SET', snapshot, ARGV[2])
+redis.call('SETRANGE', snapshot, 7, string.format('%12d', seq))
 redis.call('ZADD', KEYS[2], seq, id)
 if activation ~= '' then
   redis.call('HSET', KEYS[3], activation, ARGV[4] .. '|' .. id)
-  -- A committed step needs no lease; dropping it here leaves none behind if the
-  -- committer dies right after the commit.
-  redis.call('ZREM', KEYS[8], activation)
-  redis.call('HDEL', KEYS[9], activation)
+  if ARGV[4] ~= '' then
+    -- A committed step needs no lease; dropping it here leaves none behind if the
+    -- committer dies right after the commit. (In-process steps have no token, no lease.)
+    redis.call('ZREM', KEYS[8], activation)
+    redis.call('HDEL', KEYS[9], activation)
+  end
 end
-for _, ready in ipairs(cjson.decode(ARGV[12])) do redis.call('HSETNX', KEYS[10], ready, ARGV[7]) end
-local fields = {'seq', seq, 'latest', id, 'updated_at', ARGV[7]}
-for k, v in pairs(cjson.decode(ARGV[10])) do
-  fields[#fields + 1] = k
-  fields[#fields + 1] = v
-end
+local i = 14
+local fields = {'seq', seq, 'latest', id, 'updated_at', now, 'status', ARGV[10]}
+for j = i, i + 2 * tonumber(ARGV[11]) - 1 do fields[#fields + 1] = ARGV[j] end
 redis.call('HSET', KEYS[1], unpack(fields))
+i = i + 2 * tonumber(ARGV[11])
 if cur == 0 then
-  redis.call('HSETNX', KEYS[1], 'created_at', ARGV[7])
-  redis.call('HSETNX', KEYS[1], 'run_id', ARGV[8])
-  for k, v in pairs(cjson.decode(ARGV[11])) do redis.call('HSETNX', KEYS[1], k, v) end
+  redis.call('HSETNX', KEYS[1], 'created_at', now)
+  redis.call('HSETNX', KEYS[1], 'run_id', run)
+  for j = i, i + 2 * tonumber(ARGV[12]) - 1, 2 do
+    redis.call('HSETNX', KEYS[1], ARGV[j], ARGV[j + 1])
+  end
 end
-redis.call('ZADD', KEYS[5], ARGV[7], ARGV[8])
-redis.call('HSET', KEYS[6], id, ARGV[8])
-if redis.call('HGET', KEYS[1], 'status') == 'running' then
-  redis.call('ZADD', KEYS[7], ARGV[7], ARGV[8])
+i = i + 2 * tonumber(ARGV[12])
+for j = i, i + tonumber(ARGV[13]) - 1 do redis.call('HSETNX', KEYS[10], ARGV[j], now) end
+redis.call('ZADD', KEYS[5], now, run)
+redis.call('HSET', KEYS[6], id, run)
+if ARGV[10] == 'running' then
+  redis.call('ZADD', KEYS[7], now, run)
 else
-  redis.call('ZREM', KEYS[7], ARGV[8])
+  redis.call('ZREM', KEYS[7], run)
 end
 local keep = tonumber(ARGV[6])
-if keep > 0 then
+if keep > 0 and seq > keep then
   local extra = redis.call('ZCARD', KEYS[2]) - keep
   if extra > 0 then
     for _, old in ipairs(redis.call('ZRANGE', KEYS[2], 0, extra - 1)) do
