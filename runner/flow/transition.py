@@ -155,17 +155,7 @@ def step_failed(
     record: ExecutionRecord | None = None,
 ) -> Transition:
     """A failure checkpoint: the activation stays in flight so resume re-runs it."""
-    record = record_of(latest) if record is None else record
-    ckpt = with_record(
-        latest,
-        record,
-        event="method_execution_failed",
-        step=activation.method,
-        status=status,
-        error=error,
-        meta={**latest.meta, "ready": []},
-    )
-    return Transition(ckpt, record=record)
+    return _step_stopped(latest, activation, "method_execution_failed", status, record, error=error)
 
 
 def step_paused(
@@ -176,14 +166,31 @@ def step_paused(
     record: ExecutionRecord | None = None,
 ) -> Transition:
     """The run waits for a human; the step stays in flight and re-runs on resume."""
+    return _step_stopped(
+        latest, activation, "flow_paused", RunStatus.PAUSED, record, pause_reason=reason
+    )
+
+
+def _step_stopped(
+    latest: Checkpoint,
+    activation: Activation,
+    event: str,
+    status: RunStatus,
+    record: ExecutionRecord | None,
+    *,
+    error: StepError | None = None,
+    **meta: Any,
+) -> Transition:
+    """A checkpoint of a step that did not complete: nothing becomes ready."""
     record = record_of(latest) if record is None else record
     ckpt = with_record(
         latest,
         record,
-        event="flow_paused",
+        event=event,
         step=activation.method,
-        status=RunStatus.PAUSED,
-        meta={**latest.meta, "ready": [], "pause_reason": reason},
+        status=status,
+        error=error,
+        meta={**latest.meta, "ready": [], **meta},
     )
     return Transition(ckpt, record=record)
 
