@@ -59,8 +59,16 @@ class FanoutFlow(Flow[FanoutState]):
 
     @listen(
         and_(
-            branch_0, branch_1, branch_2, branch_3, branch_4,
-            branch_5, branch_6, branch_7, branch_8, branch_9,
+            branch_0,
+            branch_1,
+            branch_2,
+            branch_3,
+            branch_4,
+            branch_5,
+            branch_6,
+            branch_7,
+            branch_8,
+            branch_9,
         )
     )
     def join(self) -> str:

@@ -1,7 +1,7 @@
 """Submit example runs to the workers and print their ids.
 
-    python -m examples.producer --count 3
-    python -m examples.producer --flow examples.fanout:FanoutFlow --input topic=redis --wait
+python -m examples.producer --count 3
+python -m examples.producer --flow examples.fanout:FanoutFlow --input topic=redis --wait
 """
 
 from __future__ import annotations

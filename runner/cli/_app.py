@@ -104,9 +104,7 @@ def _global(
             show_default=False,
         ),
     ] = None,
-    debug: Annotated[
-        bool, typer.Option("--debug", help="Show tracebacks of errors.")
-    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Global options: they go before the command (``runner --debug status RUN``)."""
     ctx.obj = Session(redis_url=redis_url, debug=debug)

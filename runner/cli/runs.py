@@ -191,7 +191,7 @@ def _children(rt: Any, latest: Checkpoint) -> list[dict[str, Any]]:
     """The child runs (crews run by flow methods) of the run, with their current status."""
     found = []
     links = latest.meta.get("children")
-    for activation, link in (links.items() if isinstance(links, dict) else []):
+    for activation, link in links.items() if isinstance(links, dict) else []:
         child_id = link.get("run_id") if isinstance(link, dict) else link
         child = rt.store.run(str(child_id)) if child_id else None
         found.append(

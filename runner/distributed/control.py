@@ -35,9 +35,7 @@ def find_checkpoint(rt: Runtime, ref: str) -> Checkpoint:
     except CheckpointNotFound:
         latest = rt.store.latest(ref)
         if latest is None:
-            raise CheckpointNotFound(
-                f"no checkpoint or run {ref}", checkpoint_id=ref
-            ) from None
+            raise CheckpointNotFound(f"no checkpoint or run {ref}", checkpoint_id=ref) from None
         return latest
 
 
@@ -68,9 +66,7 @@ def resume(
     check_graph(flow_cls.graph(), source)
     state = _validated(flow_cls, source.state, inputs or {})
     if not orch.pending(tr.record_of(source)):
-        raise RunStateError(
-            f"checkpoint {source.id} has no step left to run", run_id=run_id
-        )
+        raise RunStateError(f"checkpoint {source.id} has no step left to run", run_id=run_id)
 
     def build(latest: Checkpoint) -> tr.Transition:
         if from_checkpoint is None and latest.id != source.id:
