@@ -6,7 +6,8 @@ writes) and sets a field of its own; the join sees all ten.
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from runner import Flow, FlowState, and_, append, listen, start
 
@@ -29,7 +30,7 @@ class FanoutState(FlowState):
     summary: str = ""
 
 
-def _branch(i: int):  # type: ignore[no-untyped-def]
+def _branch(i: int) -> Callable[..., Any]:
     def branch(self: FanoutFlow) -> str:
         self.state.notes.append(f"note-{i}")
         setattr(self.state, f"b{i}", f"done-{i}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from runner import Flow, FlowState, listen, start
 
 
@@ -11,7 +14,7 @@ class CounterState(FlowState):
     counter: int = 0
 
 
-def _step(i: int):  # type: ignore[no-untyped-def]
+def _step(i: int) -> Callable[..., Any]:
     def step(self: LinearFlow) -> int:
         self.state.counter += 1
         return i
