@@ -54,7 +54,7 @@ def cli(rt: Any, worker_env: dict[str, str]) -> Cli:
 @pytest.fixture
 def tag(redis_client: redis.Redis) -> Any:
     """A fresh tag for the step counters of the test flows; its keys are removed after."""
-    value = uuid.uuid4().hex[:8]
+    value = f"t{uuid.uuid4().hex[:8]}"  # a letter first: `tag=...` must not parse as a number
     yield value
     keys = list(redis_client.scan_iter(f"cli-test:{value}:*"))
     if keys:
@@ -333,7 +333,7 @@ def test_prune_of_a_run_spares_the_checkpoint_a_fork_started_from(
 @pytest.fixture
 def crew_tag(redis_client: redis.Redis) -> Any:
     """A tag for the crew test flows' counters; removed after."""
-    value = uuid.uuid4().hex[:8]
+    value = f"t{uuid.uuid4().hex[:8]}"  # a letter first: `tag=...` must not parse as a number
     yield value
     keys = list(redis_client.scan_iter(f"crew-tests:{value}:*"))
     if keys:
