@@ -68,10 +68,12 @@ class Runtime:
     flows: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, app: Celery, settings: RunnerSettings | None = None) -> Runtime:
-        """A runtime on ``app``'s Redis."""
+    def create(
+        cls, app: Celery, settings: RunnerSettings | None = None, *, patient: bool = False
+    ) -> Runtime:
+        """A runtime on ``app``'s Redis (``patient``: retry Redis errors for seconds)."""
         settings = settings or get_settings()
-        store = RedisProvider(app.conf.runner_redis_url, prefix=settings.prefix)
+        store = RedisProvider(app.conf.runner_redis_url, prefix=settings.prefix, patient=patient)
         return cls(app, store, Coordinator(store, settings.lease_seconds), settings)
 
 

@@ -39,7 +39,7 @@ def install(
 ) -> Runtime:
     """Register the runner's tasks and the allow-listed flows on ``app``."""
     settings = settings or get_settings()
-    rt = Runtime.create(app, settings)
+    rt = Runtime.create(app, settings, patient=True)  # a Redis blip must not fail a step
     _register_builtins(app, rt)
     for name in settings.flow_modules if modules is None else modules:
         for flow_cls in flows_in(name):
