@@ -236,7 +236,10 @@ def start_child(
 
         control.resume(child_id, rt=rt)
         return {**result, "resumed": True}
-    return {**result, "dispatched": _dispatch_pending(rt, child_cls, child_id)}
+    from runner.distributed.engine import dispatch_pending
+
+    created = rt.store.latest(child_id)
+    return {**result, "dispatched": dispatch_pending(rt, created) if created else []}
 
 
 def on_child_finished(rt: Runtime, child_ckpt: Checkpoint) -> list[str]:
@@ -263,7 +266,7 @@ def on_child_finished(rt: Runtime, child_ckpt: Checkpoint) -> list[str]:
     output = _result_of(child_cls, child_ckpt)
 
     def build(latest: Checkpoint) -> tr.Transition | None:
-        act = _pending(latest, act_id)
+        act = orch.pending_activation(tr.record_of(latest), act_id)
         if act is None or _waiting_on(latest, act_id) != child_ckpt.run_id:
             return None
         entry = latest.meta["children"][act_id]
@@ -333,7 +336,7 @@ def _linked(
     children = latest.meta.get("children", {})
     if _epoch(latest) != epoch or latest.status is not RunStatus.RUNNING:
         return None
-    if _pending(latest, act.id) is None:
+    if orch.pending_activation(tr.record_of(latest), act.id) is None:
         return None
     if children.get(act.id) == link:
         return None
@@ -358,44 +361,19 @@ def _waiting_on(latest: Checkpoint | None, act_id: str) -> str | None:
     child_id = child_run_id(latest.run_id, act_id)
     if not entry or not entry.get("waiting") or entry.get("run_id") != child_id:
         return None
-    return child_id if _pending(latest, act_id) is not None else None
-
-
-def _pending(latest: Checkpoint, act_id: str) -> Activation | None:
-    for act in orch.pending(tr.record_of(latest)):
-        if act.id == act_id:
-            return act
-    return None
+    return child_id if orch.pending_activation(tr.record_of(latest), act_id) is not None else None
 
 
 def _create(
     rt: Runtime, flow_cls: Any, child_id: str, inputs: dict[str, Any], parent: str, act: str
 ) -> None:
     """The child run's first checkpoint, linked to its parent (once, however often called)."""
-    instance = flow_cls()
-    instance._state = instance._apply_inputs(instance._dump(), {**inputs, "id": child_id})
-    first = tr.start(
-        flow_cls.graph(),
-        child_id,
-        instance._dump(),
-        flow=flow_cls.flow_path(),
-        name=flow_cls.flow_name(),
-    )
+    from runner.distributed.client import first_checkpoint
+
+    first = first_checkpoint(flow_cls, {**inputs, "id": child_id})
     first.checkpoint.meta["parent"] = {"run_id": parent, "activation": act}
     with contextlib.suppress(CommitConflict):  # an earlier attempt created it
         rt.store.commit(first.checkpoint, expected_seq=0)
-
-
-def _dispatch_pending(rt: Runtime, flow_cls: Any, run_id: str) -> list[str]:
-    """Send the run's in-flight activations not yet sent (a child just created, or one
-    whose creator died before sending)."""
-    from runner.distributed.engine import dispatch
-
-    latest = rt.store.latest(run_id)
-    if latest is None or latest.status is not RunStatus.RUNNING:
-        return []
-    pending = orch.pending(tr.record_of(latest))
-    return dispatch(rt, flow_cls.flow_name(), run_id, _epoch(latest), pending)
 
 
 def _fail_parent(
@@ -419,7 +397,7 @@ def _fail_parent(
     error = StepError.from_exception(exc)
 
     def build(latest: Checkpoint) -> tr.Transition | None:
-        act = _pending(latest, act_id)
+        act = orch.pending_activation(tr.record_of(latest), act_id)
         if act is None or latest.status is not RunStatus.RUNNING:
             return None
         if child is not None and _waiting_on(latest, act_id) != child.run_id:

@@ -93,23 +93,29 @@ def _takes_any_key(model: Any) -> bool:
     return any(v.info.mode in ("before", "wrap") for v in validators)
 
 
+def first_checkpoint(flow_cls: Any, inputs: dict[str, Any]) -> tr.Transition:
+    """A new run's first checkpoint and its start steps, ``inputs`` validated into the
+    state (``InvalidInputs`` before anything is stored); the run id is the state's id."""
+    instance = flow_cls()
+    instance._state = instance._apply_inputs(instance._dump(), inputs)
+    return tr.start(
+        flow_cls.graph(),
+        instance.flow_id,
+        instance._dump(),
+        flow=flow_cls.flow_path(),
+        name=flow_cls.flow_name(),
+    )
+
+
 def submit(
     flow: str | type, inputs: dict[str, Any] | None = None, *, rt: Runtime | None = None
 ) -> RunHandle:
     """Validate ``inputs``, create the run, and enqueue its start on the workers."""
     rt = rt or runtime()
     flow_cls: Any = load_flow(flow) if isinstance(flow, str) else flow
-    instance = flow_cls()
     check_fields(flow_cls, dict(inputs or {}))
-    instance._state = instance._apply_inputs(instance._dump(), dict(inputs or {}))
-    run_id = instance.flow_id
-    first = tr.start(
-        flow_cls.graph(),
-        run_id,
-        instance._dump(),
-        flow=flow_cls.flow_path(),
-        name=flow_cls.flow_name(),
-    )
+    first = first_checkpoint(flow_cls, dict(inputs or {}))
+    run_id = first.checkpoint.run_id
     try:
         # Created only if new (expected seq 0), its starts marked dispatched, one round trip.
         rt.store.commit(first.checkpoint, expected_seq=0, dispatching=[a.id for a in first.ready])

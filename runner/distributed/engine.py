@@ -210,9 +210,9 @@ def execute(
     with _Lease(rt, run_id, key, token, held=outcome == OK) as lease:
         if latest is None or _epoch(latest) != epoch:
             return {"skipped": "unknown run or stale epoch"}
-        act = _activation(tr.record_of(latest), activation)
+        act = orch.pending_activation(tr.record_of(latest), activation)
         if act is None or outcome == DONE:
-            return {"skipped": "already committed", "sent": _resend(rt, latest)}
+            return {"skipped": "already committed", "sent": dispatch_pending(rt, latest)}
         if latest.status is not RunStatus.RUNNING:
             return {"skipped": f"run is {latest.status.value}"}
         if latest.flow != flow_cls.flow_path():
@@ -427,8 +427,9 @@ def commit_status(
     return done[0]
 
 
-def _resend(rt: Runtime, latest: Checkpoint) -> list[str]:
-    """After a redelivery: dispatch (idempotently) what the first commit made ready."""
+def dispatch_pending(rt: Runtime, latest: Checkpoint) -> list[str]:
+    """Dispatch (idempotently) a running run's in-flight steps not yet sent: after a
+    redelivery, what the first commit made ready; for a new child run, its starts."""
     if latest.status is not RunStatus.RUNNING:
         return []
     name = str(latest.meta.get("name"))
@@ -498,14 +499,8 @@ def _failed_run(latest: Checkpoint, err: Exception) -> Checkpoint:
 def _in_flight(latest: Checkpoint, epoch: int, act: Activation) -> bool:
     """Whether ``act`` is still to be committed in ``epoch`` (a resume starts a new one:
     an attempt from before it commits nothing, the resumed run re-runs the step)."""
-    return _epoch(latest) == epoch and _activation(tr.record_of(latest), act.id) is not None
-
-
-def _activation(record: orch.ExecutionRecord, activation: str) -> Activation | None:
-    for act in orch.pending(record):
-        if act.id == activation:
-            return act
-    return None
+    pending = orch.pending_activation(tr.record_of(latest), act.id)
+    return _epoch(latest) == epoch and pending is not None
 
 
 def _epoch(ckpt: Checkpoint) -> int:

@@ -264,6 +264,11 @@ def pending(record: ExecutionRecord) -> list[Activation]:
     return acts
 
 
+def pending_activation(record: ExecutionRecord, activation_id: str) -> Activation | None:
+    """The in-flight activation with this id, or ``None`` once it committed (or never was)."""
+    return next((act for act in pending(record) if act.id == activation_id), None)
+
+
 def is_finished(record: ExecutionRecord) -> bool:
     """True when nothing is in flight: the run has nothing more to do."""
     return not record.in_flight
