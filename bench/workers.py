@@ -30,10 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +54,7 @@ from bench._common import (  # noqa: E402
 from runner.distributed.app import make_app  # noqa: E402
 from runner.distributed.client import submit  # noqa: E402
 from runner.distributed.engine import Runtime  # noqa: E402
+from runner.distributed.processes import WorkerProcess  # noqa: E402
 from runner.settings import RunnerSettings  # noqa: E402
 
 TARGET = 1.3
@@ -67,72 +64,9 @@ WAIT = 120.0
 """Seconds any one run or task may take before the benchmark gives up."""
 
 
-class Worker:
-    """One ``celery -A <module> worker -P prefork -c <n>`` subprocess."""
-
-    def __init__(self, module: str, env: dict[str, str], log: Path, concurrency: int = 2) -> None:
-        self.module, self.env, self.log, self.concurrency = module, env, log, concurrency
-        self.name = f"bench-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> Worker:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    self.module,
-                    "worker",
-                    "-P",
-                    "prefork",
-                    "-c",
-                    str(self.concurrency),
-                    "-n",
-                    self.name,
-                    "--without-gossip",
-                    "--without-mingle",
-                    "-l",
-                    "warning",
-                ],
-                cwd=ROOT,
-                env={**os.environ, **self.env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        return self
-
-    def wait_ready(self, app: Celery, timeout: float = 60.0) -> None:
-        """Block until the worker answers a ping (``RuntimeError`` if it exits or is late)."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker {self.module} exited; see {self.log}")
-            if app.control.ping([self.name], timeout=0.5):
-                return
-        raise RuntimeError(f"worker {self.module} not ready in {timeout}s; see {self.log}")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is None:
-            return
-        children = _children(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
+def _worker(app_module: str, env: dict[str, str], log: Path) -> WorkerProcess:
+    """A prefork worker of 2 processes for ``app_module``, logging to ``log``."""
+    return WorkerProcess(env, app_module=app_module, log=log, cwd=ROOT, stop_timeout=20)
 
 
 # -- the cases -------------------------------------------------------------------------------
@@ -197,11 +131,11 @@ def run(url: str, args: argparse.Namespace) -> None:
     logs = Path(tempfile.mkdtemp(prefix="bench-workers-"))
     try:
         with (
-            Worker("workers", flow_env, logs / "flows.log") as flows,
-            Worker("bench._bench_tasks", raw_env, logs / "raw.log") as raw_worker,
+            _worker("workers", flow_env, logs / "flows.log") as flows,
+            _worker("bench._bench_tasks", raw_env, logs / "raw.log") as raw_worker,
         ):
-            flows.wait_ready(rt.app)
-            raw_worker.wait_ready(raw)
+            flows.wait_ready(rt.app, timeout=60)
+            raw_worker.wait_ready(raw, timeout=60)
             latency = interleave(
                 {
                     "linear": lambda i: _flow_case(rt, "examples.linear:LinearFlow"),

@@ -14,8 +14,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 
+from runner.distributed.processes import WorkerProcess
 from runner.embedded import EmbeddedRedis, ping
 from runner.errors import StoreUnavailable
 from runner.settings import reset_settings
@@ -151,90 +150,44 @@ class WorkerPool:
     """Subprocess Celery workers (``celery -A workers worker``) that tests can kill."""
 
     def __init__(self, env: dict[str, str], logdir: str) -> None:
-        self.env = {**os.environ, **env}
+        self.env = dict(env)
         self.logdir = logdir
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.workers: list[WorkerProcess] = []
+
+    @property
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        """The worker processes started so far."""
+        return [w.proc for w in self.workers if w.proc is not None]
 
     def start(self, concurrency: int = 2, pool: str = "prefork") -> subprocess.Popen[bytes]:
         """Start one worker and wait until it answers a ping."""
-        n = len(self.procs)
-        log = open(os.path.join(self.logdir, f"worker-{n}.log"), "ab")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers",
-                "worker",
-                "-P",
-                pool,
-                "-c",
-                str(concurrency),
-                "-n",
-                f"w{n}-{uuid.uuid4().hex[:6]}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "-l",
-                "warning",
-            ],
-            cwd=os.path.dirname(os.path.dirname(__file__)),
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        self.procs.append(proc)
-        self._wait_ready(proc)
-        return proc
-
-    def _wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
         from runner.distributed.app import make_app
         from runner.settings import RunnerSettings
 
-        app = make_app(RunnerSettings(**_settings_kwargs(self.env)))
-        deadline = time.monotonic() + timeout
+        log = os.path.join(self.logdir, f"worker-{len(self.workers)}.log")
+        worker = WorkerProcess(
+            self.env, concurrency=concurrency, pool=pool, log=log, stop_timeout=10
+        )
+        self.workers.append(worker)
+        app = make_app(RunnerSettings(**_settings_kwargs({**os.environ, **self.env})))
         try:
-            while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"worker exited with {proc.returncode}; see {self.logdir}")
-                replies = app.control.ping(timeout=0.5) or []
-                if replies:
-                    return
-            raise RuntimeError(f"worker not ready in {timeout}s; see {self.logdir}")
+            worker.start(app)
         finally:
             app.close()
+        assert worker.proc is not None
+        return worker.proc
 
     def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-        """Kill a worker's whole process group member tree (parent and pool children)."""
-        with contextlib.suppress(ProcessLookupError):
-            for child in _children(proc.pid):
-                os.kill(child, sig)
-            os.kill(proc.pid, sig)
-        proc.wait(timeout=10)
+        """Kill a worker and its pool processes at once (a crash)."""
+        next(w for w in self.workers if w.proc is proc).kill(sig)
 
     def stop_all(self) -> None:
-        """Stop every worker still running (SIGTERM, then SIGKILL)."""
+        """Stop every worker still running (SIGTERM to all, then wait; SIGKILL leftovers)."""
         for proc in self.procs:
             if proc.poll() is None:
                 proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill(proc)
-        for proc in self.procs:
-            for child in _children(proc.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child, signal.SIGKILL)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    except FileNotFoundError:
-        return []
-    return [int(p) for p in out.split()]
+        for worker in self.workers:
+            worker.stop()
 
 
 def _settings_kwargs(env: dict[str, str]) -> dict[str, Any]:

@@ -23,9 +23,10 @@ import pytest
 import redis
 
 from runner.distributed.client import submit
+from runner.distributed.processes import children
 from runner.store.models import RunStatus
 from tests._dist_support import finished, private_pool
-from tests.conftest import WorkerPool, _children
+from tests.conftest import WorkerPool
 from tests.flows.dist import DistChaos, executions
 
 pytestmark = pytest.mark.chaos
@@ -57,14 +58,14 @@ class Killer(threading.Thread):
     def kill_one(self) -> None:
         i = self.rng.randrange(len(self.workers))
         parent = self.workers[i]
-        children = _children(parent.pid)
-        victim = self.rng.choice([parent.pid, *children])
+        pool = children(parent.pid)
+        victim = self.rng.choice([parent.pid, *pool])
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
         if victim == parent.pid:
             # Its pool children are left running their step (zombie attempts) until
             # they notice; the test kills them at the end.
-            self.orphans += children
+            self.orphans += pool
             parent.wait(timeout=10)
             self.kills.append("worker")
             self.workers[i] = self.pool.start()

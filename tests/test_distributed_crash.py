@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from runner.distributed.client import submit
+from runner.distributed.processes import children
 from tests._dist_support import eventually, finished, private_pool
-from tests.conftest import _children
 from tests.flows import dist
 from tests.flows.dist import DistSleeper, executions
 
@@ -42,7 +42,7 @@ def test_whole_worker_killed_mid_step_is_recovered_by_lease_expiry(
         handle = submit(DistSleeper, rt=rt)
         run = handle.run_id
         dead = _nap_pid(redis_client, run)
-        assert dead in _children(worker.pid)
+        assert dead in children(worker.pid)
         pool.kill(worker)  # parent and pool children, mid-`nap`
         killed_at = time.monotonic()
         assert rt.coord.leases(run)  # the dead attempt's lease is still there
@@ -71,7 +71,7 @@ def test_killed_pool_child_is_redelivered_and_taken_over(
         handle = submit(DistSleeper, rt=rt)
         run = handle.run_id
         child = _nap_pid(redis_client, run)
-        assert child in _children(worker.pid)
+        assert child in children(worker.pid)
         killed_at = time.monotonic()
         os.kill(child, signal.SIGKILL)
 

@@ -9,41 +9,68 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from celery import Celery
 
 
+def children(pid: int) -> list[int]:
+    """Pids of the direct children of ``pid`` (a prefork worker's pool processes)."""
+    try:
+        found = subprocess.run(
+            ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
+        ).stdout
+    except FileNotFoundError:
+        return []
+    return [int(child) for child in found.split()]
+
+
 class WorkerProcess:
-    """One ``celery -A workers worker`` subprocess with its own environment."""
+    """One ``celery -A <app_module> worker`` subprocess with its own environment.
+
+    Usable as a context manager: started on entry (without waiting for it), stopped
+    on exit.
+    """
 
     def __init__(
         self,
         env: dict[str, str],
         *,
+        app_module: str = "workers",
         concurrency: int = 2,
         pool: str = "prefork",
         log: str | os.PathLike[str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
+        stop_timeout: float = 15.0,
     ) -> None:
         self.env = {**os.environ, **env}
+        self.app_module = app_module
         self.concurrency = concurrency
         self.pool = pool
         self.log = Path(log) if log else None
         self.cwd = Path(cwd) if cwd else Path(__file__).resolve().parents[2]
+        self.stop_timeout = stop_timeout
         self.proc: subprocess.Popen[bytes] | None = None
-        self.name = f"w-{uuid.uuid4().hex[:6]}@%h"
+        self.name = f"w-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
 
     def start(self, app: Celery | None = None, timeout: float = 30.0) -> WorkerProcess:
         """Start the worker; with ``app``, wait until it answers a ping."""
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        args = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-P", self.pool]
-        args += ["-c", str(self.concurrency), "-n", self.name, "--without-gossip"]
-        args += ["--without-mingle", "-l", "warning"]
+        args = [sys.executable, "-m", "celery", "-A", self.app_module, "worker"]
+        args += ["-P", self.pool, "-c", str(self.concurrency), "-n", self.name]
+        args += ["--without-gossip", "--without-mingle", "-l", "warning"]
         self.proc = subprocess.Popen(
             args, cwd=self.cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT
         )
@@ -54,28 +81,18 @@ class WorkerProcess:
         return self
 
     def wait_ready(self, app: Celery, timeout: float = 30.0) -> None:
-        """Block until this worker answers a ping (or raise ``RuntimeError``)."""
+        """Block until this worker (by name) answers a ping, or raise ``RuntimeError``."""
         deadline = time.monotonic() + timeout
-        host = self.name.split("@")[0]
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"worker exited early; see {self.log or 'its output'}")
-            replies = app.control.ping(timeout=0.3) or []
-            if any(host in name for reply in replies for name in reply):
+            if app.control.ping([self.name], timeout=0.5):
                 return
-        raise RuntimeError(f"worker not ready within {timeout}s")
+        raise RuntimeError(f"worker not ready within {timeout}s; see {self.log or 'its output'}")
 
     def children(self) -> list[int]:
         """Pids of the worker's pool processes."""
-        if self.proc is None:
-            return []
-        try:
-            found = subprocess.run(
-                ["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True, check=False
-            ).stdout
-        except FileNotFoundError:
-            return []
-        return [int(pid) for pid in found.split()]
+        return [] if self.proc is None else children(self.proc.pid)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the worker and its pool processes at once (a crash)."""
@@ -87,17 +104,17 @@ class WorkerProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """Warm shutdown (SIGTERM); SIGKILL whatever is left after ``timeout``."""
+    def stop(self) -> None:
+        """Warm shutdown (SIGTERM); SIGKILL whatever is left after ``stop_timeout``."""
         if self.proc is None:
             return
-        children = self.children()
+        pool = self.children()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=timeout)
+                self.proc.wait(timeout=self.stop_timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
-        for pid in children:
+        for pid in pool:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
