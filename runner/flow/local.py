@@ -24,7 +24,6 @@ from runner.errors import (
     CheckpointNotFound,
     CycleLimitExceeded,
     DefinitionError,
-    GraphChanged,
     InvalidInputs,
     RunNotFound,
 )
@@ -111,18 +110,10 @@ def resume(
 
 
 def check_graph(graph: FlowGraph, ckpt: Checkpoint) -> None:
-    """Refuse a checkpoint whose completed or pending methods no longer exist."""
-    if ckpt.fingerprint == graph.fingerprint:
-        return
-    used = {act.split("#", 1)[0] for act in [*ckpt.completed, *ckpt.in_flight]}
-    missing = sorted(used - set(graph.methods))
-    if missing:
-        raise GraphChanged(
-            f"the flow changed since checkpoint {ckpt.id}: "
-            f"method(s) {', '.join(missing)} no longer exist",
-            checkpoint_id=ckpt.id,
-            missing=missing,
-        )
+    """Refuse a checkpoint whose completed or pending methods no longer exist (a changed
+    fingerprint alone is fine: the run resumes when every step it recorded still exists)."""
+    if ckpt.fingerprint != graph.fingerprint:
+        orch.check_graph(graph, tr.record_of(ckpt), checkpoint_id=ckpt.id)
 
 
 def load_restore_point(sink: Sink, restore: CheckpointConfig | str) -> Checkpoint:

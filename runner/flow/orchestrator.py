@@ -286,15 +286,21 @@ def last_output(record: ExecutionRecord) -> Any:
     return record.outputs.get(parse_activation(record.completed[-1])[0])
 
 
-def check_graph(graph: FlowGraph, record: ExecutionRecord) -> None:
-    """Raise :class:`GraphChanged` naming the recorded steps the graph no longer has."""
+def check_graph(
+    graph: FlowGraph, record: ExecutionRecord, checkpoint_id: str | None = None
+) -> None:
+    """Raise :class:`GraphChanged` naming the recorded steps the graph no longer has
+    (and the checkpoint they were recorded in, when given)."""
     recorded = {parse_activation(a)[0] for a in [*record.completed, *record.in_flight]}
     missing = sorted(recorded - set(graph.methods))
     if missing:
+        since = f" (checkpoint {checkpoint_id})" if checkpoint_id else ""
         raise GraphChanged(
-            f"{graph.name} no longer has the steps {', '.join(missing)} this run recorded",
+            f"{graph.name} no longer has the steps {', '.join(missing)} this run recorded"
+            + since,
             flow=graph.name,
             missing=missing,
+            checkpoint_id=checkpoint_id,
         )
 
 
