@@ -7,5 +7,8 @@ COPY workers ./workers
 COPY examples ./examples
 COPY config ./config
 RUN pip install --no-cache-dir '.[flower]'
+# Run as an unprivileged user: a step's code (and any LLM client it calls) never runs as root.
+RUN useradd --create-home --uid 10001 --user-group runner
+USER runner
 ENV PYTHONUNBUFFERED=1
 CMD ["celery", "-A", "workers", "worker", "-l", "info"]
