@@ -1,11 +1,14 @@
 """``make demo``: a crash mid-run costs nothing that was already done.
 
-1. uses ``RUNNER_REDIS_URL`` if set, else starts an embedded Redis (AOF on);
-2. starts a Celery worker (and Flower, if installed) of its own;
+1. uses ``RUNNER_REDIS_URL`` if set, else the Redis of a running ``runner dev`` here, else
+   starts one with its data in ``./.runner/`` (as ``runner dev`` does, AOF on);
+2. starts a Celery worker (and Flower, if installed) of its own, on the deployment prefix
+   ``demo`` (queue ``runner.demo``), so it never mixes with your own runs;
 3. submits the research flow (four slow, "costly" stages);
 4. SIGKILLs the worker in the middle of stage 3, starts a fresh one;
 5. the run finishes: stages 1-2 ran once, stage 3 ran again, nothing else twice;
-6. prints the run's checkpoint history and the commands to resume or fork by hand.
+6. prints the run's checkpoint history and commands to explore it afterwards, which work
+   as printed: the data stays in ``./.runner/`` (``rm -rf .runner`` removes it).
 
 Everything it started is stopped before it exits.
 """
@@ -20,9 +23,11 @@ import sys
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 FLOW = "examples.research:ResearchFlow"
+PREFIX = "demo"
 TASK_SECONDS = 0.4
 """How long each stand-in LLM call takes (a stage is a crew of three tasks)."""
 
@@ -31,17 +36,30 @@ def _say(text: str) -> None:
     print(f"\033[1m==>\033[0m {text}", flush=True)
 
 
-def _redis(stack: contextlib.ExitStack) -> str:
-    from runner.embedded import EmbeddedRedis, ping
+def _redis(stack: contextlib.ExitStack) -> tuple[str, bool]:
+    """The Redis URL, and whether this demo started it (then it stops with the demo)."""
+    from runner.embedded import EmbeddedRedis, find_dev, ping, write_dev
+    from runner.settings import get_settings
 
     url = os.environ.get("RUNNER_REDIS_URL")
     if url:
         ping(url)
         _say(f"using Redis at {url}")
-        return url
-    server = stack.enter_context(EmbeddedRedis())
+        return url, False
+    home = Path.cwd() / get_settings().dev_dir
+    dev = find_dev()
+    if dev is not None and dev.alive:
+        ping(dev.redis_url)
+        _say(f"using the Redis of `runner dev` at {dev.redis_url}")
+        return dev.redis_url, False
+    # The port of the last `runner dev` here (if any): what `runner dev` reuses afterwards.
+    last = dev.redis_url if dev is not None and dev.path.parent == home else ""
+    port = int(last.rsplit(":", 1)[1].split("/")[0]) if last else 0
+    home.mkdir(parents=True, exist_ok=True)
+    server = stack.enter_context(EmbeddedRedis(data_dir=home / "redis", port=port))
+    write_dev(home, server.url)
     _say(f"started an embedded Redis on {server.url} (AOF on, data in {server.data_dir})")
-    return server.url
+    return server.url, True
 
 
 def _flower(stack: contextlib.ExitStack, env: dict[str, str]) -> None:
@@ -80,11 +98,10 @@ def _wait_for_step(handle: Any, step: str, timeout: float = 30.0) -> None:
 def main() -> int:
     """Run the demo; return the process exit code."""
     with contextlib.ExitStack() as stack:
-        url = _redis(stack)
+        url, started = _redis(stack)
         env = {
             "RUNNER_REDIS_URL": url,
-            "RUNNER_PREFIX": "demo",
-            "RUNNER_QUEUE": f"demo-{uuid.uuid4().hex[:6]}",
+            "RUNNER_PREFIX": PREFIX,
             "RUNNER_FLOW_MODULES": FLOW.split(":")[0],
             "RUNNER_LEASE_SECONDS": "2",
             "RUNNER_RECOVERY_INTERVAL": "0.5",
@@ -116,6 +133,7 @@ def main() -> int:
         status = handle.wait(timeout=60)
         _say(f"run {handle.run_id}: {status.value}")
         _report(rt, handle, stages, env["RESEARCH_COUNTS_KEY"])
+        _explore(rt, handle, stages, started)
         return 0 if status.value == "succeeded" else 1
     return 1
 
@@ -128,21 +146,40 @@ def _report(rt: Any, handle: Any, stages: list[str], counts_key: str) -> None:
     raw = rt.store.client.hgetall(counts_key)
     calls = {k.decode(): int(v) for k, v in raw.items()}
     rt.store.client.delete(counts_key)
-    children = history[-1].meta.get("children", {})
+    children = history[-1].meta.children
     print(f"\n{'stage':<8} {'crew task':<18} {'LLM calls':>9} {'commits':>8}")
     for activation, link in sorted(children.items()):
-        child = rt.store.history(link["run_id"], limit=100)
+        child = rt.store.history(link.run_id, limit=100)
         commits = Counter(c.step for c in child if c.event == "method_execution_finished")
         for task in sorted(commits, key=lambda t: min(c.seq for c in child if c.step == t)):
             stage = activation.split("#")[0]
             print(f"{stage:<8} {task:<18} {calls.get(task, 0):>9} {commits[task]:>8}")
+    print("\nEvery task committed once; only the task the kill interrupted was called twice.")
+
+
+def _explore(rt: Any, handle: Any, stages: list[str], started: bool) -> None:
+    """Commands to explore the run afterwards, exactly as they work."""
+    history = list(reversed(rt.store.history(handle.run_id, limit=100)))
     mid = next(c.id for c in history if c.step == stages[1] and c.event.endswith("finished"))
+    from runner.cli import refs
+
+    # Unique prefixes, as `runner runs` and `runner checkpoints` show them: commands take them.
+    run = refs.short_runs(rt, [handle.run_id])[handle.run_id]
+    ckpt = refs.short_ids([c.id for c in history], refs.MIN_CHECKPOINT)[mid]
+    here = f"the data stays in {Path.cwd() / '.runner'} (`rm -rf .runner` removes it)"
+    workers = f"RUNNER_PREFIX={PREFIX} runner dev {FLOW.split(':')[0]}"
     print(
-        "\nEvery task committed once; only the task the kill interrupted was called twice.\n"
-        "Against a Redis you keep (RUNNER_REDIS_URL=... RUNNER_PREFIX=demo), by hand:\n"
-        f"  runner checkpoints {handle.run_id}\n"
-        f"  runner resume {handle.run_id} --wait          # a failed or cancelled run\n"
-        f"  runner fork {mid} --rerun {stages[2]} --wait  # redo stage 3 and what follows\n"
+        f"\nExplore it: {here if started else 'the run stays in your Redis'}.\n"
+        + (
+            f"  {workers}     # in another shell: Redis, workers, Flower\n"
+            if started
+            else f"  {workers}     # in another shell: workers for fork and resume\n"
+        )
+        + f"  export RUNNER_PREFIX={PREFIX}\n"
+        f"  runner steps {run}            # each step: attempts, worker, duration\n"
+        f"  runner checkpoints {run}\n"
+        f"  runner show {ckpt}\n"
+        f"  runner fork {ckpt} --rerun {stages[2]} --wait   # redo stage 3 and what follows\n"
     )
 
 

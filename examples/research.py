@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner import Agent, CheckpointConfig, Crew, Flow, FlowState, RunsCrews, Task, listen, start
+from runner import Agent, CheckpointConfig, Crew, Flow, FlowState, Task, listen, start
 from runner.crew import current_task
 
 STAGES = ("stage1", "stage2", "stage3", "stage4")
@@ -178,7 +178,7 @@ class ResearchState(FlowState):
     topic: str = ""
 
 
-class ResearchFlow(RunsCrews, Flow[ResearchState]):
+class ResearchFlow(Flow[ResearchState]):
     """Four stages, each a crew run as a child run; one checkpoint per task."""
 
     checkpoint = CheckpointConfig(location=os.environ.get("RESEARCH_CHECKPOINTS", ".checkpoints"))

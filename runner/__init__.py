@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner.checkpointing import CheckpointConfig, persist
-from runner.crew import Agent, Crew, CrewOutput, RunsCrews, Task, TaskOutput
+from runner.crew import Agent, Crew, CrewOutput, Task, TaskOutput
 from runner.errors import RunnerError
 from runner.flow.conditions import and_, or_
 from runner.flow.decorators import listen, router, start
@@ -62,7 +62,6 @@ __all__ = [
     "RunInfo",
     "RunStatus",
     "RunnerError",
-    "RunsCrews",
     "SQLiteFlowPersistence",
     "SqliteProvider",
     "Task",

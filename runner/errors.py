@@ -132,3 +132,16 @@ class PauseRun(RunnerError):
 
     The step is not completed: ``resume`` with inputs re-runs it on the updated state.
     """
+
+
+# --- step outcomes as Celery sees them -----------------------------------------------------
+
+
+class StepFailed(RunnerError):
+    """A step failed its run (retries spent, cycle limit, not allowed): the Celery task
+    ends FAILURE with this, its message naming the run, the step and the original
+    error's type and message (the original is its ``__cause__``)."""
+
+
+class ChildRunFailed(RunnerError):
+    """A child run ended failed or cancelled, so the parent method that started it failed."""

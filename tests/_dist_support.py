@@ -71,3 +71,8 @@ def private_pool(
         pool.stop_all()
         rt.app.close()
         rt.store.close()
+
+
+def events_of(events: list[dict[str, Any]], uuid_: str) -> list[dict[str, Any]]:
+    """The Celery events of one task id, in arrival order."""
+    return [e for e in events if e.get("uuid") == uuid_]

@@ -234,3 +234,38 @@ def rt(worker_env: dict[str, str], worker_pool: WorkerPool) -> Iterator[Any]:
     set_runtime(None)
     runtime.app.close()
     runtime.store.close()
+
+
+@contextlib.contextmanager
+def capture_events(app: Any) -> Iterator[list[dict[str, Any]]]:
+    """Every Celery event on ``app``'s broker while the block runs (what Flower consumes)."""
+    import threading
+    import time
+
+    seen: list[dict[str, Any]] = []
+    probe = f"probe-{uuid.uuid4().hex}"
+    with app.connection_for_read() as conn:
+        receiver = app.events.Receiver(conn, handlers={"*": seen.append})
+        thread = threading.Thread(
+            target=lambda: receiver.capture(limit=None, timeout=None, wakeup=False), daemon=True
+        )
+        thread.start()
+        # Subscribed once our own probe event comes back.
+        deadline = time.monotonic() + 20
+        with app.events.default_dispatcher() as dispatcher:
+            while not any(e.get("uuid") == probe for e in seen):
+                assert time.monotonic() < deadline, "the event receiver never subscribed"
+                dispatcher.send("task-probe", uuid=probe)
+                time.sleep(0.2)
+        try:
+            yield seen
+        finally:
+            receiver.should_stop = True
+            thread.join(timeout=5)
+
+
+@pytest.fixture
+def task_events(rt: Any) -> Iterator[list[dict[str, Any]]]:
+    """Every Celery event on the test workers' broker while the test runs."""
+    with capture_events(rt.app) as seen:
+        yield seen

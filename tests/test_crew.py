@@ -16,14 +16,13 @@ from runner.crew import (
     Crew,
     CrewOutput,
     CrewState,
-    RunsCrews,
     Task,
     TaskInput,
     TaskOutput,
     TaskOutputError,
     current_task,
 )
-from runner.crew.child import deferring
+from runner.flow.children import deferring
 from runner.distributed.client import load_flow
 from runner.errors import DefinitionError, InvalidInputs
 from runner.store.jsondir import JsonProvider
@@ -381,7 +380,7 @@ def test_flow_of_four_crews_resumes_at_the_failed_task_of_the_third(tmp_path: Pa
     assert [t["name"] for t in out["tasks_output"]] == ["d1", "d2", "d3"]
 
 
-class OneCrewFlow(RunsCrews, Flow[FlowState]):
+class OneCrewFlow(Flow[FlowState]):
     @start()
     def research(self) -> Any:
         return self.run_crew(crews.crew_a, {"topic": "bees", "tag": self.state.id})
@@ -416,7 +415,7 @@ def test_using_the_marker_as_a_crew_output_explains_what_to_do() -> None:
         _ = marker.raw
 
 
-class RoutingFlow(RunsCrews, Flow[FlowState]):
+class RoutingFlow(Flow[FlowState]):
     @start()
     @router()
     def decide(self) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runner.crew.child import child_run_id
+from runner.flow.children import child_run_id
 from runner.distributed import control
 from runner.store.models import Checkpoint, RunStatus
 from tests.flows.crews import CrewPipeline, counts, twelve
@@ -92,24 +92,9 @@ def test_crew_fork_reruns_every_task_after_the_first_edited_one(rt: Any) -> None
     assert fork.info().parent_run_id == source.run_id
 
 
-# --- crews inside a flow on workers (needs the engine's child-run hooks) -----------------
+# --- crews inside a flow on workers -------------------------------------------------------
 
 
-def _engine_runs_children() -> bool:
-    import inspect
-
-    from runner.distributed import engine
-
-    return "start_child" in inspect.getsource(engine)
-
-
-needs_child_hooks = pytest.mark.skipif(
-    not _engine_runs_children(),
-    reason="runner/distributed/engine.py does not call runner.crew.child yet",
-)
-
-
-@needs_child_hooks
 def test_a_flow_of_four_crews_resumes_at_the_failed_task_on_workers(rt: Any) -> None:
     inputs = _inputs(fail_once="c2")
     parent = CrewPipeline.submit(inputs)
@@ -125,5 +110,6 @@ def test_a_flow_of_four_crews_resumes_at_the_failed_task_on_workers(rt: Any) -> 
     tasks = ["a1", "a2", "a3", "b1", "b2", "b3", "c1", "c2", "c3", "d1", "d2", "d3"]
     assert out["raw"] == _chain(tasks)
     child = rt.store.latest(child_run_id(parent.run_id, "stage3#1"))
-    assert child.meta["parent"] == {"run_id": parent.run_id, "activation": "stage3#1"}
+    assert child.meta.parent is not None
+    assert (child.meta.parent.run_id, child.meta.parent.activation) == (parent.run_id, "stage3#1")
     assert child.status is RunStatus.SUCCEEDED

@@ -3,9 +3,7 @@ and what Flower sees (task events, kwargs reprs, extended results)."""
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -185,32 +183,6 @@ def test_app_sends_the_events_and_results_flower_needs(rt: Runtime) -> None:
         assert conf[name] is True, name
 
 
-@pytest.fixture
-def task_events(rt: Runtime) -> Iterator[list[dict[str, Any]]]:
-    """Every task event on the broker while the test runs (what Flower consumes)."""
-    seen: list[dict[str, Any]] = []
-    probe = f"probe-{uuid.uuid4().hex}"
-    with rt.app.connection_for_read() as conn:
-        receiver = rt.app.events.Receiver(conn, handlers={"*": seen.append})
-        thread = threading.Thread(
-            target=lambda: receiver.capture(limit=None, timeout=None, wakeup=False), daemon=True
-        )
-        thread.start()
-        # Subscribed once our own probe event comes back.
-        with rt.app.events.default_dispatcher() as dispatcher:
-            eventually(
-                lambda: (
-                    dispatcher.send("task-probe", uuid=probe)
-                    or any(e.get("uuid") == probe for e in seen)
-                ),
-                timeout=20,
-                interval=0.2,
-            )
-        yield seen
-        receiver.should_stop = True
-        thread.join(timeout=5)
-
-
 def test_task_messages_and_events_carry_run_and_step(
     rt: Runtime, task_events: list[dict[str, Any]]
 ) -> None:
@@ -249,4 +221,9 @@ def test_task_messages_and_events_carry_run_and_step(
     result = rt.app.AsyncResult(ids["shout#1"])
     assert result.state == "SUCCESS"
     assert result.name == "DistEcho.shout"
-    assert result.kwargs == {"run_id": run, "activation": "shout#1", "epoch": 0}
+    assert result.kwargs == {
+        "run_id": run,
+        "activation": "shout#1",
+        "epoch": 0,
+        "deployment": rt.settings.prefix,
+    }

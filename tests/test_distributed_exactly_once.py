@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import redis
 
@@ -11,7 +12,7 @@ from runner.distributed.engine import Runtime, task_id
 from runner.flow import transition as tr
 from runner.flow.state import reducers_for
 from runner.store.models import RunStatus
-from tests._dist_support import eventually, finished, history
+from tests._dist_support import events_of, eventually, finished, history
 from tests.flows import dist
 from tests.flows.dist import DistDiamond, DistEcho, DistFan, DistRace, executions
 
@@ -53,7 +54,7 @@ def test_ten_parallel_branches_keep_every_write(rt: Runtime, redis_client: redis
     assert {m: executions(redis_client, run, m) for m in methods} == dict.fromkeys(methods, 1)
     assert len(finished(rt, run)) == 12
     # Different fields and a reducer field: nothing to warn about.
-    assert not any("conflicts" in c.meta for c in history(rt, run))
+    assert not any(c.meta.conflicts for c in history(rt, run))
 
 
 def test_same_field_without_reducer_last_commit_wins_with_a_warning(
@@ -67,26 +68,27 @@ def test_same_field_without_reducer_last_commit_wins_with_a_warning(
     state = handle.latest().state
     assert state["winner"] == last.step
     assert sorted(state["notes"]) == ["blue", "red"]  # the reducer field merges
-    assert last.meta.get("conflicts") == ["winner"]
-    assert "conflicts" not in first.meta
+    assert last.meta.conflicts == ["winner"]
+    assert not first.meta.conflicts
 
 
 def test_redelivered_committed_step_commits_and_dispatches_nothing(
-    rt: Runtime, redis_client: redis.Redis
+    rt: Runtime, redis_client: redis.Redis, task_events: list[dict[str, Any]]
 ) -> None:
     handle = DistDiamond.submit()
     handle.wait(timeout=20)
     run = handle.run_id
     before = [c.id for c in history(rt, run)]
     markers = rt.coord.dispatched(run)
-    tid = task_id(run, 0, "left#1")
-    rt.app.backend.forget(tid)  # so the result read below is the redelivery's
-    result = rt.app.send_task(
+    tid = f"{task_id(run, 0, 'left#1')}:again"
+    rt.app.send_task(
         "DistDiamond.left",
         kwargs={"run_id": run, "activation": "left#1", "epoch": 0},
         task_id=tid,
-    ).get(timeout=20)
-    assert result == {"skipped": "already committed", "sent": []}
+    )
+    # Not a second SUCCESS: the redelivery ends as the custom state DUPLICATE.
+    eventually(lambda: any(e["type"] == "task-duplicate" for e in events_of(task_events, tid)))
+    assert "task-succeeded" not in {e["type"] for e in events_of(task_events, tid)}
     assert [c.id for c in history(rt, run)] == before
     assert rt.coord.dispatched(run) == markers
     assert executions(redis_client, run, "left") == 1
@@ -94,21 +96,23 @@ def test_redelivered_committed_step_commits_and_dispatches_nothing(
 
 
 def test_redelivery_while_the_run_goes_on_sends_nothing_twice(
-    rt: Runtime, redis_client: redis.Redis
+    rt: Runtime, redis_client: redis.Redis, task_events: list[dict[str, Any]]
 ) -> None:
     handle = DistEcho.submit({"count": 3})
     handle.wait(timeout=20)
     run = handle.run_id
     # Two more copies of the first step's message, as a broker might redeliver them.
-    results = [
+    for i in range(2):
         rt.app.send_task(
             "DistEcho.hello",
             kwargs={"run_id": run, "activation": "hello#1", "epoch": 0},
             task_id=f"{run}:dup-{i}",
         )
-        for i in range(2)
-    ]
-    assert [r.get(timeout=20)["skipped"] for r in results] == ["already committed"] * 2
+    for i in range(2):
+        tid = f"{run}:dup-{i}"
+        eventually(
+            lambda tid=tid: "task-duplicate" in {e["type"] for e in events_of(task_events, tid)}
+        )
     assert executions(redis_client, run, "hello") == 1
     assert executions(redis_client, run, "shout") == 1
     assert len(finished(rt, run)) == 2

@@ -83,7 +83,7 @@ def full_checkpoint(run_id: str) -> Checkpoint:
         lineage=Lineage(parent_run_id="parent", parent_checkpoint_id="p-1", branch="b"),
         created_at=1_700_000_000.125,
         error=StepError(type="ValueError", message="bad", traceback="Traceback ...", attempts=3),
-        meta={"name": "Report", "children": ["c1"]},
+        meta={"name": "Report", "epoch": 2, "ready": ["c1#1"]},
     )
 
 

@@ -76,27 +76,62 @@ def _value(value: Any) -> str:
 # --- runs -----------------------------------------------------------------------------------
 
 
-def runs_table(infos: list[RunInfo]) -> Table:
-    """``runner runs``: one row per run, newest update first."""
-    table = Table(show_edge=False, header_style="bold")
+def clock(ts: float | None) -> str:
+    """A Unix time as local ``HH:MM:SS`` (``-`` if unset): for tables of one run's steps."""
+    return datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else "-"
+
+
+def runs_table(infos: list[tuple[RunInfo, int]], shown: dict[str, str]) -> Table:
+    """``runner runs``: one row per run (child runs indented under their parent).
+
+    ``infos`` are (run, depth) pairs; ``shown`` maps each run id to its unique prefix.
+    """
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
     table.add_column("run", no_wrap=True)
-    table.add_column("flow", no_wrap=True)
+    table.add_column("flow", overflow="fold")
     table.add_column("status", no_wrap=True)
-    table.add_column("step")
-    table.add_column("seq", justify="right")
+    table.add_column("step", overflow="fold")
+    table.add_column("seq", justify="right", no_wrap=True)
     table.add_column("updated", no_wrap=True)
-    table.add_column("parent", no_wrap=True)
-    for info in infos:
+    for info, depth in infos:
         table.add_row(
-            info.run_id,
+            "  " * depth + ("└ " if depth else "") + shown.get(info.run_id, info.run_id),
             info.name or info.flow or "-",
             status_text(info.status),
             info.step or "-",
             str(info.seq),
             when(info.updated_at),
-            info.parent_run_id or "",
         )
     return table
+
+
+def steps_table(rows: list[Any], shown: dict[str, str]) -> Table:
+    """``runner steps``: each activation (child runs' under the step that started them)."""
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    table.add_column("step", overflow="fold")
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("try", justify="right", no_wrap=True)
+    table.add_column("worker", overflow="fold")
+    table.add_column("start", no_wrap=True)
+    table.add_column("took", justify="right", no_wrap=True)
+    table.add_column("checkpoint", no_wrap=True)
+    for row in rows:
+        name = "  " * row.depth + row.step
+        if row.child_run:
+            name += f" -> {shown.get(row.child_run, row.child_run)}"
+        table.add_row(
+            name,
+            Text(row.outcome, style=OUTCOME_STYLE.get(row.outcome, "")),
+            str(row.attempts) if row.attempts is not None else "-",
+            row.worker or "-",
+            clock(row.started),
+            duration(row.duration) if row.duration is not None else "-",
+            shown.get(row.checkpoint or "", row.checkpoint or "-"),
+        )
+    return table
+
+
+OUTCOME_STYLE = {"done": "green", "failed": "red", "paused": "yellow", "running": "cyan"}
 
 
 def status_view(
@@ -120,13 +155,13 @@ def status_view(
     if info.parent_run_id:
         lineage = f"forked from run {info.parent_run_id} at checkpoint {info.parent_checkpoint_id}"
         grid.add_row("lineage", lineage + (f" (branch {info.branch})" if info.branch else ""))
-    if info.status is RunStatus.PAUSED and latest.meta.get("pause_reason"):
-        grid.add_row("paused", str(latest.meta["pause_reason"]))
+    if info.status is RunStatus.PAUSED and latest.meta.pause_reason:
+        grid.add_row("paused", latest.meta.pause_reason)
     if error is not None:
         grid.add_row("error", Text(error_line(error), style="red"))
-    parent = latest.meta.get("parent")
-    if isinstance(parent, dict):
-        grid.add_row("parent run", f"{parent.get('run_id')} (step {parent.get('activation')})")
+    parent = latest.meta.parent
+    if parent is not None:
+        grid.add_row("parent run", f"{parent.run_id} (step {parent.activation})")
     if children:
         lines = [
             f"{c['activation']}: {c['run_id']} ({c['name'] or '-'}, {c['status'] or 'not found'})"
@@ -137,10 +172,16 @@ def status_view(
 
 
 def progress_view(
-    info: RunInfo, latest: Checkpoint, total: int | None, error: StepError | None
+    info: RunInfo,
+    latest: Checkpoint,
+    rows: list[Any],
+    total: int | None,
+    error: StepError | None,
+    shown: dict[str, str],
 ) -> RenderableType:
-    """``runner watch``: steps done of total, running steps, elapsed time, last error."""
-    done = len({act.rpartition("#")[0] for act in latest.completed})
+    """``--wait`` and ``watch``: steps done of total (crew tasks in child runs included), the
+    steps with their attempts and durations, elapsed time, last error."""
+    done = sum(1 for row in rows if row.outcome == "done")
     end = time.time() if not (info.status.finished or info.status is RunStatus.PAUSED) else None
     elapsed = (end or info.updated_at) - (info.created_at or latest.created_at)
     head = Text.assemble(
@@ -154,33 +195,35 @@ def progress_view(
         grid.add_row("steps", bar)
     else:
         grid.add_row("steps", f"{done} done")
-    _in_flight_row(grid, info.status, latest)
     grid.add_row("elapsed", duration(max(elapsed, 0.0)))
-    if info.status is RunStatus.PAUSED and latest.meta.get("pause_reason"):
-        grid.add_row("paused", str(latest.meta["pause_reason"]))
+    if info.status is RunStatus.PAUSED and latest.meta.pause_reason:
+        grid.add_row("paused", latest.meta.pause_reason)
     if error is not None:
         grid.add_row("last error", Text(error_line(error), style="red"))
-    return Panel(grid, title=head, title_align="left", expand=False)
+    parts: list[RenderableType] = [grid]
+    if rows:
+        parts.append(steps_table(rows, shown))
+    return Panel(Group(*parts), title=head, title_align="left")
 
 
 # --- checkpoints ----------------------------------------------------------------------------
 
 
-def history_table(ckpts: list[Checkpoint]) -> Table:
-    """``runner checkpoints``: seq, id, event, step, status, time (newest first)."""
-    table = Table(show_edge=False, header_style="bold")
-    table.add_column("seq", justify="right")
-    table.add_column("id", no_wrap=True)
-    table.add_column("event", no_wrap=True)
-    table.add_column("step")
+def history_table(ckpts: list[Checkpoint], shown: dict[str, str]) -> Table:
+    """``runner checkpoints``: seq, id (its unique prefix), event, step, status, time."""
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    table.add_column("seq", justify="right", no_wrap=True)
+    table.add_column("checkpoint", no_wrap=True)
+    table.add_column("event", overflow="fold")
+    table.add_column("step", overflow="fold")
     table.add_column("status", no_wrap=True)
     table.add_column("time", no_wrap=True)
     for ckpt in ckpts:
         table.add_row(
             str(ckpt.seq),
-            ckpt.id,
+            shown.get(ckpt.id, ckpt.id),
             ckpt.event,
-            ckpt.step or "-",
+            ckpt.activation.rpartition("/")[2] if ckpt.activation else ckpt.step or "-",
             status_text(ckpt.status),
             when(ckpt.created_at),
         )
@@ -197,6 +240,14 @@ def checkpoint_view(ckpt: Checkpoint) -> RenderableType:
     grid.add_row("step", ckpt.step or "-")
     grid.add_row("status", status_text(ckpt.status))
     grid.add_row("time", when(ckpt.created_at))
+    if ckpt.activation:
+        grid.add_row("activation", ckpt.activation)
+    if ckpt.worker:
+        grid.add_row("worker", ckpt.worker)
+    if ckpt.duration is not None:
+        grid.add_row("took", duration(ckpt.duration))
+    if ckpt.attempts is not None:
+        grid.add_row("attempts", str(ckpt.attempts))
     grid.add_row("flow", ckpt.flow or "-")
     grid.add_row("completed", ", ".join(ckpt.completed) or "-")
     grid.add_row("in flight", ", ".join(ckpt.in_flight) or "-")
@@ -204,8 +255,8 @@ def checkpoint_view(ckpt: Checkpoint) -> RenderableType:
         lin = ckpt.lineage
         text = f"forked from run {lin.parent_run_id} at checkpoint {lin.parent_checkpoint_id}"
         grid.add_row("lineage", text + (f" (branch {lin.branch})" if lin.branch else ""))
-    if ckpt.meta.get("pause_reason"):
-        grid.add_row("paused", str(ckpt.meta["pause_reason"]))
+    if ckpt.meta.pause_reason:
+        grid.add_row("paused", ckpt.meta.pause_reason)
     parts: list[RenderableType] = [
         grid,
         Panel(JSON.from_data(ckpt.state), title="state", title_align="left", expand=False),

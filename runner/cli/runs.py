@@ -2,28 +2,34 @@
 
 from __future__ import annotations
 
-import contextlib
+import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.live import Live
 
 from runner.distributed import client
 from runner.distributed.control import check_fields
-from runner.errors import DefinitionError, FlowImportError, RunTimeout
+from runner.distributed.engine import Runtime
+from runner.errors import FlowImportError, RunTimeout
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
-from . import render
+from . import progress, refs, render
 from ._app import app
-from ._outcome import exit_code_of, follow, last_error
-from ._session import console, load_inputs, print_json, session
+from ._outcome import exit_code_of, follow, last_error, outcome, stopped, watch_live
+from ._session import FLAG, console, load_inputs, print_json, session
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-RunArg = Annotated[str, typer.Argument(metavar="RUN", help="Run id.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.", metavar=FLAG)]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="Run id, or a unique prefix of it.")]
 WaitOpt = Annotated[
-    bool, typer.Option("--wait", "-w", help="Wait for the run to stop; print how it ended.")
+    bool,
+    typer.Option(
+        "--wait",
+        "-w",
+        help="Follow the run until it stops (live on a terminal); print how it ended.",
+        metavar=FLAG,
+    ),
 ]
 TimeoutOpt = Annotated[
     float | None,
@@ -64,6 +70,7 @@ def submit(
     """
     values = load_inputs(inputs, inputs_file)
     flow_cls = client.load_flow(flow)
+    client.check_importable(flow_cls)
     check_fields(flow_cls, values)
     _check_allowed(flow_cls, session(ctx).settings().flow_modules)
     rt = session(ctx).rt
@@ -75,7 +82,7 @@ def submit(
 def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     """Show a run: status, flow, step, seq, times, completed and running steps, lineage, error."""
     rt = session(ctx).rt
-    handle = client.RunHandle(run, rt)
+    handle = client.RunHandle(refs.resolve_run(rt, run), rt)
     info, latest = handle.info(), handle.latest()
     error = last_error(rt, info, latest)
     children = _children(rt, latest)
@@ -88,10 +95,10 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                 "in_flight": latest.in_flight,
                 "lineage": latest.lineage.model_dump(mode="json") if latest.lineage else None,
                 "last_error": error.model_dump(mode="json") if error else None,
-                "pause_reason": latest.meta.get("pause_reason")
+                "pause_reason": latest.meta.pause_reason
                 if info.status is RunStatus.PAUSED
                 else None,
-                "parent": latest.meta.get("parent"),
+                "parent": latest.meta.parent.model_dump() if latest.meta.parent else None,
                 "children": children,
             }
         )
@@ -107,36 +114,76 @@ def watch(
         float, typer.Option("--interval", min=0.05, metavar="SECONDS", help="Poll period.")
     ] = 0.5,
     timeout: TimeoutOpt = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Stream each new checkpoint as a JSON line.", metavar=FLAG),
+    ] = False,
 ) -> None:
     """Follow a run live until it stops; exit with its outcome (0 succeeded or paused, 1 not).
 
-    Shows the steps done of the flow's total, the steps running, the time elapsed and
-    the last error, polling the checkpoint store every --interval seconds.
+    Shows the steps done of the total (crew tasks of child runs included), each step with
+    its attempts, worker and duration, the time elapsed and the last error. With --json,
+    prints one JSON line per new checkpoint of the run or its child runs, then one line
+    with the outcome.
     """
     rt = session(ctx).rt
-    handle = client.RunHandle(run, rt)
-    info = handle.info()
-    total = _method_count(info.flow)
+    handle = client.RunHandle(refs.resolve_run(rt, run), rt)
+    handle.info()
+    if as_json:
+        status = _stream(rt, handle, interval, timeout)
+    else:
+        out = console()
+        info, view = watch_live(rt, handle, out, timeout=timeout, interval=interval)
+        if not out.is_terminal:
+            out.print(view)
+        status = info.status
+    raise typer.Exit(exit_code_of(status))
+
+
+def _stream(rt: Runtime, handle: client.RunHandle, interval: float, timeout: float | None) -> Any:
+    """JSON lines: each checkpoint not printed yet (oldest first), then the outcome."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    out = console()
-    # A terminal gets a live view; a pipe or log only the final one.
-    live = Live(console=out, auto_refresh=False) if out.is_terminal else None
-    with live or contextlib.nullcontext():
-        while True:
-            info, latest = handle.info(), handle.latest()
-            view = render.progress_view(info, latest, total, last_error(rt, info, latest))
-            if live is not None:
-                live.update(view, refresh=True)
-            if info.status.finished or info.status is RunStatus.PAUSED:
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                raise RunTimeout(
-                    f"run {run} still {info.status.value} after {timeout}s", run_id=run
-                )
-            time.sleep(interval)
-    if live is None:
-        out.print(view)
-    raise typer.Exit(exit_code_of(info.status))
+    seen: set[str] = set()
+    while True:
+        status = handle.status()  # read first: every checkpoint up to this status is printed
+        for ckpt in _new_checkpoints(rt, handle.run_id, seen):
+            typer.echo(json.dumps(_event(ckpt)))
+        if stopped(status):
+            typer.echo(json.dumps({"type": "outcome", **outcome(rt, handle)}))
+            return status
+        if deadline is not None and time.monotonic() > deadline:
+            raise RunTimeout(
+                f"run {handle.run_id} still {status.value} after {timeout}s", run_id=handle.run_id
+            )
+        time.sleep(interval)
+
+
+def _new_checkpoints(rt: Runtime, run_id: str, seen: set[str]) -> list[Checkpoint]:
+    """Checkpoints of the run and its child runs not in ``seen`` (added to it), by time."""
+    ckpts = progress.history(rt, run_id)
+    found = [ckpt for ckpt in ckpts if ckpt.id not in seen]
+    seen.update(ckpt.id for ckpt in found)
+    for link in ckpts[-1].meta.children.values() if ckpts else ():
+        found += _new_checkpoints(rt, link.run_id, seen)
+    return sorted(found, key=lambda c: c.id)
+
+
+def _event(ckpt: Checkpoint) -> dict[str, Any]:
+    return {
+        "type": "checkpoint",
+        "run_id": ckpt.run_id,
+        "seq": ckpt.seq,
+        "checkpoint": ckpt.id,
+        "event": ckpt.event,
+        "step": ckpt.step,
+        "activation": ckpt.activation,
+        "status": ckpt.status.value,
+        "time": ckpt.created_at,
+        "worker": ckpt.worker,
+        "duration": ckpt.duration,
+        "attempts": ckpt.attempts,
+        "error": ckpt.error.model_dump(mode="json") if ckpt.error else None,
+    }
 
 
 @app.command("runs")
@@ -150,26 +197,40 @@ def list_runs(
         typer.Option("--flow", "-f", metavar="NAME", help="Only runs of this flow (name or path)."),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most N runs.")] = 20,
+    flat: Annotated[
+        bool,
+        typer.Option("--all", help="List child runs too, flat, each on its own.", metavar=FLAG),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """List runs, most recently updated first."""
-    found = _select_runs(session(ctx).rt.store, status, flow, limit)
+    """List runs, most recently updated first, child runs (crews) nested under their parent.
+
+    Run ids show as their shortest unique prefix, which every command accepts; a child run
+    shows as its parent's prefix followed by the rest of its id. --json gives whole ids.
+    """
+    rt = session(ctx).rt
+    found = _select_runs(rt.store, status, flow, limit, top_level=not flat)
+    nested = [(info, 0) for info in found] if flat else _nest(rt, found)
     if as_json:
-        print_json([info.model_dump(mode="json") for info in found])
-    else:
-        console().print(render.runs_table(found))
+        if flat:
+            print_json([info.model_dump(mode="json") for info in found])
+        else:
+            print_json([_tree(rt, info) for info in found])
+        return
+    shown = refs.short_runs(rt, [info.run_id for info, _depth in nested])
+    console().print(render.runs_table(nested, shown))
 
 
 @app.command()
 def cancel(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     """Stop dispatching a run's steps; running steps finish. Resume it later with `resume`."""
-    handle = client.RunHandle(run, session(ctx).rt)
-    handle.info()  # an unknown run is bad input (exit 2), not a refused cancel
+    rt = session(ctx).rt
+    handle = client.RunHandle(refs.resolve_run(rt, run), rt)
     ckpt = handle.cancel()
     if as_json:
-        print_json({"run_id": run, "status": ckpt.status.value, "checkpoint": ckpt.id})
+        print_json({"run_id": handle.run_id, "status": ckpt.status.value, "checkpoint": ckpt.id})
     else:
-        typer.echo(f"cancelled {run} (checkpoint {ckpt.id})")
+        typer.echo(f"cancelled {handle.run_id} (checkpoint {ckpt.id})")
 
 
 def _check_allowed(flow_cls: Any, modules: list[str]) -> None:
@@ -190,42 +251,60 @@ def _check_allowed(flow_cls: Any, modules: list[str]) -> None:
 def _children(rt: Any, latest: Checkpoint) -> list[dict[str, Any]]:
     """The child runs (crews run by flow methods) of the run, with their current status."""
     found = []
-    links = latest.meta.get("children")
-    for activation, link in links.items() if isinstance(links, dict) else []:
-        child_id = link.get("run_id") if isinstance(link, dict) else link
-        child = rt.store.run(str(child_id)) if child_id else None
+    for activation, link in latest.meta.children.items():
+        child = rt.store.run(link.run_id)
         found.append(
             {
                 "activation": activation,
-                "run_id": child_id,
-                "name": link.get("name") if isinstance(link, dict) else None,
+                "run_id": link.run_id,
+                "name": link.name,
                 "status": child.status.value if child is not None else None,
             }
         )
     return found
 
 
-def _method_count(flow: str | None) -> int | None:
-    """Number of methods of the run's flow, if it imports here (else progress has no total)."""
-    if not flow:
-        return None
-    try:
-        return len(client.load_flow(flow).graph().methods)
-    except DefinitionError:  # not importable here, or no longer a valid flow
-        return None
+def _child_infos(rt: Runtime, run_id: str) -> list[RunInfo]:
+    """The child runs the run's steps started, in the order they were started."""
+    latest = rt.store.latest(run_id)
+    links = latest.meta.children.values() if latest is not None else []
+    return [info for link in links if (info := rt.store.run(link.run_id)) is not None]
+
+
+def _nest(rt: Runtime, infos: list[RunInfo], depth: int = 0) -> list[tuple[RunInfo, int]]:
+    out: list[tuple[RunInfo, int]] = []
+    for info in infos:
+        out.append((info, depth))
+        out += _nest(rt, _child_infos(rt, info.run_id), depth + 1)
+    return out
+
+
+def _tree(rt: Runtime, info: RunInfo) -> dict[str, Any]:
+    children = [_tree(rt, child) for child in _child_infos(rt, info.run_id)]
+    return {**info.model_dump(mode="json"), "children": children}
+
+
+def _is_top_level(store: Any, info: RunInfo) -> bool:
+    latest = store.latest(info.run_id)
+    return latest is None or latest.meta.parent is None
 
 
 def _select_runs(
-    store: Any, status: RunStatus | None, flow: str | None, limit: int
+    store: Any, status: RunStatus | None, flow: str | None, limit: int, *, top_level: bool
 ) -> list[RunInfo]:
-    """Up to ``limit`` runs matching ``status`` and ``flow``, paging the run index."""
-    if flow is None:
-        return list(store.runs(limit=limit, status=status))
+    """Up to ``limit`` runs matching ``status`` and ``flow`` (and with ``top_level``, not child
+    runs), paging the run index."""
     found: list[RunInfo] = []
-    offset, page = 0, 200
+    offset, page = 0, max(limit, 200)
     while len(found) < limit:
         batch = store.runs(limit=page, offset=offset, status=status)
-        found += [info for info in batch if _flow_matches(info, flow)]
+        for info in batch:
+            if len(found) == limit:
+                break
+            if flow is not None and not _flow_matches(info, flow):
+                continue
+            if not top_level or _is_top_level(store, info):
+                found.append(info)
         if len(batch) < page:
             break
         offset += page

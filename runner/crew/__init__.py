@@ -4,16 +4,16 @@
 * :mod:`runner.crew.agent` -- ``Agent`` around any LLM client.
 * :mod:`runner.crew.crew` -- ``Crew``, ``CrewOutput``: kickoff, submit, resume, fork.
 * :mod:`runner.crew.compile` -- the generated flow class (one method per task).
-* :mod:`runner.crew.child` -- crews as child runs of flow methods (``run_crew``).
 """
 
 from __future__ import annotations
 
 from runner.crew.agent import Agent
-from runner.crew.child import ChildRun, ChildRunFailed, RunsCrews, run_crew
 from runner.crew.compile import CrewFlow, CrewState
 from runner.crew.crew import Crew, CrewOutput, Process
 from runner.crew.task import Task, TaskInput, TaskOutput, TaskOutputError, current_task
+from runner.errors import ChildRunFailed
+from runner.flow.children import ChildRun
 
 __all__ = [
     "Agent",
@@ -24,11 +24,9 @@ __all__ = [
     "CrewOutput",
     "CrewState",
     "Process",
-    "RunsCrews",
     "Task",
     "TaskInput",
     "TaskOutput",
     "TaskOutputError",
     "current_task",
-    "run_crew",
 ]

@@ -25,6 +25,9 @@ from runner.crew.agent import Agent
 from runner.crew.compile import CrewFlow, compile_crew
 from runner.crew.task import Result, Task, TaskOutput
 from runner.errors import DefinitionError, InvalidInputs
+from runner.flow.children import ChildRun, child_run_id, deferred
+from runner.flow.steps import current_activation
+from runner.store.models import RunStatus
 
 if TYPE_CHECKING:
     from runner.crew.handle import CrewRunHandle
@@ -230,6 +233,51 @@ class Crew:
         return CrewRunHandle(handle.run_id, handle.rt, crew=self)
 
     # -- results and checks ----------------------------------------------------------------
+
+    # -- as a child run of a flow method ---------------------------------------------------
+
+    def run_as_child(self, flow: Any, inputs: dict[str, Any] | None = None) -> Any:
+        """Run as a child of the flow method calling this (``Flow.run_crew``).
+
+        In process the crew runs inline and its :class:`CrewOutput` is returned; the child
+        run's id is derived from the parent run and the method's activation and its
+        checkpoints go to the crew's store (else the parent flow's), so a resumed parent
+        resumes the child at its first unfinished task. On workers this returns a
+        :class:`~runner.flow.children.ChildRun` marker: the engine starts the child and
+        commits the method with its output when it ends, so no worker waits on it.
+        """
+        inputs = dict(inputs or {})
+        running = current_activation.get()
+        activation = running[1] if running is not None and running[0] is flow else None
+        if activation is not None and type(flow).graph().spec(activation.method).is_router:
+            raise DefinitionError(
+                f"{activation.method} is a router: run the crew in a @listen method and "
+                "route on its output",
+                method=activation.method,
+            )
+        if deferred():
+            self.require_importable()
+            self.check_inputs(inputs)
+            return ChildRun(flow=self.flow_path(), name=self.name, inputs=inputs)
+        config = self._child_config(flow)
+        if activation is None or config is None:
+            return self.kickoff(inputs)  # nowhere to resume from: a plain inline run
+        child_id = child_run_id(flow.flow_id, activation.id)
+        latest = config.store().latest(child_id)
+        if latest is None:
+            self.check_inputs(inputs)
+            return self._kickoff({**inputs, "id": child_id}, config)
+        if latest.status is RunStatus.SUCCEEDED:
+            return self.output(latest.state)
+        return self._kickoff(inputs, config, from_checkpoint=latest.id)
+
+    def _child_config(self, flow: Any) -> CheckpointConfig | None:
+        """The crew's own checkpoint config, else the parent flow's store."""
+        own = self.as_flow().checkpoint
+        if isinstance(own, CheckpointConfig):
+            return own
+        store = flow._sink().store
+        return None if store is None else CheckpointConfig(provider=store)
 
     def output(self, state: Mapping[str, Any]) -> CrewOutput:
         """The :class:`CrewOutput` of a run's state (finished tasks only)."""

@@ -7,7 +7,6 @@ and a submitted run is always visible in the store.
 
 from __future__ import annotations
 
-import importlib
 import time
 from functools import partial
 from typing import Any
@@ -24,9 +23,10 @@ from runner.errors import (
 )
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow.loading import load_flow
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
-from .engine import Runtime, commit_status, send
+from .engine import Runtime, commit_status, first_checkpoint, send
 
 _runtime: Runtime | None = None
 
@@ -47,23 +47,18 @@ def set_runtime(rt: Runtime | None) -> None:
     _runtime = rt
 
 
-def load_flow(path: str) -> Any:
-    """The class named by ``pkg.mod:Class``, or :class:`FlowImportError`."""
-    from runner.flow.flow import Flow
-
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise FlowImportError(f"flow path {path!r} is not of the form pkg.mod:Class", path=path)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise FlowImportError(f"cannot import {module_name}: {exc}", path=path) from None
-    obj: Any = getattr(module, attr, None)
-    if hasattr(obj, "as_flow") and not isinstance(obj, type):
-        obj = obj.as_flow()  # a Crew: runs as a flow of its tasks
-    if not (isinstance(obj, type) and issubclass(obj, Flow)):
-        raise FlowImportError(f"{path} is not a Flow class", path=path)
-    return obj
+def check_importable(flow_cls: Any) -> None:
+    """Refuse, before anything is stored, a flow the workers cannot import: one defined
+    in the script that was run (``__main__``)."""
+    path = flow_cls.flow_path()
+    if path.startswith("__main__:"):
+        name = path.partition(":")[2]
+        raise FlowImportError(
+            f"{name} is defined in the script you ran (__main__), which workers cannot "
+            f"import: move it into a module (e.g. flows.py), name that module in "
+            f"RUNNER_FLOW_MODULES, and import {name} from it",
+            path=path,
+        )
 
 
 def check_fields(flow_cls: Any, values: dict[str, Any]) -> None:
@@ -93,27 +88,14 @@ def _takes_any_key(model: Any) -> bool:
     return any(v.info.mode in ("before", "wrap") for v in validators)
 
 
-def first_checkpoint(flow_cls: Any, inputs: dict[str, Any]) -> tr.Transition:
-    """A new run's first checkpoint and its start steps, ``inputs`` validated into the
-    state (``InvalidInputs`` before anything is stored); the run id is the state's id."""
-    instance = flow_cls()
-    instance._state = instance._apply_inputs(instance._dump(), inputs)
-    return tr.start(
-        flow_cls.graph(),
-        instance.flow_id,
-        instance._dump(),
-        flow=flow_cls.flow_path(),
-        name=flow_cls.flow_name(),
-    )
-
-
 def submit(
     flow: str | type, inputs: dict[str, Any] | None = None, *, rt: Runtime | None = None
 ) -> RunHandle:
     """Validate ``inputs``, create the run, and enqueue its start on the workers."""
-    rt = rt or runtime()
     flow_cls: Any = load_flow(flow) if isinstance(flow, str) else flow
+    check_importable(flow_cls)
     check_fields(flow_cls, dict(inputs or {}))
+    rt = rt or runtime()
     first = first_checkpoint(flow_cls, dict(inputs or {}))
     run_id = first.checkpoint.run_id
     try:

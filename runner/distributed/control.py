@@ -25,7 +25,7 @@ from runner.flow.local import check_graph
 from runner.store.models import Checkpoint, RunStatus
 
 from .client import RunHandle, check_fields, load_flow, runtime
-from .engine import Runtime, _commit, dispatch
+from .engine import Runtime, commit, dispatch
 
 
 def find_checkpoint(rt: Runtime, ref: str) -> Checkpoint:
@@ -78,10 +78,10 @@ def resume(
             )
         return tr.resumed(latest, source, state)
 
-    done = _commit(rt, run_id, build)
+    done = commit(rt, run_id, build)
     assert done is not None
     ckpt, step = done
-    dispatch(rt, flow_cls.flow_name(), run_id, int(ckpt.meta["epoch"]), step.ready)
+    dispatch(rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready)
     return RunHandle(run_id, rt)
 
 
@@ -116,15 +116,23 @@ def fork(
         record = orch.invalidate(graph, record, rerun)
     first = rt.store.fork(source.id, new_run_id=new_id, branch=branch, state=state)
     pending = orch.pending(record)
-    # The source's run-local notes (a pause, a resume, merge conflicts) are not the fork's.
-    meta = {k: v for k, v in first.meta.items() if k not in _SOURCE_ONLY_META}
     start = tr.with_record(
         first,
         record,
         event="flow_started",
         step=None,
         status=RunStatus.RUNNING if pending else RunStatus.SUCCEEDED,
-        meta={**meta, "ready": [a.id for a in pending], "epoch": 0, "forked_from": source.id},
+        # The source's run-local notes (a pause, a resume, merge conflicts) are not the fork's.
+        meta=first.meta.model_copy(
+            update={
+                "pause_reason": None,
+                "resumed_from": None,
+                "conflicts": [],
+                "ready": [a.id for a in pending],
+                "epoch": 0,
+                "forked_from": source.id,
+            }
+        ),
     )
     rt.store.commit(start, expected_seq=first.seq)
     dispatch(rt, flow_cls.flow_name(), new_id, 0, pending)
@@ -144,9 +152,6 @@ def _source(rt: Runtime, run_id: str, checkpoint_id: str | None) -> Checkpoint:
             checkpoint_id=checkpoint_id,
         )
     return ckpt
-
-
-_SOURCE_ONLY_META = ("pause_reason", "resumed_from", "conflicts")
 
 
 def _validated(flow_cls: Any, state: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:

@@ -1,29 +1,23 @@
-"""A step's life on a worker, dispatch, and the recovery pass.
+"""The engine on Celery: runtime, dispatch, compare-and-set commits, and child runs.
 
-Step life, in two Redis round trips besides Celery's own:
+* :func:`dispatch` sends each ready activation once: a dispatch marker (``HSETNX``)
+  per activation and epoch, and a deterministic Celery task id.
+* :func:`commit` turns a checkpoint builder into a committed checkpoint with
+  compare-and-set on the run's sequence, rebuilding on the newest checkpoint after a
+  conflict. A commit that stops a child run reports to its parent.
+* Child runs (a flow method running a crew, see :mod:`runner.flow.children`): the
+  parent's in-flight activation is linked to the child (:func:`start_child`) and
+  committed with the child's output when the child ends (:func:`on_child_finished`);
+  no worker waits meanwhile. :func:`waiting_children` tells the recovery pass which
+  activations wait on a live child.
 
-1. **begin** (one Lua call): read the run's latest checkpoint and take the
-   activation's lease. Skip if the run is unknown, in another epoch or not running,
-   or if the activation is no longer in flight (already committed: a redelivery;
-   it sends only what nobody marked dispatched, so normally nothing); retry later
-   if a live attempt holds the lease; fail the run if its flow is not the one this
-   worker registered under that name.
-2. run the method on its own copy of that state; a per-process heartbeat renews
-   the lease meanwhile.
-3. **commit** (one Lua call) its changes with compare-and-set on the run's
-   sequence, first against the checkpoint read in 1, re-reading on conflict. The
-   commit drops the lease, fences late duplicates (another attempt of the same
-   activation changes nothing) and marks the activations it made ready dispatched.
-4. ``send_task`` for each of them.
-
-A worker killed anywhere in between is repaired by redelivery (late acks, reject on
-worker loss) or by :func:`recover`, which re-sends in-flight activations whose
-lease expired, or that were marked dispatched ``lease_seconds`` ago and never
-started (the committer died before sending, or the message was lost).
+A step's own life (begin, run, settle, commit, send) is :mod:`runner.distributed.step`;
+what each outcome means is :mod:`runner.flow.lifecycle`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -33,23 +27,31 @@ from typing import Any
 
 from celery import Celery
 
-from runner.crew import child
-from runner.errors import CommitConflict, FlowImportError, RunnerError, RunNotFound, StaleAttempt
+from runner.errors import (
+    ChildRunFailed,
+    CommitConflict,
+    FlowImportError,
+    RunnerError,
+    RunNotFound,
+    StaleAttempt,
+)
 from runner.flow import events as ev
+from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow.children import ChildRun, child_run_id
+from runner.flow.loading import load_flow
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
-from runner.flow.steps import StepResult, run_step
+from runner.flow.steps import StepResult
 from runner.settings import RunnerSettings, get_settings
-from runner.store.models import Checkpoint, RunStatus, StepError
+from runner.store.models import Checkpoint, ParentLink, RunStatus
 from runner.store.redis import RedisProvider
 
-from .coord import DONE, HELD, OK, Coordinator, attempt_token, holder_is_dead
+from .coord import Coordinator
 
 log = logging.getLogger("runner.worker")
 
-START_TASK = "runner.start_run"
 RECOVER_TASK = "runner.recover"
 
 
@@ -87,6 +89,14 @@ def task_id(run_id: str, epoch: int, activation: str) -> str:
     return f"{run_id}:{epoch}:{activation}"
 
 
+def kwargs_repr(run_id: str, activation: str, attempt: int = 1) -> str:
+    """How a step's arguments read in Flower and the worker log."""
+    return f"run={run_id} step={activation}" + (f" attempt={attempt}" if attempt > 1 else "")
+
+
+# --- dispatch -------------------------------------------------------------------------------
+
+
 def dispatch(
     rt: Runtime,
     flow_name: str,
@@ -99,24 +109,117 @@ def dispatch(
     """Send each activation once (``force`` re-sends); return the ids sent."""
     if not acts:
         return []
-    keys = [_key(epoch, a.id) for a in acts]
+    keys = [tr.activation_key_in(epoch, a.id) for a in acts]
     fresh = [True] * len(acts) if force else rt.coord.mark_dispatched(run_id, keys)
     chosen = [act for act, is_new in zip(acts, fresh, strict=True) if is_new]
     for act in chosen if force else ():
-        rt.coord.redispatch_stamp(run_id, _key(epoch, act.id))
+        rt.coord.redispatch_stamp(run_id, tr.activation_key_in(epoch, act.id))
     return send(rt, flow_name, run_id, epoch, chosen)
 
 
 def send(rt: Runtime, flow_name: str, run_id: str, epoch: int, acts: list[Activation]) -> list[str]:
-    """Send each activation's task (already marked dispatched); return the ids sent."""
+    """Send each activation's task (already marked dispatched); return the ids sent.
+
+    The message names its deployment (the key prefix), so a worker of another
+    deployment that receives it by mistake hands it back instead of running it.
+    """
     for act in acts:
         rt.app.send_task(
             task_name(flow_name, act.method),
-            kwargs={"run_id": run_id, "activation": act.id, "epoch": epoch},
+            kwargs={
+                "run_id": run_id,
+                "activation": act.id,
+                "epoch": epoch,
+                "deployment": rt.settings.prefix,
+            },
             task_id=task_id(run_id, epoch, act.id),
-            kwargsrepr=f"run={run_id} step={act.id}",
+            kwargsrepr=kwargs_repr(run_id, act.id),
         )
     return [act.id for act in acts]
+
+
+def dispatch_pending(rt: Runtime, latest: Checkpoint) -> list[str]:
+    """Dispatch (idempotently) a running run's in-flight steps not yet sent: after a
+    redelivery, what the first commit made ready; for a new child run, its starts."""
+    if latest.status is not RunStatus.RUNNING:
+        return []
+    pending = orch.pending(tr.record_of(latest))
+    return dispatch(rt, str(latest.meta.name), latest.run_id, latest.meta.epoch, pending)
+
+
+def first_checkpoint(flow_cls: Any, inputs: dict[str, Any]) -> tr.Transition:
+    """A new run's first checkpoint and its start steps, ``inputs`` validated into the
+    state (``InvalidInputs`` before anything is stored); the run id is the state's id."""
+    instance = flow_cls()
+    instance._state = instance._apply_inputs(instance._dump(), inputs)
+    return tr.start(
+        flow_cls.graph(),
+        instance.flow_id,
+        instance._dump(),
+        flow=flow_cls.flow_path(),
+        name=flow_cls.flow_name(),
+    )
+
+
+# --- commits --------------------------------------------------------------------------------
+
+
+def commit(
+    rt: Runtime,
+    run_id: str,
+    build: Callable[[Checkpoint], Any],
+    *,
+    first: Checkpoint | None = None,
+    mark_ready: bool = False,
+) -> tuple[Checkpoint, Any] | None:
+    """Compare-and-set loop: rebuild on the newest checkpoint until the commit lands.
+
+    ``build`` returns a :class:`~runner.flow.transition.Transition` or a
+    :class:`~runner.flow.lifecycle.Settled` (or ``None`` to decline); the result is
+    the committed checkpoint and what ``build`` returned. ``first`` is a checkpoint
+    the caller already read, tried before re-reading. ``mark_ready``: the same atomic
+    commit marks the activations it makes ready dispatched (when the run goes on
+    running), for the caller to :func:`send`. ``None`` when ``build`` declines or
+    another attempt of the step committed. Tells waiters when the run stops, and the
+    parent when a child run ends.
+    """
+    latest = first
+    for _ in range(200):
+        if latest is None:
+            latest = rt.coord.read(run_id)
+            if latest is None:
+                raise RunNotFound(f"no run {run_id}", run_id=run_id)
+        built = build(latest)
+        if built is None:
+            return None
+        step = built.transition if isinstance(built, lifecycle.Settled) else built
+        marks: list[str] = []
+        if mark_ready and step.checkpoint.status is RunStatus.RUNNING:
+            epoch = step.checkpoint.meta.epoch
+            marks = [tr.activation_key_in(epoch, a.id) for a in step.ready]
+        try:
+            ckpt = rt.store.commit(step.checkpoint, expected_seq=latest.seq, dispatching=marks)
+        except CommitConflict:
+            latest = None
+            time.sleep(random.random() / 1000)
+            continue
+        except StaleAttempt:
+            return None
+        if ckpt.status is not RunStatus.RUNNING:
+            rt.coord.notify_stopped(run_id, ckpt.status.value)
+            if ckpt.status.finished and ckpt.meta.parent is not None:
+                on_child_finished(rt, ckpt)
+        return ckpt, built
+    raise CommitConflict(f"run {run_id}: too many concurrent commits", run_id=run_id)
+
+
+def commit_status(
+    rt: Runtime, run_id: str, event: str, status: RunStatus, **meta: Any
+) -> Checkpoint:
+    """Commit a status-only checkpoint (cancel, pause) with compare-and-set."""
+    done = commit(rt, run_id, lambda c: tr.Transition(tr.status_change(c, event, status, **meta)))
+    assert done is not None
+    return done[0]
 
 
 def allowed_flow(rt: Runtime, latest: Checkpoint) -> Any | None:
@@ -125,7 +228,7 @@ def allowed_flow(rt: Runtime, latest: Checkpoint) -> Any | None:
     The run names its flow by display name (the task names' prefix) and import
     path; both must match a class this worker imported from its allow-list.
     """
-    flow_cls = rt.flows.get(str(latest.meta.get("name")))
+    flow_cls = rt.flows.get(str(latest.meta.name))
     if flow_cls is None or flow_cls.flow_path() != latest.flow:
         return None
     return flow_cls
@@ -142,377 +245,169 @@ def fail_not_allowed(rt: Runtime, run_id: str, detail: str = "") -> FlowNotAllow
         run_id=run_id,
         flow=latest.flow,
     )
-
-    def build(c: Checkpoint) -> tr.Transition | None:
-        if c.status is not RunStatus.RUNNING:
-            return None
-        return tr.Transition(_failed_run(c, err))
-
+    if commit(rt, run_id, lambda c: lifecycle.run_failed(c, err)) is None:
+        return None
     log.error("run %s failed: %s", run_id, err)
-    return err if _commit(rt, run_id, build) is not None else None
+    return err
 
 
-def start_run(rt: Runtime, run_id: str) -> list[str]:
-    """Check a new run's flow against the allow-list and dispatch its starts.
+def emit(
+    ckpt: Checkpoint, kind: str, method: str | None, listeners: Any = (), **fields: Any
+) -> None:
+    """Tell the flow's and the process's event listeners about ``ckpt``'s run."""
+    event = ev.FlowEvent(
+        type=kind, run_id=ckpt.run_id, flow=str(ckpt.meta.name), method=method, **fields
+    )
+    ev.emit(event, listeners)
 
-    Body of the ``runner.start_run`` task (``submit`` dispatches the starts itself;
-    the steps check the allow-list when they run).
+
+# --- child runs -----------------------------------------------------------------------------
+
+
+def start_child(
+    rt: Runtime, parent_run_id: str, epoch: int, child: ChildRun, result: StepResult
+) -> dict[str, Any]:
+    """Link the parent's activation of ``result`` to its child run and make sure the
+    child runs.
+
+    Idempotent: a redelivered step links the same child again (no new checkpoint), and
+    the child's steps are sent once (dispatch markers). A child that already exists is
+    not started again: if it succeeded the parent's activation commits now; if it failed
+    or was cancelled (the parent is being resumed) it is resumed at its first unfinished
+    task. ``epoch`` is the parent's epoch the attempt ran in (a stale attempt changes
+    nothing).
     """
-    latest = rt.coord.read(run_id)
-    if latest is None:
-        raise RunNotFound(f"no run {run_id}", run_id=run_id)
-    flow_cls = allowed_flow(rt, latest)
-    if flow_cls is None:
-        err = fail_not_allowed(rt, run_id)
-        if err is not None:
-            raise err
+    act = result.activation
+    child_id = child_run_id(parent_run_id, act.id)
+    reply: dict[str, Any] = {"run_id": parent_run_id, "step": act.id, "child": child_id}
+    try:
+        child_cls = _flow_class(rt, child.name, child.flow)
+    except RunnerError as exc:
+        _fail_parent(rt, parent_run_id, act.id, exc, None)
+        return {**reply, "failed": type(exc).__name__}
+    link = lifecycle.child_link(child, child_id, result)
+    commit(rt, parent_run_id, lambda latest: lifecycle.child_linked(latest, epoch, act.id, link))
+    parent = rt.store.latest(parent_run_id)
+    if parent is None or parent.meta.epoch != epoch or lifecycle.waiting_on(parent, act.id) is None:
+        return {**reply, "skipped": "the activation is no longer waiting"}
+    existing = rt.store.latest(child_id)
+    if existing is None:
+        first = first_checkpoint(child_cls, {**child.inputs, "id": child_id})
+        first.checkpoint.meta.parent = ParentLink(run_id=parent_run_id, activation=act.id)
+        with contextlib.suppress(CommitConflict):  # an earlier attempt created it
+            rt.store.commit(first.checkpoint, expected_seq=0)
+    elif existing.status is RunStatus.SUCCEEDED:
+        return {**reply, "dispatched": on_child_finished(rt, existing)}
+    elif existing.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+        # The parent is being resumed: so is its child, at its first unfinished task.
+        resumed = commit(rt, child_id, _resume_stopped)
+        if resumed is not None:
+            ckpt, step = resumed
+            dispatch(rt, child.name, child_id, ckpt.meta.epoch, step.ready)
+        return {**reply, "resumed": True}
+    created = rt.store.latest(child_id)
+    return {**reply, "dispatched": dispatch_pending(rt, created) if created else []}
+
+
+def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
+    """After a run ended: if it is a child, commit (or fail) the parent activation waiting
+    on it and dispatch what became ready. Returns the activations dispatched.
+
+    Idempotent and safe to call for any checkpoint: it does nothing unless ``child``
+    ended a child run whose parent is running and still waits on exactly this child.
+    """
+    link = child.meta.parent
+    if link is None or not child.status.finished:
         return []
-    if latest.status is not RunStatus.RUNNING:
+    parent = rt.store.latest(link.run_id)
+    if parent is None or lifecycle.waiting_on(parent, link.activation) != child.run_id:
         return []
-    pending = orch.pending(tr.record_of(latest))
-    return dispatch(rt, flow_cls.flow_name(), run_id, _epoch(latest), pending)
-
-
-@dataclass
-class _Lease:
-    """An attempt's lease on an activation, released on exit unless the commit dropped it."""
-
-    rt: Runtime
-    run_id: str
-    key: str
-    token: str
-    held: bool
-
-    def release(self) -> None:
-        if self.held:
-            self.held = False
-            self.rt.coord.release(self.run_id, self.key, self.token)
-
-    def __enter__(self) -> _Lease:
-        return self
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        try:
-            self.release()
-        except RunnerError:
-            if exc_type is None:
-                raise
-            # Already failing: keep that error; the lease lapses by itself.
-            log.warning("could not release lease %s of run %s", self.key, self.run_id)
-
-
-def execute(
-    rt: Runtime, task: Any, flow_cls: Any, run_id: str, activation: str, epoch: int, attempt: int
-) -> dict[str, Any]:
-    """Body of every step task (see the module docstring)."""
-    key, token = _key(epoch, activation), attempt_token()
-    latest, outcome, holder = rt.coord.begin(run_id, key, token)
-    with _Lease(rt, run_id, key, token, held=outcome == OK) as lease:
-        if latest is None or _epoch(latest) != epoch:
-            return {"skipped": "unknown run or stale epoch"}
-        act = orch.pending_activation(tr.record_of(latest), activation)
-        if act is None or outcome == DONE:
-            return {"skipped": "already committed", "sent": dispatch_pending(rt, latest)}
-        if latest.status is not RunStatus.RUNNING:
-            return {"skipped": f"run is {latest.status.value}"}
-        if latest.flow != flow_cls.flow_path():
-            lease.release()
-            fail_not_allowed(rt, run_id, f"{flow_cls.flow_name()} here is {flow_cls.flow_path()}")
-            return {"run_id": run_id, "step": activation, "failed": FlowNotAllowed.__name__}
-        if outcome == HELD:
-            if not (holder_is_dead(holder) and rt.coord.take_over(run_id, key, holder, token)):
-                raise task.retry(countdown=rt.settings.lease_seconds / 2, max_retries=None)
-            log.warning("run %s step %s: took over from dead attempt %s", run_id, act.id, holder)
-            lease.held = True
-        return _run(rt, task, flow_cls, latest, act, lease, attempt)
-
-
-def _run(
-    rt: Runtime,
-    task: Any,
-    flow_cls: Any,
-    latest: Checkpoint,
-    act: Activation,
-    lease: _Lease,
-    attempt: int,
-) -> dict[str, Any]:
-    """Run the method of ``act`` on ``latest``'s state and commit what it did."""
-    run_id, flow, graph = latest.run_id, flow_cls(), flow_cls.graph()
-    record, epoch = tr.record_of(latest), _epoch(latest)
-    _emit(flow, run_id, ev.METHOD_STARTED, act.method, data={"attempt": attempt})
-    with rt.coord.heartbeat(run_id, lease.key, lease.token):
-        arg = orch.argument_for(graph, record, act)
-        with child.deferring():  # run_crew returns a ChildRun marker instead of blocking
-            result = run_step(flow, graph, act, dict(latest.state), arg)
-        result.attempts = attempt
-        marker = child.ChildRun.from_output(result.output) if result.error is None else None
-        if marker is not None:
-            return child.start_child(
-                rt,
-                run_id,
-                act,
-                epoch,
-                marker,
-                base_state=result.base_state,
-                new_state=result.new_state,
-            )
-        if result.paused is not None:
-            reason = result.paused
-            _commit(rt, run_id, lambda c: _paused(c, epoch, act, reason))
-            _emit(flow, run_id, ev.FLOW_PAUSED, act.method, data={"reason": reason})
-            return {"run_id": run_id, "step": act.id, "paused": reason}
-        if result.error is not None:
-            return _on_error(rt, task, flow, epoch, act, result, lease, attempt)
-        reducers = reducers_for(flow_cls.state_type())
-        committed = _commit(
-            rt,
-            run_id,
-            lambda c: _done(graph, reducers, c, epoch, act, result, lease.token),
-            first=latest,
-            mark_ready=True,
+    if child.status is not RunStatus.SUCCEEDED:
+        why = f"{child.error.type}: {child.error.message}" if child.error else child.status.value
+        err = ChildRunFailed(
+            f"child run {child.run_id} {child.status.value} at {child.step}: {why}",
+            run_id=child.run_id,
+            step=child.step,
         )
+        _fail_parent(rt, link.run_id, link.activation, err, child.run_id)
+        return []
+    parent_cls = _flow_class(rt, str(parent.meta.name), str(parent.flow))
+    child_cls = _flow_class(rt, str(child.meta.name), str(child.flow))
+    result_of = getattr(child_cls, "result_of", None)
+    output = (
+        result_of(child.state) if callable(result_of) else orch.last_output(tr.record_of(child))
+    )
+    graph, reducers = parent_cls.graph(), reducers_for(parent_cls.state_type())
+    committed = commit(
+        rt,
+        link.run_id,
+        lambda latest: lifecycle.child_finished(
+            graph, latest, link.activation, child.run_id, output, reducers
+        ),
+        mark_ready=True,
+    )
     if committed is None:
-        return {"skipped": "another attempt committed"}
-    lease.held = False  # the commit dropped it
-    ckpt, step = committed
-    for name in step.conflicts:
-        log.warning(
-            "run %s: state field %r written by parallel steps; last commit (%s) wins",
-            run_id,
-            name,
-            act.id,
-        )
-        _emit(flow, run_id, ev.STATE_CONFLICT, act.method, data={"field": name})
-    _emit(flow, run_id, ev.METHOD_FINISHED, act.method, duration=result.duration)
-    sent = []
-    if ckpt.status is RunStatus.RUNNING:  # the commit marked them dispatched
-        sent = send(rt, flow_cls.flow_name(), run_id, _epoch(ckpt), step.ready)
-    elif ckpt.status is RunStatus.SUCCEEDED:
-        _emit(flow, run_id, ev.FLOW_FINISHED, None)
-    return {"run_id": run_id, "step": act.id, "seq": ckpt.seq, "dispatched": sent}
-
-
-def _done(
-    graph: Any,
-    reducers: Any,
-    latest: Checkpoint,
-    epoch: int,
-    act: Activation,
-    result: StepResult,
-    token: str,
-) -> tr.Transition | None:
-    if not _in_flight(latest, epoch, act):
-        return None
-    assert result.new_state is not None
-    return tr.step_done(
-        graph,
-        latest,
-        act,
-        base_state=result.base_state,
-        new_state=result.new_state,
-        output=result.output,
-        label=result.label,
-        reducers=reducers,
-        attempt=token,
-    )
-
-
-def _paused(latest: Checkpoint, epoch: int, act: Activation, reason: str) -> tr.Transition | None:
-    if not _in_flight(latest, epoch, act):
-        return None
-    return tr.step_paused(latest, act, reason)
-
-
-def _on_error(
-    rt: Runtime,
-    task: Any,
-    flow: Any,
-    epoch: int,
-    act: Activation,
-    result: StepResult,
-    lease: _Lease,
-    attempt: int,
-) -> dict[str, Any]:
-    """Retry the step with backoff, or fail the run once its retries are spent."""
-    assert result.error is not None
-    run_id = lease.run_id
-    spec = flow.graph().methods[act.method]
-    retries = spec.retries if spec.retries is not None else rt.settings.step_retries
-    described = f"{type(result.error).__name__}: {result.error}"
-    if attempt <= retries:
-        base = spec.retry_backoff if spec.retry_backoff is not None else rt.settings.retry_backoff
-        delay = min(base * 2 ** (attempt - 1), rt.settings.retry_backoff_max)
-        delay *= 0.5 + random.random() / 2
-        # Free the lease for the retry and date the marker to when the retry is due,
-        # so the recovery pass does not take a waiting retry for a lost message.
-        lease.release()
-        rt.coord.redispatch_stamp(run_id, lease.key, at=time.time() + delay)
-        log.warning(
-            "run %s step %s attempt %d failed (%s); retrying in %.2fs",
-            run_id,
-            act.id,
-            attempt,
-            described,
-            delay,
-        )
-        raise task.retry(
-            kwargs={**task.request.kwargs, "attempt": attempt + 1},
-            countdown=delay,
-            max_retries=None,
-        )
-    error = StepError.from_exception(result.error, attempt)
-
-    def build(latest: Checkpoint) -> tr.Transition | None:
-        if not _in_flight(latest, epoch, act):
-            return None
-        status = RunStatus.FAILED if latest.status is RunStatus.RUNNING else latest.status
-        return tr.step_failed(latest, act, error, status=status)
-
-    _commit(rt, run_id, build)
-    _emit(flow, run_id, ev.METHOD_FAILED, act.method, duration=result.duration, error=described)
-    _emit(flow, run_id, ev.FLOW_FAILED, None, error=described)
-    return {"run_id": run_id, "step": act.id, "failed": error.type, "attempts": attempt}
-
-
-def _commit(
-    rt: Runtime,
-    run_id: str,
-    build: Callable[[Checkpoint], tr.Transition | None],
-    *,
-    first: Checkpoint | None = None,
-    mark_ready: bool = False,
-) -> tuple[Checkpoint, tr.Transition] | None:
-    """Compare-and-set loop: rebuild on the newest checkpoint until the commit lands.
-
-    ``first`` is a checkpoint the caller already read, tried before re-reading.
-    ``mark_ready``: the same atomic commit marks the activations it makes ready
-    dispatched (when the run goes on running), for the caller to :func:`send`.
-    ``None`` when ``build`` declines or another attempt of the step committed.
-    Tells waiters when the committed checkpoint stops the run.
-    """
-    latest = first
-    for _ in range(200):
-        if latest is None:
-            latest = rt.coord.read(run_id)
-            if latest is None:
-                raise RunNotFound(f"no run {run_id}", run_id=run_id)
-        step = build(latest)
-        if step is None:
-            return None
-        marks: list[str] = []
-        if mark_ready and step.checkpoint.status is RunStatus.RUNNING:
-            marks = [_key(_epoch(step.checkpoint), a.id) for a in step.ready]
-        try:
-            ckpt = rt.store.commit(step.checkpoint, expected_seq=latest.seq, dispatching=marks)
-        except CommitConflict:
-            latest = None
-            time.sleep(random.random() / 1000)
-            continue
-        except StaleAttempt:
-            return None
-        if ckpt.status is not RunStatus.RUNNING:
-            rt.coord.notify_stopped(run_id, ckpt.status.value)
-            if ckpt.status.finished and "parent" in ckpt.meta:
-                child.on_child_finished(rt, ckpt)
-        return ckpt, step
-    raise CommitConflict(f"run {run_id}: too many concurrent commits", run_id=run_id)
-
-
-def commit_status(
-    rt: Runtime, run_id: str, event: str, status: RunStatus, **meta: Any
-) -> Checkpoint:
-    """Commit a status-only checkpoint (cancel, pause) with compare-and-set."""
-    done = _commit(rt, run_id, lambda c: tr.Transition(tr.status_change(c, event, status, **meta)))
-    assert done is not None
-    return done[0]
-
-
-def dispatch_pending(rt: Runtime, latest: Checkpoint) -> list[str]:
-    """Dispatch (idempotently) a running run's in-flight steps not yet sent: after a
-    redelivery, what the first commit made ready; for a new child run, its starts."""
-    if latest.status is not RunStatus.RUNNING:
         return []
-    name = str(latest.meta.get("name"))
-    pending = orch.pending(tr.record_of(latest))
-    return dispatch(rt, name, latest.run_id, _epoch(latest), pending)
+    ckpt, step = committed
+    emit(ckpt, ev.METHOD_FINISHED, ckpt.step)
+    if ckpt.status is RunStatus.SUCCEEDED:
+        emit(ckpt, ev.FLOW_FINISHED, None)
+    if ckpt.status is not RunStatus.RUNNING:
+        return []
+    return send(rt, parent_cls.flow_name(), link.run_id, ckpt.meta.epoch, step.ready)
 
 
-def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
-    """Re-dispatch in-flight steps whose lease expired or that were never sent.
+def waiting_children(rt: Runtime, latest: Checkpoint) -> set[str]:
+    """In-flight activations of ``latest``'s run that wait on a live child run.
 
-    Run by every worker every ``recovery_interval`` (one at a time, by a lock)
-    and by ``runner recover`` (``force``: no lock). Runs of flows this worker did
-    not register are left to workers that did. Returns run id -> re-sent ids.
+    For the recovery pass: these must not be re-dispatched. A linked child that already
+    ended is reported to the parent here (a lost notification) and also skipped; one that
+    does not exist (a crash before it was created) is not waiting, so recovery re-runs
+    the parent's method, which creates it.
     """
-    interval = rt.settings.recovery_interval
-    if not force and not rt.coord.try_lock(interval * 0.9):
-        return {}
-    resent: dict[str, list[str]] = {}
-    for run_id in rt.coord.active_runs():
-        latest = rt.coord.read(run_id)
-        if latest is None or latest.status is not RunStatus.RUNNING:
+    found = set()
+    for act_id in latest.meta.children:
+        child_id = lifecycle.waiting_on(latest, act_id)
+        if child_id is None:
             continue
-        flow_cls = allowed_flow(rt, latest)
-        if flow_cls is None:
+        child = rt.store.latest(child_id)
+        if child is None:
             continue
-        stale = _stale(rt, latest)
-        if stale and "children" in latest.meta:
-            waiting = child.waiting(rt, latest)
-            stale = [act for act in stale if act.id not in waiting]
-        if stale:
-            epoch = _epoch(latest)
-            resent[run_id] = dispatch(rt, flow_cls.flow_name(), run_id, epoch, stale, force=True)
-    return resent
+        if child.status.finished:
+            on_child_finished(rt, child)
+        found.add(act_id)
+    return found
 
 
-def _stale(rt: Runtime, latest: Checkpoint) -> list[Activation]:
-    """In-flight activations of ``latest`` that nobody runs and no message will bring.
-
-    A lease that expired means its attempt died. With no lease, the activation is
-    taken to be queued (or its retry waiting) until ``lease_seconds`` after it was
-    marked sent; after that its message is presumed lost (its sender died between
-    marking and sending, or a worker died holding it unacknowledged). One never
-    marked (a resume or fork whose caller died before dispatching) counts from the
-    latest checkpoint.
-    """
-    now, grace = time.time(), rt.settings.lease_seconds
-    leases, sent_at = rt.coord.snapshot(latest.run_id)
-    epoch, stale = _epoch(latest), []
-    for act in orch.pending(tr.record_of(latest)):
-        key = _key(epoch, act.id)
-        expiry = leases.get(key)
-        if expiry is not None:
-            if expiry > now:
-                continue
-        elif now - sent_at.get(key, latest.created_at) < grace:
-            continue
-        stale.append(act)
-    return stale
+def _resume_stopped(latest: Checkpoint) -> tr.Transition | None:
+    if latest.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+        return None
+    return tr.resumed(latest, latest, latest.state)
 
 
-def _failed_run(latest: Checkpoint, err: Exception) -> Checkpoint:
-    ckpt = tr.status_change(latest, ev.FLOW_FAILED, RunStatus.FAILED)
-    ckpt.error = StepError(type=type(err).__name__, message=str(err))
-    return ckpt
-
-
-def _in_flight(latest: Checkpoint, epoch: int, act: Activation) -> bool:
-    """Whether ``act`` is still to be committed in ``epoch`` (a resume starts a new one:
-    an attempt from before it commits nothing, the resumed run re-runs the step)."""
-    pending = orch.pending_activation(tr.record_of(latest), act.id)
-    return _epoch(latest) == epoch and pending is not None
-
-
-def _epoch(ckpt: Checkpoint) -> int:
-    return int(ckpt.meta.get("epoch", 0))
-
-
-def _key(epoch: int, activation: str) -> str:
-    return f"{epoch}/{activation}" if epoch else activation
-
-
-def _emit(flow: Any, run_id: str, kind: str, method: str | None, **fields: Any) -> None:
-    ev.emit(
-        ev.FlowEvent(type=kind, run_id=run_id, flow=flow.flow_name(), method=method, **fields),
-        getattr(flow, "_listeners", ()),
+def _fail_parent(
+    rt: Runtime, parent_id: str, act_id: str, error: BaseException, child_id: str | None
+) -> None:
+    """Fail the parent's activation: its child ended badly, or could not be started."""
+    committed = commit(
+        rt, parent_id, lambda latest: lifecycle.child_failed(latest, act_id, error, child_id)
     )
+    if committed is not None:
+        ckpt = committed[0]
+        described = f"{type(error).__name__}: {error}"
+        emit(ckpt, ev.METHOD_FAILED, ckpt.step, error=described)
+        emit(ckpt, ev.FLOW_FAILED, None, error=described)
+        log.error("run %s failed at %s: %s", parent_id, act_id, described)
+
+
+def _flow_class(rt: Runtime, name: str, path: str) -> Any:
+    """The registered flow ``name`` if it is the one at ``path``; else import ``path``
+    (a producer; a worker runs only allow-listed flows)."""
+    known = rt.flows.get(name)
+    if known is not None and known.flow_path() == path:
+        return known
+    if rt.flows:
+        raise FlowNotAllowed(
+            f"flow {path} is not in this worker's allow-list (RUNNER_FLOW_MODULES)", flow=path
+        )
+    return load_flow(path)

@@ -17,19 +17,12 @@ from typing import Any
 
 from celery import Celery, signals
 
-from runner.errors import DefinitionError, FlowImportError, RunnerError
+from runner.errors import DefinitionError, FlowImportError
 from runner.settings import RunnerSettings, get_settings
 
-from .engine import (
-    RECOVER_TASK,
-    START_TASK,
-    Runtime,
-    execute,
-    fail_not_allowed,
-    recover,
-    start_run,
-    task_name,
-)
+from .engine import RECOVER_TASK, Runtime, fail_not_allowed, task_name
+from .recovery import recover
+from .step import execute
 
 log = logging.getLogger("runner.worker")
 
@@ -92,9 +85,14 @@ def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
         limit = spec.time_limit or rt.settings.step_time_limit
 
         def body(
-            task: Any, run_id: str, activation: str, epoch: int = 0, attempt: int = 1
+            task: Any,
+            run_id: str,
+            activation: str,
+            epoch: int = 0,
+            attempt: int = 1,
+            deployment: str | None = None,
         ) -> dict[str, Any]:
-            return execute(rt, task, flow_cls, run_id, activation, epoch, attempt)
+            return execute(rt, task, flow_cls, run_id, activation, epoch, attempt, deployment)
 
         body.__name__ = body.__qualname__ = f"{name}__{method}"
         app.task(
@@ -111,14 +109,6 @@ def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
 
 
 def _register_builtins(app: Celery, rt: Runtime) -> None:
-    @app.task(name=START_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
-    def start(task: Any, run_id: str) -> dict[str, Any]:
-        try:
-            return {"run_id": run_id, "dispatched": start_run(rt, run_id)}
-        except RunnerError as exc:
-            log.error("run %s not started: %s", run_id, exc)
-            return {"run_id": run_id, "error": str(exc)}
-
     @app.task(name=RECOVER_TASK)
     def recover_task() -> dict[str, list[str]]:
         return recover(rt, force=True)
@@ -147,7 +137,7 @@ def _fail_runs_of_unknown_tasks(app: Celery, rt: Runtime) -> None:
             log.warning("unknown task %s with an unexpected body; not a runner step", name)
             return
         latest = rt.coord.read(str(run_id))
-        if latest is None or not name.startswith(f"{latest.meta.get('name')}."):
+        if latest is None or not name.startswith(f"{latest.meta.name}."):
             return  # not one of this deployment's runs, or not its flow's task
         fail_not_allowed(rt, latest.run_id, f"this worker has no task {name}")
 

@@ -186,9 +186,10 @@ class Flow(Generic[StateT]):
         In process the crew runs inline; on workers it is a child run and this method
         completes when the child succeeds, without a worker waiting for it.
         """
-        from runner.crew.child import run_crew
-
-        return run_crew(self, crew, inputs)
+        run_as_child = getattr(crew, "run_as_child", None)
+        if not callable(run_as_child):
+            raise DefinitionError(f"run_crew takes a Crew, not {crew!r}")
+        return run_as_child(self, inputs)
 
     def pause(self, reason: str = "waiting for input") -> None:
         """Pause the run here; ``resume`` with inputs re-runs this method."""

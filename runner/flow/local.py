@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,25 +21,24 @@ from queue import SimpleQueue
 from typing import Any
 
 from runner.checkpointing import FLOW_DEFAULT_EVENTS, CheckpointConfig, Sink, StoreSink
-from runner.errors import (
-    CheckpointNotFound,
-    CycleLimitExceeded,
-    DefinitionError,
-    InvalidInputs,
-    RunNotFound,
-)
+from runner.errors import CheckpointNotFound, InvalidInputs, RunNotFound
 from runner.flow import events as ev
+from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.graph import FlowGraph
+from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import reducers_for
 from runner.flow.steps import StepResult, run_step
 from runner.settings import get_settings
 from runner.store.base import CheckpointStore
-from runner.store.models import Checkpoint, Lineage, RunStatus, StepError
+from runner.store.models import Checkpoint, Lineage, RunStatus
 
 log = logging.getLogger("runner.local")
+
+WORKER = socket.gethostname()
+"""What in-process checkpoints record as their ``worker``."""
 
 
 def kickoff(
@@ -171,7 +171,7 @@ class LocalRun:
         self.settings = get_settings()
         self.latest: Checkpoint | None = None
         self.record: ExecutionRecord | None = None
-        self.failure: StepResult | None = None
+        self.failure: lifecycle.Settled | None = None
         self.paused: Paused | None = None
         self.loop_here = _event_loop_running()
 
@@ -239,68 +239,54 @@ class LocalRun:
         return act, self.latest.state, orch.argument_for(self.graph, self.record, act)
 
     def _attempt(self, act: Activation, base: dict[str, Any], arg: Any) -> StepResult:
+        """Run ``act`` until it does not ask for a retry (on a pool thread)."""
         spec = self.graph.methods[act.method]
-        retries = spec.retries if spec.retries is not None else self.settings.step_retries
-        backoff = spec.retry_backoff if spec.retry_backoff is not None else 0.0
-        for attempt in range(1, retries + 2):
+        attempt = 1
+        while True:
             self._emit(ev.METHOD_STARTED, method=act.method, data={"attempt": attempt})
             result = run_step(self.flow, self.graph, act, base, arg)
             result.attempts = attempt
-            if result.error is None or attempt > retries:
+            if lifecycle.decide(result, spec, self.settings) is not Outcome.RETRY:
                 return result
-            time.sleep(min(backoff * 2 ** (attempt - 1), 60.0) * (0.5 + random.random() / 2))
-        raise AssertionError("unreachable")
+            time.sleep(lifecycle.retry_delay(spec, self.settings, attempt, random.random()))
+            attempt += 1
 
     def _commit(self, result: StepResult) -> list[Activation]:
         """Turn a finished attempt into the next checkpoint; the activations it made ready."""
         assert self.latest is not None
         act = result.activation
-        if result.paused is not None:
+        spec = self.graph.methods[act.method]
+        settled = lifecycle.settle(
+            self.graph,
+            self.latest,
+            result,
+            lifecycle.decide(result, spec, self.settings),
+            epoch=self.latest.meta.epoch,
+            reducers=self.reducers,
+            worker=WORKER,
+            record=self.record,
+        )
+        assert settled is not None  # this thread is the run's only committer
+        self._advance(settled.transition)
+        if settled.outcome is Outcome.PAUSED:
+            assert result.paused is not None
             self.paused = self.paused or Paused(self.run_id, act.method, result.paused)
-            self._advance(tr.step_paused(self.latest, act, result.paused, record=self.record))
             return []
-        step = None
-        if result.error is None:
-            assert result.new_state is not None
-            try:
-                step = tr.step_done(
-                    self.graph,
-                    self.latest,
-                    act,
-                    base_state=result.base_state,
-                    new_state=result.new_state,
-                    output=result.output,
-                    label=result.label,
-                    reducers=self.reducers,
-                    record=self.record,
-                )
-            except (CycleLimitExceeded, DefinitionError) as exc:
-                result.error = exc  # e.g. a loop past max_calls: this step fails the run
-        if step is None:
-            return self._fail(result)
-        self._advance(step)
-        for field in step.conflicts:
+        if settled.outcome is Outcome.FAILED:
+            assert settled.error is not None
+            self.failure = self.failure or settled
+            self._emit(
+                ev.METHOD_FAILED,
+                method=act.method,
+                duration=result.duration,
+                error=_describe(settled.error),
+            )
+            return []
+        for field in settled.transition.conflicts:
             self._emit(ev.STATE_CONFLICT, method=act.method, data={"field": field})
             log.warning("state field %r written by parallel steps; last commit wins", field)
         self._emit(ev.METHOD_FINISHED, method=act.method, duration=result.duration)
-        return step.ready
-
-    def _fail(self, result: StepResult) -> list[Activation]:
-        assert self.latest is not None and result.error is not None
-        act = result.activation
-        self.failure = self.failure or result
-        error = StepError.from_exception(result.error, result.attempts)
-        failed = tr.step_failed(
-            self.latest, act, error, status=RunStatus.FAILED, record=self.record
-        )
-        self._advance(failed)
-        self._emit(
-            ev.METHOD_FAILED,
-            method=act.method,
-            duration=result.duration,
-            error=_describe(result.error),
-        )
-        return []
+        return settled.transition.ready
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if ev.wanted(self.flow._listeners):

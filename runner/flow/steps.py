@@ -26,6 +26,12 @@ from runner.flow.state import dump_state
 current_state: contextvars.ContextVar[Any] = contextvars.ContextVar("runner_step_state")
 """The state object of the step running in this thread or task."""
 
+current_activation: contextvars.ContextVar[tuple[Any, Activation] | None] = contextvars.ContextVar(
+    "runner_step_activation", default=None
+)
+"""The flow object and activation of the step running in this thread or task (child runs
+derive their id from it)."""
+
 
 @dataclass
 class StepResult:
@@ -51,6 +57,7 @@ def run_step(
     began = time.perf_counter()
     result = StepResult(activation, base_state)
     token = None
+    running = current_activation.set((flow, activation))
     try:
         # A private copy (no list or dict shared with ``base_state``): changes a parallel
         # branch makes in place cannot leak into this step, nor a failed step's into the run.
@@ -70,6 +77,7 @@ def run_step(
     finally:
         if token is not None:
             current_state.reset(token)
+        current_activation.reset(running)
         result.duration = time.perf_counter() - began
     return result
 

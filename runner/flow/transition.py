@@ -17,7 +17,7 @@ from runner.flow import orchestrator as orch
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import Reducer, apply_changes, diff
-from runner.store.models import Checkpoint, RunStatus, StepError
+from runner.store.models import Checkpoint, RunMeta, RunStatus, StepError
 
 
 @dataclass
@@ -39,8 +39,8 @@ def record_of(ckpt: Checkpoint) -> ExecutionRecord:
 def with_record(ckpt: Checkpoint, record: ExecutionRecord, **update: Any) -> Checkpoint:
     """A new checkpoint (fresh id) carrying ``record`` and ``update``.
 
-    Its ``state`` and ``meta`` are new dicts (unless given); values inside are shared with
-    ``ckpt``, which is safe as checkpoints' JSON is replaced, never changed in place.
+    Its ``state`` is a new dict and its ``meta`` a new model (unless given); values inside
+    are shared with ``ckpt``, which is safe as checkpoints are replaced, never changed in place.
     """
     fields: dict[str, Any] = {
         "id": ids.checkpoint_id(),
@@ -52,11 +52,14 @@ def with_record(ckpt: Checkpoint, record: ExecutionRecord, **update: Any) -> Che
         "activation": None,
         "attempt": None,
         "error": None,
+        "worker": None,
+        "duration": None,
+        "attempts": None,
         "created_at": time.time(),
     }
     fields.update(update)
     fields.setdefault("state", dict(ckpt.state))
-    fields.setdefault("meta", dict(ckpt.meta))
+    fields.setdefault("meta", ckpt.meta.model_copy())
     return ckpt.model_copy(update=fields)
 
 
@@ -71,7 +74,7 @@ def start(
         state=state,
         flow=flow,
         fingerprint=graph.fingerprint,
-        meta={"name": name, "ready": [a.id for a in ready]},
+        meta=RunMeta(name=name, ready=[a.id for a in ready]),
         **extra,
     )
     return Transition(with_record(base, record, status=RunStatus.RUNNING), ready, record=record)
@@ -88,11 +91,9 @@ def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Tran
         state=state,
         status=RunStatus.RUNNING,
         fingerprint=graph.fingerprint,
-        meta={
-            **latest.meta,
-            "ready": [a.id for a in ready],
-            "epoch": int(latest.meta.get("epoch", 0)) + 1,
-        },
+        meta=latest.meta.model_copy(
+            update={"ready": [a.id for a in ready], "epoch": latest.meta.epoch + 1}
+        ),
     )
     return Transition(ckpt, ready, record=record)
 
@@ -120,11 +121,7 @@ def step_done(
     before = record_of(latest) if record is None else record
     record, ready = orch.complete(graph, before, activation.id, output, label)
     finished = orch.is_finished(record) and latest.status is RunStatus.RUNNING
-    meta = {**latest.meta, "ready": [a.id for a in ready]}
-    if conflicts:
-        meta["conflicts"] = conflicts
-    else:
-        meta.pop("conflicts", None)
+    meta = latest.meta.model_copy(update={"ready": [a.id for a in ready], "conflicts": conflicts})
     ckpt = with_record(
         latest,
         record,
@@ -142,7 +139,12 @@ def step_done(
 
 def activation_key(latest: Checkpoint, activation_id: str) -> str:
     """The store's idempotency key of an activation: unique across restarts of a run id."""
-    epoch = int(latest.meta.get("epoch", 0))
+    return activation_key_in(latest.meta.epoch, activation_id)
+
+
+def activation_key_in(epoch: int, activation_id: str) -> str:
+    """The idempotency key (also the lease and dispatch-marker key) of an activation in
+    ``epoch``: epoch 0 keeps the bare id, so runs that were never resumed read naturally."""
     return f"{epoch}/{activation_id}" if epoch else activation_id
 
 
@@ -179,7 +181,7 @@ def _step_stopped(
     record: ExecutionRecord | None,
     *,
     error: StepError | None = None,
-    **meta: Any,
+    pause_reason: str | None = None,
 ) -> Transition:
     """A checkpoint of a step that did not complete: nothing becomes ready."""
     record = record_of(latest) if record is None else record
@@ -190,7 +192,7 @@ def _step_stopped(
         step=activation.method,
         status=status,
         error=error,
-        meta={**latest.meta, "ready": [], **meta},
+        meta=latest.meta.model_copy(update={"ready": [], "pause_reason": pause_reason}),
     )
     return Transition(ckpt, record=record)
 
@@ -211,14 +213,15 @@ def resumed(latest: Checkpoint, source: Checkpoint, state: dict[str, Any]) -> Tr
         step=None,
         state=state,
         status=RunStatus.RUNNING,
-        meta={
-            **source.meta,
-            "ready": [a.id for a in pending],
-            "epoch": max(int(latest.meta.get("epoch", 0)), int(source.meta.get("epoch", 0))) + 1,
-            "resumed_from": source.id,
-        },
+        meta=source.meta.model_copy(
+            update={
+                "ready": [a.id for a in pending],
+                "epoch": max(latest.meta.epoch, source.meta.epoch) + 1,
+                "resumed_from": source.id,
+                "pause_reason": None,
+            }
+        ),
     )
-    ckpt.meta.pop("pause_reason", None)
     return Transition(ckpt, pending, record=record)
 
 
@@ -230,12 +233,13 @@ def status_change(
     record: ExecutionRecord | None = None,
     **meta: Any,
 ) -> Checkpoint:
-    """A checkpoint that only changes the run's status (cancel, pause, resume)."""
+    """A checkpoint that only changes the run's status (cancel, pause, resume); ``meta``
+    sets :class:`RunMeta` fields."""
     return with_record(
         latest,
         record_of(latest) if record is None else record,
         event=event,
         step=None,
         status=status,
-        meta={**latest.meta, **meta, "ready": []},
+        meta=latest.meta.model_copy(update={**meta, "ready": []}),
     )

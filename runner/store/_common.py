@@ -82,14 +82,13 @@ def run_info_after(
 
     Status, latest id, seq, event, step and error (``Type: message``, or none)
     come from the checkpoint; ``flow`` too when the checkpoint has one. Name
-    (``meta["name"]``) and lineage are taken from the run's first checkpoint.
+    (``meta.name``) and lineage are taken from the run's first checkpoint.
     ``created_at`` is the first commit's time, ``updated_at`` this commit's.
     """
     now = time.time() if now is None else now
     if previous is None:
         info = RunInfo(run_id=checkpoint.run_id, created_at=now)
-        name = checkpoint.meta.get("name")
-        info.name = str(name) if name else None
+        info.name = checkpoint.meta.name or None
         if checkpoint.lineage is not None:
             info.parent_run_id = checkpoint.lineage.parent_run_id
             info.parent_checkpoint_id = checkpoint.lineage.parent_checkpoint_id

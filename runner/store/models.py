@@ -63,6 +63,54 @@ class Lineage(BaseModel):
     """A label the user gave the fork."""
 
 
+class ParentLink(BaseModel):
+    """A child run's link to the parent activation waiting on it."""
+
+    run_id: str
+    activation: str
+
+
+class ChildLink(BaseModel):
+    """A parent activation's link to the child run it started (e.g. a crew)."""
+
+    run_id: str
+    flow: str
+    """Import path of the child."""
+    name: str
+    """The child's flow name (the workers' registry key)."""
+    waiting: bool = True
+    """True until the activation commits with the child's output."""
+    before: dict[str, Any] = Field(default_factory=dict)
+    """State fields the method changed before it started the child: their old values."""
+    after: dict[str, Any] = Field(default_factory=dict)
+    """... and their new values (applied when the activation commits)."""
+
+
+class RunMeta(BaseModel):
+    """What the engine keeps about a run beside its state and record, in every checkpoint."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str | None = None
+    """The flow's display name: the prefix of its Celery task names, the workers' registry key."""
+    epoch: int = 0
+    """Bumped by every resume and restart: an attempt from an earlier epoch commits nothing."""
+    ready: list[str] = Field(default_factory=list)
+    """Activations this checkpoint made ready (to dispatch after the commit)."""
+    parent: ParentLink | None = None
+    """Set on a child run."""
+    children: dict[str, ChildLink] = Field(default_factory=dict)
+    """Activation id -> the child run it started."""
+    resumed_from: str | None = None
+    """The checkpoint a resume continued from."""
+    forked_from: str | None = None
+    """The checkpoint a fork started from."""
+    pause_reason: str | None = None
+    """Why the run waits for a human."""
+    conflicts: list[str] = Field(default_factory=list)
+    """State fields this commit overwrote that a parallel step had also written."""
+
+
 class Checkpoint(BaseModel):
     """One durable snapshot of a run, written when a step or the run changes."""
 
@@ -104,8 +152,14 @@ class Checkpoint(BaseModel):
     """Unix time the checkpoint was made."""
     error: StepError | None = None
     """The error, when the event is a failure."""
-    meta: dict[str, Any] = Field(default_factory=dict)
-    """Free-form extras (child runs, pause reason, warnings)."""
+    meta: RunMeta = Field(default_factory=RunMeta)
+    """What the engine keeps about the run: name, epoch, ready steps, parent/children."""
+    worker: str | None = None
+    """Host name of the worker (or process) that ran the step of this checkpoint."""
+    duration: float | None = None
+    """Seconds the step's method ran (its last attempt)."""
+    attempts: int | None = None
+    """Attempts the step took (1 = first try)."""
 
 
 class RunInfo(BaseModel):

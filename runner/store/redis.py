@@ -380,8 +380,8 @@ def _meta_always(ckpt: Checkpoint) -> dict[str, str]:
 
 def _meta_once(ckpt: Checkpoint) -> dict[str, str]:
     meta: dict[str, str] = {}
-    if name := ckpt.meta.get("name"):
-        meta["name"] = str(name)
+    if name := ckpt.meta.name:
+        meta["name"] = name
     if ckpt.lineage is not None:
         meta["parent_run_id"] = ckpt.lineage.parent_run_id
         meta["parent_checkpoint_id"] = ckpt.lineage.parent_checkpoint_id

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from runner import Flow, FlowState, listen, start
-from runner.crew import Crew, RunsCrews, Task, TaskInput
+from runner.crew import Crew, Task, TaskInput
 
 _client: redis.Redis | None = None
 
@@ -74,7 +74,7 @@ class PipelineState(FlowState):
     fail_once: str = ""
 
 
-class CrewPipeline(RunsCrews, Flow[PipelineState]):
+class CrewPipeline(Flow[PipelineState]):
     """Four stages, each a crew of three tasks; a stage's topic is the previous result."""
 
     def _inputs(self, topic: str) -> dict[str, Any]:
@@ -95,3 +95,26 @@ class CrewPipeline(RunsCrews, Flow[PipelineState]):
     @listen(stage3)
     def stage4(self, previous: dict[str, Any]) -> Any:
         return self.run_crew(crew_d, self._inputs(previous["raw"]))
+
+
+class HostState(FlowState):
+    topic: str = ""
+    tag: str = ""
+    fail_once: str = ""
+    notes: str = ""
+    summary: str = ""
+
+
+class HostFlow(Flow[HostState]):
+    """Writes a note, runs crew_a as a child, then summarises the crew's output."""
+
+    @start()
+    def stage(self) -> Any:
+        self.state.notes = "written before the crew"
+        inputs = {"topic": self.state.topic, "tag": self.state.tag}
+        return self.run_crew(crew_a, {**inputs, "fail_once": self.state.fail_once})
+
+    @listen(stage)
+    def finish(self, crew_output: dict[str, Any]) -> str:
+        self.state.summary = crew_output["raw"]
+        return "done"

@@ -1,0 +1,148 @@
+"""The JSON API under ``/api`` (OpenAPI document: ``/api/openapi.json``).
+
+Reads return the same dicts the pages render; actions call the CLI's Python API. Every
+error is a 4xx/5xx with ``{"error": {"type": ..., "message": ..., ...}}``; an invalid
+fork names each rejected field in ``error.errors``. With a token, send it as
+``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from runner.store.models import RunStatus
+
+from . import actions, data
+from .app import console_of
+
+router = APIRouter(prefix="/api", tags=["api"])
+
+
+class ResumeBody(BaseModel):
+    """Resume a run (``runner resume``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_checkpoint: str | None = Field(
+        default=None, description="Continue from this checkpoint of the run, not the latest."
+    )
+    inputs: dict[str, Any] = Field(
+        default_factory=dict, description="State fields to set first (e.g. an approval)."
+    )
+
+
+class ForkBody(BaseModel):
+    """Fork a checkpoint into a new run (``runner fork``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    set: dict[str, Any] = Field(default_factory=dict, description="State fields to change.")
+    rerun: list[str] = Field(
+        default_factory=list, description="Steps to run again, with everything downstream."
+    )
+    branch: str | None = Field(default=None, description="A label for the fork.")
+    run_id: str | None = Field(default=None, description="Id of the new run.")
+    outputs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Crews only: task name -> its new output text; later tasks re-run.",
+    )
+
+
+class Started(BaseModel):
+    """The run an action started or continued."""
+
+    run_id: str
+    status: RunStatus
+
+
+class Cancelled(Started):
+    """A cancelled run and the checkpoint that records it."""
+
+    checkpoint: str
+
+
+@router.get("/runs", summary="List runs, newest update first")
+def list_runs(
+    request: Request,
+    status: Annotated[RunStatus | None, Query(description="Only runs with this status.")] = None,
+    flow: Annotated[str | None, Query(description="Only this flow (name or path).")] = None,
+    q: Annotated[str | None, Query(description="Text in id, flow, step, error, branch.")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> dict[str, Any]:
+    """Runs with status, flow, times, current step and fork/child links."""
+    store = console_of(request).rt.store
+    return {"runs": data.list_runs(store, status=status, flow=flow, text=q, limit=limit)}
+
+
+@router.get("/runs/{run_id}", summary="One run: graph, timeline, error, children, lineage")
+def get_run(request: Request, run_id: str) -> dict[str, Any]:
+    """Everything the run page shows, as JSON."""
+    console = console_of(request)
+    return data.run_detail(console.rt, run_id, console.flower_url)
+
+
+@router.get("/checkpoints/{ref}", summary="One checkpoint in full")
+def get_checkpoint(request: Request, ref: str) -> dict[str, Any]:
+    """A checkpoint by id (or a run id: its latest): state, outputs, record, error."""
+    return data.checkpoint_view(console_of(request).rt, ref)
+
+
+@router.get("/diff", summary="Compare two checkpoints")
+def get_diff(
+    request: Request,
+    a: Annotated[str, Query(description="Checkpoint (or run) id.")],
+    b: Annotated[str, Query(description="Checkpoint (or run) id.")],
+) -> dict[str, Any]:
+    """State fields added, removed and changed from ``a`` to ``b``; steps done on one side."""
+    return data.diff(console_of(request).rt, a, b)
+
+
+@router.get("/checkpoints/{ref}/fork-form", summary="What a fork of a checkpoint can edit")
+def get_fork_form(request: Request, ref: str) -> dict[str, Any]:
+    """The state model's JSON schema, its fields filled from the checkpoint, crew task
+    outputs, and the flow's steps (for ``rerun``)."""
+    return actions.fork_form(console_of(request).rt, ref)
+
+
+@router.get("/checkpoints/{ref}/rerun", summary="What re-running steps would run")
+def get_rerun(
+    request: Request,
+    ref: str,
+    step: Annotated[list[str] | None, Query(description="A step to re-run (repeatable).")] = None,
+) -> dict[str, Any]:
+    """Every step downstream of ``step`` (run again) and the steps a fork dispatches first."""
+    return actions.rerun_preview(console_of(request).rt, ref, step or [])
+
+
+@router.post("/runs/{run_id}/resume", status_code=202, summary="Resume a run")
+def post_resume(request: Request, run_id: str, body: ResumeBody | None = None) -> Started:
+    """Continue a failed, cancelled or paused run; completed steps are not re-run."""
+    body = body or ResumeBody()
+    handle = actions.resume(console_of(request).rt, run_id, body.from_checkpoint, body.inputs)
+    return Started(run_id=handle.run_id, status=handle.status())
+
+
+@router.post("/runs/{run_id}/cancel", summary="Cancel a run")
+def post_cancel(request: Request, run_id: str) -> Cancelled:
+    """Stop dispatching the run's steps; running steps finish. Resumable later."""
+    ckpt = actions.cancel(console_of(request).rt, run_id)
+    return Cancelled(run_id=run_id, status=ckpt.status, checkpoint=ckpt.id)
+
+
+@router.post("/checkpoints/{ref}/fork", status_code=201, summary="Fork a checkpoint")
+def post_fork(request: Request, ref: str, body: ForkBody) -> Started:
+    """A new run from the checkpoint with edited state; ``rerun`` steps and everything
+    downstream of them run again. The source run is untouched."""
+    handle = actions.fork(
+        console_of(request).rt,
+        ref,
+        body.set,
+        rerun=body.rerun,
+        branch=body.branch,
+        run_id=body.run_id,
+        outputs=body.outputs,
+    )
+    return Started(run_id=handle.run_id, status=handle.status())

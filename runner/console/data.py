@@ -1,0 +1,384 @@
+"""What the console shows, as JSON values: the API returns these dicts, the pages render them.
+
+Everything is read from the checkpoint store; the flow class (for the graph) is imported
+by its path when it can be, and a run whose flow does not import here is shown without
+a graph rather than not at all.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from runner.cli.history import checkpoint_diff
+from runner.distributed.client import load_flow
+from runner.distributed.control import find_checkpoint
+from runner.distributed.engine import Runtime, task_id
+from runner.errors import RunnerError, RunNotFound
+from runner.flow.graph import FlowGraph
+from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
+from runner.store.redis import RedisProvider
+
+HISTORY_LIMIT = 500
+"""Checkpoints of one run shown on its page (newest first)."""
+INDEX_SCAN = 2000
+"""Runs read from the index to find a run's forks (the lineage tree)."""
+_PAGE = 200
+
+
+# --- flows -----------------------------------------------------------------------------------
+
+
+def flow_of(path: str | None) -> tuple[Any, str | None]:
+    """The flow class at ``path`` and ``None``, or ``None`` and why it cannot be loaded here."""
+    if not path:
+        return None, "the run records no flow path"
+    try:
+        flow_cls = load_flow(path)
+        flow_cls.graph()  # a flow that no longer compiles has no graph to show
+    except RunnerError as exc:
+        return None, str(exc)
+    return flow_cls, None
+
+
+# --- runs list -------------------------------------------------------------------------------
+
+
+def _methods_of(activations: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for act in activations:
+        seen.setdefault(act.rpartition("#")[0] or act, None)
+    return list(seen)
+
+
+def run_row(info: RunInfo, latest: Checkpoint | None, now: float | None = None) -> dict[str, Any]:
+    """One run of the list: status, flow, times, current step, fork and child links."""
+    running = info.status in (RunStatus.RUNNING, RunStatus.PENDING)
+    end = (now or time.time()) if running else info.updated_at
+    current = _methods_of(latest.in_flight) if latest is not None and running else []
+    parent = latest.meta.parent if latest is not None else None
+    return {
+        "run_id": info.run_id,
+        "flow": info.flow,
+        "name": info.name or info.flow or "-",
+        "status": info.status.value,
+        "seq": info.seq,
+        "step": ", ".join(current) or info.step,
+        "created_at": info.created_at,
+        "updated_at": info.updated_at,
+        "duration": max(end - info.created_at, 0.0) if info.created_at else None,
+        "parent_run_id": info.parent_run_id,
+        "parent_checkpoint_id": info.parent_checkpoint_id,
+        "branch": info.branch,
+        "child_of": parent.model_dump(mode="json") if parent is not None else None,
+        "children": len(latest.meta.children) if latest is not None else 0,
+        "error": info.error,
+    }
+
+
+def _matches(info: RunInfo, flow: str | None, text: str | None) -> bool:
+    if flow and not (flow in (info.name, info.flow) or (info.flow or "").endswith(f":{flow}")):
+        return False
+    if not text:
+        return True
+    needle = text.lower()
+    hay = (info.run_id, info.flow, info.name, info.step, info.error, info.branch, info.event)
+    return any(needle in value.lower() for value in hay if value)
+
+
+def list_runs(
+    store: RedisProvider,
+    *,
+    status: RunStatus | None = None,
+    flow: str | None = None,
+    text: str | None = None,
+    limit: int = 50,
+) -> list[dict[str, Any]]:
+    """Up to ``limit`` runs, most recently updated first, matching every filter given.
+
+    ``flow`` is a flow name or import path; ``text`` is found (case-insensitively) in
+    the run id, flow, step, error or branch.
+    """
+    found: list[RunInfo] = []
+    offset = 0
+    while len(found) < limit:
+        batch = store.runs(limit=_PAGE, offset=offset, status=status)
+        found += [info for info in batch if _matches(info, flow, text)]
+        if len(batch) < _PAGE:
+            break
+        offset += _PAGE
+    now = time.time()
+    return [run_row(info, store.latest(info.run_id), now) for info in found[:limit]]
+
+
+def flow_names(rows: list[dict[str, Any]]) -> list[str]:
+    """The distinct flow names of ``rows`` (the list's flow filter offers them)."""
+    return sorted({row["name"] for row in rows if row["name"] != "-"})
+
+
+# --- one run ---------------------------------------------------------------------------------
+
+
+def method_states(
+    graph: FlowGraph | None, latest: Checkpoint, error_step: str | None
+) -> list[dict[str, Any]]:
+    """Each method's state (done, running, failed, paused, pending, skipped) and count of
+    completed activations, in the graph's order (or the order seen, without a graph)."""
+    counts: dict[str, int] = {}
+    for act in latest.completed:
+        method = act.rpartition("#")[0]
+        counts[method] = counts.get(method, 0) + 1
+    in_flight = set(_methods_of(latest.in_flight))
+    names = (
+        list(graph.methods)
+        if graph is not None
+        else _methods_of([*latest.completed, *latest.in_flight])
+    )
+    status = latest.status
+    rows = []
+    for name in names:
+        if status is RunStatus.FAILED and name == error_step:
+            state = "failed"
+        elif status is RunStatus.PAUSED and name == latest.step and name in in_flight:
+            state = "paused"
+        elif name in in_flight and status is RunStatus.RUNNING:
+            state = "running"
+        elif counts.get(name):
+            state = "done"
+        elif status is RunStatus.SUCCEEDED:
+            state = "skipped"  # e.g. a router branch not taken
+        else:
+            state = "pending"
+        spec = graph.methods[name] if graph is not None else None
+        kind = "step"
+        if spec is not None and spec.is_router:
+            kind = "router"
+        elif spec is not None and spec.is_start:
+            kind = "start"
+        rows.append({"name": name, "state": state, "count": counts.get(name, 0), "kind": kind})
+    return rows
+
+
+_NODE = re.compile(r'^\s+(\S+?)(?:\(\[|\[|\{)"(.*)"(?:\]\)|\]|\})\s*$')
+_CLASSES = {
+    "done": "fill:#d1f2d8,stroke:#1e7b34,color:#0b3d17",
+    "running": "fill:#d6e8ff,stroke:#1f5fbf,color:#0b2a5c,stroke-width:3px",
+    "failed": "fill:#ffd9d6,stroke:#b3261e,color:#5c0b07,stroke-width:3px",
+    "paused": "fill:#fff1c2,stroke:#a16800,color:#4a3000",
+    "pending": "fill:#f4f4f4,stroke:#8a8a8a,color:#333",
+    "skipped": "fill:#fafafa,stroke:#c8c8c8,color:#999,stroke-dasharray:4 3",
+}
+
+
+def mermaid(graph: FlowGraph, methods: list[dict[str, Any]]) -> str:
+    """The flow's Mermaid chart with each method coloured by state and its count shown."""
+    by_name = {m["name"]: m for m in methods}
+    lines = graph.to_mermaid().splitlines()
+    out = []
+    classes: dict[str, list[str]] = {}
+    for line in lines:
+        match = _NODE.match(line)
+        method = by_name.get(match.group(2)) if match else None
+        if match and method is not None:
+            if method["count"] > 1:
+                label = f"{method['name']} x{method['count']}"
+                line = line.replace(f'"{method["name"]}"', f'"{label}"')
+            classes.setdefault(method["state"], []).append(match.group(1))
+        out.append(line)
+    for state, style in _CLASSES.items():
+        out.append(f"    classDef {state} {style}")
+    for state, nodes in classes.items():
+        out.append(f"    class {','.join(nodes)} {state}")
+    return "\n".join(out) + "\n"
+
+
+def _activation_of(ckpt: Checkpoint) -> str | None:
+    """The activation id (``method#n``) a checkpoint is about, if any."""
+    if ckpt.activation:
+        return ckpt.activation.rpartition("/")[2]  # drop the epoch of an idempotency key
+    if ckpt.step:
+        return next((a for a in ckpt.in_flight if a.rpartition("#")[0] == ckpt.step), None)
+    return None
+
+
+def flower_link(flower_url: str | None, run_id: str, epoch: int, activation: str) -> str | None:
+    """Flower's page of an activation's Celery task (task ids are deterministic)."""
+    if not flower_url:
+        return None
+    return f"{flower_url.rstrip('/')}/task/{task_id(run_id, epoch, activation)}"
+
+
+def timeline_row(ckpt: Checkpoint, flower_url: str | None) -> dict[str, Any]:
+    """One checkpoint of the timeline: event, step, attempts, worker, duration, time."""
+    act = _activation_of(ckpt)
+    return {
+        "id": ckpt.id,
+        "seq": ckpt.seq,
+        "event": ckpt.event,
+        "step": ckpt.step,
+        "activation": act,
+        "status": ckpt.status.value,
+        "attempts": ckpt.attempts or (ckpt.error.attempts if ckpt.error else None),
+        "worker": ckpt.worker,
+        "duration": ckpt.duration,
+        "created_at": ckpt.created_at,
+        "error": f"{ckpt.error.type}: {ckpt.error.message}" if ckpt.error else None,
+        "flower": flower_link(flower_url, ckpt.run_id, ckpt.meta.epoch, act) if act else None,
+    }
+
+
+def last_error(status: RunStatus, history: list[Checkpoint]) -> tuple[StepError, str] | None:
+    """The error that failed the run and its step: the newest failure in its history.
+
+    A failed run's latest checkpoint may be a parallel branch's later commit, which
+    carries no error, so the history (newest first) is searched.
+    """
+    for ckpt in history:
+        if ckpt.error is not None and ckpt.step:
+            return ckpt.error, ckpt.step
+        if ckpt.event == "flow_resumed" or status is not RunStatus.FAILED:
+            break  # an error before a resume is history, not why the run stands here
+    return None
+
+
+def children(store: RedisProvider, latest: Checkpoint) -> list[dict[str, Any]]:
+    """Child runs (e.g. crews) started by the run's methods, with their status."""
+    found = []
+    for activation, link in latest.meta.children.items():
+        child = store.run(link.run_id)
+        found.append(
+            {
+                "activation": activation,
+                "run_id": link.run_id,
+                "name": link.name,
+                "flow": link.flow,
+                "waiting": link.waiting,
+                "status": child.status.value if child is not None else None,
+                "step": child.step if child is not None else None,
+            }
+        )
+    return found
+
+
+def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, Any]:
+    """Everything the run page shows: summary, graph, timeline, error, children, lineage."""
+    info = rt.store.run(run_id)
+    latest = rt.store.latest(run_id)
+    if info is None or latest is None:
+        raise RunNotFound(f"no run {run_id}", run_id=run_id)
+    history = rt.store.history(run_id, limit=HISTORY_LIMIT)
+    flow_cls, problem = flow_of(latest.flow)
+    graph = flow_cls.graph() if flow_cls is not None else None
+    failure = last_error(info.status, history)
+    methods = method_states(graph, latest, failure[1] if failure else None)
+    parent = latest.meta.parent
+    return {
+        "run": run_row(info, latest),
+        "checkpoint": latest.id,
+        "completed": latest.completed,
+        "in_flight": latest.in_flight,
+        "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
+        "graph_error": problem,
+        "methods": methods,
+        "mermaid": mermaid(graph, methods) if graph is not None else None,
+        "error": ({**failure[0].model_dump(mode="json"), "step": failure[1]} if failure else None),
+        "timeline": [timeline_row(c, flower_url) for c in history],
+        "parent": parent.model_dump(mode="json") if parent is not None else None,
+        "children": children(rt.store, latest),
+        "lineage": lineage(rt.store, info),
+        # What the page's diff compares the latest checkpoint with by default: the
+        # checkpoint a fork started from, else the oldest checkpoint kept.
+        "diff_base": info.parent_checkpoint_id or history[-1].id,
+    }
+
+
+# --- lineage ---------------------------------------------------------------------------------
+
+
+def _index(store: RedisProvider) -> dict[str, RunInfo]:
+    found: dict[str, RunInfo] = {}
+    offset = 0
+    while offset < INDEX_SCAN:
+        batch = store.runs(limit=_PAGE, offset=offset)
+        found.update((info.run_id, info) for info in batch)
+        if len(batch) < _PAGE:
+            break
+        offset += _PAGE
+    return found
+
+
+def lineage(store: RedisProvider, info: RunInfo) -> dict[str, Any]:
+    """The fork tree ``info`` belongs to, from its root: each run with its forks grouped
+    under the checkpoint they started from (as CrewAI's checkpoint browser nests them).
+
+    Forks are found in the newest :data:`INDEX_SCAN` runs of the index.
+    """
+    runs = _index(store)
+    runs[info.run_id] = info
+    root = info
+    seen = {root.run_id}
+    while root.parent_run_id and root.parent_run_id not in seen:
+        parent = runs.get(root.parent_run_id) or store.run(root.parent_run_id)
+        if parent is None:
+            break  # the parent run was deleted: the oldest run still here is the root
+        runs[parent.run_id] = parent
+        seen.add(parent.run_id)
+        root = parent
+    forks: dict[str, list[RunInfo]] = {}
+    for run in sorted(runs.values(), key=lambda r: r.created_at):
+        if run.parent_run_id:
+            forks.setdefault(run.parent_run_id, []).append(run)
+    return _node(store, root, forks, info.run_id, set())
+
+
+def _node(
+    store: RedisProvider,
+    run: RunInfo,
+    forks: dict[str, list[RunInfo]],
+    current: str,
+    seen: set[str],
+) -> dict[str, Any]:
+    seen.add(run.run_id)
+    points: dict[str, list[dict[str, Any]]] = {}
+    for fork in forks.get(run.run_id, []):
+        if fork.run_id not in seen and fork.parent_checkpoint_id:
+            node = _node(store, fork, forks, current, seen)
+            points.setdefault(fork.parent_checkpoint_id, []).append(node)
+    at = []
+    for checkpoint_id, nodes in points.items():
+        try:
+            ckpt = store.get(checkpoint_id)
+            where: dict[str, Any] = {"seq": ckpt.seq, "event": ckpt.event, "step": ckpt.step}
+        except RunnerError:  # pruned or corrupt: the fork still shows, without the detail
+            where = {"seq": None, "event": None, "step": None}
+        at.append({"checkpoint_id": checkpoint_id, **where, "runs": nodes})
+    at.sort(key=lambda point: point["seq"] or 0)
+    return {
+        "run_id": run.run_id,
+        "name": run.name or run.flow,
+        "status": run.status.value,
+        "branch": run.branch,
+        "current": run.run_id == current,
+        "forks": at,
+    }
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def checkpoint_view(rt: Runtime, ref: str) -> dict[str, Any]:
+    """One checkpoint in full (by id, or a run id for its latest)."""
+    return find_checkpoint(rt, ref).model_dump(mode="json")
+
+
+def diff(rt: Runtime, a: str, b: str) -> dict[str, Any]:
+    """State fields added, removed, changed from checkpoint ``a`` to ``b``; steps completed
+    on one side only (the same comparison as ``runner diff``)."""
+    first, second = find_checkpoint(rt, a), find_checkpoint(rt, b)
+    return {
+        "a": {"id": first.id, "run_id": first.run_id, "seq": first.seq, "event": first.event},
+        "b": {"id": second.id, "run_id": second.run_id, "seq": second.seq, "event": second.event},
+        **checkpoint_diff(first, second),
+    }

@@ -1,0 +1,48 @@
+"""Jinja filters of the console's templates: times, durations, JSON values."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+
+
+def when(ts: float | None) -> str:
+    """A Unix time as local ``YYYY-mm-dd HH:MM:SS`` (``-`` if unset)."""
+    if not ts:
+        return "-"
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def duration(seconds: float | None) -> str:
+    """``0.42s``, ``4.2s``, ``3m 05s``, ``2h 10m`` (``-`` if unknown)."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds:.2f}s"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+def pretty(value: Any) -> str:
+    """A JSON value as indented JSON text (escaped by the template like any text)."""
+    return json.dumps(value, indent=2, sort_keys=False, ensure_ascii=False)
+
+
+def short(text: str | None, keep: int = 12) -> str:
+    """The start of a long id, enough to tell runs apart in a table."""
+    if not text:
+        return "-"
+    return text if len(text) <= keep else text[:keep] + "…"
+
+
+def install(env: jinja2.Environment) -> None:
+    """Register the filters on ``env``."""
+    env.filters.update(when=when, duration=duration, pretty=pretty, short=short)

@@ -1,0 +1,245 @@
+"""The console's pages and the htmx fragments they poll and swap.
+
+Pages render the same dicts the JSON API returns (:mod:`.data`, :mod:`.actions`).
+Action responses tell htmx where to go next (``HX-Redirect``); a fork form that does not
+validate comes back (422) with each error next to its field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import RedirectResponse, Response
+
+from runner.errors import RunnerError
+from runner.store.models import RunStatus
+
+from . import actions, data
+from .app import console_of, error_response, logged_in
+from .security import safe_next
+
+router = APIRouter(include_in_schema=False)
+
+ACTIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+
+
+def _status(value: str | None) -> RunStatus | None:
+    return RunStatus(value) if value in {s.value for s in RunStatus} else None
+
+
+def _redirect(url: str) -> Response:
+    return Response(status_code=204, headers={"HX-Redirect": url})
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+@router.get("/")
+def runs_page(
+    request: Request,
+    status: str | None = None,
+    flow: str | None = None,
+    q: str | None = None,
+) -> Response:
+    """Every run, filtered by status, flow and text; the table refreshes itself."""
+    console = console_of(request)
+    rows = data.list_runs(console.rt.store, status=_status(status), flow=flow, text=q)
+    every = data.list_runs(console.rt.store, limit=200)
+    return console.page(
+        request,
+        "runs.html",
+        rows=rows,
+        flows=data.flow_names(every),
+        statuses=[s.value for s in RunStatus],
+        filters={"status": status or "", "flow": flow or "", "q": q or ""},
+    )
+
+
+@router.get("/fragments/runs")
+def runs_rows(
+    request: Request,
+    status: str | None = None,
+    flow: str | None = None,
+    q: str | None = None,
+) -> Response:
+    """The rows of the runs table (polled, and swapped in when a filter changes)."""
+    console = console_of(request)
+    rows = data.list_runs(console.rt.store, status=_status(status), flow=flow or None, text=q)
+    return console.page(request, "_runs_rows.html", rows=rows)
+
+
+# --- one run ---------------------------------------------------------------------------------
+
+
+@router.get("/runs/{run_id}")
+def run_page(request: Request, run_id: str) -> Response:
+    """A run: graph, timeline, error, children, lineage, state, diff and actions."""
+    console = console_of(request)
+    run = data.run_detail(console.rt, run_id, console.flower_url)
+    return console.page(request, "run.html", d=run, active=run["run"]["status"] in ACTIVE)
+
+
+@router.get("/fragments/runs/{run_id}/live")
+def run_live(
+    request: Request, run_id: str, seq: int | None = None, status: str | None = None
+) -> Response:
+    """The moving part of a run's page; 204 (nothing to swap) while the run has not moved
+    since the ``seq`` and ``status`` the page shows."""
+    console = console_of(request)
+    info = console.rt.store.run(run_id)
+    if info is not None and info.seq == seq and info.status.value == status:
+        return Response(status_code=204)
+    run = data.run_detail(console.rt, run_id, console.flower_url)
+    return console.page(request, "_run_live.html", d=run, active=run["run"]["status"] in ACTIVE)
+
+
+@router.get("/fragments/checkpoints/{ref}")
+def checkpoint_fragment(request: Request, ref: str) -> Response:
+    """One checkpoint's state, outputs, lineage and error."""
+    console = console_of(request)
+    return console.page(request, "_checkpoint.html", c=data.checkpoint_view(console.rt, ref))
+
+
+@router.get("/fragments/diff")
+def diff_fragment(
+    request: Request,
+    a: Annotated[str, Query()],
+    b: Annotated[str, Query()],
+) -> Response:
+    """The diff between two checkpoints (or runs: their latest)."""
+    console = console_of(request)
+    return console.page(request, "_diff.html", diff=data.diff(console.rt, a.strip(), b.strip()))
+
+
+# --- fork ------------------------------------------------------------------------------------
+
+
+@router.get("/fragments/fork/{ref}")
+def fork_form(request: Request, ref: str) -> Response:
+    """The fork form of a checkpoint, generated from the flow's state model."""
+    console = console_of(request)
+    form = actions.fork_form(console.rt, ref)
+    preview = actions.rerun_preview(console.rt, ref, [])
+    return console.page(
+        request, "_fork_form.html", form=form, errors={}, chosen=[], preview=preview
+    )
+
+
+@router.get("/fragments/rerun/{ref}")
+def rerun_fragment(
+    request: Request, ref: str, rerun: Annotated[list[str] | None, Query()] = None
+) -> Response:
+    """What the chosen re-run steps would run, shown before the fork is confirmed."""
+    console = console_of(request)
+    preview = actions.rerun_preview(console.rt, ref, rerun or [])
+    return console.page(request, "_rerun.html", preview=preview)
+
+
+@router.post("/checkpoints/{ref}/fork")
+async def fork_submit(request: Request, ref: str) -> Response:
+    """Fork from the form: invalid fields come back with their errors, nothing stored."""
+    console = console_of(request)
+    form = await request.form()
+    submitted: dict[str, Any] = {k: v for k, v in form.items() if isinstance(v, str)}
+    rerun = [v for v in form.getlist("rerun") if isinstance(v, str)]
+    spec = actions.fork_form(console.rt, ref)
+    values, errors = actions.parse_form(spec["fields"], submitted)
+    outputs = {
+        task["task"]: submitted[f"output.{task['task']}"]
+        for task in spec["outputs"]
+        if f"output.{task['task']}" in submitted
+    }
+    if not errors:
+        try:
+            handle = actions.fork(
+                console.rt,
+                ref,
+                values,
+                rerun=rerun,
+                branch=submitted.get("branch") or None,
+                run_id=submitted.get("run_id") or None,
+                outputs=outputs,
+            )
+        except actions.FieldErrors as exc:
+            errors = dict(exc.errors)
+        except RunnerError as exc:  # refused as a whole (e.g. the run id is taken)
+            errors = {"_form": f"{type(exc).__name__}: {exc}"}
+        else:
+            return _redirect(f"/runs/{handle.run_id}")
+    # Show what was typed, not the checkpoint's values, next to the errors.
+    for field in spec["fields"]:
+        key = f"field.{field['name']}"
+        if field["kind"] == "boolean":
+            field["value"] = submitted.get(key) == "true"
+        elif key in submitted:
+            field["value"] = submitted[key]
+    for task in spec["outputs"]:
+        task["raw"] = outputs.get(task["task"], task["raw"])
+    spec["branch"], spec["run_id"] = submitted.get("branch", ""), submitted.get("run_id", "")
+    preview = actions.rerun_preview(console.rt, ref, rerun)
+    return console.page(
+        request,
+        "_fork_form.html",
+        status=422,
+        form=spec,
+        errors=errors,
+        chosen=rerun,
+        preview=preview,
+    )
+
+
+# --- resume, cancel --------------------------------------------------------------------------
+
+
+@router.post("/runs/{run_id}/resume")
+def resume_submit(
+    request: Request,
+    run_id: str,
+    inputs: Annotated[str, Form()] = "",
+    from_checkpoint: Annotated[str, Form()] = "",
+) -> Response:
+    """Resume the run (with optional JSON inputs) and reload its page."""
+    console = console_of(request)
+    values = actions.parse_json_object(inputs, "inputs")
+    actions.resume(console.rt, run_id, from_checkpoint.strip() or None, values)
+    return _redirect(f"/runs/{run_id}")
+
+
+@router.post("/runs/{run_id}/cancel")
+def cancel_submit(request: Request, run_id: str) -> Response:
+    """Cancel the run and reload its page."""
+    actions.cancel(console_of(request).rt, run_id)
+    return _redirect(f"/runs/{run_id}")
+
+
+# --- login -----------------------------------------------------------------------------------
+
+
+@router.get("/login")
+def login_page(request: Request, next: str | None = None) -> Response:
+    """The token form (only useful when the console was started with a token)."""
+    console = console_of(request)
+    if console.guard.read_only:
+        return RedirectResponse(safe_next(next), status_code=303)
+    return console.page(request, "login.html", next=safe_next(next), failed=False)
+
+
+@router.post("/login")
+def login_submit(
+    request: Request,
+    token: Annotated[str, Form()],
+    csrf: Annotated[str, Form()] = "",
+    next: Annotated[str, Form()] = "/",
+) -> Response:
+    """Check the token; on success set the session cookie and go on."""
+    console = console_of(request)
+    guard = console.guard
+    if guard.read_only:
+        return RedirectResponse("/", status_code=303)
+    if not guard.csrf_ok(request, csrf):
+        body = {"type": "CsrfFailed", "message": "login form expired or from another site"}
+        return error_response(request, 403, body)
+    if not guard.check_token(token):
+        return console.page(request, "login.html", status=401, next=safe_next(next), failed=True)
+    return logged_in(guard, next)

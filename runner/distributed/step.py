@@ -1,0 +1,315 @@
+"""A step's life on a worker: begin, run the method, settle, commit, send.
+
+1. **begin** (one Lua call): read the run's latest checkpoint and take the
+   activation's lease. A step whose run is unknown, stopped or in another epoch is
+   skipped (a WARNING says why); one already committed is a duplicate (a redelivery:
+   it sends only what nobody marked dispatched, normally nothing); one whose lease a
+   live attempt holds is retried later.
+2. **run** the method on its own copy of that state; a per-process heartbeat renews
+   the lease meanwhile.
+3. **settle**: :mod:`runner.flow.lifecycle` decides the outcome (done, paused, retry,
+   failed, child run) and builds the checkpoint.
+4. **commit** it with compare-and-set (:func:`runner.distributed.engine.commit`); the
+   commit drops the lease, fences late duplicates and marks the steps it made ready
+   dispatched;
+5. **send** those steps.
+
+Celery sees the outcome as it is, so Flower and ``celery events`` tell the truth:
+SUCCESS for a committed step (or a pause), RETRY with the real error for a retry,
+FAILURE carrying the original error (:class:`~runner.errors.StepFailed`) for a step
+that failed its run, and the custom state DUPLICATE (event ``task-duplicate``) for a
+redelivered attempt that commits nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from celery.exceptions import Ignore
+
+from runner.errors import RunnerError, StepFailed
+from runner.flow import events as ev
+from runner.flow import lifecycle
+from runner.flow import orchestrator as orch
+from runner.flow import transition as tr
+from runner.flow.children import ChildRun, deferring
+from runner.flow.lifecycle import Outcome
+from runner.flow.orchestrator import Activation
+from runner.flow.state import reducers_for
+from runner.flow.steps import StepResult, run_step
+from runner.store.models import Checkpoint, RunStatus
+
+from .coord import DONE, HELD, OK, attempt_token, holder_is_dead
+from .engine import (
+    FlowNotAllowed,
+    Runtime,
+    commit,
+    dispatch_pending,
+    emit,
+    fail_not_allowed,
+    kwargs_repr,
+    send,
+    start_child,
+)
+
+log = logging.getLogger("runner.worker")
+
+DUPLICATE_EVENT = "task-duplicate"
+"""Custom Celery event of an attempt that commits nothing (Flower shows state DUPLICATE)."""
+
+
+@dataclass
+class Lease:
+    """An attempt's lease on an activation, released on exit unless the commit dropped it."""
+
+    rt: Runtime
+    run_id: str
+    key: str
+    token: str
+    held: bool
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.rt.coord.release(self.run_id, self.key, self.token)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        try:
+            self.release()
+        except RunnerError:
+            if exc_type is None:
+                raise
+            # Already failing: keep that error; the lease lapses by itself.
+            log.warning("could not release lease %s of run %s", self.key, self.run_id)
+
+
+def execute(
+    rt: Runtime,
+    task: Any,
+    flow_cls: Any,
+    run_id: str,
+    activation: str,
+    epoch: int,
+    attempt: int,
+    deployment: str | None = None,
+) -> dict[str, Any]:
+    """Body of every step task (see the module docstring)."""
+    if deployment is not None and deployment != rt.settings.prefix:
+        return _hand_back(rt, task, run_id, activation, deployment)
+    key, token = tr.activation_key_in(epoch, activation), attempt_token()
+    latest, found, holder = rt.coord.begin(run_id, key, token)
+    with Lease(rt, run_id, key, token, held=found == OK) as lease:
+        act = _begin(rt, task, flow_cls, latest, run_id, activation, epoch, found)
+        if isinstance(act, dict):
+            return act
+        assert latest is not None
+        if found == HELD:
+            if not (holder_is_dead(holder) and rt.coord.take_over(run_id, key, holder, token)):
+                raise task.retry(
+                    countdown=rt.settings.lease_seconds / 2,
+                    max_retries=None,
+                    kwargsrepr=kwargs_repr(run_id, activation, attempt),
+                )
+            log.warning("run %s step %s: took over from dead attempt %s", run_id, act.id, holder)
+            lease.held = True
+        with rt.coord.heartbeat(run_id, key, token):
+            flow, result = _run(flow_cls, latest, act, attempt)
+            return _settle(rt, task, flow_cls, flow, latest, result, lease)
+
+
+def _begin(
+    rt: Runtime,
+    task: Any,
+    flow_cls: Any,
+    latest: Checkpoint | None,
+    run_id: str,
+    activation: str,
+    epoch: int,
+    found: str,
+) -> Activation | dict[str, Any]:
+    """The activation to run, or the reply of a step that is not to run."""
+    if latest is None:
+        return _skipped(run_id, activation, "its run is unknown here")
+    if latest.meta.epoch != epoch:
+        why = f"it was sent in epoch {epoch} and the run is in epoch {latest.meta.epoch}"
+        return _skipped(run_id, activation, why)
+    act = orch.pending_activation(tr.record_of(latest), activation)
+    if act is None or found == DONE:
+        sent = dispatch_pending(rt, latest)
+        _duplicate(task, run_id, activation, "it was already committed", sent)
+    assert act is not None
+    if latest.status is not RunStatus.RUNNING:
+        return _skipped(run_id, activation, f"the run is {latest.status.value}")
+    if latest.flow != flow_cls.flow_path():
+        detail = f"{flow_cls.flow_name()} here is {flow_cls.flow_path()}"
+        err = fail_not_allowed(rt, run_id, detail)
+        raise StepFailed(
+            f"run {run_id} step {activation}: {FlowNotAllowed.__name__}: {err or detail}",
+            run_id=run_id,
+            step=activation,
+        )
+    return act
+
+
+def _run(
+    flow_cls: Any, latest: Checkpoint, act: Activation, attempt: int
+) -> tuple[Any, StepResult]:
+    """Run ``act``'s method once on a copy of ``latest``'s state."""
+    flow, graph = flow_cls(), flow_cls.graph()
+    emit(latest, ev.METHOD_STARTED, act.method, flow._listeners, data={"attempt": attempt})
+    arg = orch.argument_for(graph, tr.record_of(latest), act)
+    with deferring():  # starting a child run returns a ChildRun marker instead of blocking
+        result = run_step(flow, graph, act, dict(latest.state), arg)
+    result.attempts = attempt
+    return flow, result
+
+
+def _settle(
+    rt: Runtime,
+    task: Any,
+    flow_cls: Any,
+    flow: Any,
+    latest: Checkpoint,
+    result: StepResult,
+    lease: Lease,
+) -> dict[str, Any]:
+    """Commit what the attempt came to, then tell Celery (see the module docstring)."""
+    run_id, act, epoch = latest.run_id, result.activation, latest.meta.epoch
+    graph = flow_cls.graph()
+    outcome = lifecycle.decide(result, graph.methods[act.method], rt.settings)
+    if outcome is Outcome.RETRY:
+        _retry(rt, task, graph.methods[act.method], result, lease)
+    if outcome is Outcome.CHILD:
+        marker = ChildRun.from_output(result.output)
+        assert marker is not None
+        return start_child(rt, run_id, epoch, marker, result)
+    reducers = reducers_for(flow_cls.state_type())
+    committed = commit(
+        rt,
+        run_id,
+        lambda c: lifecycle.settle(
+            graph,
+            c,
+            result,
+            outcome,
+            epoch=epoch,
+            reducers=reducers,
+            token=lease.token,
+            worker=task.request.hostname,
+        ),
+        first=latest,
+        mark_ready=True,
+    )
+    if committed is None:
+        _duplicate(task, run_id, act.id, "another attempt committed it", [])
+    assert committed is not None
+    ckpt, settled = committed
+    listeners = flow._listeners
+    if settled.outcome is Outcome.PAUSED:
+        emit(ckpt, ev.FLOW_PAUSED, act.method, listeners, data={"reason": result.paused})
+        return {"run_id": run_id, "step": act.id, "paused": result.paused}
+    if settled.outcome is Outcome.FAILED:
+        return _failed(ckpt, settled, result, listeners)
+    lease.held = False  # the commit dropped it
+    for name in settled.transition.conflicts:
+        log.warning(
+            "run %s: state field %r written by parallel steps; last commit (%s) wins",
+            run_id,
+            name,
+            act.id,
+        )
+        emit(ckpt, ev.STATE_CONFLICT, act.method, listeners, data={"field": name})
+    emit(ckpt, ev.METHOD_FINISHED, act.method, listeners, duration=result.duration)
+    sent: list[str] = []
+    if ckpt.status is RunStatus.RUNNING:  # the commit marked them dispatched
+        sent = send(rt, flow_cls.flow_name(), run_id, epoch, settled.transition.ready)
+    elif ckpt.status is RunStatus.SUCCEEDED:
+        emit(ckpt, ev.FLOW_FINISHED, None, listeners)
+    return {"run_id": run_id, "step": act.id, "seq": ckpt.seq, "dispatched": sent}
+
+
+def _retry(rt: Runtime, task: Any, spec: Any, result: StepResult, lease: Lease) -> None:
+    """Free the lease and hand the next attempt to Celery's retry, with the real error."""
+    assert result.error is not None
+    attempt = result.attempts
+    delay = lifecycle.retry_delay(spec, rt.settings, attempt, random.random())
+    lease.release()
+    # Date the marker to when the retry is due, so the recovery pass does not take a
+    # waiting retry for a lost message.
+    rt.coord.redispatch_stamp(lease.run_id, lease.key, at=time.time() + delay)
+    log.warning(
+        "run %s step %s attempt %d failed (%s); retrying in %.2fs",
+        lease.run_id,
+        result.activation.id,
+        attempt,
+        _described(result.error),
+        delay,
+    )
+    raise task.retry(
+        exc=result.error,
+        kwargs={**task.request.kwargs, "attempt": attempt + 1},
+        countdown=delay,
+        max_retries=None,
+        kwargsrepr=kwargs_repr(lease.run_id, result.activation.id, attempt + 1),
+    )
+
+
+def _failed(
+    ckpt: Checkpoint, settled: lifecycle.Settled, result: StepResult, listeners: Any
+) -> dict[str, Any]:
+    """The failure checkpoint is committed: end the task as FAILURE with the error."""
+    error = settled.error
+    assert error is not None
+    described = _described(error)
+    method = result.activation.method
+    emit(ckpt, ev.METHOD_FAILED, method, listeners, duration=result.duration, error=described)
+    emit(ckpt, ev.FLOW_FAILED, None, listeners, error=described)
+    # Celery logs this once, at ERROR, with the traceback of ``error`` (the cause).
+    raise StepFailed(
+        f"run {ckpt.run_id} step {result.activation.id} failed after "
+        f"{result.attempts} attempt(s): {described}",
+        run_id=ckpt.run_id,
+        step=result.activation.id,
+        error_type=type(error).__name__,
+        error_message=str(error),
+    ) from error
+
+
+def _skipped(run_id: str, activation: str, why: str) -> dict[str, Any]:
+    log.warning("run %s step %s skipped: %s", run_id, activation, why)
+    return {"run_id": run_id, "step": activation, "skipped": why}
+
+
+def _duplicate(task: Any, run_id: str, activation: str, why: str, sent: list[str]) -> None:
+    """End a redelivered or duplicate attempt that commits nothing: not a second SUCCESS."""
+    log.warning("run %s step %s is a duplicate: %s (re-sent %s)", run_id, activation, why, sent)
+    task.send_event(DUPLICATE_EVENT, run_id=run_id, step=activation, reason=why)
+    raise Ignore()
+
+
+def _hand_back(
+    rt: Runtime, task: Any, run_id: str, activation: str, deployment: str
+) -> dict[str, Any]:
+    """A step of another deployment reached this worker (queues shared by configuration):
+    leave it to its owners by putting it back on the queue it came from."""
+    log.error(
+        "run %s step %s belongs to deployment %r, not %r; handing it back to its queue",
+        run_id,
+        activation,
+        deployment,
+        rt.settings.prefix,
+    )
+    queue = (task.request.delivery_info or {}).get("routing_key") or rt.settings.queue
+    task.retry(countdown=1, max_retries=None, queue=queue, throw=False)
+    raise Ignore()
+
+
+def _described(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

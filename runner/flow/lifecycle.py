@@ -1,0 +1,305 @@
+"""How one attempt of a step settles: the one place that decides a step's outcome.
+
+Both executors (in process, :mod:`runner.flow.local`, and on Celery workers,
+:mod:`runner.distributed.engine`) and the engine's child runs call these functions;
+none of them re-implements any of it. Everything here is pure: the caller runs the
+method, asks :func:`decide` whether to retry, and otherwise hands :func:`settle` the
+run's latest checkpoint to get the checkpoint to commit (on workers inside a
+compare-and-set loop, so :func:`settle` may be called again on a newer checkpoint).
+
+Outcomes:
+
+* **done**: the method returned; its state changes and output are committed and the
+  listeners it made ready are returned. A step that makes a method exceed its
+  ``max_calls`` (a loop), or that breaks the graph's rules, fails the run instead
+  (:class:`~runner.errors.CycleLimitExceeded`, :class:`~runner.errors.DefinitionError`).
+* **paused**: the method asked for a human; the run waits, the step re-runs on resume.
+* **retry**: the method raised and has retries left; nothing is committed, the next
+  attempt starts after :func:`retry_delay`.
+* **failed**: retries are spent (or the error is one no retry can fix); the failure
+  checkpoint records the error and the run fails. The step stays in flight, so a
+  resume re-runs it.
+* **child**: the method started a child run (on workers): the activation is linked to
+  the child and committed when the child ends (:func:`child_linked`,
+  :func:`child_finished`, :func:`child_failed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from runner.errors import CycleLimitExceeded, DefinitionError, RunnerError
+from runner.flow import orchestrator as orch
+from runner.flow import transition as tr
+from runner.flow.children import ChildRun, child_run_id
+from runner.flow.graph import FlowGraph, MethodSpec
+from runner.flow.orchestrator import Activation, ExecutionRecord
+from runner.flow.state import Reducer, diff
+from runner.flow.steps import StepResult
+from runner.settings import RunnerSettings
+from runner.store.models import Checkpoint, ChildLink, RunStatus, StepError
+
+CHILD_STARTED = "child_run_started"
+"""Event of the parent checkpoint that links an activation to its child run."""
+
+FLOW_FAILED = "flow_failed"
+"""Event of a checkpoint that fails the whole run (not one step), e.g. a flow a worker may
+not run."""
+
+
+class Outcome(StrEnum):
+    """What an attempt of a step came to."""
+
+    DONE = "done"
+    PAUSED = "paused"
+    RETRY = "retry"
+    FAILED = "failed"
+    CHILD = "child"
+
+
+@dataclass
+class Settled:
+    """A settled attempt: its outcome and the checkpoint to commit for it."""
+
+    outcome: Outcome
+    transition: tr.Transition
+    error: BaseException | None = None
+    """What failed the step (``FAILED``)."""
+
+
+UNRETRYABLE: tuple[type[BaseException], ...] = (DefinitionError, CycleLimitExceeded)
+"""Errors a new attempt of the same code cannot fix: they fail the step at once."""
+
+
+def retries_for(spec: MethodSpec, settings: RunnerSettings) -> int:
+    """How many retries a failing step gets: its decorator's, else the settings'."""
+    return spec.retries if spec.retries is not None else settings.step_retries
+
+
+def retry_delay(spec: MethodSpec, settings: RunnerSettings, attempt: int, jitter: float) -> float:
+    """Seconds before attempt ``attempt + 1``: exponential from the step's (or the
+    settings') backoff, capped by ``retry_backoff_max``, scaled by ``0.5 + jitter / 2``
+    (``jitter`` in [0, 1)) so that steps failing together do not retry together."""
+    base = spec.retry_backoff if spec.retry_backoff is not None else settings.retry_backoff
+    return min(base * 2 ** (attempt - 1), settings.retry_backoff_max) * (0.5 + jitter / 2)
+
+
+def decide(result: StepResult, spec: MethodSpec, settings: RunnerSettings) -> Outcome:
+    """The outcome of an attempt, before anything is committed (``result.attempts`` is
+    the attempt's number): whether it is retried is decided here, once."""
+    if result.paused is not None:
+        return Outcome.PAUSED
+    if result.error is None:
+        return Outcome.CHILD if ChildRun.from_output(result.output) else Outcome.DONE
+    if isinstance(result.error, UNRETRYABLE) or result.attempts > retries_for(spec, settings):
+        return Outcome.FAILED
+    return Outcome.RETRY
+
+
+def in_flight(
+    latest: Checkpoint, epoch: int, activation_id: str, record: ExecutionRecord | None = None
+) -> bool:
+    """The epoch rule: whether ``activation_id`` is still to be committed in ``epoch``.
+
+    A resume or restart starts a new epoch: an attempt from an earlier one commits
+    nothing (the resumed run re-runs the step under a new key), and an activation that
+    is no longer in flight was committed by another attempt.
+    """
+    if latest.meta.epoch != epoch:
+        return False
+    record = tr.record_of(latest) if record is None else record
+    return orch.pending_activation(record, activation_id) is not None
+
+
+def settle(
+    graph: FlowGraph,
+    latest: Checkpoint,
+    result: StepResult,
+    outcome: Outcome,
+    *,
+    epoch: int,
+    reducers: dict[str, Reducer],
+    token: str | None = None,
+    worker: str | None = None,
+    record: ExecutionRecord | None = None,
+) -> Settled | None:
+    """The checkpoint that settles ``result`` (decided as ``outcome``) onto ``latest``.
+
+    ``None`` when the activation is no longer in flight in ``epoch`` (another attempt
+    committed it, or a resume began a new epoch): the attempt commits nothing.
+    ``token`` is the attempt's fencing token; ``record`` is ``latest``'s record if the
+    caller has it. ``outcome`` is ``DONE``, ``PAUSED`` or ``FAILED`` (a retry and a
+    child start commit nothing here).
+    """
+    act = result.activation
+    if not in_flight(latest, epoch, act.id, record):
+        return None
+    settled: Settled
+    if outcome is Outcome.PAUSED:
+        assert result.paused is not None
+        settled = Settled(outcome, tr.step_paused(latest, act, result.paused, record=record))
+    elif outcome is Outcome.DONE:
+        try:
+            settled = Settled(outcome, _done(graph, latest, result, reducers, token, record))
+        except (CycleLimitExceeded, DefinitionError) as exc:  # e.g. a loop past max_calls
+            settled = _failed(latest, act, exc, result.attempts, record)
+    elif outcome is Outcome.FAILED:
+        assert result.error is not None
+        settled = _failed(latest, act, result.error, result.attempts, record)
+    else:
+        raise ValueError(f"settle() takes done, paused or failed, not {outcome}")
+    ckpt = settled.transition.checkpoint
+    ckpt.worker, ckpt.duration, ckpt.attempts = worker, result.duration, result.attempts
+    return settled
+
+
+def _done(
+    graph: FlowGraph,
+    latest: Checkpoint,
+    result: StepResult,
+    reducers: dict[str, Reducer],
+    token: str | None,
+    record: ExecutionRecord | None,
+) -> tr.Transition:
+    assert result.new_state is not None
+    return tr.step_done(
+        graph,
+        latest,
+        result.activation,
+        base_state=result.base_state,
+        new_state=result.new_state,
+        output=result.output,
+        label=result.label,
+        reducers=reducers,
+        attempt=token,
+        record=record,
+    )
+
+
+def _failed(
+    latest: Checkpoint,
+    act: Activation,
+    error: BaseException,
+    attempts: int,
+    record: ExecutionRecord | None,
+) -> Settled:
+    # A run cancelled while the step ran stays cancelled: the failure is recorded on it.
+    status = RunStatus.FAILED if latest.status is RunStatus.RUNNING else latest.status
+    described = StepError.from_exception(error, attempts)
+    step = tr.step_failed(latest, act, described, status=status, record=record)
+    return Settled(Outcome.FAILED, step, error)
+
+
+def run_failed(latest: Checkpoint, error: RunnerError) -> tr.Transition | None:
+    """Fail a running run as a whole (its flow cannot run here); ``None`` if not running."""
+    if latest.status is not RunStatus.RUNNING:
+        return None
+    ckpt = tr.status_change(latest, FLOW_FAILED, RunStatus.FAILED)
+    ckpt.error = StepError(type=type(error).__name__, message=str(error))
+    return tr.Transition(ckpt)
+
+
+# --- child runs -----------------------------------------------------------------------------
+
+
+def child_link(child: ChildRun, run_id: str, result: StepResult) -> ChildLink:
+    """The parent's link to child ``run_id``, keeping the state fields the method changed
+    before it started the child (applied when the activation commits)."""
+    base = result.base_state
+    new = result.new_state if result.new_state is not None else base
+    changes = diff(base, new)
+    touched = set(changes.set) | set(changes.removed)
+    return ChildLink(
+        run_id=run_id,
+        flow=child.flow,
+        name=child.name,
+        before={k: base[k] for k in touched if k in base},
+        after=dict(changes.set),
+    )
+
+
+def child_linked(
+    latest: Checkpoint, epoch: int, activation_id: str, link: ChildLink
+) -> tr.Transition | None:
+    """The parent checkpoint linking an in-flight activation to its child run; ``None``
+    if there is nothing to write (already linked, not running, or a stale ``epoch``)."""
+    if latest.status is not RunStatus.RUNNING or not in_flight(latest, epoch, activation_id):
+        return None
+    if latest.meta.children.get(activation_id) == link:
+        return None
+    act = orch.pending_activation(tr.record_of(latest), activation_id)
+    assert act is not None
+    ckpt = tr.with_record(
+        latest,
+        tr.record_of(latest),
+        event=CHILD_STARTED,
+        step=act.method,
+        meta=latest.meta.model_copy(
+            update={"ready": [], "children": {**latest.meta.children, activation_id: link}}
+        ),
+    )
+    return tr.Transition(ckpt)
+
+
+def waiting_on(latest: Checkpoint | None, activation_id: str) -> str | None:
+    """The child run id ``activation_id`` waits on, if it is in flight in a running run.
+
+    A link copied into a fork names the source run's child, not this run's: not waiting.
+    """
+    if latest is None or latest.status is not RunStatus.RUNNING:
+        return None
+    link = latest.meta.children.get(activation_id)
+    child_id = child_run_id(latest.run_id, activation_id)
+    if link is None or not link.waiting or link.run_id != child_id:
+        return None
+    pending = orch.pending_activation(tr.record_of(latest), activation_id)
+    return child_id if pending is not None else None
+
+
+def child_finished(
+    graph: FlowGraph,
+    latest: Checkpoint,
+    activation_id: str,
+    child_id: str,
+    output: Any,
+    reducers: dict[str, Reducer],
+) -> tr.Transition | None:
+    """Commit the parent's activation with its child's output (a finished step, with the
+    state changes the method made before it started the child); ``None`` if the
+    activation no longer waits on that child."""
+    if waiting_on(latest, activation_id) != child_id:
+        return None
+    act = orch.pending_activation(tr.record_of(latest), activation_id)
+    assert act is not None
+    link = latest.meta.children[activation_id]
+    step = tr.step_done(
+        graph,
+        latest,
+        act,
+        base_state=link.before,
+        new_state=link.after,
+        output=output,
+        label=None,
+        reducers=reducers,
+        attempt=f"child:{child_id}",
+    )
+    done = link.model_copy(update={"waiting": False, "before": {}, "after": {}})
+    step.checkpoint.meta.children = {**latest.meta.children, activation_id: done}
+    return step
+
+
+def child_failed(
+    latest: Checkpoint, activation_id: str, error: BaseException, child_id: str | None
+) -> tr.Transition | None:
+    """Fail the parent's activation: its child ended badly (``child_id``) or could not
+    be started (``None``); ``None`` if there is nothing to fail."""
+    if latest.status is not RunStatus.RUNNING:
+        return None
+    act = orch.pending_activation(tr.record_of(latest), activation_id)
+    if act is None:
+        return None
+    if child_id is not None and waiting_on(latest, activation_id) != child_id:
+        return None
+    return _failed(latest, act, error, 1, None).transition

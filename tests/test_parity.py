@@ -1,0 +1,150 @@
+"""Parity: the same flows through both executors give the same checkpoints, state and status.
+
+Each flow runs in this process (``kickoff``, checkpoints to Redis) and on real subprocess
+workers (``submit``); both settle every step through :mod:`runner.flow.lifecycle`. The
+checkpoint events are compared as stored by default (a flow's default checkpoint events);
+parallel branches commit in either order, so events are compared as ordered lists after
+the first parallel step, per step name.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from runner import CheckpointConfig
+from runner.checkpointing import FLOW_DEFAULT_EVENTS
+from runner.distributed import control
+from runner.distributed.client import submit
+from runner.errors import CycleLimitExceeded
+from runner.flow.local import Paused
+from runner.store.models import Checkpoint, RunStatus
+from runner.store.redis import RedisProvider
+from tests._dist_support import history
+from tests.flows import crews, parity
+
+
+def _events(ckpts: list[Checkpoint]) -> list[tuple[str, str | None]]:
+    return [(c.event, c.step) for c in ckpts if c.event in FLOW_DEFAULT_EVENTS]
+
+
+def _in_process(flow_cls: Any, store: RedisProvider, inputs: dict[str, Any]) -> tuple[Any, str]:
+    flow = flow_cls(checkpoint=CheckpointConfig(provider=store))
+    try:
+        out = flow.kickoff(inputs=inputs)
+    except Exception as exc:  # the run failed: the flow raises its step's error
+        out = exc
+    return out, flow.state.id
+
+
+def _on_workers(rt: Any, flow_cls: Any, inputs: dict[str, Any]) -> str:
+    handle = submit(flow_cls, inputs, rt=rt)
+    handle.wait(timeout=30)
+    return handle.run_id
+
+
+def _same(local: RedisProvider, rt: Any, local_id: str, worker_id: str) -> list[Checkpoint]:
+    here = list(reversed(local.history(local_id, limit=1000)))
+    there = history(rt, worker_id)
+    assert Counter(_events(here)) == Counter(_events(there))
+    assert _events(here)[0] == _events(there)[0] == ("flow_started", None)
+    assert _events(here)[-1] == _events(there)[-1]
+    last_here, last_there = here[-1], there[-1]
+    assert last_here.status is last_there.status
+    drop = {"id", "tag"}
+    assert {k: v for k, v in last_here.state.items() if k not in drop} == {
+        k: v for k, v in last_there.state.items() if k not in drop
+    }
+    assert sorted(last_here.completed) == sorted(last_there.completed)
+    assert last_here.in_flight == last_there.in_flight
+    return there
+
+
+@pytest.fixture
+def local(redis_url: str, prefix: str) -> Any:
+    store = RedisProvider(redis_url, prefix=prefix)
+    yield store
+    store.close()
+
+
+def _tags() -> tuple[dict[str, str], dict[str, str]]:
+    return {"tag": uuid.uuid4().hex}, {"tag": uuid.uuid4().hex}
+
+
+@pytest.mark.parametrize(
+    "flow_cls",
+    [parity.LinearParity, parity.JoinParity, parity.OrParity, parity.LoopParity],
+    ids=["linear", "fan-out-and-join", "or-waves", "router-loop"],
+)
+def test_successful_flows_settle_the_same_in_process_and_on_workers(
+    rt: Any, local: RedisProvider, flow_cls: Any
+) -> None:
+    mine, theirs = _tags()
+    out, local_id = _in_process(flow_cls, local, mine)
+    worker_id = _on_workers(rt, flow_cls, theirs)
+    there = _same(local, rt, local_id, worker_id)
+    assert there[-1].status is RunStatus.SUCCEEDED
+    assert out == there[-1].outputs[there[-1].step]
+
+
+def test_a_loop_past_max_calls_fails_the_run_with_cycle_limit_exceeded_in_both(
+    rt: Any, local: RedisProvider
+) -> None:
+    mine, theirs = _tags()
+    out, local_id = _in_process(parity.RunawayParity, local, mine)
+    assert isinstance(out, CycleLimitExceeded)
+    worker_id = _on_workers(rt, parity.RunawayParity, theirs)
+    there = _same(local, rt, local_id, worker_id)
+    failed = there[-1]
+    assert failed.status is RunStatus.FAILED
+    assert failed.event == "method_execution_failed"
+    assert failed.error is not None and failed.error.type == "CycleLimitExceeded"
+
+
+def test_retry_then_success_and_retries_exhausted_settle_the_same(
+    rt: Any, local: RedisProvider
+) -> None:
+    mine, theirs = _tags()
+    _out, local_id = _in_process(parity.RetryParity, local, mine)
+    worker_id = _on_workers(rt, parity.RetryParity, theirs)
+    there = _same(local, rt, local_id, worker_id)
+    assert there[-1].status is RunStatus.SUCCEEDED
+    assert there[-1].attempts == 2
+
+    mine, theirs = _tags()
+    out, local_id = _in_process(parity.ExhaustedParity, local, mine)
+    assert isinstance(out, ValueError)
+    worker_id = _on_workers(rt, parity.ExhaustedParity, theirs)
+    there = _same(local, rt, local_id, worker_id)
+    assert there[-1].status is RunStatus.FAILED
+    assert there[-1].error is not None and there[-1].error.attempts == 2
+    assert there[-1].error.type == "ValueError"
+
+
+def test_pause_and_resume_settle_the_same(rt: Any, local: RedisProvider) -> None:
+    mine, theirs = _tags()
+    flow = parity.PauseParity(checkpoint=CheckpointConfig(provider=local))
+    assert isinstance(flow.kickoff(inputs=mine), Paused)
+    latest = local.latest(flow.state.id)
+    assert latest is not None and latest.status is RunStatus.PAUSED
+    again = parity.PauseParity(checkpoint=CheckpointConfig(provider=local))
+    again.kickoff(inputs={"approved": "ann"}, from_checkpoint=latest.id)
+
+    handle = submit(parity.PauseParity, theirs, rt=rt)
+    assert handle.wait(timeout=30) is RunStatus.PAUSED
+    control.resume(handle.run_id, inputs={"approved": "ann"}, rt=rt).wait(timeout=30)
+    there = _same(local, rt, flow.state.id, handle.run_id)
+    assert there[-1].outputs["publish"] == "published: draft approved by ann"
+
+
+def test_a_crew_child_run_settles_the_same(rt: Any, local: RedisProvider) -> None:
+    mine = {"topic": "bees", "tag": uuid.uuid4().hex}
+    theirs = {"topic": "bees", "tag": uuid.uuid4().hex}
+    _out, local_id = _in_process(crews.HostFlow, local, mine)
+    worker_id = _on_workers(rt, crews.HostFlow, theirs)
+    there = _same(local, rt, local_id, worker_id)
+    assert there[-1].status is RunStatus.SUCCEEDED
+    assert there[-1].state["summary"] == "a3(a2(a1(bees)))"
