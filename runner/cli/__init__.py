@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import sys
 
+from runner.embedded import find_dev
+from runner.errors import RunnerError
+
 from ._app import app
 
 # Importing a module registers its commands; --help lists them in this order.
@@ -19,6 +22,8 @@ from ._app import app
 from . import runs  # noqa: F401
 from . import ops  # noqa: F401
 from . import history  # noqa: F401
+from . import dev  # noqa: F401
+from . import ui  # noqa: F401
 
 # isort: on
 
@@ -27,11 +32,23 @@ __all__ = ["app", "main"]
 
 def main() -> None:
     """Entry point of the ``runner`` console script."""
-    # Like `celery -A`: flow paths (pkg.mod:Flow) resolve against the working directory.
+    # Like `celery -A`: flow paths (pkg.mod:Flow) resolve against the working directory,
+    # and against the project of the `runner dev` found from there, as its workers' do.
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+    project = _dev_project()
+    if project is not None and project not in sys.path:
+        sys.path.insert(1, project)
     app(prog_name="runner")
+
+
+def _dev_project() -> str | None:
+    try:
+        dev = find_dev()
+    except RunnerError:  # an unreadable dev.json: the command reports it when it needs Redis
+        return None
+    return str(dev.project) if dev is not None else None
 
 
 if __name__ == "__main__":

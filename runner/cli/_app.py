@@ -9,7 +9,7 @@ from typer.core import TyperGroup
 
 from runner.errors import RunnerError
 
-from ._session import FAILED, USAGE, Session, exit_code_for, report, session, usage_line
+from ._session import FAILED, FLAG, USAGE, Session, exit_code_for, report, session, usage_line
 
 HELP = """Submit, follow, inspect, resume and fork durable flow runs.
 
@@ -104,7 +104,9 @@ def _global(
             show_default=False,
         ),
     ] = None,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks of errors.", metavar=FLAG)
+    ] = False,
 ) -> None:
     """Global options: they go before the command (``runner --debug status RUN``)."""
     ctx.obj = Session(redis_url=redis_url, debug=debug)

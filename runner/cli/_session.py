@@ -39,6 +39,9 @@ from runner.settings import RunnerSettings, get_settings, reset_settings
 
 OK, FAILED, USAGE = 0, 1, 2
 
+FLAG = ""
+"""Metavar of on/off options, so help shows ``--wait`` as a flag (typer shows ``<bool>``)."""
+
 
 class BadUsage(RunnerError):
     """A command-line value the runner cannot use (malformed ``--input``, unreadable file)."""
@@ -90,10 +93,8 @@ class Session:
             from runner.distributed.app import make_app
 
             settings = self.settings()
-            if not settings.redis_url:
-                # The embedded default is private to the process that starts it: one the
-                # CLI started would hold no runs and serve no workers.
-                raise BadUsage("no Redis configured: set RUNNER_REDIS_URL or pass --redis-url")
+            # The configured Redis or `runner dev`'s, never a private one: it would hold no
+            # runs and serve no workers.
             self._rt = Runtime.create(make_app(settings), settings)  # pings Redis
         return self._rt
 

@@ -1,4 +1,4 @@
-"""Inspecting history: ``checkpoints``, ``show``, ``diff`` and ``graph``."""
+"""Inspecting history: ``checkpoints``, ``steps``, ``show``, ``diff`` and ``graph``."""
 
 from __future__ import annotations
 
@@ -7,45 +7,74 @@ from typing import Annotated, Any
 import typer
 
 from runner.distributed.client import load_flow
-from runner.distributed.control import find_checkpoint
-from runner.errors import RunNotFound
 from runner.store.models import Checkpoint
 
-from . import render
+from . import progress, refs, render
 from ._app import app
-from ._session import console, print_json, session
+from ._session import FLAG, console, print_json, session
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.", metavar=FLAG)]
 
 
 @app.command()
 def checkpoints(
     ctx: typer.Context,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="Run id.")],
+    run: Annotated[str, typer.Argument(metavar="RUN", help="Run id, or a unique prefix of it.")],
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Newest N.")] = 50,
     as_json: JsonOpt = False,
 ) -> None:
-    """List a run's checkpoints, newest first: seq, id, event, step, status, time."""
-    store = session(ctx).rt.store
-    if store.run(run) is None:
-        raise RunNotFound(f"no run {run}", run_id=run)
-    found = store.history(run, limit=limit)
+    """List a run's checkpoints, newest first: seq, id, event, step, status, time.
+
+    Ids show as their shortest unique prefix (at least 16 characters), which `show`, `diff`,
+    `fork` and `resume --from` accept; --json gives whole ids.
+    """
+    rt = session(ctx).rt
+    run_id = refs.resolve_run(rt, run)
+    found = rt.store.history(run_id, limit=limit)
     if as_json:
         print_json([c.model_dump(mode="json") for c in found])
-    else:
-        console().print(render.history_table(found))
+        return
+    every = [c.id for c in progress.history(rt, run_id)]
+    console().print(render.history_table(found, refs.short_ids(every, refs.MIN_CHECKPOINT)))
+
+
+@app.command()
+def steps(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="Run id, or a unique prefix of it.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """List each step activation of a run, child runs' steps under the step that started them.
+
+    For each: outcome (done, failed, paused, running, pending), attempts, worker, start time,
+    duration and the checkpoint it committed.
+    """
+    rt = session(ctx).rt
+    rows = progress.step_rows(rt, refs.resolve_run(rt, run))
+    if as_json:
+        print_json([row.as_json() for row in rows])
+        return
+    ckpts = [row.checkpoint for row in rows if row.checkpoint]
+    shown = {
+        **refs.short_ids(ckpts, refs.MIN_CHECKPOINT),
+        **refs.short_runs(rt, [row.child_run for row in rows if row.child_run]),
+    }
+    console().print(render.steps_table(rows, shown))
 
 
 @app.command()
 def show(
     ctx: typer.Context,
     ref: Annotated[
-        str, typer.Argument(metavar="CKPT", help="Checkpoint id (or a run id: its latest).")
+        str,
+        typer.Argument(
+            metavar="CKPT", help="Checkpoint id or unique prefix (or a run's: its latest)."
+        ),
     ],
     as_json: JsonOpt = False,
 ) -> None:
     """Show one checkpoint: state, outputs, completed and in-flight steps, lineage, error."""
-    ckpt = find_checkpoint(session(ctx).rt, ref)
+    ckpt = refs.resolve_checkpoint_or_run(session(ctx).rt, ref)
     if as_json:
         print_json(ckpt.model_dump(mode="json"))
     else:
@@ -65,7 +94,8 @@ def diff(
     objects by dotted path) and the step activations completed on one side only.
     """
     rt = session(ctx).rt
-    first, second = find_checkpoint(rt, a), find_checkpoint(rt, b)
+    first = refs.resolve_checkpoint_or_run(rt, a)
+    second = refs.resolve_checkpoint_or_run(rt, b)
     found = checkpoint_diff(first, second)
     if as_json:
         print_json({"a": first.id, "b": second.id, **found})

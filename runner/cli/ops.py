@@ -7,15 +7,16 @@ from typing import Annotated
 
 import typer
 
-from runner.distributed import control, engine
+from runner.distributed import control, engine, recovery
 from runner.distributed.client import load_flow
-from runner.errors import FlowImportError, RunNotFound
+from runner.errors import FlowImportError
 from runner.store.models import RunInfo, RunStatus
 from runner.store.redis import RedisProvider
 
+from . import refs
 from ._app import app
 from ._outcome import follow
-from ._session import console, parse_duration, parse_pairs, print_json, session
+from ._session import FLAG, console, parse_duration, parse_pairs, print_json, session
 from .runs import InputOpt, JsonOpt, RunArg, TimeoutOpt, WaitOpt
 
 
@@ -38,11 +39,38 @@ def resume(
 
     The failed or paused step runs again, on the state with --input values applied (e.g.
     `--input approved=true` for a run paused for approval). The run keeps its id and its
-    history grows. With --wait, wait and print how it ended; exit 1 if it failed again.
+    history grows. A child run (a crew a flow step started) whose parent failed with it is
+    resumed through its parent chain: the topmost failed parent is resumed, which resumes
+    the child at its failed task. With --wait, follow it and print how it ended; exit 1 if
+    it failed again.
     """
     rt = session(ctx).rt
-    handle = control.resume(run, from_checkpoint, parse_pairs(inputs, "--input"), rt=rt)
+    run_id = refs.resolve_run(rt, run)
+    checkpoint = refs.resolve_checkpoint(rt, from_checkpoint).id if from_checkpoint else None
+    target = run_id if checkpoint else _stopped_ancestor(rt, run_id)
+    if target != run_id:
+        typer.echo(
+            f"run {run_id} is a child of {target}, which stopped with it: resuming {target}",
+            err=True,
+        )
+    handle = control.resume(target, checkpoint, parse_pairs(inputs, "--input"), rt=rt)
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
+
+
+def _stopped_ancestor(rt: engine.Runtime, run_id: str) -> str:
+    """The topmost run above ``run_id`` whose chain of parents all failed or were cancelled.
+
+    A parent still running waits on the child and continues when it succeeds; one that
+    failed or was cancelled must be resumed itself, and resuming it resumes the child.
+    """
+    current = run_id
+    while True:
+        latest = rt.store.latest(current)
+        parent = latest.meta.parent if latest is not None else None
+        info = rt.store.run(parent.run_id) if parent is not None else None
+        if info is None or info.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+            return current
+        current = info.run_id
 
 
 @app.command()
@@ -50,7 +78,9 @@ def fork(
     ctx: typer.Context,
     ref: Annotated[
         str,
-        typer.Argument(metavar="CKPT|RUN", help="A checkpoint id, or a run id (its latest)."),
+        typer.Argument(
+            metavar="CKPT|RUN", help="A checkpoint id, or a run id (its latest); or a prefix."
+        ),
     ],
     set_: Annotated[
         list[str] | None,
@@ -84,7 +114,8 @@ def fork(
     """
     rt = session(ctx).rt
     values = parse_pairs(set_, "--set")
-    handle = control.fork(ref, values, rerun or [], branch, run_id, rt=rt)
+    source = refs.resolve_checkpoint_or_run(rt, ref)
+    handle = control.fork(source.id, values, rerun or [], branch, run_id, rt=rt)
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
 
 
@@ -98,7 +129,7 @@ def recover(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     rt = session(ctx).rt
     for run, problem in _load_running_flows(rt).items():
         typer.echo(f"warning: run {run} not recovered: {problem}", err=True)
-    resent = engine.recover(rt, force=True)
+    resent = recovery.recover(rt, force=True)
     if as_json:
         print_json(resent)
     elif not resent:
@@ -126,7 +157,7 @@ def prune(
         ),
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Only list what would be deleted.")
+        bool, typer.Option("--dry-run", help="Only list what would be deleted.", metavar=FLAG)
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -139,9 +170,8 @@ def prune(
     store = session(ctx).rt.store
     cutoff = time.time() - parse_duration(older_than) if older_than else None
     if run is not None:
-        info = store.run(run)
-        if info is None:
-            raise RunNotFound(f"no run {run}", run_id=run)
+        info = store.run(refs.resolve_run(session(ctx).rt, run))
+        assert info is not None, "resolve_run returns existing runs"
         targets = [info]
     else:
         targets = _all_runs(store)
@@ -166,7 +196,7 @@ def prune(
 def _load_running_flows(rt: engine.Runtime) -> dict[str, str]:
     """Register the flows of the running runs, as `resume` loads a run's flow by its path.
 
-    :func:`engine.recover` re-sends only steps of flows its runtime knows (on a worker,
+    :func:`recovery.recover` re-sends only steps of flows its runtime knows (on a worker,
     its allow-list). Returns run id -> why its flow could not be loaded here.
     """
     problems: dict[str, str] = {}

@@ -2,7 +2,15 @@
 
 The settings a correct run depends on (JSON only, late acks, reject on worker
 loss, prefetch 1, task events for Flower) are applied after the user's config
-file, so a config file cannot silently turn them off.
+file, so a config file cannot silently turn them off. So is the deployment's queue
+(``RUNNER_QUEUE``, default ``runner.<prefix>``): every step is sent to it and its
+workers consume only it, so two deployments on one broker never take each other's
+steps. Their remote-control and event exchanges are per deployment too, so a
+``celery inspect`` or a Flower sees only its own workers and tasks.
+
+Checkpoints live in the shared Redis (:func:`runner.embedded.shared_redis_url`: never
+a private one); the steps travel over ``RUNNER_BROKER_URL`` (e.g. RabbitMQ), default
+that same Redis.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import Any
 
 from celery import Celery
 
-from runner.embedded import resolve_redis_url
+from runner.embedded import shared_redis_url
 from runner.settings import RunnerSettings, get_settings
 
 REQUIRED: dict[str, Any] = {
@@ -54,17 +62,19 @@ def load_config_module() -> dict[str, Any]:
 
 
 def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") -> Celery:
-    """A Celery app on the settings' Redis (the embedded one when none is configured)."""
+    """A Celery app on the settings' shared Redis (``StoreUnavailable`` if there is none)."""
     settings = settings or get_settings()
-    url = resolve_redis_url(settings.redis_url)
+    url = shared_redis_url(settings.redis_url)
     app = Celery(main, set_as_current=False)
     conf: dict[str, Any] = {
-        "broker_url": url,
+        "broker_url": settings.broker_url or url,
         "result_backend": url,
-        "task_default_queue": settings.queue,
+        "control_exchange": f"celery.{settings.prefix}",
+        "event_exchange": f"celeryev.{settings.prefix}",
     }
     conf.update(load_config_module())
     conf.update(REQUIRED)
+    conf["task_default_queue"] = settings.queue
     app.conf.update(conf)
     app.conf.runner_redis_url = url
     return app

@@ -1,0 +1,126 @@
+"""What a run did, step by step, child runs included: the rows of ``steps``, ``--wait`` and
+``watch``.
+
+Read from the checkpoint history alone: a step commit says which activation finished, on
+which worker, after how many attempts and how long; a failure or pause checkpoint names its
+step; the latest checkpoint's in-flight activations are what runs now; its
+``meta.children`` links the activations that started child runs (crews), whose steps are
+listed under them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from runner.distributed.client import load_flow
+from runner.distributed.engine import Runtime
+from runner.errors import DefinitionError
+from runner.flow import events as ev
+from runner.store.models import Checkpoint, RunStatus
+
+HISTORY_LIMIT = 10_000
+"""Checkpoints read per run (a run keeps at most ``RUNNER_MAX_CHECKPOINTS``)."""
+
+DONE, FAILED, PAUSED, RUNNING, PENDING = "done", "failed", "paused", "running", "pending"
+
+
+@dataclass
+class StepRow:
+    """One activation of a step (a flow method or a crew task)."""
+
+    run_id: str
+    depth: int
+    """0 for the run asked about, 1 for its child runs, and so on."""
+    step: str
+    """The activation (``write#1``), or the method when a checkpoint names only that."""
+    outcome: str
+    """``done``, ``failed``, ``paused``, ``running`` or ``pending`` (in flight, run stopped)."""
+    attempts: int | None = None
+    worker: str | None = None
+    started: float | None = None
+    duration: float | None = None
+    checkpoint: str | None = None
+    error: str | None = None
+    child_run: str | None = None
+    """The child run this activation started, if any."""
+
+    def as_json(self) -> dict[str, Any]:
+        """The row as JSON values."""
+        return asdict(self)
+
+
+def history(rt: Runtime, run_id: str) -> list[Checkpoint]:
+    """Every kept checkpoint of the run, oldest first."""
+    return list(reversed(rt.store.history(run_id, limit=HISTORY_LIMIT)))
+
+
+def bare(activation: str) -> str:
+    """An activation key without its epoch (``2/write#1`` -> ``write#1``)."""
+    return activation.rpartition("/")[2]
+
+
+def step_rows(rt: Runtime, run_id: str, depth: int = 0) -> list[StepRow]:
+    """The run's activations in commit order, each child run's rows right after its step."""
+    ckpts = history(rt, run_id)
+    if not ckpts:
+        return []
+    latest = ckpts[-1]
+    rows = [row for ckpt in ckpts if (row := _row(run_id, depth, ckpt)) is not None]
+    # An in-flight step runs now; in a stopped run it is what a resume runs, shown once:
+    # by its failure or pause row if it has one.
+    running = latest.status is RunStatus.RUNNING
+    stopped = {row.step for row in rows if row.outcome in (FAILED, PAUSED)}
+    for act in latest.in_flight:
+        if running or act.partition("#")[0] not in stopped:
+            rows.append(StepRow(run_id, depth, bare(act), RUNNING if running else PENDING))
+    out: list[StepRow] = []
+    links = {bare(act): link.run_id for act, link in latest.meta.children.items()}
+    for i, row in enumerate(rows):
+        out.append(row)
+        child = links.get(row.step)
+        later = any(r.step == row.step for r in rows[i + 1 :])
+        if child is not None and not later:
+            row.child_run = child
+            out += step_rows(rt, child, depth + 1)
+    return out
+
+
+def _row(run_id: str, depth: int, ckpt: Checkpoint) -> StepRow | None:
+    started = ckpt.created_at - ckpt.duration if ckpt.duration is not None else None
+    common: dict[str, Any] = {
+        "attempts": ckpt.attempts,
+        "worker": ckpt.worker,
+        "started": started,
+        "duration": ckpt.duration,
+        "checkpoint": ckpt.id,
+    }
+    if ckpt.event == ev.METHOD_FINISHED and ckpt.activation:
+        return StepRow(run_id, depth, bare(ckpt.activation), DONE, **common)
+    if ckpt.event == ev.METHOD_FAILED and ckpt.step:
+        error = ckpt.error
+        if error is not None and common["attempts"] is None:
+            common["attempts"] = error.attempts
+        text = f"{error.type}: {error.message}" if error else None
+        return StepRow(run_id, depth, ckpt.step, FAILED, error=text, **common)
+    if ckpt.event == ev.FLOW_PAUSED and ckpt.step:
+        return StepRow(run_id, depth, ckpt.step, PAUSED, error=ckpt.meta.pause_reason, **common)
+    return None
+
+
+def total_steps(rt: Runtime, run_id: str) -> int | None:
+    """Methods of the run's flow plus, recursively, those of its child runs so far (``None``
+    if a flow does not import here)."""
+    latest = rt.store.latest(run_id)
+    if latest is None or not latest.flow:
+        return None
+    try:
+        total = len(load_flow(latest.flow).graph().methods)
+    except DefinitionError:
+        return None
+    for link in latest.meta.children.values():
+        inner = total_steps(rt, link.run_id)
+        if inner is None:
+            return None
+        total += inner
+    return total

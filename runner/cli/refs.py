@@ -1,0 +1,156 @@
+"""Ids as people type and read them: unique prefixes, git-style.
+
+Every command takes a run or checkpoint id, or any prefix of one that is unique, and says
+when a prefix is ambiguous. Tables show the shortest unique prefix (at least
+:data:`MIN_RUN` / :data:`MIN_CHECKPOINT` characters) so an id is never cut: what is shown
+can be typed back.
+
+A child run's id is its parent's followed by ``-<method>-<n>``, so a run prefix that
+matches a run and its descendants only means that run, and ``<parent prefix>-<rest>``
+names the child (tables show children that way).
+"""
+
+from __future__ import annotations
+
+import re
+
+from runner.distributed.engine import Runtime
+from runner.errors import CheckpointNotFound, RunNotFound
+from runner.store.models import Checkpoint
+
+from ._session import BadUsage
+
+MIN_RUN = 8
+"""Shortest run prefix a table shows (a UUID's first group)."""
+MIN_CHECKPOINT = 16
+"""Shortest checkpoint prefix a table shows: the 12-digit millisecond time and 4 more."""
+SHOWN = 4
+"""Candidates an ambiguity error names."""
+
+
+def resolve_run(rt: Runtime, ref: str) -> str:
+    """The run id ``ref`` names: a whole id, a unique prefix, or ``<parent prefix>-<rest>``."""
+    if rt.store.run(ref) is not None:
+        return ref
+    found = _runs_matching(rt, ref)
+    if not found:
+        found = _child_by_parent_prefix(rt, ref)
+    if not found:
+        raise RunNotFound(f"no run {ref}", run_id=ref)
+    return _one(found, ref, "run")
+
+
+def resolve_checkpoint(rt: Runtime, ref: str) -> Checkpoint:
+    """The checkpoint ``ref`` names (a whole id or a unique prefix)."""
+    with_prefix = _checkpoints_matching(rt, ref)
+    if not with_prefix:
+        raise CheckpointNotFound(f"no checkpoint {ref}", checkpoint_id=ref)
+    return rt.store.get(_one(with_prefix, ref, "checkpoint"))
+
+
+def resolve_checkpoint_or_run(rt: Runtime, ref: str) -> Checkpoint:
+    """A checkpoint by (a prefix of) its id, else the latest of the run ``ref`` names."""
+    ckpts = _checkpoints_matching(rt, ref)
+    if len(ckpts) == 1:
+        return rt.store.get(ckpts[0])
+    if ckpts:
+        _one(ckpts, ref, "checkpoint")  # raises: ambiguous
+    try:
+        run = resolve_run(rt, ref)
+    except RunNotFound:
+        raise CheckpointNotFound(f"no checkpoint or run {ref}", checkpoint_id=ref) from None
+    latest = rt.store.latest(run)
+    if latest is None:
+        raise CheckpointNotFound(f"run {run} has no checkpoint", checkpoint_id=ref)
+    return latest
+
+
+def short_ids(ids: list[str], minimum: int) -> dict[str, str]:
+    """Each id's shortest prefix (at least ``minimum`` long) that no other id shares."""
+    ordered = sorted(set(ids))
+    out = {}
+    for i, ident in enumerate(ordered):
+        near = [ordered[j] for j in (i - 1, i + 1) if 0 <= j < len(ordered)]
+        need = max((_common(ident, other) + 1 for other in near), default=0)
+        out[ident] = ident[: max(minimum, need)]
+    return out
+
+
+def short_runs(rt: Runtime, run_ids: list[str]) -> dict[str, str]:
+    """How tables show these runs: a root run by its unique prefix, a descendant as that
+    prefix followed by the rest of its id (``83fc81fc-research-1``)."""
+    roots = _roots(rt)
+    shown = short_ids(roots, MIN_RUN)
+    out = {}
+    for run_id in run_ids:
+        root = next((r for r in _prefixes(run_id) if r in shown), None)
+        out[run_id] = shown[root] + run_id[len(root) :] if root else run_id
+    return out
+
+
+# --- lookups --------------------------------------------------------------------------------
+
+
+def _one(found: list[str], ref: str, kind: str) -> str:
+    if len(found) == 1:
+        return found[0]
+    ordered = sorted(found, key=len)
+    if kind == "run" and all(f.startswith(ordered[0] + "-") for f in ordered[1:]):
+        return ordered[0]  # a run and its child runs: the prefix names the run
+    names = ", ".join(sorted(found)[:SHOWN]) + (", ..." if len(found) > SHOWN else "")
+    raise BadUsage(
+        f"{kind} prefix {ref} is ambiguous: {len(found)} {kind}s match ({names}); "
+        "type more of the id"
+    )
+
+
+def _glob(ref: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", ref) + "*"
+
+
+def _runs_matching(rt: Runtime, ref: str) -> list[str]:
+    client, key = rt.store.client, rt.store.keys.runs
+    found = list(client.zscan_iter(key, match=_glob(ref), count=1000))
+    return [raw.decode() for raw, _score in found]
+
+
+def _checkpoints_matching(rt: Runtime, ref: str) -> list[str]:
+    client, key = rt.store.client, rt.store.keys.checkpoints
+    found = list(client.hscan_iter(key, match=_glob(ref), count=1000))
+    return [raw.decode() for raw, _run in found]
+
+
+def _child_by_parent_prefix(rt: Runtime, ref: str) -> list[str]:
+    """``<parent prefix>-<rest>``: the parent's whole id followed by ``-<rest>``."""
+    for cut in (m.start() for m in re.finditer("-", ref)):
+        head, rest = ref[:cut], ref[cut:]
+        try:
+            parent = resolve_run(rt, head)
+        except (RunNotFound, BadUsage):
+            continue
+        if rt.store.run(parent + rest) is not None:
+            return [parent + rest]
+    return []
+
+
+def _roots(rt: Runtime) -> list[str]:
+    """Every run id in the index that does not extend another one (child runs do)."""
+    client, key = rt.store.client, rt.store.keys.runs
+    ids = sorted(raw.decode() for raw in client.zrange(key, 0, -1))
+    roots: list[str] = []
+    for run_id in ids:  # sorted, so a parent comes right before its descendants
+        if not (roots and run_id.startswith(roots[-1] + "-")):
+            roots.append(run_id)
+    return roots
+
+
+def _prefixes(run_id: str) -> list[str]:
+    """``run_id`` and each shorter id it extends at a ``-``, longest last."""
+    cuts = [m.start() for m in re.finditer("-", run_id)]
+    return [run_id[:cut] for cut in cuts] + [run_id]
+
+
+def _common(a: str, b: str) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )

@@ -1,0 +1,327 @@
+"""``runner dev`` and the processes that find it, driven as a user would: real subprocesses
+in a fresh project folder, with no ``RUNNER_*`` variable set; and ``make demo``'s
+commands to explore the run afterwards, run as printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FLOWS = """
+from runner import Flow, FlowState, listen, start
+
+
+class S(FlowState):
+    topic: str = ""
+
+
+class EchoFlow(Flow[S]):
+    @start()
+    def plan(self):
+        return f"plan of {self.state.topic}"
+
+    @listen(plan)
+    def write(self, plan):
+        return f"report from {plan}"
+"""
+
+
+def bare_env(**extra: str) -> dict[str, str]:
+    """This environment without any ``RUNNER_*`` variable; the repository importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return {**env, **extra}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    kids = [int(p) for p in out.stdout.split()]
+    return kids + [g for k in kids for g in descendants(k)]
+
+
+@dataclass
+class DevProcess:
+    """A ``runner dev`` in the background; ``url`` from the export line it printed."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    export: str
+
+    @classmethod
+    def start(
+        cls, cwd: Path, argv: list[str], env: dict[str, str], timeout: float = 90
+    ) -> DevProcess:
+        log = open(cwd / "dev-stderr.log", "a")  # noqa: SIM115  (owned by the process)
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=log, text=True
+        )
+        log.close()
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline().strip() if ready else ""
+        if not line.startswith("export "):
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            raise AssertionError(
+                f"no export line: {line!r}; {(cwd / 'dev-stderr.log').read_text()}"
+            )
+        match = re.search(r"RUNNER_REDIS_URL=(\S+)", line)
+        assert match is not None, line
+        return cls(proc, match.group(1), line)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Stop it as a user would; its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=60)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return code
+
+
+def runner(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    """``runner ARGS`` as a subprocess in ``cwd``."""
+    return subprocess.run(
+        [sys.executable, "-m", "runner.cli", *args],
+        cwd=cwd,
+        env=env if env is not None else bare_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def dev_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "runner.cli", "dev", *args, "--no-flower", "--no-ui"]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A new project folder with one flow module, ``devflows.py``."""
+    (tmp_path / "devflows.py").write_text(FLOWS)
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    return tmp_path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_runner_dev_serves_every_process_of_the_project_and_survives_a_restart(
+    project: Path,
+) -> None:
+    dev = DevProcess.start(project, dev_argv("devflows", "--workers", "2"), bare_env())
+    try:
+        assert dev.export == f"export RUNNER_REDIS_URL={dev.url}"
+        recorded = json.loads((project / ".runner" / "dev.json").read_text())
+        assert recorded["redis_url"] == dev.url and recorded["pid"] == dev.proc.pid
+        info = redis.Redis.from_url(dev.url).info("persistence")
+        assert info["aof_enabled"] == 1
+        assert (project / ".runner" / "redis" / "appendonlydir").is_dir()
+
+        # The CLI, from a folder below the project, with nothing configured.
+        below = project / "sub" / "deeper"
+        done = runner(below, "submit", "devflows:EchoFlow", "--input", "topic=bees", "--wait")
+        assert done.returncode == 0, done.stderr
+        run_id, outcome = done.stdout.splitlines()
+        assert outcome == "succeeded: report from plan of bees"
+
+        # runner.submit and Flow.submit from a script.
+        script = project / "produce.py"
+        script.write_text(
+            "import runner\nfrom devflows import EchoFlow\n"
+            "print(runner.submit('devflows:EchoFlow', {'topic': 'ants'}).result(timeout=60))\n"
+            "print(EchoFlow.submit({'topic': 'owls'}).result(timeout=60))\n"
+        )
+        produced = subprocess.run(
+            [sys.executable, str(script)], cwd=below, env=bare_env(), capture_output=True,
+            text=True, timeout=90, check=False,
+        )  # fmt: skip
+        assert produced.returncode == 0, produced.stderr
+        assert produced.stdout.splitlines() == [
+            "report from plan of ants",
+            "report from plan of owls",
+        ]
+
+        # A worker started by hand finds it too.
+        name = f"hand-{uuid.uuid4().hex[:6]}@%h"
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "workers", "worker", "-n", name, "-c", "1",
+             "--without-gossip", "--without-mingle", "-l", "warning"],
+            cwd=below, env=bare_env(RUNNER_FLOW_MODULES="devflows"), stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            from runner.distributed.app import make_app
+            from runner.settings import RunnerSettings
+
+            probe = make_app(RunnerSettings(redis_url=dev.url))
+            try:
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    replies = probe.control.ping(timeout=0.5)
+                    if any(name.startswith("hand-") for reply in replies for name in reply):
+                        break
+                    assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
+                else:
+                    raise AssertionError("the hand-started worker never answered")
+            finally:
+                probe.close()
+        finally:
+            worker.terminate()
+            worker.communicate(timeout=30)
+    finally:
+        pid = dev.proc.pid
+        assert dev.stop() == 0
+    assert descendants(pid) == []
+
+    # Stopped: its file remains, and says so.
+    stale = runner(project, "runs")
+    assert stale.returncode == 1
+    assert stale.stderr.count("\n") == 1 and "is not running" in stale.stderr
+
+    # Restarted: same URL, the runs are still there.
+    again = DevProcess.start(project, dev_argv("devflows"), bare_env())
+    try:
+        assert again.url == dev.url
+        status = runner(project, "status", run_id, "--json")
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["status"] == "succeeded"
+        twice = runner(project, "dev", "devflows", "--no-flower", "--no-ui")
+        assert twice.returncode == 1 and "already runs here" in twice.stderr
+    finally:
+        again.stop(signal.SIGINT)
+
+
+def test_without_runner_dev_workers_and_producers_refuse_with_one_line(project: Path) -> None:
+    worker = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "workers", "worker"],
+        cwd=project, env=bare_env(RUNNER_FLOW_MODULES="devflows"), capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert worker.returncode == 1
+    assert worker.stderr.splitlines() == [
+        "error: no Redis to share: run `runner dev` in this project (a producer and its "
+        "workers must share one Redis), or set RUNNER_REDIS_URL"
+    ]
+    cli = runner(project, "submit", "devflows:EchoFlow", "--input", "topic=x")
+    assert cli.returncode == 1
+    assert cli.stderr.splitlines() == [worker.stderr.strip()]
+
+    script = (
+        "from runner.errors import StoreUnavailable\nfrom devflows import EchoFlow\n"
+        "print(EchoFlow().kickoff(inputs={'topic': 'here'}))\n"
+        "try:\n    EchoFlow.submit({'topic': 'x'})\n"
+        "except StoreUnavailable as exc:\n    print('refused:', exc)\n"
+    )
+    produced = subprocess.run(
+        [sys.executable, "-c", script], cwd=project, env=bare_env(), capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    kicked, refused = produced.stdout.splitlines()
+    assert kicked == "report from plan of here"  # in process: a private embedded Redis
+    assert refused.startswith("refused: no Redis to share")
+
+
+def test_submitting_a_flow_defined_in_main_fails_before_anything_is_stored(
+    project: Path, redis_url: str, prefix: str
+) -> None:
+    script = FLOWS + (
+        "\nfrom runner.errors import FlowImportError\n"
+        "try:\n    EchoFlow.submit({'topic': 'x'})\n"
+        "except FlowImportError as exc:\n    print(exc)\n"
+    )
+    (project / "script.py").write_text(script)
+    done = subprocess.run(
+        [sys.executable, "script.py"], cwd=project,
+        env=bare_env(RUNNER_REDIS_URL=redis_url, RUNNER_PREFIX=prefix), capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    message = done.stdout.strip()
+    assert message.startswith("EchoFlow is defined in the script you ran (__main__)"), message
+    assert "move it into a module" in message
+    client = redis.Redis.from_url(redis_url)
+    assert list(client.scan_iter(f"{prefix}:*")) == []
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ([], "name the flow modules the workers may run"),
+        (["no_such_module_here"], "cannot import flow module no_such_module_here"),
+        (["json"], "module json defines no Flow or Crew"),
+    ],
+)
+def test_runner_dev_refuses_a_bad_allow_list_in_one_line(
+    project: Path, args: list[str], needle: str
+) -> None:
+    done = runner(project, "dev", *args, "--no-flower", "--no-ui")
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1 and needle in done.stderr, done.stderr
+    assert not (project / ".runner").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_demo_leaves_a_run_whose_printed_commands_work_as_printed(tmp_path: Path) -> None:
+    env = bare_env(DEMO_FLOWER_PORT=str(_free_port()))
+    demo = subprocess.run(
+        [sys.executable, "-m", "examples.demo"], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=200, check=False,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    out = demo.stdout
+    assert "rm -rf .runner" in out
+    commands = [
+        line.split("#")[0].strip()
+        for line in out.split("Explore it:", 1)[1].splitlines()[1:]
+        if line.startswith("  ")
+    ]
+    assert commands[0].startswith("RUNNER_PREFIX=demo runner dev examples.research")
+    shell_env = bare_env()
+    shell_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{shell_env.get('PATH', '')}"
+    dev = DevProcess.start(
+        tmp_path, ["bash", "-c", f"exec {commands[0]} --no-flower --no-ui"], shell_env
+    )
+    try:
+        exports = [c for c in commands[1:] if c.startswith("export ")]
+        for name, value in (c[len("export ") :].split("=", 1) for c in exports):
+            shell_env[name] = value
+        for command in [c for c in commands[1:] if not c.startswith("export ")]:
+            done = subprocess.run(
+                ["bash", "-c", command], cwd=tmp_path, env=shell_env, capture_output=True,
+                text=True, timeout=120, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, (command, done.stdout, done.stderr)
+            if command.startswith("runner fork"):
+                assert done.stdout.splitlines()[-1].startswith("succeeded: ")
+    finally:
+        dev.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
