@@ -70,6 +70,4 @@ def failed_review(rt: Runtime, **inputs: Any) -> str:
 
 def snapshot(rt: Runtime) -> dict[str, tuple[int, str]]:
     """Every run of ``rt``'s prefix: its seq and status (to check that nothing changed)."""
-    return {
-        info.run_id: (info.seq, info.status.value) for info in rt.store.runs(limit=1000)
-    }
+    return {info.run_id: (info.seq, info.status.value) for info in rt.store.runs(limit=1000)}

@@ -22,9 +22,7 @@ BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def rt(
-    worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Runtime]:
+def rt(worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
     with console_workers(worker_env, str(tmp_path_factory.mktemp("console-api"))) as runtime:
         yield runtime
 
@@ -98,9 +96,7 @@ def test_fork_form_is_the_state_schema_filled_from_the_checkpoint(
     }
     assert form["schema"]["properties"]["limit"]["type"] == "integer"
     assert form["steps"] == ["outline", "write", "check", "publish"]
-    preview = readonly.get(
-        f"/api/checkpoints/{failed_run}/rerun", params={"step": "write"}
-    ).json()
+    preview = readonly.get(f"/api/checkpoints/{failed_run}/rerun", params={"step": "write"}).json()
     assert preview["rerun"] == ["write", "check", "publish"]
     assert preview["starts"] == ["write"]
 
@@ -160,9 +156,10 @@ def test_unknown_ids_are_404_and_change_nothing(
     before = snapshot(rt)
     assert error_of(acting.get(f"/api/runs/{ghost}"), 404)["type"] == "RunNotFound"
     assert error_of(acting.get(f"/api/checkpoints/{ghost}"), 404)["type"] == "CheckpointNotFound"
-    assert ghost in error_of(acting.get("/api/diff", params={"a": ghost, "b": failed_run}), 404)[
-        "message"
-    ]
+    assert (
+        ghost
+        in error_of(acting.get("/api/diff", params={"a": ghost, "b": failed_run}), 404)["message"]
+    )
     assert error_of(acting.post(f"/api/runs/{ghost}/resume", json={}), 404)
     assert error_of(acting.post(f"/api/runs/{ghost}/cancel"), 404)
     assert error_of(acting.post(f"/api/checkpoints/{ghost}/fork", json={}), 404)
@@ -194,9 +191,7 @@ def test_refused_actions_are_409_and_change_nothing(
     assert snapshot(rt) == before
 
 
-def test_resume_with_inputs_continues_at_the_failed_step(
-    rt: Runtime, acting: httpx.Client
-) -> None:
+def test_resume_with_inputs_continues_at_the_failed_step(rt: Runtime, acting: httpx.Client) -> None:
     run_id = failed_review(rt, topic="again")
     response = acting.post(f"/api/runs/{run_id}/resume", json={"inputs": {"limit": 1000}})
     assert response.status_code == 202, response.text

@@ -20,7 +20,7 @@ let graphs = 0;
 async function renderGraphs() {
   for (const box of document.querySelectorAll("[data-mermaid]:not([data-rendered])")) {
     box.setAttribute("data-rendered", "pending");
-    const source = JSON.parse(box.querySelector("script[type='application/json']").textContent);
+    const source = box.dataset.mermaid; // the chart's text, HTML-escaped in the attribute
     try {
       const { svg } = await mermaid.render("graph-" + ++graphs, source);
       box.querySelector(".graph-svg").innerHTML = svg; // strict mode: labels are escaped
