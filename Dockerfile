@@ -6,7 +6,7 @@ COPY runner ./runner
 COPY workers ./workers
 COPY examples ./examples
 COPY config ./config
-RUN pip install --no-cache-dir '.[flower]'
+RUN pip install --no-cache-dir '.[flower,console]'
 # Run as an unprivileged user: a step's code (and any LLM client it calls) never runs as root.
 RUN useradd --create-home --uid 10001 --user-group runner
 USER runner
