@@ -199,6 +199,7 @@ def _settings_kwargs(env: dict[str, str]) -> dict[str, Any]:
         "lease_seconds",
         "recovery_interval",
         "retry_backoff",
+        "broker_url",
     }
     out: dict[str, Any] = {}
     for name in fields:
