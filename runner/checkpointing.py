@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
+from runner.errors import InvalidInputs
 from runner.flow import events as ev
 from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint
@@ -42,7 +43,13 @@ CREW_DEFAULT_EVENTS = frozenset({"task_completed", "task_failed", "crew_kickoff_
 
 
 class CheckpointConfig(BaseModel):
-    """Where and when checkpoints are written (CrewAI's fields and defaults)."""
+    """Where and when checkpoints are written (CrewAI's fields and defaults).
+
+    ``directory=`` is accepted as the older name of ``location``. A ``restore_from`` that
+    names a checkpoint file (``<location>/<time>_<id>.json``) or a SQLite checkpoint
+    (``<file>#<id>``) also tells where the run's history is, so ``location`` and the
+    provider need not be repeated.
+    """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -57,6 +64,51 @@ class CheckpointConfig(BaseModel):
     restore_from: str | Path | None = None
     """A checkpoint id, a run id (its latest) or a checkpoint JSON file to restore."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_names(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "directory" in data:
+            if "location" in data:
+                raise ValueError("give location or its older name directory, not both")
+            data["location"] = data.pop("directory")
+        ref = data.get("restore_from")
+        if isinstance(ref, str) and "#" in ref:
+            db, _, ident = ref.rpartition("#")
+            if Path(db).is_file():  # CrewAI's SqliteProvider location: <db file>#<id>
+                data["restore_from"] = ident
+                data.setdefault("location", db)
+                if data.get("provider") is None:
+                    from runner.store.sqlite import SqliteProvider
+
+                    data["provider"] = SqliteProvider
+        elif ref is not None and "location" not in data and data.get("provider") is None:
+            from runner.store.jsondir import JsonProvider
+
+            root = JsonProvider.root_of(Path(ref))
+            if root is not None:
+                data["location"] = str(root)
+        return data
+
+    @property
+    def directory(self) -> str:
+        """The older name of :attr:`location`."""
+        return self.location
+
+    @property
+    def trigger_all(self) -> bool:
+        """Whether every event writes a checkpoint (``on_events=["*"]``)."""
+        return self.on_events is not None and "*" in self.on_events
+
+    @property
+    def trigger_events(self) -> set[str]:
+        """The events named in ``on_events``; with none given, both kinds' defaults."""
+        if self.on_events is None:
+            return set(FLOW_DEFAULT_EVENTS | CREW_DEFAULT_EVENTS)
+        return set(self.on_events)
+
     def events(self, kind: str = "flow") -> frozenset[str]:
         """The events that write a checkpoint for a flow or a crew."""
         if self.on_events is None:
@@ -66,7 +118,11 @@ class CheckpointConfig(BaseModel):
         return frozenset(self.on_events)
 
     def store(self) -> CheckpointStore:
-        """The provider this config writes to, bound to ``location``."""
+        """The provider this config writes to, bound to ``location``.
+
+        A provider class is made at ``location``; a provider made without one
+        (``JsonProvider()``, ``SqliteProvider()``) is bound to it.
+        """
         provider = self.provider
         if provider is None:
             from runner.store.jsondir import JsonProvider
@@ -130,10 +186,24 @@ def persist(persistence: Any = None, verbose: bool = False) -> Any:
 # -- sinks: which checkpoints are written where ---------------------------------------------
 
 
+def persistable(ckpt: Checkpoint) -> Checkpoint:
+    """``ckpt`` as it is persisted: under the state's ``id``, which a method may have changed
+    (CrewAI saves under it; later checkpoints of the run follow it there)."""
+    state_id = ckpt.state.get("id", ckpt.run_id)
+    if not isinstance(state_id, str) or not state_id:
+        raise InvalidInputs(
+            f"the state id of run {ckpt.run_id} must be a non-empty string, not {state_id!r}",
+            run_id=ckpt.run_id,
+        )
+    return ckpt if state_id == ckpt.run_id else ckpt.model_copy(update={"run_id": state_id})
+
+
 class Sink:
     """No persistence: nothing is written and nothing can be restored."""
 
     store: CheckpointStore | None = None
+    persists = False
+    """Whether checkpoints are written (else state need not be JSON)."""
 
     def write(self, ckpt: Checkpoint) -> Checkpoint:
         """Write ``ckpt`` if its event is selected; return it (with ``seq`` if written)."""
@@ -151,6 +221,8 @@ class Sink:
 class StoreSink(Sink):
     """Full checkpoints to a store on the selected events."""
 
+    persists = True
+
     def __init__(
         self, store: CheckpointStore, events: frozenset[str], max_checkpoints: int | None = None
     ) -> None:
@@ -162,7 +234,7 @@ class StoreSink(Sink):
         """Commit ``ckpt`` when its event is one of ours."""
         assert self.store is not None
         if "*" in self.events or ckpt.event in self.events:
-            return self.store.commit(ckpt, max_checkpoints=self.max_checkpoints)
+            return self.store.commit(persistable(ckpt), max_checkpoints=self.max_checkpoints)
         return ckpt
 
     def load_state(self, run_id: str) -> dict[str, Any] | None:
@@ -179,6 +251,8 @@ class StoreSink(Sink):
 class PersistSink(Sink):
     """``@persist``: state after every method, or after the marked methods."""
 
+    persists = True
+
     def __init__(
         self, persistence: FlowPersistenceLike, methods: frozenset[str] | None, verbose: bool
     ) -> None:
@@ -193,6 +267,7 @@ class PersistSink(Sink):
             return ckpt
         if self.methods is not None and ckpt.step not in self.methods:
             return ckpt
+        ckpt = persistable(ckpt)
         if self.verbose:
             log.info("Saving flow state to memory for ID: %s", ckpt.run_id)
         if self.store is not None:

@@ -46,7 +46,17 @@ class DefinitionError(RunnerError):
 
 
 class UnknownTrigger(DefinitionError):
-    """A listener names a trigger that is neither a method nor a router label."""
+    """A listener names a trigger that is neither a method nor a router label (raised only
+    for a strict flow; otherwise a :class:`DefinitionWarning` names it)."""
+
+
+class SelfTrigger(DefinitionError, ValueError):
+    """A method listens to itself (a ``ValueError`` too, as CrewAI raises)."""
+
+
+class DefinitionWarning(UserWarning):
+    """A flow definition that works but is probably a mistake, e.g. a listener of a label
+    no router returns (it never runs). ``Flow(strict=True)`` makes it an error."""
 
 
 class FlowImportError(DefinitionError):

@@ -9,7 +9,7 @@ from enum import StrEnum
 
 import pytest
 
-from runner.errors import DefinitionError, UnknownStep, UnknownTrigger
+from runner.errors import DefinitionError, DefinitionWarning, UnknownStep, UnknownTrigger
 from runner.flow.conditions import And, Or, and_, evaluate, has_and, leaves, normalize, or_
 from runner.flow.decorators import DEFAULT_MAX_CALLS, STEP_ATTR, listen, router, start
 from runner.flow.graph import compile_graph, infer_labels, route_label
@@ -83,11 +83,11 @@ def test_decorators_return_the_function_with_a_mark() -> None:
     assert decl.options.retries == 2 and decl.options.max_calls == 5
 
 
-def test_a_method_has_one_role() -> None:
-    with pytest.raises(DefinitionError, match="one role"):
+def test_a_decorator_given_twice_is_rejected() -> None:
+    with pytest.raises(DefinitionError, match="@listen is given twice"):
 
         @listen("a")
-        @start()
+        @listen("b")
         def both(self: object) -> None: ...
 
 
@@ -205,7 +205,7 @@ def test_infer_labels_reads_closure_constants_and_ignores_nested_functions() -> 
     assert route_label(Verdict.OK) == "ok" and route_label(None) is None
 
 
-def test_unknown_trigger_error_names_it() -> None:
+def test_unknown_trigger_warning_names_it_and_a_strict_class_refuses_it() -> None:
     class Typo:
         @start()
         def a(self) -> None: ...
@@ -213,8 +213,14 @@ def test_unknown_trigger_error_names_it() -> None:
         @listen("aa")
         def b(self) -> None: ...
 
+    with pytest.warns(DefinitionWarning, match=r"Typo\.b listens to 'aa'"):
+        assert compile_graph(Typo).unknown_triggers == (("b", "aa"),)
+
+    class StrictTypo(Typo):
+        strict = True
+
     with pytest.raises(UnknownTrigger, match="'aa'") as info:
-        compile_graph(Typo)
+        compile_graph(StrictTypo)
     assert info.value.fields["trigger"] == "aa" and info.value.fields["step"] == "b"
 
 

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from runner.checkpointing import CheckpointConfig, Sink, StoreSink, resolve_config
+from runner.checkpointing import CheckpointConfig, Sink, StoreSink, persistable, resolve_config
 from runner.crew.task import TaskInput, TaskOutput, TaskOutputError, current_task
 from runner.flow import events as ev
 from runner.flow.decorators import listen, start
 from runner.flow.flow import Flow
 from runner.flow.state import FlowState
-from runner.flow.steps import _await
+from runner.flow.steps import run_awaitable
 from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint
 
@@ -90,7 +90,7 @@ class CrewSink(StoreSink):
             return ckpt
         crew_name = CREW_EVENT_NAMES.get(ckpt.event)
         if "*" in events or ckpt.event in events or crew_name in events:
-            return self.store.commit(ckpt, max_checkpoints=self.max_checkpoints)
+            return self.store.commit(persistable(ckpt), max_checkpoints=self.max_checkpoints)
         return ckpt
 
 
@@ -154,7 +154,7 @@ class CrewFlow(Flow[CrewState]):
                 assert task.agent is not None  # Crew checks every task can be done
                 result = task.agent.execute_task(task_input)
             if inspect.isawaitable(result):
-                result = _await(result)  # an async fn or LLM client
+                result = run_awaitable(result)  # an async fn or LLM client
         finally:
             current_task.reset(token)
         role = task.agent.role if task.agent is not None else ""

@@ -4,15 +4,16 @@ Each decorator attaches a :class:`StepDecl` to the function under :data:`STEP_AT
 returns the function itself, so it stays callable and can be named as a trigger further down
 the class body (``@listen(plan)``). :func:`runner.flow.graph.compile_graph` reads the marks.
 
-A method has one role. The one allowed combination is ``@start()`` with ``@router()`` (in
-either order): a *start router* runs at kickoff and its label triggers listeners. Its trigger,
-if any, is written on ``@start(...)``; ``@router`` must then have none.
+Decorators stack as CrewAI's do (in either order): ``@start()`` with ``@router()`` is a *start
+router* (its trigger, if any, is written on ``@start(...)``); ``@router()`` with ``@listen(x)``
+is a router triggered by ``x``; ``@start()`` with ``@listen(x)`` runs at kickoff and again
+whenever ``x`` fires. A trigger may be given once, and each decorator used once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -66,6 +67,8 @@ class StepDecl:
     """Router labels given with ``labels=``; ``None`` to infer them from the source."""
     options: StepOptions
     """Retries, backoff, time limit, call limit."""
+    at_kickoff: bool = False
+    """A start whose trigger came from a stacked ``@listen``: it also runs at kickoff."""
 
     @property
     def role(self) -> str:
@@ -106,22 +109,34 @@ def _labels(labels: Iterable[str | Enum] | type[Enum] | None) -> frozenset[str] 
 
 
 def _combine(old: StepDecl, new: StepDecl, name: str) -> StepDecl:
-    """Stack ``@start`` and ``@router``; any other second role is an error."""
-    roles = {old.role, new.role}
-    if roles != {"start", "router"}:
-        raise DefinitionError(
-            f"{name}: a method has one role; it is already @{old.role}, cannot also be "
-            f"@{new.role} (only @start() and @router() may be combined)",
-            method=name,
-        )
-    start, rtr = (old, new) if old.is_start else (new, old)
-    if rtr.condition is not None:
-        raise DefinitionError(
-            f"{name}: a start router takes its trigger from @start(...), not @router(...)",
-            method=name,
-        )
-    options = start.options.merged(rtr.options)
-    return replace(start, is_router=True, labels=rtr.labels, options=options)
+    """Stack two decorators on one method (see the module docstring for what combines)."""
+
+    def refuse(why: str) -> DefinitionError:
+        return DefinitionError(f"{name}: {why}", method=name)
+
+    for role in ("start", "router", "listen"):
+        if old.role == role and new.role == role:
+            raise refuse(f"@{role} is given twice; give one @{role}(...) (or_() joins triggers)")
+    if (old.is_start and new.is_start) or (old.is_router and new.is_router):
+        raise refuse(f"cannot combine @{old.role} with @{new.role}: a role is given twice")
+    if old.condition is not None and new.condition is not None:
+        raise refuse("a trigger is given twice; join them with or_(...) in one decorator")
+    start = old if old.is_start else new if new.is_start else None
+    rtr = old if old.is_router else new if new.is_router else None
+    if start is not None and rtr is not None and rtr.condition is not None:
+        raise refuse("a start router takes its trigger from @start(...), not @router(...)")
+    condition = old.condition if old.condition is not None else new.condition
+    labels = rtr.labels if rtr is not None else None
+    # A trigger that came from @listen on a start adds to the kickoff run, as in CrewAI.
+    at_kickoff = start is not None and start.condition is None and condition is not None
+    return StepDecl(
+        is_start=start is not None,
+        is_router=rtr is not None,
+        condition=condition,
+        labels=labels,
+        options=old.options.merged(new.options),
+        at_kickoff=at_kickoff or old.at_kickoff or new.at_kickoff,
+    )
 
 
 def _mark(decl: StepDecl) -> Callable[[F], F]:
@@ -174,6 +189,7 @@ def listen(
 def router(
     condition: object = None,
     *more: object,
+    emit: Iterable[str | Enum] | str | None = None,
     labels: Iterable[str | Enum] | type[Enum] | None = None,
     retries: int | None = None,
     retry_backoff: float | None = None,
@@ -182,10 +198,14 @@ def router(
 ) -> Callable[[F], F]:
     """Mark a method whose return value (a string or Enum member) is a label to emit.
 
-    Listeners of that label (``@listen("label")``) then run. ``labels=`` declares the
-    possible labels; without it they are read from the method's ``return`` statements.
-    A router needs a trigger unless it is also ``@start()``.
+    Listeners of that label (``@listen("label")``) then run. ``emit=`` (CrewAI's name) or
+    ``labels=`` declares the possible labels; without them they are read from the method's
+    ``return`` statements. A router needs a trigger unless it is stacked with ``@start()``
+    or ``@listen(...)``, which then give it.
     """
     opts = _check_options(StepOptions(retries, retry_backoff, time_limit, max_calls))
     cond = None if condition is None and not more else _trigger(condition, more)
-    return _mark(StepDecl(False, True, cond, _labels(labels), opts))
+    if emit is not None and labels is not None:
+        raise DefinitionError("give emit= or its other name labels=, not both")
+    declared = _labels([emit] if isinstance(emit, str) else emit if emit is not None else labels)
+    return _mark(StepDecl(False, True, cond, declared, opts))

@@ -8,7 +8,10 @@ the same orchestrator and checkpoints, so either can resume the other's runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import functools
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
@@ -17,34 +20,50 @@ from pydantic import BaseModel, ValidationError
 
 from runner.checkpointing import CheckpointConfig, Sink, sink_for
 from runner.errors import DefinitionError, InvalidInputs
-from runner.flow.graph import FlowGraph, compile_graph
-from runner.flow.state import dump_state
+from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph, compile_graph, unknown_trigger
+from runner.flow.state import dump_state, with_id
 from runner.flow.steps import current_state, json_copy
 
 StateT = TypeVar("StateT", bound=BaseModel | dict[str, Any])
 
 _STATE_TYPE_ATTR = "__runner_state_type__"
+_STATE_PARAM_ATTR = "__runner_state_param__"
+_PARAMETRIZED_ATTR = "__runner_parametrized__"
 _UNKNOWN: Any = object()
 
 
 class Flow(Generic[StateT]):
     """Subclass with ``@start``/``@listen``/``@router`` methods over a state.
 
-    The state is the generic parameter (``Flow[MyState]``, a ``FlowState``
-    subclass) or ``initial_state`` (a model class, a model, or a dict).
+    The state is the generic parameter (``Flow[MyState]``: a pydantic model, given an
+    ``id`` field if it has none, or ``dict``) or ``initial_state`` (a model class, a model,
+    or a dict). ``Flow[MyState]`` is a real subclass of ``Flow``, so ``type(name,
+    (Flow[MyState],), namespace)`` and ``types.new_class`` work as a class statement does.
     """
 
     initial_state: ClassVar[Any] = None
     name: ClassVar[str | None] = None
     checkpoint: ClassVar[CheckpointConfig | bool | None] = None
+    strict: ClassVar[bool] = False
+    """Refuse (rather than warn about) a listener of a trigger nothing emits."""
+
+    def __class_getitem__(cls, item: Any) -> Any:
+        if isinstance(item, TypeVar) or (isinstance(item, tuple) and len(item) != 1):
+            return super().__class_getitem__(item)  # type: ignore[misc]
+        return _parametrized(cls, item[0] if isinstance(item, tuple) else item)
 
     def __init__(
         self,
         persistence: Any = None,
         checkpoint: CheckpointConfig | bool | None = None,
         listeners: list[Any] | None = None,
+        strict: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        if strict if strict is not None else type(self).strict:
+            graph = compile_graph(type(self), warn=False)
+            if graph.unknown_triggers:
+                raise unknown_trigger(graph)
         self._persistence = persistence
         self._checkpoint = checkpoint if checkpoint is not None else type(self).checkpoint
         self._listeners = list(listeners or [])
@@ -53,7 +72,12 @@ class Flow(Generic[StateT]):
         self._state_obj: Any = None
         self._fresh_id = False
         """The state's id was made up for this object (no run can have it yet)."""
-        self._state = self._initial_state()
+        self._method_outputs: list[Any] = []
+        self._transient = False
+        """The current in-process run keeps no checkpoints (see :meth:`_dump_state`)."""
+        init = kwargs.pop("initial_state", type(self).initial_state)
+        self._model = _model_of(init) if init is not type(self).initial_state else None
+        self._state = self._initial_state(init)
         for key, value in kwargs.items():
             setattr(self, key, value)
 
@@ -110,26 +134,29 @@ class Flow(Generic[StateT]):
 
     @classmethod
     def _find_state_type(cls) -> type[BaseModel] | None:
-        init = cls.initial_state
-        if isinstance(init, type) and issubclass(init, BaseModel):
-            return init
-        if isinstance(init, BaseModel):
-            return type(init)
-        if isinstance(init, dict):
-            return None
+        found = _model_of(cls.initial_state)
+        if found is not None or cls.initial_state is not None:
+            return found
         for klass in cls.__mro__:
-            for base in getattr(klass, "__orig_bases__", ()):
+            param = klass.__dict__.get(_STATE_PARAM_ATTR, _UNKNOWN)
+            if param is not _UNKNOWN:
+                return _model_of(param)
+            for base in klass.__dict__.get("__orig_bases__", ()):
                 if get_origin(base) is Flow:
                     args = get_args(base)
-                    if args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
-                        return args[0]
+                    return _model_of(args[0]) if args else None
         return None
 
-    def _initial_state(self) -> Any:
-        init = type(self).initial_state
-        model = type(self).state_type()
+    def _state_model(self) -> type[BaseModel] | None:
+        """This flow's state model: from an ``initial_state`` given to it, else its class's."""
+        return self._model if self._model is not None else type(self).state_type()
+
+    def _initial_state(self, init: Any) -> Any:
+        model = self._state_model()
         if isinstance(init, BaseModel):
-            state: Any = init.model_copy(deep=True)
+            # A model without an id becomes its with-id subclass, sharing its values.
+            copied = init.model_copy(deep=True)
+            state: Any = copied if type(copied) is model else model(**dict(copied))  # type: ignore[misc]
         elif isinstance(init, dict):
             state = copy.deepcopy(init)
         elif isinstance(init, type) and issubclass(init, dict):
@@ -141,11 +168,6 @@ class Flow(Generic[StateT]):
         if isinstance(state, dict):
             self._fresh_id = "id" not in state
             state.setdefault("id", str(uuid.uuid4()))
-        elif "id" not in type(state).model_fields:
-            raise DefinitionError(
-                f"state model {type(state).__name__} has no 'id' field; subclass FlowState",
-                flow=type(self).__name__,
-            )
         else:
             made_here = not isinstance(init, BaseModel) and "id" not in state.model_fields_set
             factory = type(state).model_fields["id"].default_factory
@@ -154,7 +176,7 @@ class Flow(Generic[StateT]):
 
     def _state_from_json(self, data: dict[str, Any]) -> Any:
         """A state object made from JSON ``data``; it shares no list or dict with ``data``."""
-        model = type(self).state_type()
+        model = self._state_model()
         fresh = json_copy(data)
         if model is None:
             kind = type(self._state_obj)
@@ -175,10 +197,40 @@ class Flow(Generic[StateT]):
     def _dump(self) -> dict[str, Any]:
         if self._state_json is not None:
             return json_copy(self._state_json)
-        return dump_state(self._state)
+        return self._dump_state(self._state)
+
+    def _dump_state(self, state: Any) -> dict[str, Any]:
+        """``state`` as JSON; a value with no JSON form is an error (naming its field) only
+        when the run keeps checkpoints, as in CrewAI, where only persisting needs JSON."""
+        return dump_state(state, strict=not self._transient)
 
     def _sink(self) -> Sink:
         return sink_for(type(self), self._persistence, self._checkpoint)
+
+    # -- what the methods returned -----------------------------------------------------------
+
+    @property
+    def method_outputs(self) -> list[Any]:
+        """The outputs of the methods the last kickoff ran, in the order they finished."""
+        return list(self._method_outputs)
+
+    def _record_output(self, method: str, output: Any) -> None:
+        """Called by the in-process executor each time ``method`` finished with ``output``."""
+        self._method_outputs.append(output)
+
+    def _bind_trigger_payload(self, inputs: dict[str, Any]) -> None:
+        """Take ``crewai_trigger_payload`` out of ``inputs`` (it is not state) and hand it to
+        the methods declaring a parameter of that name, as CrewAI does; ``None`` otherwise."""
+        given = TRIGGER_PAYLOAD in inputs
+        payload = inputs.pop(TRIGGER_PAYLOAD, None)
+        for spec in type(self).graph().methods.values():
+            if not spec.trigger_payload:
+                continue
+            if given:
+                bound = getattr(type(self), spec.name).__get__(self)
+                self.__dict__[spec.name] = functools.partial(bound, **{TRIGGER_PAYLOAD: payload})
+            else:
+                self.__dict__.pop(spec.name, None)
 
     def run_crew(self, crew: Any, inputs: dict[str, Any] | None = None) -> Any:
         """Run ``crew`` as a child run of this method; return it as the method's output.
@@ -206,7 +258,11 @@ class Flow(Generic[StateT]):
         restore_from_state_id: str | None = None,
         strict: bool = False,
     ) -> Any:
-        """Run the flow in this process and return the last method's output."""
+        """Run the flow in this process and return the last method's output.
+
+        ``from_checkpoint`` is a :class:`CheckpointConfig`, a checkpoint file (or SQLite
+        ``<file>#<id>``), or a checkpoint or run id in the flow's store.
+        """
         from runner.flow.local import kickoff
 
         if from_checkpoint is not None and restore_from_state_id is not None:
@@ -214,9 +270,16 @@ class Flow(Generic[StateT]):
                 "pass either from_checkpoint or restore_from_state_id, not both: "
                 "from_checkpoint resumes a checkpoint, restore_from_state_id forks a state"
             )
-        restore = from_checkpoint if from_checkpoint is not None else self._restore
+        restore = _restore_point(from_checkpoint) if from_checkpoint is not None else self._restore
         self._restore = None
-        return kickoff(self, dict(inputs or {}), restore, restore_from_state_id, strict)
+        inputs = dict(inputs or {})
+        self._bind_trigger_payload(inputs)
+        self._method_outputs = []
+        self._transient = restore is None and not self._sink().persists
+        try:
+            return kickoff(self, inputs, restore, restore_from_state_id, strict)
+        finally:
+            self._transient = False
 
     async def kickoff_async(
         self,
@@ -243,11 +306,61 @@ class Flow(Generic[StateT]):
     def from_checkpoint(cls, config: CheckpointConfig | str | Path, **kwargs: Any) -> Flow[Any]:
         """A flow that, on ``kickoff()``, restores ``config`` and skips completed methods."""
         flow = cls(**kwargs)
-        restore = config if isinstance(config, CheckpointConfig) else str(config)
+        restore = _restore_point(config)
         if isinstance(restore, CheckpointConfig) and flow._checkpoint is None:
             flow._checkpoint = restore
         flow._restore = restore
         return flow
+
+
+_parametrized_lock = threading.Lock()
+
+
+def _parametrized(cls: type, param: Any) -> type:
+    """``cls[param]`` as a real subclass of ``cls`` carrying the state type (made once)."""
+    with _parametrized_lock:
+        made: dict[Any, type] = cls.__dict__.get(_PARAMETRIZED_ATTR) or {}
+        if _PARAMETRIZED_ATTR not in cls.__dict__:
+            setattr(cls, _PARAMETRIZED_ATTR, made)
+        try:
+            found = made.get(param)
+        except TypeError:  # an unhashable parameter: made anew each time
+            found = None
+        if found is None:
+            label = getattr(param, "__name__", repr(param))
+            found = type(
+                f"{cls.__name__}[{label}]",
+                (cls,),
+                {
+                    "__module__": cls.__module__,
+                    "__qualname__": f"{cls.__qualname__}[{label}]",
+                    "__doc__": cls.__doc__,
+                    _STATE_PARAM_ATTR: param,
+                },
+            )
+            with contextlib.suppress(TypeError):
+                made[param] = found
+        return found
+
+
+def _model_of(state: Any) -> type[BaseModel] | None:
+    """The state model a state parameter or ``initial_state`` names (with an ``id``), if any."""
+    if isinstance(state, type) and issubclass(state, BaseModel):
+        return with_id(state)
+    if isinstance(state, BaseModel):
+        return with_id(type(state))
+    return None
+
+
+def _restore_point(ref: CheckpointConfig | str | Path) -> CheckpointConfig | str:
+    """A restore reference as ``kickoff`` takes it: a checkpoint file (or SQLite
+    ``<file>#<id>``) becomes a config that also knows where the run's history is."""
+    if isinstance(ref, CheckpointConfig):
+        return ref
+    text = str(ref)
+    if Path(text).is_file() or Path(text.rpartition("#")[0]).is_file():
+        return CheckpointConfig(restore_from=text)
+    return text
 
 
 def _get_id(state: Any) -> Any:

@@ -15,17 +15,27 @@ import hashlib
 import inspect
 import json
 import textwrap
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from runner.errors import DefinitionError, UnknownStep, UnknownTrigger
+from runner.errors import (
+    DefinitionError,
+    DefinitionWarning,
+    SelfTrigger,
+    UnknownStep,
+    UnknownTrigger,
+)
 from runner.flow.conditions import Cond, describe, has_and, leaves, to_json
 from runner.flow.decorators import DEFAULT_MAX_CALLS, STEP_ATTR, StepDecl
 
 _CACHE_ATTR = "__runner_graph__"
+
+TRIGGER_PAYLOAD = "crewai_trigger_payload"
+"""The kickoff input handed to methods that declare a parameter of this name (CrewAI's)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,10 @@ class MethodSpec:
     """Soft time limit of an attempt in seconds; ``None`` = settings default."""
     max_calls: int
     """Activations allowed per run."""
+    at_kickoff: bool = False
+    """A start with a trigger (stacked ``@start()`` and ``@listen``) that also runs at kickoff."""
+    trigger_payload: bool = False
+    """Declares a ``crewai_trigger_payload`` parameter (given from the kickoff inputs)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +79,8 @@ class FlowGraph:
     methods: Mapping[str, MethodSpec]
     """Every step by name, in definition order (base classes first)."""
     starts: tuple[str, ...]
-    """Unconditional starts, in definition order."""
+    """Starts that run at kickoff whatever else the flow has (unconditional ones, and those
+    with a stacked ``@listen``), in definition order."""
     labels: frozenset[str]
     """Every known router label."""
     fingerprint: str
@@ -73,10 +88,13 @@ class FlowGraph:
     open_labels: bool
     """Some router's labels could not be determined; unknown string triggers are allowed."""
     _index: Mapping[str, tuple[str, ...]] = field(repr=False, compare=False)
+    unknown_triggers: tuple[tuple[str, str], ...] = ()
+    """``(step, trigger)`` pairs naming a trigger no step has and no router returns: such a
+    listener never runs (a :class:`DefinitionWarning`, an error for a strict flow)."""
 
     @property
     def kickoff(self) -> tuple[str, ...]:
-        """The steps run at kickoff: the unconditional starts, or all starts if none."""
+        """The steps run at kickoff: :attr:`starts`, or all starts if there are none."""
         if self.starts:
             return self.starts
         return tuple(m.name for m in self.methods.values() if m.is_start)
@@ -167,17 +185,42 @@ def _node(m: MethodSpec) -> str:
 # --- compiling ------------------------------------------------------------------------------
 
 
-def compile_graph(flow_cls: type) -> FlowGraph:
+def compile_graph(flow_cls: type, *, warn: bool = True) -> FlowGraph:
     """The validated graph of ``flow_cls``, compiled once per class and cached on it.
 
-    Raises :class:`DefinitionError` (or :class:`UnknownTrigger`) naming the offending step.
+    Raises :class:`DefinitionError` naming the offending step. A listener of a trigger that
+    nothing emits is accepted (it never runs, as in CrewAI) with a :class:`DefinitionWarning`
+    when the class is first compiled (unless ``warn`` is false), or, if the class sets
+    ``strict = True``, refused with :class:`UnknownTrigger`.
     """
     cached = flow_cls.__dict__.get(_CACHE_ATTR)
     if isinstance(cached, FlowGraph):
         return cached
     graph = _build(flow_cls)
+    if graph.unknown_triggers and getattr(flow_cls, "strict", False) is True:
+        raise unknown_trigger(graph)
     setattr(flow_cls, _CACHE_ATTR, graph)
+    if graph.unknown_triggers and warn:
+        step, trigger = graph.unknown_triggers[0]
+        warnings.warn(
+            f"{graph.name}.{step} listens to {trigger!r}, which is neither a step nor a "
+            "label a router returns: it never runs",
+            DefinitionWarning,
+            stacklevel=3,
+        )
     return graph
+
+
+def unknown_trigger(graph: FlowGraph) -> UnknownTrigger:
+    """The error a strict flow raises for the first listener of a trigger nothing emits."""
+    step, trigger = graph.unknown_triggers[0]
+    return UnknownTrigger(
+        f"{graph.name}.{step} listens to {trigger!r}, which is neither a step nor a router "
+        "label (strict flow)",
+        flow=graph.name,
+        step=step,
+        trigger=trigger,
+    )
 
 
 def _step_functions(flow_cls: type) -> dict[str, tuple[Callable[..., Any], StepDecl]]:
@@ -195,11 +238,15 @@ def _step_functions(flow_cls: type) -> dict[str, tuple[Callable[..., Any], StepD
     return steps
 
 
-def _takes_arg(fn: Callable[..., Any]) -> bool:
+def _params(fn: Callable[..., Any]) -> list[inspect.Parameter]:
     try:
-        params = list(inspect.signature(fn).parameters.values())
+        return list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        return False
+        return []
+
+
+def _takes_arg(fn: Callable[..., Any]) -> bool:
+    params = [p for p in _params(fn) if p.name != TRIGGER_PAYLOAD]
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     positional = [p for p in params if p.kind in kinds]
     var = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
@@ -223,6 +270,8 @@ def _spec(name: str, fn: Callable[..., Any], decl: StepDecl, owner: type) -> Met
         retry_backoff=opts.retry_backoff,
         time_limit=opts.time_limit,
         max_calls=opts.max_calls if opts.max_calls is not None else DEFAULT_MAX_CALLS,
+        at_kickoff=decl.at_kickoff,
+        trigger_payload=any(p.name == TRIGGER_PAYLOAD for p in _params(fn)),
     )
 
 
@@ -230,7 +279,7 @@ def _build(flow_cls: type) -> FlowGraph:
     name = flow_cls.__qualname__
     steps = _step_functions(flow_cls)
     specs = {n: _spec(n, fn, decl, flow_cls) for n, (fn, decl) in steps.items()}
-    _validate(name, specs)
+    unknown = _validate(name, specs)
     index: dict[str, list[str]] = {}
     for m in specs.values():
         for leaf in sorted(leaves(m.condition)) if m.condition is not None else ():
@@ -238,19 +287,25 @@ def _build(flow_cls: type) -> FlowGraph:
     return FlowGraph(
         name=name,
         methods=MappingProxyType(specs),
-        starts=tuple(m.name for m in specs.values() if m.is_start and m.condition is None),
+        starts=tuple(
+            m.name for m in specs.values() if m.is_start and (m.condition is None or m.at_kickoff)
+        ),
         labels=frozenset().union(*(m.labels or () for m in specs.values())),
         fingerprint=_fingerprint(specs),
         open_labels=any(m.is_router and m.labels is None for m in specs.values()),
         _index=MappingProxyType({k: tuple(v) for k, v in index.items()}),
+        unknown_triggers=unknown,
     )
 
 
-def _validate(flow: str, specs: Mapping[str, MethodSpec]) -> None:
+def _validate(flow: str, specs: Mapping[str, MethodSpec]) -> tuple[tuple[str, str], ...]:
+    """Raise for wiring that cannot work; return the ``(step, trigger)`` pairs whose trigger
+    nothing emits."""
     if not any(m.is_start for m in specs.values()):
         raise DefinitionError(f"{flow} has no @start() method", flow=flow)
     labels = frozenset().union(*(m.labels or () for m in specs.values()))
     open_labels = any(m.is_router and m.labels is None for m in specs.values())
+    unknown: list[tuple[str, str]] = []
     for m in specs.values():
         if m.condition is None:
             if not m.is_start:
@@ -259,20 +314,15 @@ def _validate(flow: str, specs: Mapping[str, MethodSpec]) -> None:
                 )
             continue
         if m.name in leaves(m.condition):
-            raise DefinitionError(
+            raise SelfTrigger(
                 f"{flow}.{m.name} listens to itself ({describe(m.condition)})",
                 flow=flow,
                 step=m.name,
             )
         for leaf in sorted(leaves(m.condition)):
             if leaf not in specs and leaf not in labels and not open_labels:
-                raise UnknownTrigger(
-                    f"{flow}.{m.name} listens to {leaf!r}, which is neither a step "
-                    f"nor a router label",
-                    flow=flow,
-                    step=m.name,
-                    trigger=leaf,
-                )
+                unknown.append((m.name, leaf))
+    return tuple(unknown)
 
 
 def _fingerprint(specs: Mapping[str, MethodSpec]) -> str:
@@ -282,6 +332,8 @@ def _fingerprint(specs: Mapping[str, MethodSpec]) -> str:
             "start": m.is_start,
             "router": m.is_router,
             "condition": None if m.condition is None else to_json(m.condition),
+            # Only when set, so graphs written before the flag existed keep their fingerprint.
+            **({"kickoff": True} if m.at_kickoff else {}),
         }
         for m in sorted(specs.values(), key=lambda m: m.name)
     ]

@@ -1,7 +1,8 @@
 """Flow state: the ``FlowState`` base, JSON dumping, and merging parallel branches.
 
 Everything stored is JSON: :func:`dump_state` turns a pydantic state or a dict into plain JSON
-values (raising :class:`NotSerializable` with the key path of the first value that cannot be).
+values (raising :class:`NotSerializable` with the key path of the first value that cannot be;
+a run that keeps no checkpoints dumps leniently, keeping such a value as it is).
 
 Parallel branches each start from a snapshot of the state. When one finishes, the fields it
 changed relative to its snapshot (:func:`diff`) are applied onto the latest state
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any, Protocol
 from uuid import uuid4
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from runner.errors import NotSerializable
@@ -31,6 +33,30 @@ class FlowState(BaseModel):
 
     id: str = Field(default_factory=lambda: str(uuid4()))
     """The run's id; a fresh UUID4 string unless given."""
+
+
+_with_id: dict[type[BaseModel], type[BaseModel]] = {}
+_with_id_lock = threading.Lock()
+
+
+def with_id(model: type[BaseModel]) -> type[BaseModel]:
+    """``model`` if it has an ``id`` field, else a subclass of it adding :class:`FlowState`'s
+    (CrewAI gives a plain ``BaseModel`` state an id the same way). Made once per model."""
+    if "id" in model.model_fields:
+        return model
+    with _with_id_lock:
+        derived = _with_id.get(model)
+        if derived is None:
+            derived = create_model(
+                model.__name__,
+                __base__=model,
+                __module__=model.__module__,
+                id=(str, Field(default_factory=lambda: str(uuid4()))),
+            )
+            derived.__qualname__ = model.__qualname__
+            derived.__doc__ = model.__doc__
+            _with_id[model] = derived
+        return derived
 
 
 # --- reducers -------------------------------------------------------------------------------
@@ -100,41 +126,59 @@ def _child(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def jsonable(value: Any, path: str = "") -> Any:
+def jsonable(value: Any, path: str = "", *, strict: bool = True) -> Any:
     """``value`` as plain JSON values (dict, list, str, int, float, bool, None).
 
     Models, datetimes, UUIDs, Decimals, Enums, paths and dataclasses are converted as pydantic's
-    JSON mode does; anything else raises :class:`NotSerializable` naming its key path
-    (``items[2].when``), with ``path`` as the prefix.
+    JSON mode does. Anything else raises :class:`NotSerializable` naming its key path
+    (``items[2].when``, with ``path`` as the prefix); with ``strict=False`` it is kept as the
+    object itself, so the state of a run that is never persisted may hold it (as CrewAI's may).
     """
     if isinstance(value, Enum):
-        return jsonable(value.value, path)
+        return jsonable(value.value, path, strict=strict)
     if value is None or isinstance(value, str | bool | int | float):
         return value
     if isinstance(value, BaseModel):
         try:
             return value.model_dump(mode="json")
         except PydanticSerializationError as exc:
-            jsonable(value.model_dump(), path)  # names the offending key if it can
-            raise _not_serializable(path, value, f" ({exc})") from None
+            # Python mode always works; walking it names the offending key (or keeps it).
+            found = jsonable(value.model_dump(), path, strict=strict)
+            if strict:
+                raise _not_serializable(path, value, f" ({exc})") from None
+            return found
     if isinstance(value, Mapping):
-        return {(k := _key(key, path)): jsonable(v, _child(path, k)) for key, v in value.items()}
+        out = {}
+        for key, item in value.items():
+            try:
+                name = _key(key, path)
+            except NotSerializable:
+                if strict:
+                    raise
+                out[key] = item
+                continue
+            out[name] = jsonable(item, _child(path, name), strict=strict)
+        return out
     if isinstance(value, list | tuple | set | frozenset):
-        return [jsonable(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [jsonable(v, f"{path}[{i}]", strict=strict) for i, v in enumerate(value)]
     try:
-        return jsonable(to_jsonable_python(value), path)
+        converted = to_jsonable_python(value)
     except PydanticSerializationError:
-        raise _not_serializable(path, value) from None
+        if strict:
+            raise _not_serializable(path, value) from None
+        return value
+    return jsonable(converted, path, strict=strict)
 
 
-def dump_state(state: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+def dump_state(state: BaseModel | Mapping[str, Any], *, strict: bool = True) -> dict[str, Any]:
     """The state as a JSON-safe dict (a model via ``model_dump(mode="json")``).
 
-    Raises :class:`NotSerializable` naming the key path of a value that is not JSON.
+    Raises :class:`NotSerializable` naming the key path of a value that is not JSON; with
+    ``strict=False`` (a run that keeps no checkpoints) such a value is kept as it is.
     """
     if not isinstance(state, BaseModel | Mapping):
         raise _not_serializable("", state, " (state must be a pydantic model or a dict)")
-    dumped = jsonable(state)
+    dumped = jsonable(state, strict=strict)
     assert isinstance(dumped, dict)
     return dumped
 

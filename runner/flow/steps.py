@@ -21,7 +21,6 @@ from pydantic_core import to_jsonable_python
 from runner.errors import NotSerializable, PauseRun
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation
-from runner.flow.state import dump_state
 
 current_state: contextvars.ContextVar[Any] = contextvars.ContextVar("runner_step_state")
 """The state object of the step running in this thread or task."""
@@ -66,10 +65,10 @@ def run_step(
         method = getattr(flow, activation.method)
         value = method(json_copy(arg)) if spec.takes_arg else method()
         if inspect.isawaitable(value):
-            value = _await(value)
+            value = run_awaitable(value)
         result.label = route_label(value) if spec.is_router else None
         result.output = to_json(value, activation.method)
-        result.new_state = dump_state(state_obj)
+        result.new_state = flow._dump_state(state_obj)
     except PauseRun as pause:
         result.paused = pause.message
     except Exception as exc:
@@ -109,7 +108,9 @@ def to_json(value: Any, where: str) -> Any:
         ) from None
 
 
-def _await(awaitable: Any) -> Any:
+def run_awaitable(awaitable: Any) -> Any:
+    """Run a coroutine (an async method's result) to completion on a loop of its own."""
+
     async def wrapper() -> Any:
         return await awaitable
 

@@ -103,21 +103,24 @@ class SQLiteFlowPersistence(StorePersistence):
 class RedisFlowPersistence(StorePersistence):
     """Flow states in Redis, the same history the workers write.
 
-    ``provider`` wraps an existing :class:`RedisProvider`; otherwise one is made
-    from ``url`` (``None``: the configured or embedded Redis) and ``prefix``.
+    ``provider`` wraps an existing :class:`RedisProvider`; otherwise one is made from
+    ``url``, ``prefix`` and ``max_checkpoints``, each ``None`` meaning the settings' value
+    (``RUNNER_REDIS_URL``, ``RUNNER_PREFIX``, ``RUNNER_MAX_CHECKPOINTS``), as every other
+    part of the runner reads them, so ``@persist`` writes where the workers and CLI look.
     """
 
     def __init__(
         self,
         url: str | None = None,
         *,
-        prefix: str = "runner",
+        prefix: str | None = None,
+        max_checkpoints: int | None = None,
         provider: RedisProvider | None = None,
     ) -> None:
         if provider is None:
             from runner.store.redis import RedisProvider
 
-            provider = RedisProvider(url, prefix=prefix)
+            provider = RedisProvider(url, prefix=prefix, max_checkpoints=max_checkpoints)
         super().__init__(provider)
 
 
