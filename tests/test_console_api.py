@@ -4,18 +4,25 @@ that change nothing."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from runner.distributed import client
 from runner.distributed.client import RunHandle
 from runner.distributed.engine import Runtime
 from runner.store.models import RunStatus
 from tests.console_support import FLOWER, console_workers, failed_review, serving, snapshot
+from tests.flows import crews
 
 TOKEN = "t0ken-for-tests"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
@@ -282,3 +289,111 @@ def test_unknown_host_header_is_refused(readonly: httpx.Client) -> None:
     # DNS rebinding: another site's name pointing at 127.0.0.1 reaches a loopback console.
     response = readonly.get("/api/runs", headers={"Host": "evil.example"})
     assert response.status_code == 400
+
+
+def test_crew_task_output_is_editable_and_later_tasks_rerun(
+    rt: Runtime, acting: httpx.Client
+) -> None:
+    tag = f"console-{random.randrange(1 << 30):x}"
+    print(f"tag {tag}")
+    handle = client.submit("tests.flows.crews:crew_a", {"topic": "bees", "tag": tag}, rt=rt)
+    assert handle.wait(timeout=15) is RunStatus.SUCCEEDED
+    form = acting.get(f"/api/checkpoints/{handle.run_id}/fork-form").json()
+    assert form["outputs"] == [
+        {"task": "a1", "raw": "a1(bees)"},
+        {"task": "a2", "raw": "a2(a1(bees))"},
+        {"task": "a3", "raw": "a3(a2(a1(bees)))"},
+    ]
+    assert [f["name"] for f in form["fields"]] == ["inputs"]  # outputs are edited per task
+    response = acting.post(
+        f"/api/checkpoints/{handle.run_id}/fork", json={"outputs": {"a2": "EDITED"}}
+    )
+    assert response.status_code == 201, response.text
+    fork = RunHandle(response.json()["run_id"], rt)
+    assert fork.wait(timeout=15) is RunStatus.SUCCEEDED
+    outputs = acting.get(f"/api/checkpoints/{fork.run_id}").json()["state"]["outputs"]
+    assert outputs["a3"]["raw"] == "a3(EDITED)"
+    assert crews.counts(tag) == {"a1": 1, "a2": 1, "a3": 2}
+
+
+def test_child_runs_are_listed_with_their_parent(rt: Runtime, readonly: httpx.Client) -> None:
+    tag = f"console-{random.randrange(1 << 30):x}"
+    print(f"tag {tag}")
+    handle = client.submit("tests.flows.crews:HostFlow", {"topic": "ants", "tag": tag}, rt=rt)
+    assert handle.wait(timeout=20) is RunStatus.SUCCEEDED
+    run = readonly.get(f"/api/runs/{handle.run_id}").json()
+    [child] = run["children"]
+    assert (child["activation"], child["name"], child["status"]) == (
+        "stage#1",
+        "crew_a",
+        "succeeded",
+    )
+    assert run["run"]["children"] == 1
+    inner = readonly.get(f"/api/runs/{child['run_id']}").json()
+    assert inner["parent"] == {"run_id": handle.run_id, "activation": "stage#1"}
+    assert inner["run"]["child_of"]["run_id"] == handle.run_id
+
+
+def _runner(*args: str, code: str | None = None) -> list[str]:
+    """The ``runner`` command line (or ``python -c code`` with ``runner`` as argv)."""
+    if code is not None:
+        return [sys.executable, "-c", code, *args]
+    return [sys.executable, "-m", "runner.cli", *args]
+
+
+def test_runner_ui_serves_the_deployment_and_refuses_a_public_address_without_token(
+    worker_env: dict[str, str], rt: Runtime, failed_run: str
+) -> None:
+    env = {**os.environ, **worker_env}
+    env.pop("RUNNER_UI_TOKEN", None)
+    refused = subprocess.run(
+        _runner("ui", "--host", "0.0.0.0"), env=env, capture_output=True, text=True
+    )
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == [
+        "error: refusing to listen on 0.0.0.0 without a token: set RUNNER_UI_TOKEN, "
+        "or listen on 127.0.0.1"
+    ]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env["RUNNER_PREFIX"] = rt.settings.prefix  # the console tests' private deployment
+    proc = subprocess.Popen(
+        _runner("ui", "--port", str(port)),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "(read-only" in proc.stdout.readline()
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                found = httpx.get(f"http://127.0.0.1:{port}/api/runs", params={"q": failed_run})
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+                time.sleep(0.1)
+        assert [r["run_id"] for r in found.json()["runs"]] == [failed_run]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+def test_runner_ui_without_the_console_extra_says_how_to_install_it(
+    worker_env: dict[str, str],
+) -> None:
+    # The extra's libraries made unimportable, as in an install without it.
+    code = (
+        "import sys; sys.modules['fastapi'] = None; sys.argv = ['runner', 'ui']; "
+        "from runner.cli import main; main()"
+    )
+    env = {**os.environ, **worker_env}
+    result = subprocess.run(_runner(code=code), env=env, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: the console needs the 'console' extra (fastapi is missing): "
+        "pip install 'runner[console]'"
+    ]

@@ -50,8 +50,9 @@ def ui(
     listen on an address other than loopback without a token. The JSON API is under /api
     (OpenAPI: /api/openapi.json). Runs until Ctrl-C.
     """
-    from runner.console import check_bind, serve
+    from runner.console import check_bind, require_extra, serve
 
+    require_extra()
     settings = session(ctx).settings()
     host = host or settings.ui_host
     port = port or settings.ui_port

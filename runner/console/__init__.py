@@ -24,7 +24,15 @@ if TYPE_CHECKING:
     from runner.distributed.engine import Runtime
     from runner.settings import RunnerSettings
 
-__all__ = ["ConsoleError", "ConsoleUnavailable", "create_app", "is_loopback", "serve"]
+__all__ = [
+    "ConsoleError",
+    "ConsoleUnavailable",
+    "check_bind",
+    "create_app",
+    "is_loopback",
+    "require_extra",
+    "serve",
+]
 
 EXTRA_HINT = "pip install 'runner[console]'"
 
@@ -51,12 +59,13 @@ def check_bind(host: str, token: str | None) -> None:
     """Refuse a non-loopback ``host`` without a token: anyone there could act on runs."""
     if not token and not is_loopback(host):
         raise ConsoleError(
-            f"refusing to listen on {host} without a token: set RUNNER_UI_TOKEN "
-            "(or pass --token), or listen on 127.0.0.1"
+            f"refusing to listen on {host} without a token: set RUNNER_UI_TOKEN, "
+            "or listen on 127.0.0.1"
         )
 
 
-def _require_extra() -> None:
+def require_extra() -> None:
+    """Raise :class:`ConsoleUnavailable`, naming the extra, if a library it needs is missing."""
     try:
         import fastapi  # noqa: F401
         import jinja2  # noqa: F401
@@ -84,7 +93,7 @@ def create_app(
     ``settings.ui_flower_url``). ``public`` accepts any Host header (a non-loopback
     bind); otherwise only loopback host names are answered (no DNS rebinding).
     """
-    _require_extra()
+    require_extra()
     from runner.console.app import build_app
 
     return build_app(rt, settings=settings, token=token, flower_url=flower_url, public=public)
@@ -115,7 +124,7 @@ def serve(
     port = port or settings.ui_port
     token = token or settings.ui_token
     check_bind(host, token)
-    _require_extra()
+    require_extra()
     import uvicorn
 
     app = create_app(
