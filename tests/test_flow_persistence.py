@@ -512,7 +512,7 @@ def test_restoring_a_checkpoint_file(tmp_path):
     flow = FailOnce(checkpoint=CheckpointConfig(location=str(tmp_path)))
     with pytest.raises(RuntimeError):
         flow.kickoff()
-    files = sorted((tmp_path / "runs").glob("*/*.json"))
+    files = sorted(tmp_path.rglob("*.json"))
     failed = [p for p in files if "method_execution_failed" in p.read_text()]
     tally = Tally()
 

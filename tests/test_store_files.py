@@ -50,32 +50,31 @@ def test_sqlite_undecodable_checkpoint_raises_corrupt_checkpoint_naming_it(tmp_p
 def test_json_undecodable_checkpoint_raises_corrupt_checkpoint_naming_it(tmp_path):
     store = JsonProvider(tmp_path / "j")
     made = store.commit(ckpt(ids.run_id()))
-    (path,) = (tmp_path / "j" / "runs").glob(f"*/*-{made.id}.json")
+    (path,) = (tmp_path / "j").glob(f"*_{made.id}.json")
     path.write_text("{not json")
     with pytest.raises(CorruptCheckpoint) as err:
         store.latest(made.run_id)
     assert made.id in str(err.value)
 
 
-def test_json_files_are_one_per_checkpoint_named_by_padded_seq_and_id(tmp_path):
+def test_json_files_are_one_per_checkpoint_named_by_time_and_id(tmp_path):
     store = JsonProvider(tmp_path / "j")
     run = "odd/run id.."
     made = [store.commit(ckpt(run)) for _ in range(2)]
-    (run_dir,) = (tmp_path / "j" / "runs").iterdir()
 
-    names = sorted(p.name for p in run_dir.glob("*.json"))
+    files = sorted((tmp_path / "j").rglob("*.json"))
 
-    assert names == [f"{c.seq:010d}-{c.id}.json" for c in made] + ["meta.json"]
-    assert (tmp_path / "j" / "index.json").is_file()
-    assert not list(run_dir.glob(".tmp-*"))
+    assert [JsonProvider.extract_id(p) for p in files] == [c.id for c in made]
+    assert [p.parent for p in files] == [tmp_path / "j"] * 2
+    assert (tmp_path / "j" / "index.runs").is_file()
+    assert not list((tmp_path / "j").rglob(".tmp-*"))
 
 
 def test_json_commit_ignores_a_checkpoint_file_left_by_a_crashed_commit(tmp_path):
     store = JsonProvider(tmp_path / "j")
     run = ids.run_id()
     store.commit(ckpt(run))
-    (run_dir,) = (tmp_path / "j" / "runs").iterdir()
-    (run_dir / f"{2:010d}-{ids.checkpoint_id()}.json").write_text("{}")
+    (tmp_path / "j" / f"29990101T000000000_{ids.checkpoint_id()}.json").write_text("{}")
 
     assert [c.seq for c in store.history(run)] == [1]
     assert store.commit(ckpt(run)).seq == 2

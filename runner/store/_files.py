@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -23,7 +24,8 @@ from runner.store.models import Checkpoint
 P = ParamSpec("P")
 R = TypeVar("R")
 SEQ_DIGITS = 10
-"""Width of the zero-padded sequence number that starts a checkpoint file's name."""
+"""Width of the zero-padded sequence number that started a checkpoint file's name in the
+first layout (read only to migrate it)."""
 
 
 def store_io(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
@@ -41,20 +43,25 @@ def store_io(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[A
     return wrapper
 
 
-def file_name(seq: int, checkpoint_id: str) -> str:
-    """File name of a checkpoint: ``<seq:010d>-<id>.json``."""
-    return f"{seq:0{SEQ_DIGITS}d}-{checkpoint_id}.json"
+def file_name(checkpoint: Checkpoint) -> str:
+    """File name of a checkpoint: ``<UTC time>_<id>.json``, so names sort by time (the
+    time is when the checkpoint was made, to the millisecond, like CrewAI's names)."""
+    ms = int(checkpoint.created_at * 1000)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms // 1000))
+    return f"{stamp}{ms % 1000:03d}_{checkpoint.id}.json"
 
 
 def id_of(path: Path) -> str:
-    """The checkpoint id in a checkpoint file's name."""
-    return path.stem.split("-", 1)[-1]
+    """The checkpoint id in a checkpoint file's name (either layout)."""
+    stem = path.stem
+    return stem.split("_", 1)[-1] if "_" in stem else stem.split("-", 1)[-1]
 
 
-def checkpoint_files(run_dir: Path, max_seq: int) -> list[Path]:
-    """Checkpoint files of a run up to ``max_seq`` (the committed ones), newest first."""
+def old_checkpoint_files(run_dir: Path, max_seq: int) -> list[Path]:
+    """Checkpoint files of a run in the first layout (``runs/<run>/<seq:010d>-<id>.json``)
+    up to ``max_seq`` (the committed ones), oldest first."""
     try:
-        names = sorted((n for n in os.listdir(run_dir) if n[:1].isdigit()), reverse=True)
+        names = sorted(n for n in os.listdir(run_dir) if n[:1].isdigit() and n.endswith(".json"))
     except FileNotFoundError:
         return []
     return [run_dir / n for n in names if int(n[:SEQ_DIGITS]) <= max_seq]
@@ -71,7 +78,8 @@ def load_checkpoint(path: Path) -> Checkpoint | None:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path``: a synced temp file beside it, then ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    # Not ".json": an interrupted write must not look like a checkpoint file.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -7,6 +7,8 @@ Tables (JSON is stored as TEXT, so SQLite 3.40 without JSONB is enough):
 * ``checkpoints``: one row per snapshot, ``(run_id, seq)`` unique.
 * ``activations``: the attempt that committed each step activation (fencing).
 * ``pins``: checkpoints a fork points to, which pruning keeps.
+* ``blobs``: what CrewAI's provider face (:meth:`SqliteProvider.checkpoint`) stores: JSON
+  text with its parent id and branch, outside any run.
 
 One connection guarded by a lock serves all threads; every write is a ``BEGIN
 IMMEDIATE`` transaction, so other processes wait (busy timeout). WAL mode.
@@ -17,9 +19,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any, NoReturn, overload
 
 from runner.errors import CheckpointNotFound, RunNotFound, StoreError, StoreUnavailable
 from runner.store._common import (
@@ -58,6 +62,13 @@ CREATE TABLE IF NOT EXISTS activations (
     seq           INTEGER NOT NULL,
     PRIMARY KEY (run_id, activation)
 );
+CREATE TABLE IF NOT EXISTS blobs (
+    id         TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    parent_id  TEXT,
+    branch     TEXT NOT NULL,
+    data       TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS pins (
     checkpoint_id TEXT NOT NULL,
     run_id        TEXT NOT NULL,
@@ -78,12 +89,18 @@ _BUSY_TIMEOUT = 30.0
 
 
 class SqliteProvider:
-    """Checkpoint store in a SQLite database file (``":memory:"`` for a private one)."""
+    """Checkpoint store in a SQLite database file (``":memory:"`` for a private one).
+
+    ``SqliteProvider()`` without a path is a private in-memory store when used directly, and
+    takes its file from the ``CheckpointConfig`` it is given to (CrewAI's way to make one).
+    """
 
     def __init__(
-        self, path: str | os.PathLike[str] = ":memory:", *, max_checkpoints: int | None = None
+        self, path: str | os.PathLike[str] | None = None, *, max_checkpoints: int | None = None
     ) -> None:
-        self.path = os.fspath(path)
+        self._bound = path is not None
+        self._max_given = max_checkpoints
+        self.path = os.fspath(path) if path is not None else ":memory:"
         self.max_checkpoints = resolve_max(max_checkpoints)
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
@@ -99,6 +116,12 @@ class SqliteProvider:
 
     def __repr__(self) -> str:
         return f"SqliteProvider({self.path!r})"
+
+    def bind(self, location: str | os.PathLike[str]) -> SqliteProvider:
+        """This provider, or (made without a path) one on the database file ``location``."""
+        if self._bound:
+            return self
+        return SqliteProvider(location, max_checkpoints=self._max_given)
 
     # --- protocol --------------------------------------------------------------------------
 
@@ -174,12 +197,35 @@ class SqliteProvider:
             db.execute("DELETE FROM pins WHERE child_run_id = ?", (run_id,))
             return True
 
-    def prune(self, run_id: str, keep: int, *, dry_run: bool = False) -> list[str]:
+    @overload
+    def prune(self, run_id: str, keep: int, *, dry_run: bool = False) -> list[str]: ...
+
+    @overload
+    def prune(self, location: str, *, max_keep: int, branch: str = "main") -> int: ...
+
+    @overload
+    def prune(self, location: str, max_keep: int, *, branch: str) -> int: ...
+
+    def prune(
+        self,
+        run_id: str,
+        keep: int | None = None,
+        *,
+        dry_run: bool = False,
+        max_keep: int | None = None,
+        branch: str | None = None,
+    ) -> list[str] | int:
         """Delete all but the newest ``keep`` (at least 1) checkpoints; fork points are kept.
 
         Returns the ids deleted (or that would be, with ``dry_run``), oldest
-        first; none for an unknown run.
+        first; none for an unknown run. CrewAI's form, ``prune(db_file, max_keep=n,
+        branch="main")``, keeps the ``n`` newest blobs :meth:`checkpoint` wrote on a branch
+        and returns how many it deleted.
         """
+        if max_keep is not None or branch is not None:
+            kept = max_keep if max_keep is not None else keep
+            return self._prune_blobs(run_id, kept if kept is not None else 0, branch or "main")
+        keep = 1 if keep is None else keep
         with self._tx(write=not dry_run) as db:
             if self._info(db, run_id) is None:
                 return []
@@ -205,6 +251,78 @@ class SqliteProvider:
             )
             copy = forked(source, new_run_id, branch, state)
             return self._commit(db, copy, 0, self.max_checkpoints)
+
+    # --- CrewAI's provider face ----------------------------------------------------------------
+
+    def checkpoint(
+        self,
+        data: str,
+        location: str | os.PathLike[str] | None = None,
+        *,
+        parent_id: str | None = None,
+        branch: str = "main",
+    ) -> str:
+        """Store ``data`` (JSON text) as a blob in the database at ``location`` (default: this
+        store's) and return ``<file>#<id>`` (CrewAI's ``SqliteProvider.checkpoint``)."""
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        ident = f"{stamp}_{uuid.uuid4().hex[:8]}"
+        with self._blobs(location) as (db, where):
+            db.execute(
+                "INSERT INTO blobs (id, created_at, parent_id, branch, data)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (ident, time.time(), parent_id, branch, data),
+            )
+        return f"{where}#{ident}"
+
+    def from_checkpoint(self, location: str) -> str:
+        """The JSON text of a blob named ``<file>#<id>`` (CrewAI's ``from_checkpoint``)."""
+        where, _, ident = location.rpartition("#")
+        with self._blobs(where or None) as (db, _path):
+            row = db.execute("SELECT data FROM blobs WHERE id = ?", (ident,)).fetchone()
+        if row is None:
+            raise CheckpointNotFound(f"no checkpoint {ident} in {where}", checkpoint_id=ident)
+        return str(row[0])
+
+    @staticmethod
+    def extract_id(location: str) -> str:
+        """The checkpoint id in ``<file>#<id>``."""
+        return location.rpartition("#")[2]
+
+    def _prune_blobs(self, location: str, max_keep: int, branch: str) -> int:
+        with self._blobs(location) as (db, _path):
+            cursor = db.execute(
+                "DELETE FROM blobs WHERE branch = ?1 AND rowid NOT IN (SELECT rowid FROM blobs"
+                " WHERE branch = ?1 ORDER BY rowid DESC LIMIT ?2)",
+                (branch, max(max_keep, 0)),
+            )
+            return int(cursor.rowcount)
+
+    @contextmanager
+    def _blobs(
+        self, location: str | os.PathLike[str] | None
+    ) -> Iterator[tuple[sqlite3.Connection, str]]:
+        """A transaction on the database at ``location`` (this store's when it is that or
+        ``None``; another file gets a connection of its own for the call)."""
+        where = self.path if location is None else os.fspath(location)
+        if where == self.path:
+            with self._tx(write=True) as db:
+                yield db, where
+            return
+        try:
+            other = sqlite3.connect(where, timeout=_BUSY_TIMEOUT, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite store {where}: {exc}", path=where) from None
+        try:
+            other.executescript(_SCHEMA)
+            other.execute("BEGIN IMMEDIATE")
+            yield other, where
+            other.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite store {where}: {exc}", path=where) from None
+        finally:
+            if other.in_transaction:
+                other.execute("ROLLBACK")
+            other.close()
 
     def close(self) -> None:
         """Close the database connection (idempotent)."""
