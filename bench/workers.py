@@ -13,7 +13,9 @@ own. Then, with both idle but for the case being timed:
 
 * **linear**: end-to-end latency (submit to ``handle.wait()`` returning) of the 20-step
   ``LinearFlow`` against ``chain`` of 20 no-op tasks (``apply_async().get()``); ``--runs``
-  timed runs each, after ``--warmup`` untimed ones, interleaved in rotating order;
+  timed runs each, after ``--warmup`` untimed ones, interleaved in rotating order; the flow
+  also on a third worker that stores step results (``RUNNER_TASK_RESULTS=true``; the default
+  keeps them out of the result backend; raw Celery needs its results, so it stores them);
 * **fan-out**: ``FanoutFlow`` (1 -> 10 parallel -> ``and_`` join) against ``chain(noop,
   chord([noop] * 10, noop))``;
 * **throughput**: ``--concurrent`` runs of the 5-step ``FiveStepFlow`` submitted at once,
@@ -121,24 +123,32 @@ def run(url: str, args: argparse.Namespace) -> None:
     """Start the workers on ``url``, time every case, print the table."""
     token = uuid.uuid4().hex[:8]
     prefix, flow_q, raw_q = f"bench-{token}", f"bench-flows-{token}", f"bench-raw-{token}"
+    kept_q = f"bench-kept-{token}"
     base = {"RUNNER_REDIS_URL": url, "RUNNER_PREFIX": prefix, "PYTHONPATH": str(ROOT)}
     flow_env = {**base, "RUNNER_QUEUE": flow_q, "RUNNER_FLOW_MODULES": FLOW_MODULES}
-    raw_env = {**base, "RUNNER_QUEUE": raw_q}
+    kept_env = {**flow_env, "RUNNER_QUEUE": kept_q, "RUNNER_TASK_RESULTS": "true"}
+    raw_env = {**base, "RUNNER_QUEUE": raw_q, "RUNNER_TASK_RESULTS": "true"}
     flow_settings = RunnerSettings(redis_url=url, prefix=prefix, queue=flow_q)
     rt = Runtime.create(make_app(flow_settings), flow_settings)
-    raw = make_app(RunnerSettings(redis_url=url, prefix=prefix, queue=raw_q))
+    kept_settings = RunnerSettings(redis_url=url, prefix=prefix, queue=kept_q, task_results=True)
+    kept = Runtime.create(make_app(kept_settings), kept_settings)
+    # Raw Celery needs its results: the chain, the chord and the throughput count wait on them.
+    raw = make_app(RunnerSettings(redis_url=url, prefix=prefix, queue=raw_q, task_results=True))
     noop = raw.signature("bench.noop", immutable=True)
     logs = Path(tempfile.mkdtemp(prefix="bench-workers-"))
     try:
         with (
             _worker("workers", flow_env, logs / "flows.log") as flows,
+            _worker("workers", kept_env, logs / "kept.log") as kept_worker,
             _worker("bench._bench_tasks", raw_env, logs / "raw.log") as raw_worker,
         ):
             flows.wait_ready(rt.app, timeout=60)
+            kept_worker.wait_ready(kept.app, timeout=60)
             raw_worker.wait_ready(raw, timeout=60)
             latency = interleave(
                 {
                     "linear": lambda i: _flow_case(rt, "examples.linear:LinearFlow"),
+                    "kept": lambda i: _flow_case(kept, "examples.linear:LinearFlow"),
                     "chain": lambda i: _raw_case(lambda: chain(*_noops(noop, 20))),
                     "fanout": lambda i: _flow_case(rt, "examples.fanout:FanoutFlow"),
                     "chord": lambda i: _raw_case(
@@ -154,8 +164,10 @@ def run(url: str, args: argparse.Namespace) -> None:
         with contextlib.closing(rt.store.client) as client:
             delete_prefix(client, prefix)
             delete_prefix(client, "celery-task-meta-")
-            client.delete(flow_q, raw_q, f"_kombu.binding.{flow_q}", f"_kombu.binding.{raw_q}")
+            for queue in (flow_q, kept_q, raw_q):
+                client.delete(queue, f"_kombu.binding.{queue}")
         rt.app.close()
+        kept.app.close()
         raw.close()
 
     lin, chn = summarize(latency["linear"]), summarize(latency["chain"])
@@ -169,6 +181,12 @@ def run(url: str, args: argparse.Namespace) -> None:
                 " / ".join(_ms(latency["linear"])),
                 " / ".join(_ms(latency["chain"])),
                 f"{lin.p50 / chn.p50:.2f}x",
+            ],
+            [
+                "the same flow with step results stored (RUNNER_TASK_RESULTS=true) (ms)",
+                " / ".join(_ms(latency["kept"])),
+                " / ".join(_ms(latency["chain"])),
+                f"{summarize(latency['kept']).p50 / chn.p50:.2f}x",
             ],
             [
                 "1 -> 10 -> join vs chain + chord (ms)",

@@ -71,7 +71,7 @@ def test_a_retried_step_shows_retry_with_the_real_error_then_success(
 
 
 def test_a_step_that_fails_its_run_is_failure_with_the_original_error(
-    rt: Any, task_events: list[dict[str, Any]]
+    rt: Any, task_events: list[dict[str, Any]], worker_pool: Any
 ) -> None:
     handle = submit(parity.ExhaustedParity, {"tag": uuid.uuid4().hex}, rt=rt)
     assert handle.wait(timeout=30) is RunStatus.FAILED
@@ -81,6 +81,16 @@ def test_a_step_that_fails_its_run_is_failure_with_the_original_error(
     assert "ValueError: always fails" in task.traceback  # the cause, with its traceback
     failure = handle.latest()
     assert failure.error is not None and failure.error.type == "ValueError"
+
+    # The worker log has one ERROR line naming the run and step, with the traceback.
+    def logged() -> list[str]:
+        text = "".join(Path(p).read_text() for p in Path(worker_pool.logdir).glob("*.log"))
+        return [block for block in text.split("\n[") if handle.run_id in block]
+
+    lines = eventually(lambda: [b for b in logged() if "ERROR" in b.split("\n", 1)[0]])
+    assert len(lines) == 1
+    assert "broken#1" in lines[0] and "Traceback" in lines[0]
+    assert "ValueError: always fails" in lines[0]
 
 
 def test_a_loop_past_max_calls_fails_the_task_and_the_run(

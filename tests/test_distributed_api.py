@@ -13,11 +13,14 @@ from celery import signals
 from examples.fanout import FanoutFlow
 from examples.linear import LinearFlow
 from runner import Flow, FlowState, start
+from runner.distributed.app import make_app
 from runner.distributed.client import RunHandle, submit
 from runner.distributed.engine import Runtime, task_id
 from runner.errors import InvalidInputs, RunFailed, RunStateError, RunTimeout
+from runner.settings import RunnerSettings
 from runner.store.models import RunStatus
 from tests._dist_support import eventually
+from tests.conftest import _settings_kwargs
 from tests.flows import dist
 from tests.flows.dist import DistChaos, DistDiamond, DistEcho, DistFan, DistGated, executions
 
@@ -188,8 +191,8 @@ def test_task_messages_and_events_carry_run_and_step(
 ) -> None:
     published: list[dict[str, Any]] = []
 
-    def on_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
-        published.append({"task": sender, **(headers or {})})
+    def on_publish(sender: Any = None, headers: Any = None, body: Any = None, **_: Any) -> None:
+        published.append({"task": sender, "body": body, **(headers or {})})
 
     signals.before_task_publish.connect(on_publish, weak=False)
     try:
@@ -217,13 +220,13 @@ def test_task_messages_and_events_carry_run_and_step(
         assert got["task-sent"]["kwargs"] == f"run={run} step={act}"
         assert got["task-received"]["kwargs"] == f"run={run} step={act}"
 
-    # The result backend keeps the extended result (task name, kwargs) too.
-    result = rt.app.AsyncResult(ids["shout#1"])
-    assert result.state == "SUCCESS"
-    assert result.name == "DistEcho.shout"
-    assert result.kwargs == {
-        "run_id": run,
-        "activation": "shout#1",
-        "epoch": 0,
-        "deployment": rt.settings.prefix,
-    }
+    # The message carries its deployment, so another deployment's worker hands it back.
+    assert start_msg["body"][1]["deployment"] == rt.settings.prefix
+
+
+def test_step_results_stay_out_of_the_result_backend_unless_asked(rt: Runtime) -> None:
+    # Checkpoints are the record; Flower reads events. RUNNER_TASK_RESULTS=true stores them.
+    assert rt.app.conf.task_ignore_result is True
+    stored = make_app(RunnerSettings(**{**_settings_kwargs({}), "task_results": True}))
+    assert stored.conf.task_ignore_result is False
+    stored.close()

@@ -71,6 +71,8 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
         "result_backend": url,
         "control_exchange": f"celery.{settings.prefix}",
         "event_exchange": f"celeryev.{settings.prefix}",
+        # Checkpoints are the record of a step; results cost a backend write per task.
+        "task_ignore_result": not settings.task_results,
     }
     conf.update(load_config_module())
     conf.update(REQUIRED)

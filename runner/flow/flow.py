@@ -1,7 +1,7 @@
 """The ``Flow`` base class: CrewAI's authoring surface and its entry points.
 
 ``kickoff`` runs a flow in this process (see :mod:`runner.flow.local`);
-``submit`` runs it on Celery workers (see :mod:`runner.celery`). Both go through
+``submit`` runs it on Celery workers (see :mod:`runner.distributed`). Both go through
 the same orchestrator and checkpoints, so either can resume the other's runs.
 """
 
