@@ -43,14 +43,21 @@ class RunnerSettings(BaseSettings):
         default=None, gt=0, description="Default soft time limit of a step in seconds."
     )
     lease_seconds: float = Field(
-        default=30.0, gt=0, description="A running step's lease; renewed by a heartbeat."
+        default=5.0,
+        gt=0,
+        description="A running step's lease; a heartbeat renews it every third of its length.",
     )
     recovery_interval: float = Field(
-        default=10.0, gt=0, description="Seconds between the workers' recovery passes."
+        default=2.0, gt=0, description="Seconds between the workers' recovery passes."
     )
     queue: str = Field(
         default="",
         description="Celery queue of the steps; unset = `runner.<prefix>`, one per deployment.",
+    )
+    task_results: bool = Field(
+        default=False,
+        description="Store each step task's result in Celery's result backend (checkpoints "
+        "are the record; Flower reads events, not results, so this is off by default).",
     )
     embedded_dir: str | None = Field(
         default=None, description="Data directory of the embedded Redis (default: a temp dir)."
