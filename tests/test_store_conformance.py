@@ -1,7 +1,9 @@
 """The rules every checkpoint store keeps, run against each provider.
 
 A provider passes when it behaves the same as the others here; see the rules in
-:mod:`runner.store.base`.
+:mod:`runner.store.base`. The ``coord_store`` tests cover the providers that implement
+:class:`~runner.store.base.CoordinatedStore` (dispatch markers and leases).
+``tests/test_cluster.py`` runs this whole module again against a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 
 from runner import ids
 from runner.errors import CheckpointNotFound, CommitConflict, RunNotFound, StaleAttempt
-from runner.store.base import CheckpointStore
+from runner.store.base import BeginOutcome, CheckpointStore, CoordinatedStore
 from runner.store.jsondir import JsonProvider
 from runner.store.models import Checkpoint, Lineage, RunStatus, StepError
 from runner.store.redis import RedisProvider
@@ -53,6 +55,15 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opene
 def store(open_store: Opener) -> CheckpointStore:
     """A store of the provider under test that keeps every checkpoint."""
     return open_store(max_checkpoints=0)
+
+
+@pytest.fixture(params=["redis"])
+def coord_store(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Any]:
+    """A store of each provider that implements :class:`CoordinatedStore`."""
+    provider = RedisProvider(redis_url, prefix=prefix, max_checkpoints=0)
+    assert isinstance(provider, CoordinatedStore)
+    yield provider
+    provider.close()
 
 
 def ckpt(run_id: str, **fields: Any) -> Checkpoint:
@@ -347,3 +358,124 @@ def test_checkpoint_json_round_trip_keeps_error_and_status(status):
     assert Checkpoint.model_validate_json(data).error == StepError(
         type="ValueError", message="bad", traceback="Traceback ...", attempts=3
     )
+
+
+# -- the coordinated protocol: dispatch markers and leases --------------------------------------
+
+
+def test_dispatch_markers_are_set_once_and_re_dated_by_stamp(coord_store):
+    run = ids.run_id()
+    coord_store.commit(ckpt(run))
+
+    assert coord_store.mark_dispatched(run, ["a#1", "b#1"], at=100.0) == [True, True]
+    assert coord_store.mark_dispatched(run, ["b#1", "c#1"], at=200.0) == [False, True]
+    assert coord_store.markers(run) == {"a#1": 100.0, "b#1": 100.0, "c#1": 200.0}
+
+    coord_store.stamp(run, "a#1", at=500.0)
+    assert coord_store.markers(run)["a#1"] == 500.0
+    assert coord_store.mark_dispatched(run, []) == []
+
+
+def test_a_commit_marks_the_activations_it_dispatches_and_a_lost_commit_marks_none(coord_store):
+    run = ids.run_id()
+    first = coord_store.commit(ckpt(run), dispatching=["plan#1"])
+    assert set(coord_store.markers(run)) == {"plan#1"}
+
+    with pytest.raises(CommitConflict):
+        coord_store.commit(ckpt(run), expected_seq=0, dispatching=["write#1"])
+    assert set(coord_store.markers(run)) == {"plan#1"}
+    # The marker set by the commit is not set again by a later dispatch.
+    assert coord_store.mark_dispatched(run, ["plan#1"]) == [False]
+    assert coord_store.latest(run) == first
+
+
+def test_begin_takes_the_lease_reports_a_live_holder_and_a_committed_step(coord_store):
+    run = ids.run_id()
+    assert coord_store.begin(run, "plan#1", "t1", 30) == (None, BeginOutcome.NO_RUN, "")
+    first = coord_store.commit(ckpt(run, event="flow_started"))
+
+    before = time.time()
+    begun = coord_store.begin(run, "plan#1", "t1", 30)
+    assert (begun.latest, begun.outcome) == (first, BeginOutcome.OK)
+    assert before + 29 < coord_store.leases(run)["plan#1"] < time.time() + 31
+
+    held = coord_store.begin(run, "plan#1", "t2", 30)
+    assert (held.latest, held.outcome, held.holder) == (first, BeginOutcome.HELD, "t1")
+    assert coord_store.begin(run, "plan#1", "t1", 30).outcome is BeginOutcome.OK
+
+    coord_store.commit(ckpt(run, activation="plan#1", attempt="t1"))
+    assert coord_store.leases(run) == {}  # the commit dropped the committing step's lease
+    done = coord_store.begin(run, "plan#1", "t3", 30)
+    assert done.outcome is BeginOutcome.DONE
+    assert coord_store.leases(run) == {}
+
+
+def test_a_commit_drops_only_its_own_activations_lease(coord_store):
+    run = ids.run_id()
+    coord_store.commit(ckpt(run))
+    coord_store.begin(run, "left#1", "t-left", 30)
+    coord_store.begin(run, "right#1", "t-right", 30)
+
+    coord_store.commit(ckpt(run, activation="left#1", attempt="t-left"))
+
+    assert set(coord_store.leases(run)) == {"right#1"}
+    coordination = coord_store.coordination(run)
+    assert set(coordination.leases) == {"right#1"}
+    assert coordination.markers == coord_store.markers(run)
+
+
+def test_an_expired_lease_is_taken_by_the_next_attempt(coord_store):
+    run = ids.run_id()
+    coord_store.commit(ckpt(run))
+    coord_store.begin(run, "plan#1", "t1", -1)  # expired at once
+
+    assert coord_store.begin(run, "plan#1", "t2", 30).outcome is BeginOutcome.OK
+    assert coord_store.release(run, "plan#1", "t1") is False
+    assert coord_store.release(run, "plan#1", "t2") is True
+    assert coord_store.leases(run) == {}
+
+
+def test_renew_take_over_and_release_act_only_for_the_holder(coord_store):
+    run = ids.run_id()
+    coord_store.commit(ckpt(run))
+    coord_store.begin(run, "plan#1", "t1", 1)
+    expiry = coord_store.leases(run)["plan#1"]
+
+    assert coord_store.renew(run, "plan#1", "t2", 60) is False
+    assert coord_store.renew(run, "plan#1", "t1", 60) is True
+    assert coord_store.leases(run)["plan#1"] > expiry + 50
+
+    assert coord_store.take_over(run, "plan#1", "t-unknown", "t2", 60) is False
+    assert coord_store.take_over(run, "plan#1", "t1", "t2", 60) is True
+    assert coord_store.begin(run, "plan#1", "t1", 60).holder == "t2"
+    assert coord_store.release(run, "plan#1", "t1") is False
+    assert coord_store.release(run, "plan#1", "t2") is True
+    assert coord_store.renew(run, "plan#1", "t2", 60) is False  # never re-creates a lease
+    assert coord_store.leases(run) == {}
+
+
+def test_active_runs_are_the_running_ones(coord_store):
+    running, done = ids.run_id(), ids.run_id()
+    coord_store.commit(ckpt(running))
+    coord_store.commit(ckpt(done))
+    coord_store.commit(ckpt(done, status=RunStatus.SUCCEEDED))
+
+    active = set(coord_store.active_runs())
+    assert running in active and done not in active
+    coord_store.update_run(running, status=RunStatus.CANCELLED)
+    assert running not in set(coord_store.active_runs())
+
+
+def test_stop_notices_reach_subscribers_and_locks_are_exclusive(coord_store):
+    run = ids.run_id()
+    with coord_store.stop_notices(run) as notices:
+        assert notices.next(0.05) is None
+        coord_store.notify_stopped(run, RunStatus.SUCCEEDED)
+        deadline = time.monotonic() + 5
+        seen = None
+        while seen is None and time.monotonic() < deadline:
+            seen = notices.next(0.5)
+    assert seen == "succeeded"
+
+    assert coord_store.try_lock("conformance", 5) is True
+    assert coord_store.try_lock("conformance", 5) is False

@@ -8,7 +8,6 @@ and a submitted run is always visible in the store.
 from __future__ import annotations
 
 import time
-from functools import partial
 from typing import Any
 
 from runner.errors import (
@@ -157,7 +156,7 @@ class RunHandle:
                         f"run {self.run_id} still {status.value} after {timeout}s",
                         run_id=self.run_id,
                     )
-                self.rt.store._guard(partial(notices.get_message, timeout=min(interval, left)))
+                notices.next(min(interval, left))
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait, then the last method's output; raise if the run did not succeed."""

@@ -1,18 +1,23 @@
-"""Coordination records beside the checkpoints: dispatch markers, step leases, stop notices.
+"""The engine's coordination beside the checkpoints: attempts, leases, markers, stop notices.
 
-* A **dispatch marker** (``HSETNX`` in the run's ``dispatched`` hash) makes every
-  ready activation sent to the broker once, however often the commit that made it
-  ready is redelivered. Its value is when it was (last) sent, or when a retry is due.
-* A **lease** (a score in the run's ``leases`` zset, its owner's attempt token in
-  ``owners``) says an attempt is running a step. :meth:`Coordinator.begin` reads
-  the run's latest checkpoint and takes the lease in one round trip; the store's
-  commit drops it atomically with the step's checkpoint; one heartbeat thread per
-  process renews every lease the process holds. The recovery pass re-dispatches
-  in-flight activations whose lease expired, so a worker killed with SIGKILL never
-  strands a run (no reliance on the broker's visibility timeout).
-* A **stop notice** (``PUBLISH`` on the run's ``stopped`` channel) wakes
-  :meth:`RunHandle.wait <runner.distributed.client.RunHandle.wait>` when a run stops
-  running; waiters re-read the status, so a lost notice only delays them.
+The records live in the store (:class:`~runner.store.base.CoordinatedStore`); this module
+adds what belongs to a worker process:
+
+* **attempt tokens** that say where an attempt runs, so a redelivered step can take over
+  at once from a pool child that was killed (:func:`holder_is_dead`);
+* **one heartbeat thread per process** renewing every lease the process's running steps
+  hold, so a slow step keeps its lease and a dead one loses it within ``lease_seconds``;
+* the lease length, so callers never pass it around.
+
+A **dispatch marker** (one per activation key) makes every ready activation sent to the
+broker once, however often the commit that made it ready is redelivered; its value is when
+it was (last) sent, or when a retry is due. A **lease** says an attempt is running a step:
+:meth:`Coordinator.begin` reads the run's latest checkpoint and takes it in one round trip,
+the store's commit drops it atomically with the step's checkpoint, and the recovery pass
+re-dispatches in-flight activations whose lease expired, so a worker killed with SIGKILL
+never strands a run. A **stop notice** wakes
+:meth:`RunHandle.wait <runner.distributed.client.RunHandle.wait>` when a run stops
+running; waiters re-read the status, so a lost notice only delays them.
 """
 
 from __future__ import annotations
@@ -23,18 +28,18 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 
-from runner.store import scripts
-from runner.store.models import Checkpoint
-from runner.store.redis import RedisProvider, _decode
+from runner.store.base import BeginOutcome, Begun, CoordinatedStore, Coordination, StopNotices
+from runner.store.models import Checkpoint, RunStatus
 
 log = logging.getLogger("runner.worker")
 
-OK, HELD, DONE = "ok", "held", "done"
+OK, HELD, DONE = BeginOutcome.OK, BeginOutcome.HELD, BeginOutcome.DONE
 """Outcomes of :meth:`Coordinator.begin`: lease taken, held by a live attempt, step committed."""
+RECOVER_LOCK = "recover"
+"""Name of the lock of the periodic recovery pass."""
 
 
 def _node() -> str:
@@ -75,30 +80,12 @@ def holder_is_dead(token: str) -> bool:
     return False
 
 
-class Begun(NamedTuple):
-    """What :meth:`Coordinator.begin` found."""
-
-    latest: Checkpoint | None
-    """The run's latest checkpoint (``None``: no such run)."""
-    outcome: str
-    """:data:`OK`, :data:`HELD`, :data:`DONE`, or ``"none"`` (no run)."""
-    holder: str
-    """The token of the attempt holding the lease, when :data:`HELD`."""
-
-
 class Coordinator:
-    """Markers and leases of runs in one Redis store."""
+    """Leases and markers of runs in a coordinated store, with a lease length and heartbeats."""
 
-    def __init__(self, store: RedisProvider, lease_seconds: float) -> None:
+    def __init__(self, store: CoordinatedStore, lease_seconds: float) -> None:
         self.store = store
-        self.keys = store.keys
         self.lease_seconds = lease_seconds
-        client = store.client
-        self._begin = client.register_script(scripts.BEGIN_STEP)
-        self._claim = client.register_script(scripts.CLAIM)
-        self._renew = client.register_script(scripts.RENEW)
-        self._take_over = client.register_script(scripts.TAKE_OVER)
-        self._release = client.register_script(scripts.RELEASE)
         self._beats = _Heartbeats(self)
 
     # -- reading a run and taking a step's lease: one round trip ---------------------------
@@ -108,101 +95,51 @@ class Coordinator:
 
         The outcome is :data:`OK` (lease taken or renewed), :data:`HELD` (a live
         attempt holds it), :data:`DONE` (``key`` is committed; no lease taken) or
-        ``"none"`` (no such run).
+        :attr:`~runner.store.base.BeginOutcome.NO_RUN`.
         """
-        now = time.time()
-        return self._read(run_id, [key, token, repr(now + self.lease_seconds), repr(now)])
+        return self.store.begin(run_id, key, token, self.lease_seconds)
 
     def read(self, run_id: str) -> Checkpoint | None:
         """The run's latest checkpoint in one round trip."""
-        return self._read(run_id, ["", "", "0", "0"]).latest
-
-    def _read(self, run_id: str, args: list[str]) -> Begun:
-        k = self.keys
-        keys = [k.history(run_id), k.attempts(run_id), k.leases(run_id), k.owners(run_id)]
-        blob, outcome, *holder = self.store._guard(
-            lambda: self._begin(keys=keys, args=[k.snapshot_prefix(run_id), *args])
-        )
-        latest = None if blob is None else _decode(blob, f"(latest of run {run_id})")
-        return Begun(latest, outcome.decode(), holder[0].decode() if holder else "")
+        return self.store.latest(run_id)
 
     # -- dispatch markers ------------------------------------------------------------------
 
-    def mark_dispatched(self, run_id: str, keys: list[str], now: float | None = None) -> list[bool]:
+    def mark_dispatched(
+        self, run_id: str, keys: Sequence[str], now: float | None = None
+    ) -> list[bool]:
         """Mark activations dispatched; ``True`` for each that was not already."""
-        stamp = repr(time.time() if now is None else now)
-        name = self.keys.dispatched(run_id)
-
-        def write() -> list[bool]:
-            pipe = self.store.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.hsetnx(name, key, stamp)
-            return [bool(flag) for flag in pipe.execute()]
-
-        return self.store._guard(write)
+        return self.store.mark_dispatched(run_id, keys, now)
 
     def redispatch_stamp(self, run_id: str, key: str, at: float | None = None) -> None:
         """Record that ``key`` was dispatched again now (or is due at ``at``, a retry)."""
-        stamp = repr(time.time() if at is None else at)
-        self.store._guard(lambda: self.store.client.hset(self.keys.dispatched(run_id), key, stamp))
-
-    def forget_dispatched(self, run_id: str, keys: list[str]) -> None:
-        """Drop markers so a resume can send these activations again."""
-        if keys:
-            self.store._guard(lambda: self.store.client.hdel(self.keys.dispatched(run_id), *keys))
+        self.store.stamp(run_id, key, at)
 
     def dispatched(self, run_id: str) -> dict[str, float]:
         """Activation -> when it was last dispatched."""
-        raw = self.store._guard(lambda: self.store.client.hgetall(self.keys.dispatched(run_id)))
-        return {k.decode(): float(v) for k, v in raw.items()}
+        return self.store.markers(run_id)
 
-    def snapshot(self, run_id: str) -> tuple[dict[str, float], dict[str, float]]:
-        """The run's leases (activation -> expiry) and markers, in one round trip."""
-
-        def fetch() -> list[Any]:
-            pipe = self.store.client.pipeline(transaction=False)
-            pipe.zrange(self.keys.leases(run_id), 0, -1, withscores=True)
-            pipe.hgetall(self.keys.dispatched(run_id))
-            return pipe.execute()
-
-        leases, sent = self.store._guard(fetch)
-        return (
-            {k.decode(): float(v) for k, v in leases},
-            {k.decode(): float(v) for k, v in sent.items()},
-        )
+    def coordination(self, run_id: str) -> Coordination:
+        """The run's leases and markers, in one round trip."""
+        return self.store.coordination(run_id)
 
     # -- leases ----------------------------------------------------------------------------
 
     def leases(self, run_id: str) -> dict[str, float]:
         """Activation -> lease expiry."""
-        raw = self.store._guard(
-            lambda: self.store.client.zrange(self.keys.leases(run_id), 0, -1, withscores=True)
-        )
-        return {k.decode(): float(v) for k, v in raw}
-
-    def claim(self, run_id: str, key: str, token: str) -> bool:
-        """Take or renew the lease of ``key``; ``False`` if another live attempt holds it."""
-        now = time.time()
-        keys = [self.keys.leases(run_id), self.keys.owners(run_id)]
-        args = [key, token, repr(now + self.lease_seconds), repr(now)]
-        return bool(self.store._guard(lambda: self._claim(keys=keys, args=args)))
+        return self.store.leases(run_id)
 
     def take_over(self, run_id: str, key: str, dead: str, token: str) -> bool:
         """Move ``key``'s lease from the dead attempt ``dead`` to ``token``."""
-        keys = [self.keys.leases(run_id), self.keys.owners(run_id)]
-        args = [key, dead, token, repr(time.time() + self.lease_seconds)]
-        return bool(self.store._guard(lambda: self._take_over(keys=keys, args=args)))
+        return self.store.take_over(run_id, key, dead, token, self.lease_seconds)
 
     def renew(self, run_id: str, key: str, token: str) -> bool:
         """Extend the lease ``token`` holds; ``False`` if it is gone or another's."""
-        keys = [self.keys.leases(run_id), self.keys.owners(run_id)]
-        args = [key, token, repr(time.time() + self.lease_seconds)]
-        return bool(self.store._guard(lambda: self._renew(keys=keys, args=args)))
+        return self.store.renew(run_id, key, token, self.lease_seconds)
 
     def release(self, run_id: str, key: str, token: str) -> None:
         """Drop the lease if ``token`` still holds it."""
-        keys = [self.keys.leases(run_id), self.keys.owners(run_id)]
-        self.store._guard(lambda: self._release(keys=keys, args=[key, token]))
+        self.store.release(run_id, key, token)
 
     @contextmanager
     def heartbeat(self, run_id: str, key: str, token: str) -> Iterator[None]:
@@ -217,31 +154,19 @@ class Coordinator:
 
     def active_runs(self) -> list[str]:
         """Ids of runs whose status is running."""
-        raw = self.store._guard(lambda: self.store.client.zrange(self.keys.active, 0, -1))
-        return [r.decode() for r in raw]
+        return self.store.active_runs()
 
     def notify_stopped(self, run_id: str, status: str) -> None:
         """Tell waiters that the run stopped running (its new ``status``)."""
-        self.store._guard(lambda: self.store.client.publish(self.keys.stopped(run_id), status))
+        self.store.notify_stopped(run_id, RunStatus(status))
 
-    @contextmanager
-    def watch_stopped(self, run_id: str) -> Iterator[Any]:
-        """A pub/sub subscribed to the run's stop notices (``get_message(timeout=...)``)."""
-        pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
-        try:
-            self.store._guard(lambda: pubsub.subscribe(self.keys.stopped(run_id)))
-            yield pubsub
-        finally:
-            pubsub.close()
+    def watch_stopped(self, run_id: str) -> AbstractContextManager[StopNotices]:
+        """A subscription to the run's stop notices (``next(timeout)``) while the block runs."""
+        return self.store.stop_notices(run_id)
 
     def try_lock(self, ttl: float) -> bool:
         """Take the recovery lock for ``ttl`` seconds; ``False`` if another holds it."""
-        ms = max(1, int(ttl * 1000))
-        return bool(
-            self.store._guard(
-                lambda: self.store.client.set(self.keys.recover_lock, "1", nx=True, px=ms)
-            )
-        )
+        return self.store.try_lock(RECOVER_LOCK, ttl)
 
 
 class _Heartbeats:

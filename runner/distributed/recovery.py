@@ -56,7 +56,8 @@ def _stale(rt: Runtime, latest: Checkpoint) -> list[Activation]:
     latest checkpoint.
     """
     now, grace = time.time(), rt.settings.lease_seconds
-    leases, sent_at = rt.coord.snapshot(latest.run_id)
+    coordination = rt.coord.coordination(latest.run_id)
+    leases, sent_at = coordination.leases, coordination.markers
     epoch, stale = latest.meta.epoch, []
     for act in orch.pending(tr.record_of(latest)):
         key = tr.activation_key_in(epoch, act.id)

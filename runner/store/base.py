@@ -13,11 +13,19 @@ suite in ``tests/test_store_conformance.py`` checks them):
   raises :class:`~runner.errors.StaleAttempt` and writes nothing.
 * ``expected_seq`` turns ``commit`` into compare-and-set: if the run's sequence is
   not ``expected_seq`` it raises :class:`~runner.errors.CommitConflict`.
+
+:class:`CoordinatedStore` adds what the engine on workers needs beside the history:
+dispatch markers and step leases, kept in the same store so a commit can drop the
+committing step's lease and mark the steps it makes ready in the same atomic write.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
@@ -93,4 +101,130 @@ class CheckpointStore(Protocol):
 
     def close(self) -> None:
         """Release connections or files."""
+        ...
+
+
+class BeginOutcome(StrEnum):
+    """What :meth:`CoordinatedStore.begin` found for an activation."""
+
+    OK = "ok"
+    """The caller now holds the activation's lease."""
+    HELD = "held"
+    """A live lease of another attempt (:attr:`Begun.holder`) holds it."""
+    DONE = "done"
+    """The activation is committed; no lease was taken."""
+    NO_RUN = "none"
+    """There is no such run."""
+    READ = "read"
+    """Only read: no activation was named (how :meth:`CheckpointStore.latest` reads)."""
+
+
+class Begun(NamedTuple):
+    """The result of :meth:`CoordinatedStore.begin`: the run's latest checkpoint and the lease."""
+
+    latest: Checkpoint | None
+    """The run's latest checkpoint (``None``: no such run)."""
+    outcome: BeginOutcome
+    holder: str = ""
+    """The attempt token holding the lease, when :attr:`BeginOutcome.HELD`."""
+
+
+@dataclass(frozen=True)
+class Coordination:
+    """A run's leases and dispatch markers, read together (what the recovery pass needs)."""
+
+    leases: dict[str, float] = field(default_factory=dict)
+    """Activation key -> lease expiry (unix seconds) of every leased activation."""
+    markers: dict[str, float] = field(default_factory=dict)
+    """Activation key -> when it was last dispatched (or when its retry is due)."""
+
+
+class StopNotices(Protocol):
+    """A subscription to one run's stop notices."""
+
+    def next(self, timeout: float) -> str | None:
+        """The run's new status when a notice arrives within ``timeout`` seconds, else ``None``."""
+        ...
+
+
+@runtime_checkable
+class CoordinatedStore(CheckpointStore, Protocol):
+    """A checkpoint store that also keeps dispatch markers and leases (the engine on workers).
+
+    Keys are activation keys (:func:`runner.flow.transition.activation_key_in`). Rules the
+    conformance suite checks for every provider implementing this:
+
+    * a commit naming an ``activation`` and an ``attempt`` drops that activation's lease;
+      ``dispatching`` marks activations dispatched in the same atomic write;
+    * a marker is set once (:meth:`mark_dispatched` returns ``False`` for one already set)
+      and re-dated by :meth:`stamp`;
+    * a lease is held by one attempt token at a time until it expires, is released, or is
+      taken over from a dead holder.
+    """
+
+    def commit(
+        self,
+        checkpoint: Checkpoint,
+        *,
+        expected_seq: int | None = None,
+        max_checkpoints: int | None = None,
+        dispatching: Sequence[str] = (),
+    ) -> Checkpoint:
+        """:meth:`CheckpointStore.commit`, also dropping the step's lease and marking
+        ``dispatching`` dispatched, atomically."""
+        ...
+
+    def begin(self, run_id: str, key: str, token: str, lease_seconds: float) -> Begun:
+        """The run's latest checkpoint and, unless ``key`` is committed or another live
+        attempt holds it, its lease for ``token`` (for ``lease_seconds``): one round trip."""
+        ...
+
+    def mark_dispatched(
+        self, run_id: str, keys: Sequence[str], at: float | None = None
+    ) -> list[bool]:
+        """Mark activations dispatched (at ``at``, default now); ``True`` for each newly marked."""
+        ...
+
+    def stamp(self, run_id: str, key: str, at: float | None = None) -> None:
+        """Set ``key``'s marker to ``at`` (default now): sent again, or a retry due then."""
+        ...
+
+    def markers(self, run_id: str) -> dict[str, float]:
+        """Activation key -> when it was last dispatched."""
+        ...
+
+    def leases(self, run_id: str) -> dict[str, float]:
+        """Activation key -> lease expiry."""
+        ...
+
+    def coordination(self, run_id: str) -> Coordination:
+        """The run's leases and markers together."""
+        ...
+
+    def renew(self, run_id: str, key: str, token: str, lease_seconds: float) -> bool:
+        """Extend the lease ``token`` holds; ``False`` if it is gone or another's."""
+        ...
+
+    def take_over(self, run_id: str, key: str, dead: str, token: str, lease_seconds: float) -> bool:
+        """Move ``key``'s lease from the attempt ``dead`` to ``token``; ``False`` if it moved."""
+        ...
+
+    def release(self, run_id: str, key: str, token: str) -> bool:
+        """Drop the lease if ``token`` still holds it; whether it did."""
+        ...
+
+    def active_runs(self) -> list[str]:
+        """Ids of runs whose status is running."""
+        ...
+
+    def try_lock(self, name: str, ttl: float) -> bool:
+        """Take the deployment-wide lock ``name`` for ``ttl`` seconds unless another holds it."""
+        ...
+
+    def notify_stopped(self, run_id: str, status: RunStatus) -> None:
+        """Tell :meth:`stop_notices` subscribers that the run stopped running."""
+        ...
+
+    def stop_notices(self, run_id: str) -> AbstractContextManager[StopNotices]:
+        """A subscription to the run's stop notices while the block runs."""
         ...

@@ -11,13 +11,13 @@ key                     type    holds
 ``P:{R}:ckpt:<id>``     string  one checkpoint snapshot, JSON
 ``P:{R}:attempts``      hash    activation -> ``token|checkpoint id`` (idempotency, fencing)
 ``P:{R}:pins``          set     checkpoint ids a fork points to (never pruned)
-``P:{R}:dispatched``    hash    activation -> attempt token of the dispatched task
+``P:{R}:dispatched``    hash    activation -> when it was last sent (or its retry is due)
 ``P:{R}:leases``        zset    running activations scored by lease expiry
 ``P:{R}:owners``        hash    activation -> attempt token holding its lease
 ``P:runs``              zset    run ids scored by last update (the run index)
 ``P:ckpts``             hash    checkpoint id -> run id (lookup by checkpoint id)
 ``P:active``            zset    run ids whose status is ``running`` (recovery scans it)
-``P:recover-lock``      string  held by the worker doing the current recovery pass
+``P:<name>-lock``       string  a deployment-wide lock (``recover``: the recovery pass)
 ``P:{R}:stopped``       channel pub/sub: the run's new status when it stops running
 ======================  ======  ==============================================
 
@@ -86,10 +86,9 @@ class Keys:
         """Runs whose status is running."""
         return f"{self.prefix}:active"
 
-    @property
-    def recover_lock(self) -> str:
-        """Lock of the periodic recovery pass."""
-        return f"{self.prefix}:recover-lock"
+    def lock(self, name: str) -> str:
+        """A deployment-wide lock (``recover``: the periodic recovery pass)."""
+        return f"{self.prefix}:{name}-lock"
 
     @property
     def runs(self) -> str:

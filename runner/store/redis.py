@@ -1,9 +1,12 @@
 """The Redis checkpoint store (key layout: :mod:`runner.store.keys`).
 
-A commit is one EVALSHA of :data:`~runner.store.scripts.COMMIT`: one round trip,
-atomic, idempotent per activation. Reads are single commands or one pipeline.
-Redis errors are wrapped at this edge: an unreachable server is
-:class:`~runner.errors.StoreUnavailable` naming the (password-masked) URL.
+It implements :class:`~runner.store.base.CoordinatedStore`: beside the history it keeps
+the dispatch markers and step leases of the engine on workers. A commit is one EVALSHA
+of :data:`~runner.store.scripts.COMMIT`: one round trip, atomic, idempotent per
+activation, dropping the step's lease and marking the next steps dispatched. Reads are
+single commands, one script or one pipeline. Redis errors are wrapped at this edge: an
+unreachable server is :class:`~runner.errors.StoreUnavailable` naming the
+(password-masked) URL.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import redis
-from pydantic import ValidationError
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
@@ -23,19 +25,25 @@ from runner.embedded import mask_url
 from runner.errors import (
     CheckpointNotFound,
     CommitConflict,
-    CorruptCheckpoint,
     RunNotFound,
     StaleAttempt,
     StoreError,
     StoreUnavailable,
 )
 from runner.store import scripts
+from runner.store._common import conflict, decode, decode_info, forked, run_info_after
+from runner.store.base import BeginOutcome, Begun, Coordination
 from runner.store.keys import Keys
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
 T = TypeVar("T")
 
 _EXCLUDE_SEQ = {"seq"}
+_INFO_FIELDS = frozenset(RunInfo.model_fields)
+_EVERY_COMMIT = ("event", "step", "error", "flow")
+"""Metadata set by every commit besides what the script sets (seq, latest, status, updated_at)."""
+_NEW_RUN = ("name", "parent_run_id", "parent_checkpoint_id", "branch")
+"""Metadata set when a commit creates the run besides the script's (run_id, created_at)."""
 _SEQ_SLOT = '{"seq":' + " " * 12 + ","
 """Snapshots open with a fixed-width slot the commit script writes the sequence number into
 (JSON allows the spaces), so the script never copies the snapshot to add it."""
@@ -74,6 +82,10 @@ class RedisProvider:
         self._prune = client.register_script(scripts.PRUNE)
         self._update = client.register_script(scripts.UPDATE_RUN)
         self._delete = client.register_script(scripts.DELETE_RUN)
+        self._begin = client.register_script(scripts.BEGIN_STEP)
+        self._renew = client.register_script(scripts.RENEW)
+        self._take_over = client.register_script(scripts.TAKE_OVER)
+        self._release = client.register_script(scripts.RELEASE)
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -95,7 +107,8 @@ class RedisProvider:
         keep = self.max_checkpoints if max_checkpoints is None else max_checkpoints
         keep = max(keep, 0)
         body = _SEQ_SLOT + checkpoint.model_dump_json(exclude=_EXCLUDE_SEQ)[1:]
-        always, once = _meta_always(checkpoint), _meta_once(checkpoint)
+        now = time.time()
+        always, once = _meta_fields(checkpoint, now)
         reply = self._call(
             self._commit,
             [
@@ -117,7 +130,7 @@ class RedisProvider:
                 checkpoint.attempt or "",
                 "" if expected_seq is None else expected_seq,
                 keep,
-                repr(time.time()),
+                repr(now),
                 run,
                 k.snapshot_prefix(run),
                 checkpoint.status.value,
@@ -142,12 +155,8 @@ class RedisProvider:
                 activation=checkpoint.activation,
                 checkpoint_id=value,
             )
-        raise CommitConflict(
-            f"run {run} is at seq {value}, not {expected_seq}",
-            run_id=run,
-            expected=expected_seq,
-            actual=int(value),
-        )
+        assert expected_seq is not None
+        raise conflict(run, expected_seq, int(value))
 
     def update_run(self, run_id: str, **fields: Any) -> RunInfo:
         """Set metadata fields of an existing run (``RunNotFound`` if none)."""
@@ -200,34 +209,13 @@ class RedisProvider:
         state: dict[str, Any] | None = None,
     ) -> Checkpoint:
         """Start ``new_run_id`` from a copy of a checkpoint; the source is only pinned."""
-        from runner.store.models import Lineage
-
         source = self.get(checkpoint_id)
-        self._guard(lambda: self.client.sadd(self.keys.pins(source.run_id), checkpoint_id))
-        new_state = dict(source.state if state is None else state)
-        if "id" in new_state:
-            new_state["id"] = new_run_id
-        copy = source.model_copy(
-            update={
-                "id": _new_id(),
-                "run_id": new_run_id,
-                "seq": 0,
-                "event": "forked",
-                "activation": None,
-                "attempt": None,
-                "status": RunStatus.PENDING,
-                "error": None,
-                "state": new_state,
-                "lineage": Lineage(
-                    parent_run_id=source.run_id, parent_checkpoint_id=source.id, branch=branch
-                ),
-                "created_at": time.time(),
-            }
-        )
+        pins = self.keys.pins(source.run_id)
+        self._guard(lambda: self.client.sadd(pins, checkpoint_id))
         try:
-            return self.commit(copy, expected_seq=0)
+            return self.commit(forked(source, new_run_id, branch, state), expected_seq=0)
         except CommitConflict:
-            self._guard(lambda: self.client.srem(self.keys.pins(source.run_id), checkpoint_id))
+            self._guard(lambda: self.client.srem(pins, checkpoint_id))
             raise
 
     # -- reads -----------------------------------------------------------------------------
@@ -240,11 +228,8 @@ class RedisProvider:
         return self._get_in_run(run.decode(), checkpoint_id)
 
     def latest(self, run_id: str) -> Checkpoint | None:
-        """The run's newest checkpoint, or ``None``."""
-        ids = self._guard(lambda: self.client.zrevrange(self.keys.history(run_id), 0, 0))
-        if not ids:
-            return None
-        return self._get_in_run(run_id, ids[0].decode())
+        """The run's newest checkpoint, or ``None``: one round trip."""
+        return self._begin_script(run_id, ["", "", "0", "0"]).latest
 
     def history(self, run_id: str, *, limit: int = 50, offset: int = 0) -> list[Checkpoint]:
         """The run's checkpoints, newest first."""
@@ -257,7 +242,8 @@ class RedisProvider:
             return []
         names = [self.keys.snapshot(run_id, raw.decode()) for raw in ids]
         blobs = self._guard(lambda: self.client.mget(names))
-        return [_decode(blob, raw.decode()) for raw, blob in zip(ids, blobs, strict=True) if blob]
+        pairs = zip(ids, blobs, strict=True)
+        return [decode(blob, raw.decode(), "Redis") for raw, blob in pairs if blob]
 
     def runs(
         self, *, limit: int = 50, offset: int = 0, status: RunStatus | None = None
@@ -290,7 +276,104 @@ class RedisProvider:
         """Close the connection pool."""
         self.client.close()
 
+    # -- coordination: dispatch markers, leases, locks, stop notices --------------------------
+
+    def begin(self, run_id: str, key: str, token: str, lease_seconds: float) -> Begun:
+        """The run's latest checkpoint and ``key``'s lease for ``token``, in one round trip."""
+        now = time.time()
+        return self._begin_script(run_id, [key, token, repr(now + lease_seconds), repr(now)])
+
+    def mark_dispatched(
+        self, run_id: str, keys: Sequence[str], at: float | None = None
+    ) -> list[bool]:
+        """Mark activations dispatched (``HSETNX``); ``True`` for each newly marked."""
+        stamp = repr(time.time() if at is None else at)
+        name = self.keys.dispatched(run_id)
+
+        def write() -> list[bool]:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hsetnx(name, key, stamp)
+            return [bool(flag) for flag in pipe.execute()]
+
+        return self._guard(write) if keys else []
+
+    def stamp(self, run_id: str, key: str, at: float | None = None) -> None:
+        """Re-date ``key``'s marker: sent again now, or a retry due at ``at``."""
+        stamp = repr(time.time() if at is None else at)
+        self._guard(lambda: self.client.hset(self.keys.dispatched(run_id), key, stamp))
+
+    def markers(self, run_id: str) -> dict[str, float]:
+        """Activation key -> when it was last dispatched."""
+        return self.coordination(run_id).markers
+
+    def leases(self, run_id: str) -> dict[str, float]:
+        """Activation key -> lease expiry."""
+        return self.coordination(run_id).leases
+
+    def coordination(self, run_id: str) -> Coordination:
+        """The run's leases and markers, in one round trip."""
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrange(self.keys.leases(run_id), 0, -1, withscores=True)
+            pipe.hgetall(self.keys.dispatched(run_id))
+            return pipe.execute()
+
+        leases, sent = self._guard(fetch)
+        return Coordination(
+            leases={k.decode(): float(v) for k, v in leases},
+            markers={k.decode(): float(v) for k, v in sent.items()},
+        )
+
+    def renew(self, run_id: str, key: str, token: str, lease_seconds: float) -> bool:
+        """Extend the lease ``token`` holds; ``False`` if it is gone or another's."""
+        keys = [self.keys.leases(run_id), self.keys.owners(run_id)]
+        return bool(self._call(self._renew, keys, [key, token, repr(time.time() + lease_seconds)]))
+
+    def take_over(self, run_id: str, key: str, dead: str, token: str, lease_seconds: float) -> bool:
+        """Move ``key``'s lease from the dead attempt ``dead`` to ``token``."""
+        keys = [self.keys.leases(run_id), self.keys.owners(run_id)]
+        args = [key, dead, token, repr(time.time() + lease_seconds)]
+        return bool(self._call(self._take_over, keys, args))
+
+    def release(self, run_id: str, key: str, token: str) -> bool:
+        """Drop the lease if ``token`` still holds it."""
+        keys = [self.keys.leases(run_id), self.keys.owners(run_id)]
+        return bool(self._call(self._release, keys, [key, token]))
+
+    def active_runs(self) -> list[str]:
+        """Ids of runs whose status is running."""
+        raw = self._guard(lambda: self.client.zrange(self.keys.active, 0, -1))
+        return [r.decode() for r in raw]
+
+    def try_lock(self, name: str, ttl: float) -> bool:
+        """Take the deployment-wide lock ``name`` for ``ttl`` seconds unless another holds it."""
+        ms = max(1, int(ttl * 1000))
+        return bool(self._guard(lambda: self.client.set(self.keys.lock(name), "1", nx=True, px=ms)))
+
+    def notify_stopped(self, run_id: str, status: RunStatus) -> None:
+        """Publish the run's new status on its stop channel."""
+        self._guard(lambda: self.client.publish(self.keys.stopped(run_id), status.value))
+
+    @contextmanager
+    def stop_notices(self, run_id: str) -> Iterator[_StopNotices]:
+        """A subscription to the run's stop channel while the block runs."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            self._guard(lambda: pubsub.subscribe(self.keys.stopped(run_id)))
+            yield _StopNotices(self, pubsub)
+        finally:
+            pubsub.close()
+
     # -- helpers ---------------------------------------------------------------------------
+
+    def _begin_script(self, run_id: str, args: list[str]) -> Begun:
+        k = self.keys
+        keys = [k.history(run_id), k.attempts(run_id), k.leases(run_id), k.owners(run_id)]
+        blob, outcome, *holder = self._call(self._begin, keys, [k.snapshot_prefix(run_id), *args])
+        latest = None if blob is None else decode(blob, f"(latest of run {run_id})", "Redis")
+        return Begun(latest, BeginOutcome(outcome.decode()), holder[0].decode() if holder else "")
 
     def _page(self, key: str, start: int, count: int) -> list[bytes]:
         return self._guard(lambda: self.client.zrevrange(key, start, start + count - 1))
@@ -303,10 +386,11 @@ class RedisProvider:
             return pipe.execute()
 
         infos = []
-        for raw in self._guard(fetch):
+        for run_id, raw in zip(run_ids, self._guard(fetch), strict=True):
             if raw:
                 data = {k.decode(): v.decode() for k, v in raw.items()}
-                infos.append(RunInfo.model_validate({k: v for k, v in data.items() if v != ""}))
+                fields = {k: v for k, v in data.items() if v != "" and k in _INFO_FIELDS}
+                infos.append(decode_info(fields, run_id, "Redis"))
         return infos
 
     def _get_in_run(
@@ -317,7 +401,7 @@ class RedisProvider:
             if default is not None:
                 return default
             raise CheckpointNotFound(f"no checkpoint {checkpoint_id}", checkpoint_id=checkpoint_id)
-        return _decode(blob, checkpoint_id)
+        return decode(blob, checkpoint_id, "Redis")
 
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         return self._guard(lambda: script(keys=keys, args=args))
@@ -345,16 +429,6 @@ def _retry(patient: bool) -> Retry:
     return Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.25), 3)
 
 
-def _decode(blob: bytes, checkpoint_id: str) -> Checkpoint:
-    try:
-        return Checkpoint.model_validate_json(blob)
-    except ValidationError as exc:
-        raise CorruptCheckpoint(
-            f"checkpoint {checkpoint_id} is corrupt: {exc.errors()[0]['msg']}",
-            checkpoint_id=checkpoint_id,
-        ) from None
-
-
 def _field(value: Any) -> str:
     if value is None:
         return ""
@@ -367,32 +441,18 @@ def _pairs(fields: dict[str, str]) -> list[str]:
     return [item for pair in fields.items() for item in pair]
 
 
-def _meta_always(ckpt: Checkpoint) -> dict[str, str]:
-    meta = {
-        "event": ckpt.event,
-        "step": ckpt.step or "",
-        "error": f"{ckpt.error.type}: {ckpt.error.message}" if ckpt.error else "",
-    }
-    if ckpt.flow:
-        meta["flow"] = ckpt.flow
-    return meta
+def _meta_fields(ckpt: Checkpoint, now: float) -> tuple[dict[str, str], dict[str, str]]:
+    """The metadata hash fields a commit sets: every time, and only when it creates the run.
 
-
-def _meta_once(ckpt: Checkpoint) -> dict[str, str]:
-    meta: dict[str, str] = {}
-    if name := ckpt.meta.name:
-        meta["name"] = name
-    if ckpt.lineage is not None:
-        meta["parent_run_id"] = ckpt.lineage.parent_run_id
-        meta["parent_checkpoint_id"] = ckpt.lineage.parent_checkpoint_id
-        meta["branch"] = ckpt.lineage.branch or ""
-    return meta
-
-
-def _new_id() -> str:
-    from runner import ids
-
-    return ids.checkpoint_id()
+    Both come from :func:`run_info_after` (the rule every provider shares), read as if the
+    commit created the run; ``seq`` and ``latest`` are the script's to set.
+    """
+    info = run_info_after(ckpt, None, now).model_dump(exclude={"seq", "latest"})
+    always = {name: _field(info[name]) for name in _EVERY_COMMIT}
+    if not info["flow"]:
+        del always["flow"]  # a checkpoint without a flow keeps the run's
+    once = {name: _field(info[name]) for name in _NEW_RUN if info[name] is not None}
+    return always, once
 
 
 def _client_url(client: redis.Redis) -> str:
@@ -400,3 +460,17 @@ def _client_url(client: redis.Redis) -> str:
     if "path" in kw:
         return f"unix://{kw['path']}?db={kw.get('db', 0)}"
     return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
+class _StopNotices:
+    """:class:`~runner.store.base.StopNotices` on a redis-py pub/sub."""
+
+    def __init__(self, store: RedisProvider, pubsub: Any) -> None:
+        self.store, self.pubsub = store, pubsub
+
+    def next(self, timeout: float) -> str | None:
+        message = self.store._guard(lambda: self.pubsub.get_message(timeout=timeout))
+        if message is None or message.get("type") != "message":
+            return None
+        data = message["data"]
+        return data.decode() if isinstance(data, bytes) else str(data)

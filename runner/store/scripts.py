@@ -145,21 +145,6 @@ redis.call('ZREM', KEYS[9], ARGV[1])
 return existed
 """
 
-CLAIM = """
--- Take (or renew) the lease of a running activation unless another attempt holds it.
--- KEYS[1] leases zset   KEYS[2] lease owners hash
--- ARGV[1] activation    ARGV[2] attempt token   ARGV[3] expiry   ARGV[4] now
--- Returns 1 when the caller holds the lease, 0 when a live lease is another's.
-local owner = redis.call('HGET', KEYS[2], ARGV[1])
-local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if owner and owner ~= ARGV[2] and expiry and tonumber(expiry) > tonumber(ARGV[4]) then
-  return 0
-end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-return 1
-"""
-
 RELEASE = """
 -- Drop an activation's lease if the caller still holds it.
 -- KEYS[1] leases zset   KEYS[2] lease owners hash
