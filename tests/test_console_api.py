@@ -21,8 +21,9 @@ from runner.distributed import client
 from runner.distributed.client import RunHandle
 from runner.distributed.engine import Runtime
 from runner.store.models import RunStatus
+from tests._dist_support import eventually
 from tests.console_support import FLOWER, console_workers, failed_review, serving, snapshot
-from tests.flows import crews
+from tests.flows import crews, dist
 
 TOKEN = "t0ken-for-tests"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
@@ -332,6 +333,40 @@ def test_child_runs_are_listed_with_their_parent(rt: Runtime, readonly: httpx.Cl
     inner = readonly.get(f"/api/runs/{child['run_id']}").json()
     assert inner["parent"] == {"run_id": handle.run_id, "activation": "stage#1"}
     assert inner["run"]["child_of"]["run_id"] == handle.run_id
+    listed = readonly.get("/api/runs", params={"limit": 500}).json()["runs"]
+    order = [(r["run_id"], r["depth"]) for r in listed]
+    at = order.index((handle.run_id, 0))
+    assert order[at + 1] == (child["run_id"], 1)  # nested right under its parent
+
+
+def test_a_paused_run_resumes_with_an_input(rt: Runtime, acting: httpx.Client) -> None:
+    tag = f"console-{random.randrange(1 << 30):x}"
+    print(f"tag {tag}")
+    handle = client.submit("tests.flows.cli:ApprovalFlow", {"tag": tag}, rt=rt)
+    assert handle.wait(timeout=15) is RunStatus.PAUSED
+    run = acting.get(f"/api/runs/{handle.run_id}").json()
+    assert run["pause_reason"] == "need approval"
+    assert {m["name"]: m["state"] for m in run["methods"]}["approve"] == "paused"
+    response = acting.post(f"/api/runs/{handle.run_id}/resume", json={"inputs": {"approved": True}})
+    assert response.status_code == 202, response.text
+    assert handle.wait(timeout=15) is RunStatus.SUCCEEDED
+
+
+def test_cancel_stops_a_running_run(rt: Runtime, acting: httpx.Client) -> None:
+    handle = client.submit("tests.flows.dist:DistGated", {}, rt=rt)
+    gate = dist.key(handle.run_id, "gate", "two")
+    try:
+        eventually(lambda: dist.executions(rt.store.client, handle.run_id, "two"), timeout=10)
+        run = acting.get(f"/api/runs/{handle.run_id}").json()
+        assert {m["name"]: m["state"] for m in run["methods"]}["two"] == "running"
+        response = acting.post(f"/api/runs/{handle.run_id}/cancel")
+        assert response.status_code == 200, response.text
+        assert response.json()["status"] == "cancelled"
+    finally:
+        rt.store.client.set(gate, 1)  # let the step finish: it commits, nothing more runs
+    assert handle.wait(timeout=15) is RunStatus.CANCELLED
+    time.sleep(0.5)
+    assert dist.executions(rt.store.client, handle.run_id, "three") == 0
 
 
 def _runner(*args: str, code: str | None = None) -> list[str]:

@@ -165,6 +165,12 @@ def _install_errors(app: FastAPI) -> None:
     async def runner_error(request: Request, exc: RunnerError) -> Response:
         return error_response(request, status_for(exc), describe(exc))
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        # Still one JSON (or HTML) error; the server logs the traceback.
+        body = {"type": "InternalError", "message": f"unexpected {type(exc).__name__}: {exc}"}
+        return error_response(request, 500, body)
+
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> Response:
         problems = [f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]

@@ -110,12 +110,40 @@ def list_runs(
             break
         offset += _PAGE
     now = time.time()
-    return [run_row(info, store.latest(info.run_id), now) for info in found[:limit]]
+    return nested([run_row(info, store.latest(info.run_id), now) for info in found[:limit]])
 
 
-def flow_names(rows: list[dict[str, Any]]) -> list[str]:
-    """The distinct flow names of ``rows`` (the list's flow filter offers them)."""
-    return sorted({row["name"] for row in rows if row["name"] != "-"})
+def nested(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with each child run right under its parent's row, ``depth`` set (0 for a run
+    without a parent in ``rows``), as ``runner runs`` nests them."""
+    listed = {row["run_id"] for row in rows}
+    kids: dict[str, list[dict[str, Any]]] = {}
+    top = []
+    for row in rows:
+        parent = (row["child_of"] or {}).get("run_id")
+        if parent in listed and parent != row["run_id"]:
+            kids.setdefault(parent, []).append(row)
+        else:
+            top.append(row)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def walk(row: dict[str, Any], depth: int) -> None:
+        if row["run_id"] in seen:
+            return
+        seen.add(row["run_id"])
+        out.append({**row, "depth": depth})
+        for kid in kids.get(row["run_id"], []):
+            walk(kid, depth + 1)
+
+    for row in top:
+        walk(row, 0)
+    return out
+
+
+def flow_names(store: RedisProvider, scan: int = 500) -> list[str]:
+    """The distinct flow names of the newest ``scan`` runs (the list's flow filter)."""
+    return sorted({info.name or info.flow or "" for info in store.runs(limit=scan)} - {""})
 
 
 # --- one run ---------------------------------------------------------------------------------

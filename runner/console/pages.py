@@ -45,12 +45,11 @@ def runs_page(
     """Every run, filtered by status, flow and text; the table refreshes itself."""
     console = console_of(request)
     rows = data.list_runs(console.rt.store, status=_status(status), flow=flow, text=q)
-    every = data.list_runs(console.rt.store, limit=200)
     return console.page(
         request,
         "runs.html",
         rows=rows,
-        flows=data.flow_names(every),
+        flows=data.flow_names(console.rt.store),
         statuses=[s.value for s in RunStatus],
         filters={"status": status or "", "flow": flow or "", "q": q or ""},
     )
