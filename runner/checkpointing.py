@@ -284,6 +284,32 @@ class PersistSink(Sink):
         return None if self.store is None else self.store.latest(run_id)
 
 
+class WatchedSink(Sink):
+    """Another sink, also telling ``on_method`` each method that finished and its output, in
+    commit order (how ``Flow.method_outputs`` is kept, whatever the sink persists)."""
+
+    def __init__(self, inner: Sink, on_method: Callable[[str, Any], None]) -> None:
+        self.inner = inner
+        self.on_method = on_method
+        self.store = inner.store
+        self.persists = inner.persists
+
+    def write(self, ckpt: Checkpoint) -> Checkpoint:
+        """Hand ``ckpt`` to the inner sink, then report a finished method."""
+        written = self.inner.write(ckpt)
+        if ckpt.event == ev.METHOD_FINISHED and ckpt.step is not None:
+            self.on_method(ckpt.step, ckpt.outputs.get(ckpt.step))
+        return written
+
+    def load_state(self, run_id: str) -> dict[str, Any] | None:
+        """The inner sink's."""
+        return self.inner.load_state(run_id)
+
+    def latest(self, run_id: str) -> Checkpoint | None:
+        """The inner sink's."""
+        return self.inner.latest(run_id)
+
+
 def default_persistence() -> FlowPersistenceLike:
     """``@persist`` without an argument: Redis from the settings."""
     from runner.store.persistence import RedisFlowPersistence

@@ -11,21 +11,26 @@ that variable's name (CrewAI's default, ``"crew"``, when it is not one).
 from __future__ import annotations
 
 import asyncio
+import copy
 import keyword
 import sys
 import threading
+import uuid
 from collections.abc import Mapping
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from runner.checkpointing import CheckpointConfig, resolve_config
+from runner.checkpointing import CheckpointConfig, StoreSink, resolve_config
 from runner.crew.agent import Agent
 from runner.crew.compile import CrewFlow, compile_crew
 from runner.crew.task import Result, Task, TaskOutput
 from runner.errors import DefinitionError, InvalidInputs
 from runner.flow.children import ChildRun, child_run_id, deferred
+from runner.flow.loading import load_flow
+from runner.flow.local import load_restore_point
 from runner.flow.steps import current_activation
 from runner.store.models import RunStatus
 
@@ -52,6 +57,22 @@ class CrewOutput(Result):
     """Every finished task's output, in task order."""
 
 
+class _ClassOrInstance:
+    """A method that is one thing on the class and another on an instance (``Crew.fork``:
+    CrewAI's ``Crew.fork(config, branch=...)`` on the class, a fork on the workers of a
+    checkpoint of this crew on an instance)."""
+
+    def __init__(self, on_class: Any, on_instance: Any) -> None:
+        self.on_class = on_class
+        self.on_instance = on_instance
+        self.__doc__ = on_instance.__doc__
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        if obj is None:
+            return self.on_class.__get__(None, owner)
+        return self.on_instance.__get__(obj, owner)
+
+
 class Crew:
     """Agents doing tasks in order; each task sees the outputs of the tasks before it."""
 
@@ -76,6 +97,10 @@ class Crew:
         self.module: str = sys._getframe(1).f_globals.get("__name__", "__main__")
         """The module that built the crew; its flow class lives there."""
         self._name = name
+        self._restore: CheckpointConfig | None = None
+        """Set by :meth:`from_checkpoint` / CrewAI's ``Crew.fork``: the next kickoff restores it."""
+        self._branch: str | None = None
+        """With ``_restore``: the next kickoff forks it into a new run on this branch."""
         self._variable: str | None = None
         self._flow: type[CrewFlow] | None = None
         self._lock = threading.Lock()
@@ -136,8 +161,14 @@ class Crew:
         from_checkpoint: CheckpointConfig | str | None = None,
         restore_from_state_id: str | None = None,
     ) -> CrewOutput:
-        """Run the crew in this process; resume with ``from_checkpoint`` (a config or id)."""
+        """Run the crew in this process; resume with ``from_checkpoint`` (a config, a
+        checkpoint file or id), or what :meth:`from_checkpoint` / ``Crew.fork`` set up."""
         inputs = dict(inputs or {})
+        if from_checkpoint is None and self._restore is not None:
+            restore, branch, self._restore, self._branch = self._restore, self._branch, None, None
+            if branch is not None:
+                return self._fork_run(restore, branch, inputs)
+            from_checkpoint = restore
         if from_checkpoint is None and restore_from_state_id is None and "id" not in inputs:
             self.check_inputs(inputs)
         override = from_checkpoint if isinstance(from_checkpoint, CheckpointConfig) else None
@@ -169,6 +200,37 @@ class Crew:
 
     akickoff = kickoff_async
 
+    @classmethod
+    def from_checkpoint(cls, config: CheckpointConfig | str | Path) -> Crew:
+        """The crew a checkpoint was written by, set to resume it on its next ``kickoff``
+        (CrewAI's ``Crew.from_checkpoint``): completed tasks are skipped."""
+        restore = config if isinstance(config, CheckpointConfig) else _config_for(config)
+        crew = copy.copy(_crew_of(restore))
+        crew._restore, crew._branch = restore, None
+        return crew
+
+    @classmethod
+    def _fork_of(cls, config: CheckpointConfig | str | Path, branch: str | None = None) -> Crew:
+        """CrewAI's ``Crew.fork(config, branch=...)``: the crew a checkpoint was written by,
+        set so its next ``kickoff`` starts a new run (a fork on ``branch``) from the
+        checkpoint; the source run is left as it is."""
+        crew = cls.from_checkpoint(config)
+        crew._branch = branch if branch is not None else f"fork/{uuid.uuid4().hex[:8]}"
+        return crew
+
+    def _fork_run(
+        self, config: CheckpointConfig, branch: str, inputs: dict[str, Any]
+    ) -> CrewOutput:
+        store = config.store()
+        source = load_restore_point(StoreSink(store, frozenset()), config)
+        started = store.fork(source.id, new_run_id=str(uuid.uuid4()), branch=branch)
+        own = CheckpointConfig(
+            provider=store,
+            on_events=config.on_events,
+            max_checkpoints=config.max_checkpoints,
+        )
+        return self._kickoff(inputs, own, from_checkpoint=started.id)
+
     def submit(
         self, inputs: dict[str, Any] | None = None, *, rt: Runtime | None = None
     ) -> CrewRunHandle:
@@ -197,7 +259,7 @@ class Crew:
         handle = control.resume(run_id, from_checkpoint, inputs, rt=rt)
         return CrewRunHandle(handle.run_id, handle.rt, crew=self)
 
-    def fork(
+    def _fork_on_workers(
         self,
         ref: str,
         outputs: Mapping[str, Any] | None = None,
@@ -231,6 +293,8 @@ class Crew:
             source.id, set=edits, rerun=again, branch=branch, run_id=run_id, rt=rt
         )
         return CrewRunHandle(handle.run_id, handle.rt, crew=self)
+
+    fork = _ClassOrInstance(_fork_of, _fork_on_workers)
 
     # -- results and checks ----------------------------------------------------------------
 
@@ -345,6 +409,25 @@ class Crew:
                 fields = dict(value)
             merged[name] = TaskOutput.load({**merged.get(name, {}), **fields}, task).dump()
         return merged
+
+
+def _config_for(ref: str | Path) -> CheckpointConfig:
+    """A restore config for a checkpoint file, a SQLite ``<file>#<id>`` or an id (whose
+    store is then the default location's)."""
+    return CheckpointConfig(restore_from=str(ref))
+
+
+def _crew_of(config: CheckpointConfig) -> Crew:
+    """The crew that wrote the checkpoint ``config`` restores (loaded by its import path)."""
+    ckpt = load_restore_point(StoreSink(config.store(), frozenset()), config)
+    flow = load_flow(ckpt.flow or "")
+    crew = getattr(flow, "crew", None)
+    if not isinstance(crew, Crew):
+        raise DefinitionError(
+            f"checkpoint {ckpt.id} was written by {ckpt.flow}, which is not a crew",
+            checkpoint_id=ckpt.id,
+        )
+    return crew
 
 
 def _check(crew: Crew, process: Process) -> None:

@@ -215,7 +215,7 @@ class Flow(Generic[StateT]):
         return list(self._method_outputs)
 
     def _record_output(self, method: str, output: Any) -> None:
-        """Called by the in-process executor each time ``method`` finished with ``output``."""
+        """Told by the in-process run each time ``method`` finished with ``output``."""
         self._method_outputs.append(output)
 
     def _bind_trigger_payload(self, inputs: dict[str, Any]) -> None:

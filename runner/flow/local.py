@@ -20,7 +20,13 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
 
-from runner.checkpointing import FLOW_DEFAULT_EVENTS, CheckpointConfig, Sink, StoreSink
+from runner.checkpointing import (
+    FLOW_DEFAULT_EVENTS,
+    CheckpointConfig,
+    Sink,
+    StoreSink,
+    WatchedSink,
+)
 from runner.errors import CheckpointNotFound, InvalidInputs, RunNotFound
 from runner.flow import events as ev
 from runner.flow import lifecycle
@@ -58,7 +64,7 @@ def kickoff(
             # Restored by id with no store configured: the run continues where it is kept.
             sink = StoreSink(_default_store(), FLOW_DEFAULT_EVENTS)
         ckpt = load_restore_point(sink, restore)
-        return resume(flow, graph, sink, ckpt, inputs)
+        return resume(flow, graph, WatchedSink(sink, flow._record_output), ckpt, inputs)
     lineage = None
     base = flow._dump()
     # Whether a run with this id may exist: not for an id made up by this flow object.
@@ -88,7 +94,7 @@ def kickoff(
     else:
         first = tr.start(graph, flow.flow_id, state, flow=flow.flow_path(), name=flow.flow_name())
         first.checkpoint.lineage = lineage
-    return LocalRun(flow, graph, sink).run(first)
+    return LocalRun(flow, graph, WatchedSink(sink, flow._record_output)).run(first)
 
 
 def resume(
