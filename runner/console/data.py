@@ -120,7 +120,7 @@ def nested(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     kids: dict[str, list[dict[str, Any]]] = {}
     top = []
     for row in rows:
-        parent = (row["child_of"] or {}).get("run_id")
+        parent = str((row["child_of"] or {}).get("run_id"))
         if parent in listed and parent != row["run_id"]:
             kids.setdefault(parent, []).append(row)
         else:
@@ -397,8 +397,15 @@ def _node(
 
 
 def checkpoint_view(rt: Runtime, ref: str) -> dict[str, Any]:
-    """One checkpoint in full (by id, or a run id for its latest)."""
-    return find_checkpoint(rt, ref).model_dump(mode="json")
+    """One checkpoint in full (by id, or a run id for its latest), with the steps completed
+    and in flight and their outputs at top level (they live in its record)."""
+    ckpt = find_checkpoint(rt, ref)
+    return {
+        **ckpt.model_dump(mode="json"),
+        "completed": ckpt.completed,
+        "in_flight": ckpt.in_flight,
+        "outputs": ckpt.outputs,
+    }
 
 
 def diff(rt: Runtime, a: str, b: str) -> dict[str, Any]:
