@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from runner.crew import CrewFlow
 from runner.distributed import control
-from runner.distributed.client import RunHandle, load_flow
+from runner.distributed.client import RunHandle, check_fields, load_flow
 from runner.distributed.engine import Runtime
 from runner.errors import InvalidInputs, RunnerError
 from runner.flow import orchestrator as orch
@@ -179,7 +179,9 @@ def validated_changes(
     if model is None:
         return {k: v for k, v in values.items() if state.get(k) != v}
     errors: dict[str, str] = {}
-    if not _takes_any_key(model):
+    try:
+        check_fields(flow_cls, values)  # keys the model would silently drop
+    except InvalidInputs:
         for key in values:
             if key not in model.model_fields:
                 errors[key] = f"{model.__name__} has no field {key!r}"
@@ -196,14 +198,6 @@ def validated_changes(
         listed = "; ".join(f"{k}: {v}" for k, v in errors.items())
         raise FieldErrors(f"invalid state: {listed}", errors=errors)
     return {k: dumped[k] for k in values if dumped.get(k) != state.get(k)}
-
-
-def _takes_any_key(model: Any) -> bool:
-    # As client.check_fields: models with extra fields or a raw-input validator take any key.
-    if model.model_config.get("extra") == "allow":
-        return True
-    validators = model.__pydantic_decorators__.model_validators.values()
-    return any(v.info.mode in ("before", "wrap") for v in validators)
 
 
 def rerun_preview(rt: Runtime, ref: str, steps: list[str]) -> dict[str, Any]:
