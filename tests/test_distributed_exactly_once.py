@@ -7,6 +7,7 @@ from typing import Any
 
 import redis
 
+from runner.distributed import handoff
 from runner.distributed.client import RunHandle
 from runner.distributed.engine import Runtime, task_id
 from runner.flow import transition as tr
@@ -154,6 +155,7 @@ def test_commit_whose_committer_died_before_sending_is_completed_by_recovery(
         reducers=reducers_for(DistEcho.state_type()),
         attempt="dead-attempt",
     )
+    handoff.hold(rt.coord, run, ["shout#1"])  # a committer holds it as sender, then dies
     rt.store.commit(done.checkpoint, expected_seq=started.seq, dispatching=["shout#1"])
     handle = RunHandle(run, rt)
     assert handle.result(timeout=20) == 10

@@ -33,8 +33,9 @@ LIVE_POLL = 0.25
 
 
 def exit_code_of(status: RunStatus) -> int:
-    """``0`` for a run that succeeded or waits for input, ``1`` for failed or cancelled."""
-    return FAILED if status in (RunStatus.FAILED, RunStatus.CANCELLED) else OK
+    """``0`` for a run that succeeded or waits for input, ``1`` for failed, cancelled or
+    corrupt (quarantined)."""
+    return FAILED if status in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.CORRUPT) else OK
 
 
 def stopped(status: RunStatus) -> bool:

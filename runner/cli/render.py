@@ -23,6 +23,7 @@ STATUS_STYLE = {
     RunStatus.SUCCEEDED: "green",
     RunStatus.FAILED: "red",
     RunStatus.CANCELLED: "magenta",
+    RunStatus.CORRUPT: "bold red",
 }
 
 

@@ -48,6 +48,7 @@ from runner.settings import RunnerSettings, get_settings
 from runner.store.models import Checkpoint, ParentLink, RunStatus
 from runner.store.redis import RedisProvider
 
+from . import handoff
 from .coord import Coordinator
 
 log = logging.getLogger("runner.worker")
@@ -110,8 +111,12 @@ def dispatch(
     if not acts:
         return []
     keys = [tr.activation_key_in(epoch, a.id) for a in acts]
+    handoff.hold(rt.coord, run_id, keys)  # a sender dying before the send leaves a lapsing lease
     fresh = [True] * len(acts) if force else rt.coord.mark_dispatched(run_id, keys)
     chosen = [act for act, is_new in zip(acts, fresh, strict=True) if is_new]
+    handoff.let_go(
+        rt.coord, run_id, [k for k, is_new in zip(keys, fresh, strict=True) if not is_new]
+    )
     for act in chosen if force else ():
         rt.coord.redispatch_stamp(run_id, tr.activation_key_in(epoch, act.id))
     return send(rt, flow_name, run_id, epoch, chosen)
@@ -135,6 +140,8 @@ def send(rt: Runtime, flow_name: str, run_id: str, epoch: int, acts: list[Activa
             task_id=task_id(run_id, epoch, act.id),
             kwargsrepr=kwargs_repr(run_id, act.id),
         )
+        # The broker has it: from now on the step is queued, not lost.
+        handoff.let_go(rt.coord, run_id, [tr.activation_key_in(epoch, act.id)])
     return [act.id for act in acts]
 
 
@@ -184,6 +191,7 @@ def commit(
     parent when a child run ends.
     """
     latest = first
+    held: set[str] = set()  # activation keys this call holds the sender's lease of
     for _ in range(200):
         if latest is None:
             latest = rt.coord.read(run_id)
@@ -191,12 +199,16 @@ def commit(
                 raise RunNotFound(f"no run {run_id}", run_id=run_id)
         built = build(latest)
         if built is None:
+            handoff.let_go(rt.coord, run_id, sorted(held))
             return None
         step = built.transition if isinstance(built, lifecycle.Settled) else built
         marks: list[str] = []
         if mark_ready and step.checkpoint.status is RunStatus.RUNNING:
             epoch = step.checkpoint.meta.epoch
             marks = [tr.activation_key_in(epoch, a.id) for a in step.ready]
+            # Held before the commit: a committer dying before it sends leaves lapsing leases.
+            handoff.hold(rt.coord, run_id, [m for m in marks if m not in held])
+            held.update(marks)
         try:
             ckpt = rt.store.commit(step.checkpoint, expected_seq=latest.seq, dispatching=marks)
         except CommitConflict:
@@ -204,7 +216,9 @@ def commit(
             time.sleep(random.random() / 1000)
             continue
         except StaleAttempt:
+            handoff.let_go(rt.coord, run_id, sorted(held))
             return None
+        handoff.let_go(rt.coord, run_id, sorted(held.difference(marks)))
         if ckpt.status is not RunStatus.RUNNING:
             rt.coord.notify_stopped(run_id, ckpt.status.value)
             if ckpt.status.finished and ckpt.meta.parent is not None:

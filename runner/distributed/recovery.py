@@ -1,21 +1,46 @@
-"""The recovery pass: re-send in-flight steps that nobody runs and no message will bring.
+"""The recovery pass: re-send in-flight steps that nobody answers for and no message will bring.
 
 Run by every worker every ``recovery_interval`` (one at a time, by a lock) and by
-``runner recover`` (no lock). A step is re-sent when its lease expired (its attempt
-died), or when it was marked sent ``lease_seconds`` ago and never started (its sender
-died between marking and sending, or a worker died holding the message).
+``runner recover`` (no lock). How a step in flight is told apart:
+
+* **running, or about to**: it has a live lease. The attempt that runs it holds one
+  (renewed by a heartbeat); so does the sender between the commit that made it ready and
+  the broker accepting its message, and the worker that received the message until an
+  attempt begins (:mod:`runner.distributed.handoff`).
+* **lost**: its lease expired. Whoever held it died (a worker, a pool child, a sender)
+  or was cut off from Redis for the whole lease: it is re-sent.
+* **queued**: it was marked sent and has no lease. Its message is in the broker's queue
+  (a backlog), and is never re-sent, however long it waits there.
+* **never sent**: no marker and no lease (a resume or fork whose caller died before
+  dispatching): re-sent ``lease_seconds`` after the run's latest checkpoint.
+
+A run whose data cannot be read (a corrupt snapshot, missing keys, a checkpoint naming no
+flow) is **quarantined**: its status becomes ``corrupt`` (``runner runs --status
+corrupt``), it leaves the set of running runs, and one ERROR names it. Nothing about one
+run stops the pass over the others.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
+from runner.errors import CorruptCheckpoint, RunNotFound, StoreUnavailable
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.orchestrator import Activation
 from runner.store.models import Checkpoint, RunStatus
 
 from .engine import Runtime, allowed_flow, dispatch, waiting_children
+
+log = logging.getLogger("runner.worker")
+
+QUARANTINED = "quarantined"
+"""Event recorded on the metadata of a run that recovery quarantined."""
+
+
+class Unreadable(Exception):
+    """A run's data cannot be read; the message says what is wrong (never leaves this module)."""
 
 
 def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
@@ -29,43 +54,77 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
         return {}
     resent: dict[str, list[str]] = {}
     for run_id in rt.coord.active_runs():
-        latest = rt.coord.read(run_id)
-        if latest is None or latest.status is not RunStatus.RUNNING:
+        try:
+            sent = _recover_run(rt, run_id)
+        except StoreUnavailable:
+            raise  # Redis is gone for every run: the caller retries the pass
+        except (CorruptCheckpoint, Unreadable) as exc:
+            quarantine(rt, run_id, str(exc))
             continue
-        flow_cls = allowed_flow(rt, latest)
-        if flow_cls is None:
+        except Exception:
+            # A bug, not bad data: name the run and go on with the others.
+            log.exception("recovery of run %s failed; the pass goes on", run_id)
             continue
-        stale = _stale(rt, latest)
-        if stale and latest.meta.children:
-            waiting = waiting_children(rt, latest)
-            stale = [act for act in stale if act.id not in waiting]
-        if stale:
-            epoch = latest.meta.epoch
-            resent[run_id] = dispatch(rt, flow_cls.flow_name(), run_id, epoch, stale, force=True)
+        if sent:
+            resent[run_id] = sent
     return resent
 
 
-def _stale(rt: Runtime, latest: Checkpoint) -> list[Activation]:
-    """In-flight activations of ``latest`` that nobody runs and no message will bring.
+def quarantine(rt: Runtime, run_id: str, reason: str) -> bool:
+    """Mark ``run_id`` corrupt and take it out of the running runs; ``True`` if this call did.
 
-    A lease that expired means its attempt died. With no lease, the activation is
-    taken to be queued (or its retry waiting) until ``lease_seconds`` after it was
-    marked sent; after that its message is presumed lost (its sender died between
-    marking and sending, or a worker died holding it unacknowledged). One never
-    marked (a resume or fork whose caller died before dispatching) counts from the
-    latest checkpoint.
+    Logged once, at ERROR, with the run's id: a run already marked is left as it is.
+    Its keys are kept for an operator to inspect (``runner status``) or delete.
     """
-    now, grace = time.time(), rt.settings.lease_seconds
-    coordination = rt.coord.coordination(latest.run_id)
-    leases, sent_at = coordination.leases, coordination.markers
+    info = rt.store.run(run_id)
+    if info is not None and info.status is RunStatus.CORRUPT:
+        return False
+    why = f"{CorruptCheckpoint.__name__}: {reason}"
+    try:
+        rt.store.update_run(run_id, status=RunStatus.CORRUPT, event=QUARANTINED, error=why)
+    except RunNotFound:
+        log.error("run %s is in the running set but has no metadata: %s", run_id, reason)
+        return False
+    log.error("run %s quarantined (status corrupt), its data cannot be read: %s", run_id, reason)
+    return True
+
+
+def _recover_run(rt: Runtime, run_id: str) -> list[str]:
+    latest = rt.coord.read(run_id)
+    if latest is None:
+        raise Unreadable(f"run {run_id} is running but its latest checkpoint is missing")
+    if latest.status is not RunStatus.RUNNING:
+        return []
+    if not latest.meta.name or not latest.flow:
+        raise Unreadable(f"checkpoint {latest.id} of run {run_id} names no flow")
+    flow_cls = allowed_flow(rt, latest)
+    if flow_cls is None:
+        return []
+    try:
+        pending = orch.pending(tr.record_of(latest))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Unreadable(f"checkpoint {latest.id} of run {run_id}: bad record ({exc!r})") from None
+    stale = _stale(rt, latest, pending)
+    if stale and latest.meta.children:
+        waiting = waiting_children(rt, latest)
+        stale = [act for act in stale if act.id not in waiting]
+    if not stale:
+        return []
+    return dispatch(rt, flow_cls.flow_name(), run_id, latest.meta.epoch, stale, force=True)
+
+
+def _stale(rt: Runtime, latest: Checkpoint, pending: list[Activation]) -> list[Activation]:
+    """The activations of ``pending`` nobody answers for (see the module docstring)."""
+    now = time.time()
+    found = rt.coord.coordination(latest.run_id)
+    leases, marked = found.leases, found.markers
     epoch, stale = latest.meta.epoch, []
-    for act in orch.pending(tr.record_of(latest)):
+    for act in pending:
         key = tr.activation_key_in(epoch, act.id)
         expiry = leases.get(key)
         if expiry is not None:
-            if expiry > now:
-                continue
-        elif now - sent_at.get(key, latest.created_at) < grace:
-            continue
-        stale.append(act)
+            if expiry <= now:
+                stale.append(act)  # lost: its holder died
+        elif key not in marked and now - latest.created_at >= rt.settings.lease_seconds:
+            stale.append(act)  # never sent
     return stale

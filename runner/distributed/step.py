@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 
-from runner.errors import RunnerError, StepFailed
+from runner.errors import CorruptCheckpoint, RunnerError, StepFailed
 from runner.flow import events as ev
 from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
@@ -43,6 +43,7 @@ from runner.flow.state import reducers_for
 from runner.flow.steps import StepResult, run_step
 from runner.store.models import Checkpoint, RunStatus
 
+from . import handoff
 from .coord import DONE, HELD, OK, attempt_token, holder_is_dead
 from .engine import (
     FlowNotAllowed,
@@ -54,7 +55,10 @@ from .engine import (
     kwargs_repr,
     send,
     start_child,
+    task_id,
+    task_name,
 )
+from .recovery import quarantine
 
 log = logging.getLogger("runner.worker")
 
@@ -81,6 +85,11 @@ class Lease:
         return self
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None and not issubclass(exc_type, _ACCOUNTED):
+            # The attempt broke off with nothing committed, and Celery acks a task that
+            # raised: no message will bring the step back. Keep the lease (the heartbeat
+            # stops), so it lapses and recovery re-sends the step.
+            return
         try:
             self.release()
         except RunnerError:
@@ -88,6 +97,11 @@ class Lease:
                 raise
             # Already failing: keep that error; the lease lapses by itself.
             log.warning("could not release lease %s of run %s", self.key, self.run_id)
+
+
+_ACCOUNTED = (Retry, Ignore, StepFailed)
+"""How an attempt can end that leaves its step settled or on its way again: a retry
+(published), a duplicate or a hand-back (``Ignore``), a failure (committed)."""
 
 
 def execute(
@@ -104,24 +118,38 @@ def execute(
     if deployment is not None and deployment != rt.settings.prefix:
         return _hand_back(rt, task, run_id, activation, deployment)
     key, token = tr.activation_key_in(epoch, activation), attempt_token()
-    latest, found, holder = rt.coord.begin(run_id, key, token)
+    try:
+        latest, found, holder = rt.coord.begin(run_id, key, token)
+    except CorruptCheckpoint as exc:
+        quarantine(rt, run_id, str(exc))
+        return {"run_id": run_id, "step": activation, "skipped": "its run is corrupt"}
+    if found == HELD and _take_over(rt, run_id, key, holder, token):
+        found = OK
     with Lease(rt, run_id, key, token, held=found == OK) as lease:
         act = _begin(rt, task, flow_cls, latest, run_id, activation, epoch, found)
         if isinstance(act, dict):
             return act
         assert latest is not None
-        if found == HELD:
-            if not (holder_is_dead(holder) and rt.coord.take_over(run_id, key, holder, token)):
-                raise task.retry(
-                    countdown=rt.settings.lease_seconds / 2,
-                    max_retries=None,
-                    kwargsrepr=kwargs_repr(run_id, activation, attempt),
-                )
-            log.warning("run %s step %s: took over from dead attempt %s", run_id, act.id, holder)
-            lease.held = True
+        if found == HELD:  # a live attempt runs it: look again when its lease could lapse
+            raise task.retry(
+                countdown=rt.settings.lease_seconds / 2,
+                max_retries=None,
+                kwargsrepr=kwargs_repr(run_id, activation, attempt),
+            )
         with rt.coord.heartbeat(run_id, key, token):
             flow, result = _run(flow_cls, latest, act, attempt)
             return _settle(rt, task, flow_cls, flow, latest, result, lease)
+
+
+def _take_over(rt: Runtime, run_id: str, key: str, holder: str, token: str) -> bool:
+    """Take the lease from ``holder`` if it is a soft lease (a sender's or the receiving
+    worker's, see :mod:`~runner.distributed.handoff`) or an attempt whose process died."""
+    if handoff.is_soft(holder):
+        return rt.coord.take_over(run_id, key, holder, token)
+    if holder_is_dead(holder) and rt.coord.take_over(run_id, key, holder, token):
+        log.warning("run %s step %s: took over from dead attempt %s", run_id, key, holder)
+        return True
+    return False
 
 
 def _begin(
@@ -236,14 +264,17 @@ def _settle(
 
 
 def _retry(rt: Runtime, task: Any, spec: Any, result: StepResult, lease: Lease) -> None:
-    """Free the lease and hand the next attempt to Celery's retry, with the real error."""
+    """Hand the next attempt to Celery's retry, with the real error.
+
+    Until the retry is published this process holds the step as its sender (a soft
+    lease: if it dies first, the lease lapses and recovery re-sends the step); then the
+    step is queued, or held by the worker that received the retry.
+    """
     assert result.error is not None
     attempt = result.attempts
     delay = lifecycle.retry_delay(spec, rt.settings, attempt, random.random())
-    lease.release()
-    # Date the marker to when the retry is due, so the recovery pass does not take a
-    # waiting retry for a lost message.
-    rt.coord.redispatch_stamp(lease.run_id, lease.key, at=time.time() + delay)
+    if rt.coord.take_over(lease.run_id, lease.key, lease.token, handoff.sender_token()):
+        lease.held = False
     log.warning(
         "run %s step %s attempt %d failed (%s); retrying in %.2fs",
         lease.run_id,
@@ -252,13 +283,16 @@ def _retry(rt: Runtime, task: Any, spec: Any, result: StepResult, lease: Lease) 
         _described(result.error),
         delay,
     )
-    raise task.retry(
+    retry = task.retry(
         exc=result.error,
         kwargs={**task.request.kwargs, "attempt": attempt + 1},
         countdown=delay,
         max_retries=None,
         kwargsrepr=kwargs_repr(lease.run_id, result.activation.id, attempt + 1),
+        throw=False,
     )
+    handoff.let_go(rt.coord, lease.run_id, [lease.key])
+    raise retry
 
 
 def _failed(
@@ -313,3 +347,94 @@ def _hand_back(
 
 def _described(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def hard_time_limit(
+    rt: Runtime,
+    flow_cls: Any,
+    kwargs: dict[str, Any],
+    error: BaseException,
+    worker: str | None = None,
+) -> str:
+    """Settle an attempt the pool killed at Celery's hard ``time_limit`` (in the worker's
+    main process; Celery has already acked its message and marked it FAILURE).
+
+    The killed attempt counts as a failed one: the step is retried while it has retries
+    left, else the run fails with ``error``, so a step that always overruns its limit ends
+    instead of being re-sent for ever. Returns what was done: ``retried``, ``failed``, or
+    why nothing was (another attempt answers for the step, it was committed, ...).
+    """
+    run_id, activation = str(kwargs["run_id"]), str(kwargs["activation"])
+    epoch, attempt = int(kwargs.get("epoch", 0)), int(kwargs.get("attempt", 1))
+    key, token = tr.activation_key_in(epoch, activation), attempt_token()
+    latest, found, holder = rt.coord.begin(run_id, key, token)
+    if found == HELD:
+        # The pool kills the attempt right after telling us; give it a moment to be gone.
+        deadline = time.monotonic() + 2 * rt.settings.lease_seconds
+        while not holder_is_dead(holder) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not (holder_is_dead(holder) and rt.coord.take_over(run_id, key, holder, token)):
+            return "another attempt holds the step"
+        found = OK
+    if found != OK:
+        return f"nothing to settle ({found})"
+    with Lease(rt, run_id, key, token, held=True) as lease:
+        if latest is None or latest.status is not RunStatus.RUNNING:
+            return "the run is not running"
+        if not lifecycle.in_flight(latest, epoch, activation):
+            return "the step is no longer in flight"
+        act = orch.pending_activation(tr.record_of(latest), activation)
+        assert act is not None
+        graph = flow_cls.graph()
+        spec = graph.methods[act.method]
+        result = StepResult(act, dict(latest.state), error=error, attempts=attempt)
+        if lifecycle.decide(result, spec, rt.settings) is Outcome.RETRY:
+            delay = lifecycle.retry_delay(spec, rt.settings, attempt, random.random())
+            if rt.coord.take_over(run_id, key, token, handoff.sender_token()):
+                lease.held = False
+            rt.app.send_task(
+                task_name(flow_cls.flow_name(), act.method),
+                kwargs={**kwargs, "attempt": attempt + 1},
+                task_id=task_id(run_id, epoch, activation),
+                countdown=delay,
+                kwargsrepr=kwargs_repr(run_id, activation, attempt + 1),
+            )
+            handoff.let_go(rt.coord, run_id, [key])
+            log.warning(
+                "run %s step %s attempt %d killed at its hard time limit (%s); retrying in %.2fs",
+                run_id,
+                activation,
+                attempt,
+                _described(error),
+                delay,
+            )
+            return "retried"
+        reducers = reducers_for(flow_cls.state_type())
+        committed = commit(
+            rt,
+            run_id,
+            lambda c: lifecycle.settle(
+                graph,
+                c,
+                result,
+                Outcome.FAILED,
+                epoch=epoch,
+                reducers=reducers,
+                token=token,
+                worker=worker,
+            ),
+        )
+        if committed is None:
+            return "another attempt committed the step"
+        ckpt = committed[0]
+        described = _described(error)
+        emit(ckpt, ev.METHOD_FAILED, act.method, error=described)
+        emit(ckpt, ev.FLOW_FAILED, None, error=described)
+        log.error(
+            "run %s step %s failed after %d attempt(s): killed at its hard time limit (%s)",
+            run_id,
+            activation,
+            attempt,
+            described,
+        )
+        return "failed"

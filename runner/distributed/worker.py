@@ -5,24 +5,43 @@ message can name a task, never a module. Each flow method becomes the task
 ``<Flow>.<method>``. A message for a task this worker has not registered (a flow
 outside the allow-list) fails its run with :class:`FlowNotAllowed`; a step whose
 run names another import path than the registered flow does the same.
+
+The worker's main process also runs the recovery pass every ``recovery_interval``,
+holds a soft lease on every step message it has received until an attempt begins
+(:mod:`runner.distributed.handoff`), settles attempts the pool killed at Celery's hard
+time limit (:func:`~runner.distributed.step.hard_time_limit`), and reports a lost
+connection to Redis or the broker once (a WARNING, no traceback) and its return once
+(an INFO), however many parts of the worker noticed.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import inspect
 import logging
+import os
 import threading
+import time
+import weakref
 from typing import Any
 
+import redis
 from celery import Celery, signals
+from celery.exceptions import TimeLimitExceeded
+from celery.worker import state as worker_state
+from kombu.exceptions import OperationalError
 
-from runner.errors import DefinitionError, FlowImportError
+from runner.embedded import mask_url
+from runner.errors import DefinitionError, FlowImportError, RunnerError, StoreUnavailable
+from runner.flow import transition as tr
 from runner.settings import RunnerSettings, get_settings
 
+from . import handoff
+from .coord import HELD, OK
 from .engine import RECOVER_TASK, Runtime, fail_not_allowed, task_name
 from .recovery import recover
-from .step import execute
+from .step import execute, hard_time_limit
 
 log = logging.getLogger("runner.worker")
 
@@ -37,8 +56,12 @@ def install(
     for name in settings.flow_modules if modules is None else modules:
         for flow_cls in flows_in(name):
             register_flow(app, rt, flow_cls)
-    _start_recovery_on_ready(app, rt)
+    watch = ConnectionWatch(f"Redis at {mask_url(rt.store.url)}")
+    _start_recovery_on_ready(app, rt, watch)
     _fail_runs_of_unknown_tasks(app, rt)
+    _hold_received_steps(app, rt, watch)
+    _settle_hard_time_limits(app, rt)
+    _quiet_reconnects(watch)
     return rt
 
 
@@ -114,11 +137,13 @@ def _register_builtins(app: Celery, rt: Runtime) -> None:
         return recover(rt, force=True)
 
 
-def _start_recovery_on_ready(app: Celery, rt: Runtime) -> None:
+def _start_recovery_on_ready(app: Celery, rt: Runtime, watch: ConnectionWatch) -> None:
     def on_ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", app) is not app:
             return
-        thread = threading.Thread(target=_recovery_loop, args=(rt,), daemon=True, name="recover")
+        thread = threading.Thread(
+            target=_recovery_loop, args=(rt, watch), daemon=True, name="recover"
+        )
         thread.start()
 
     signals.worker_ready.connect(on_ready, weak=False)
@@ -144,12 +169,243 @@ def _fail_runs_of_unknown_tasks(app: Celery, rt: Runtime) -> None:
     signals.task_unknown.connect(on_unknown, weak=False)
 
 
-def _recovery_loop(rt: Runtime) -> None:
+def _recovery_loop(rt: Runtime, watch: ConnectionWatch) -> None:
     stop = threading.Event()
     while not stop.wait(rt.settings.recovery_interval):
         try:
             resent = recover(rt)
-            if resent:
-                log.warning("recovery re-dispatched %s", resent)
+        except StoreUnavailable as exc:
+            watch.lost(exc)
+            continue
         except Exception:
             log.exception("recovery pass failed; retrying in %ss", rt.settings.recovery_interval)
+            continue
+        watch.back()
+        if resent:
+            log.warning("recovery re-dispatched %s", resent)
+
+
+# --- messages this worker holds -------------------------------------------------------------
+
+
+class _Receipts:
+    """Soft leases on the step messages this worker received and no attempt began yet.
+
+    Taken when a message arrives (prefetched, or a retry waiting for its countdown),
+    renewed every third of a lease while the worker still holds the message, dropped
+    when it no longer does; an attempt that begins takes the lease over (see
+    :mod:`runner.distributed.handoff`). A worker killed while holding messages leaves
+    leases that lapse, so recovery re-sends those steps at once instead of after the
+    broker's visibility timeout.
+    """
+
+    def __init__(self, rt: Runtime, watch: ConnectionWatch) -> None:
+        self.rt, self.watch = rt, watch
+        self.held: dict[str, tuple[weakref.ref[Any], str, str]] = {}
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def received(self, request: Any) -> None:
+        kwargs = request.kwargs or {}
+        if "run_id" not in kwargs or "activation" not in kwargs:
+            return
+        if kwargs.get("deployment", self.rt.settings.prefix) != self.rt.settings.prefix:
+            return
+        run_id = str(kwargs["run_id"])
+        key = tr.activation_key_in(int(kwargs.get("epoch", 0)), str(kwargs["activation"]))
+        token = handoff.soft_token("recv")
+        try:
+            if not self._take(run_id, key, token):
+                return  # an attempt, or another worker holding a copy, answers for it
+        except StoreUnavailable as exc:
+            self.watch.lost(exc)
+            return
+        except RunnerError as exc:  # e.g. a corrupt run: the attempt will quarantine it
+            log.warning("run %s step %s: no lease on receipt (%s)", run_id, key, exc)
+            return
+        with self.lock:
+            self.held[token] = (weakref.ref(request), run_id, key)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, daemon=True, name="receipts")
+                self.thread.start()
+
+    def _take(self, run_id: str, key: str, token: str) -> bool:
+        coord = self.rt.coord
+        _, found, holder = coord.begin(run_id, key, token)
+        if found == OK:
+            return True
+        # Held by the sender that has not let go yet: take it over. By an attempt, or a
+        # worker holding another copy of the message: they answer for it.
+        return (
+            found == HELD
+            and handoff.is_sender(holder)
+            and coord.take_over(run_id, key, holder, token)
+        )
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.rt.settings.lease_seconds / 3)
+            with self.lock:
+                held = list(self.held.items())
+            for token, (ref, run_id, key) in held:
+                request = ref()
+                try:
+                    if request is None or not _still_held(request):
+                        self.rt.coord.release(run_id, key, token)
+                    elif self.rt.coord.renew(run_id, key, token):
+                        continue
+                except StoreUnavailable as exc:
+                    self.watch.lost(exc)
+                    continue
+                with self.lock:
+                    self.held.pop(token, None)
+
+
+def _still_held(request: Any) -> bool:
+    """Whether this worker still holds ``request``'s message and no attempt ended it."""
+    return request in worker_state.reserved_requests or request in worker_state.scheduled_requests
+
+
+def _hold_received_steps(app: Celery, rt: Runtime, watch: ConnectionWatch) -> None:
+    receipts = _Receipts(rt, watch)
+
+    def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", app) is app and request is not None:
+            receipts.received(request)
+
+    signals.task_received.connect(on_received, weak=False)
+
+
+# --- hard time limits -----------------------------------------------------------------------
+
+
+def _settle_hard_time_limits(app: Celery, rt: Runtime) -> None:
+    """When the pool kills an attempt at its hard time limit, settle it as a failed attempt.
+
+    Celery sends ``task_failure`` from the main process just before the pool kills the
+    attempt, so the work is done in a thread that waits for the attempt to be gone.
+    """
+
+    def on_failure(sender: Any = None, exception: Any = None, kwargs: Any = None, **_: Any) -> None:
+        if not isinstance(exception, TimeLimitExceeded) or getattr(sender, "app", None) is not app:
+            return
+        flow_cls = rt.flows.get(str(sender.name).rpartition(".")[0])
+        if flow_cls is None or not isinstance(kwargs, dict) or "run_id" not in kwargs:
+            return
+        threading.Thread(
+            target=_settle_killed,
+            args=(rt, flow_cls, dict(kwargs), exception),
+            daemon=True,
+            name="time-limit",
+        ).start()
+
+    signals.task_failure.connect(on_failure, weak=False)
+
+
+def _settle_killed(rt: Runtime, flow_cls: Any, kwargs: dict[str, Any], error: Any) -> None:
+    try:
+        hard_time_limit(rt, flow_cls, kwargs, error)
+    except Exception:
+        log.exception(
+            "run %s step %s: could not settle the attempt killed at its hard time limit; "
+            "recovery re-sends it when its lease lapses",
+            kwargs.get("run_id"),
+            kwargs.get("activation"),
+        )
+
+
+# --- connection losses ----------------------------------------------------------------------
+
+
+class ConnectionWatch:
+    """One WARNING when the worker loses Redis (or the broker), one INFO when it is back."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.down_since: float | None = None
+        self.lock = threading.Lock()
+
+    def lost(self, cause: object) -> None:
+        """Something failed for want of a connection: say so once per outage."""
+        with self.lock:
+            if self.down_since is not None:
+                return
+            self.down_since = time.monotonic()
+        log.warning(
+            "lost the connection to %s (%s); the worker waits and reconnects",
+            self.what,
+            _first_line(cause),
+        )
+
+    def back(self) -> None:
+        """Something that needs the connection worked: end the outage, if there was one."""
+        with self.lock:
+            since, self.down_since = self.down_since, None
+        if since is not None:
+            log.info("connection to %s is back after %.1fs", self.what, time.monotonic() - since)
+
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    StoreUnavailable,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    OperationalError,
+    ConnectionError,
+    TimeoutError,
+)
+_CONNECTION_LOGS = ("celery.worker.consumer", "celery.backends", "kombu", "runner.worker")
+_CONNECTION_MESSAGES = ("consumer: Cannot connect to", "Connection to Redis lost")
+
+
+class _QuietReconnects(logging.Filter):
+    """Turns the worker's many connection-error records (Celery's consumer, the result
+    backend, lease heartbeats, with tracebacks) into :class:`ConnectionWatch` calls.
+
+    Installed on the root logger's handlers in the main process, and inherited by the
+    pool processes, which stay silent: the main process notices every outage too (its
+    consumer and its recovery pass use the same servers) and reports it once. Records
+    of steps that fail (``celery.app.trace``) are never touched.
+    """
+
+    def __init__(self, watch: ConnectionWatch) -> None:
+        super().__init__()
+        self.watch, self.main = watch, os.getpid()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(_CONNECTION_LOGS):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        message = record.getMessage()
+        if _is_connection_error(exc) or message.startswith(_CONNECTION_MESSAGES):
+            if os.getpid() == self.main:
+                self.watch.lost(exc if exc is not None else message)
+            return False
+        if message.startswith("Connected to") and record.name.startswith("celery.worker"):
+            # Celery's consumer reconnected: after an outage our INFO says it, once.
+            was_down = self.watch.down_since is not None
+            self.watch.back()
+            return not was_down
+        return True
+
+
+def _is_connection_error(exc: BaseException | None) -> bool:
+    if exc is None:
+        return False
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return True
+    return isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.ECONNRESET)
+
+
+def _first_line(cause: object) -> str:
+    return str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+
+
+def _quiet_reconnects(watch: ConnectionWatch) -> None:
+    quiet = _QuietReconnects(watch)
+
+    def on_logging(logger: Any = None, **_: Any) -> None:
+        for handler in getattr(logger, "handlers", []):
+            if quiet not in handler.filters:
+                handler.addFilter(quiet)
+
+    signals.after_setup_logger.connect(on_logging, weak=False)

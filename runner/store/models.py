@@ -24,11 +24,18 @@ class RunStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    CORRUPT = "corrupt"
+    """Quarantined: its data cannot be read (set on the run's metadata by recovery)."""
 
     @property
     def finished(self) -> bool:
-        """True when nothing more will run without a resume."""
-        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+        """True when nothing more will run without a resume (or, if corrupt, a repair)."""
+        return self in (
+            RunStatus.SUCCEEDED,
+            RunStatus.FAILED,
+            RunStatus.CANCELLED,
+            RunStatus.CORRUPT,
+        )
 
 
 class StepError(BaseModel):
