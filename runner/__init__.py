@@ -12,7 +12,7 @@ from typing import Any
 
 from runner.checkpointing import CheckpointConfig, persist
 from runner.crew import Agent, Crew, CrewOutput, Task, TaskOutput
-from runner.errors import RunnerError
+from runner.errors import DefinitionWarning, RunnerError
 from runner.flow.conditions import and_, or_
 from runner.flow.decorators import listen, router, start
 from runner.flow.events import EventListener, FlowEvent
@@ -50,6 +50,7 @@ __all__ = [
     "CheckpointConfig",
     "Crew",
     "CrewOutput",
+    "DefinitionWarning",
     "EventListener",
     "Flow",
     "FlowEvent",

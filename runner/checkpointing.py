@@ -267,13 +267,13 @@ class PersistSink(Sink):
             return ckpt
         if self.methods is not None and ckpt.step not in self.methods:
             return ckpt
-        ckpt = persistable(ckpt)
+        saved = persistable(ckpt)
         if self.verbose:
-            log.info("Saving flow state to memory for ID: %s", ckpt.run_id)
+            log.info("Saving flow state to memory for ID: %s", saved.run_id)
         if self.store is not None:
-            return self.store.commit(ckpt)
-        self.persistence.save_state(ckpt.run_id, ckpt.step, ckpt.state)
-        return ckpt
+            return self.store.commit(saved)
+        self.persistence.save_state(saved.run_id, ckpt.step, saved.state)
+        return saved
 
     def load_state(self, run_id: str) -> dict[str, Any] | None:
         """CrewAI's ``load_state``."""

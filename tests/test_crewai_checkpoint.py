@@ -113,7 +113,7 @@ def test_crew_from_checkpoint_takes_a_config_naming_a_run_in_a_store(make_crew, 
 
     assert restored.kickoff().raw == "review(write(research(bees)))"
     assert dict(RUNS) == {"research": 1, "write": 2, "review": 1}
-    assert store.run(run.run_id).status is RunStatus.SUCCEEDED  # type: ignore[union-attr]
+    assert store.run(run.run_id).status is RunStatus.SUCCEEDED
 
 
 def test_crew_fork_starts_a_new_branch_and_leaves_the_source_alone(make_crew, store):
@@ -135,7 +135,7 @@ def test_crew_fork_starts_a_new_branch_and_leaves_the_source_alone(make_crew, st
     forked = next(r for r in store.runs() if r.run_id != source.run_id)
     assert forked.branch == "experiment-a" and forked.parent_checkpoint_id == after_research.id
     assert forked.status is RunStatus.SUCCEEDED
-    assert store.latest(forked.run_id).state["inputs"]["topic"] == "wasps"  # type: ignore[union-attr]
+    assert store.latest(forked.run_id).state["inputs"]["topic"] == "wasps"
     assert [c.id for c in store.history(source.run_id)] == before
 
 

@@ -84,13 +84,14 @@ def test_a_plain_model_state_gets_a_uuid_id_that_names_the_run(store):
 
     assert flow.kickoff() == "counted 1"
 
-    assert len(flow.state.id) == 36 and UUID(flow.state.id)
+    state_id = flow.state.model_dump()["id"]  # a field of the state, as in CrewAI
+    assert state_id == flow.flow_id and len(state_id) == 36 and UUID(state_id)
     assert isinstance(flow.state, PlainState)
-    saved = store.latest(flow.state.id)
+    saved = store.latest(state_id)
     assert saved is not None and saved.state == {
         "counter": 1,
         "note": "counted 1",
-        "id": flow.state.id,
+        "id": state_id,
     }
 
 
@@ -100,9 +101,9 @@ def test_a_plain_model_state_resumes_by_its_id(store):
     first.kickoff()
 
     again = PlainFlow(checkpoint=config)
-    again.kickoff(inputs={"id": first.state.id})
+    again.kickoff(inputs={"id": first.flow_id})
 
-    assert again.state.id == first.state.id and again.state.counter == 2
+    assert again.flow_id == first.flow_id and again.state.counter == 2
 
 
 class LockedState(BaseModel):
@@ -435,7 +436,7 @@ def test_flow_of_a_state_is_a_real_class_type_and_new_class_can_derive():
     for cls in (made, built):
         flow = cls()
         assert flow.kickoff() == "go:0"
-        assert isinstance(flow.state, PlainState) and flow.state.id
+        assert isinstance(flow.state, PlainState) and flow.state.model_dump()["id"]
 
 
 def test_name_and_state_are_read_as_crewai_reads_them():
@@ -511,7 +512,8 @@ def test_the_newest_json_file_of_a_failed_run_restores_it_skipping_completed_ste
     files = sorted(Path(tmp_path).rglob("*.json"))
     newest = files[-1]
     assert all(p.parent == tmp_path for p in files)
-    assert JsonProvider.extract_id(newest) == JsonProvider(tmp_path).latest(failing.flow_id).id
+    latest = JsonProvider(tmp_path).latest(failing.flow_id)
+    assert latest is not None and JsonProvider.extract_id(newest) == latest.id
     tally = Tally()
 
     restored = OrderFlow.from_checkpoint(str(newest), tally=tally)

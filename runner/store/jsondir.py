@@ -205,10 +205,10 @@ class JsonProvider:
     def prune(self, run_id: str, keep: int, *, dry_run: bool = False) -> list[str]: ...
 
     @overload
-    def prune(self, location: str, *, max_keep: int, branch: str = "main") -> int: ...
+    def prune(self, run_id: str, *, max_keep: int, branch: str = "main") -> int: ...
 
     @overload
-    def prune(self, location: str, max_keep: int, *, branch: str) -> int: ...
+    def prune(self, run_id: str, keep: int, *, branch: str) -> int: ...
 
     def prune(
         self,
@@ -434,8 +434,9 @@ class JsonProvider:
             for path in old_checkpoint_files(run_dir, info.seq):
                 found = load_checkpoint(path)
                 if found is not None:
-                    history.append([found.seq, found.id, file_name(found)])
-                    moves.append((path, history[-1][2]))
+                    name = file_name(found)
+                    history.append([found.seq, found.id, name])
+                    moves.append((path, name))
             meta = {**old, "info": info, "history": history}
             write_atomic(run_dir / META, _meta_json(meta))
         else:
