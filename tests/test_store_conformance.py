@@ -479,3 +479,68 @@ def test_stop_notices_reach_subscribers_and_locks_are_exclusive(coord_store):
 
     assert coord_store.try_lock("conformance", 5) is True
     assert coord_store.try_lock("conformance", 5) is False
+
+
+def _run_keys(coord_store: Any, run: str) -> dict[str, str]:
+    """Every key of ``run`` -> its type."""
+    client = coord_store.client
+    found = client.scan_iter(match=coord_store.keys.run_pattern(run), count=1000)
+    return {key.decode(): client.type(key).decode() for key in found}
+
+
+def test_every_per_run_key_is_bounded_by_the_history_kept_and_removed_with_the_run(coord_store):
+    run, keep, steps = ids.run_id(), 5, 300
+    k = coord_store.keys
+    coord_store.commit(ckpt(run, event="flow_started"), dispatching=["s#0"])
+    for i in range(steps):
+        coord_store.begin(run, f"s#{i}", f"t{i}", 30)
+        latest = coord_store.commit(
+            ckpt(run, activation=f"s#{i}", attempt=f"t{i}", state={"i": i}),
+            max_checkpoints=keep,
+            dispatching=[f"s#{i + 1}"],
+        )
+    client = coord_store.client
+    sizes = {
+        "history": client.zcard(k.history(run)),
+        "attempts": client.hlen(k.attempts(run)),
+        "acts": client.hlen(k.acts(run)),
+        "markers": len(coord_store.markers(run)),
+        "leases": len(coord_store.leases(run)),
+    }
+    assert sizes == {
+        "history": keep,
+        "attempts": keep,
+        "acts": keep,
+        "markers": keep + 1,
+        "leases": 0,
+    }, sizes
+    kept = coord_store.history(run)
+    assert [c.seq for c in kept] == list(range(steps + 1, steps + 1 - keep, -1))
+    assert set(coord_store.markers(run)) == {f"s#{i}" for i in range(steps - keep, steps + 1)}
+    # Fencing of the activations still in the history and of the one in flight is intact.
+    again = coord_store.commit(ckpt(run, activation=f"s#{steps - 1}", attempt=f"t{steps - 1}"))
+    assert again.id == latest.id
+    with pytest.raises(StaleAttempt):
+        coord_store.commit(ckpt(run, activation=f"s#{steps - keep}", attempt="zombie"))
+    assert coord_store.begin(run, f"s#{steps - 1}", "late", 30).outcome is BeginOutcome.DONE
+    assert coord_store.begin(run, f"s#{steps}", "next", 30).outcome is BeginOutcome.OK
+    assert coord_store.mark_dispatched(run, [f"s#{steps}"]) == [False]
+    per_run = _run_keys(coord_store, run)
+    assert len(per_run) <= 12, per_run
+    coord_store.prune(run, 2)
+    assert client.hlen(k.attempts(run)) == client.hlen(k.acts(run)) == 2
+    assert len(coord_store.markers(run)) == 3
+
+    # A resume into a new epoch, or a run that stops, leaves no markers or leases behind.
+    coord_store.commit(ckpt(run, meta={"epoch": 1}), dispatching=["1/s#300"])
+    assert set(coord_store.markers(run)) == {"1/s#300"} and coord_store.leases(run) == {}
+    coord_store.begin(run, "1/s#300", "t-e1", 30)
+    coord_store.commit(ckpt(run, meta={"epoch": 1}, status=RunStatus.SUCCEEDED))
+    assert coord_store.coordination(run).leases == coord_store.markers(run) == {}
+
+    assert coord_store.delete_run(run) is True
+    assert _run_keys(coord_store, run) == {}
+    assert run not in {info.run_id for info in coord_store.runs(limit=1000)}
+    assert run not in coord_store.active_runs()
+    with pytest.raises(CheckpointNotFound):
+        coord_store.get(kept[0].id)

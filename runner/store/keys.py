@@ -10,6 +10,7 @@ key                     type    holds
 ``P:{R}:history``       zset    checkpoint ids scored by sequence number
 ``P:{R}:ckpt:<id>``     string  one checkpoint snapshot, JSON
 ``P:{R}:attempts``      hash    activation -> ``token|checkpoint id`` (idempotency, fencing)
+``P:{R}:acts``          hash    checkpoint id -> the activation it committed (trimming)
 ``P:{R}:pins``          set     checkpoint ids a fork points to (never pruned)
 ``P:{R}:dispatched``    hash    activation -> when it was last sent (or its retry is due)
 ``P:{R}:leases``        zset    running activations scored by lease expiry
@@ -41,6 +42,10 @@ class Keys:
         """A per-run key: ``P:{run_id}:part``."""
         return f"{self.prefix}:{{{run_id}}}:{part}"
 
+    def run_pattern(self, run_id: str) -> str:
+        """A SCAN ``MATCH`` pattern of every per-run key of ``run_id``."""
+        return self.run(_glob_escape(run_id), "*")
+
     def meta(self, run_id: str) -> str:
         """The run's metadata hash."""
         return self.run(run_id, "meta")
@@ -60,6 +65,10 @@ class Keys:
     def attempts(self, run_id: str) -> str:
         """Committed activations and their attempt tokens."""
         return self.run(run_id, "attempts")
+
+    def acts(self, run_id: str) -> str:
+        """Checkpoint id -> the activation it committed (to trim ``attempts`` when pruned)."""
+        return self.run(run_id, "acts")
 
     def pins(self, run_id: str) -> str:
         """Checkpoint ids protected from pruning."""
@@ -99,3 +108,7 @@ class Keys:
     def checkpoints(self) -> str:
         """The global checkpoint id -> run id lookup."""
         return f"{self.prefix}:ckpts"
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

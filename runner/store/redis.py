@@ -122,6 +122,7 @@ class RedisProvider:
                 k.leases(run),
                 k.owners(run),
                 k.dispatched(run),
+                k.acts(run),
             ],
             [
                 checkpoint.id,
@@ -137,6 +138,7 @@ class RedisProvider:
                 len(always),
                 len(once),
                 len(dispatching),
+                checkpoint.meta.epoch,
                 *_pairs(always),
                 *_pairs(once),
                 *dispatching,
@@ -186,6 +188,7 @@ class RedisProvider:
             k.checkpoints,
             k.active,
             k.owners(run_id),
+            k.acts(run_id),
         ]
         return bool(self._call(self._delete, keys, [run_id, k.snapshot_prefix(run_id)]))
 
@@ -195,7 +198,14 @@ class RedisProvider:
         keep = max(keep, 1)
         gone = self._call(
             self._prune,
-            [k.history(run_id), k.pins(run_id), k.checkpoints],
+            [
+                k.history(run_id),
+                k.pins(run_id),
+                k.checkpoints,
+                k.acts(run_id),
+                k.attempts(run_id),
+                k.dispatched(run_id),
+            ],
             [keep, k.snapshot_prefix(run_id), "1" if dry_run else "0"],
         )
         return [item.decode() for item in gone]

@@ -1,21 +1,39 @@
 """Lua scripts of the Redis store, one named constant each.
 
-Each opens with its KEYS/ARGV header. They are registered once per client
-(``redis.Redis.register_script``) and run by EVALSHA.
+Each has its KEYS/ARGV header (after the shared Lua functions it uses). They are
+registered once per client (``redis.Redis.register_script``) and run by EVALSHA.
 """
 
-COMMIT = """
+_FORGET_ACTIVATION = """
+-- A pruned checkpoint takes its activation's bookkeeping with it: the attempts entry
+-- (fencing of the activation's late attempts; the run's record fences them once it is
+-- gone, since an activation no longer pending is never committed again) and its marker.
+local function forget_activation(acts, attempts, markers, id)
+  local activation = redis.call('HGET', acts, id)
+  if not activation then return end
+  redis.call('HDEL', acts, id)
+  local entry = redis.call('HGET', attempts, activation)
+  if entry and string.sub(entry, -(#id + 1)) == '|' .. id then
+    redis.call('HDEL', attempts, activation)
+    redis.call('HDEL', markers, activation)
+  end
+end
+"""
+
+COMMIT = (
+    _FORGET_ACTIVATION
+    + """
 -- Commit one checkpoint: idempotent per activation, gapless sequence, pruning.
 -- KEYS[1] meta hash      KEYS[2] history zset   KEYS[3] attempts hash
 -- KEYS[4] pins set       KEYS[5] runs index     KEYS[6] checkpoint index
 -- KEYS[7] active runs index  KEYS[8] leases zset  KEYS[9] lease owners hash
--- KEYS[10] dispatch markers hash
+-- KEYS[10] dispatch markers hash  KEYS[11] checkpoint id -> activation key hash
 -- ARGV[1] checkpoint id
 -- ARGV[2] snapshot JSON opening with '{"seq":' and a 12-space slot the seq is written into
 -- ARGV[3] activation ('' = none)   ARGV[4] attempt token
 -- ARGV[5] expected seq ('' = any)  ARGV[6] max checkpoints (0 = keep all)
 -- ARGV[7] now (unix seconds)       ARGV[8] run id
--- ARGV[9] snapshot key prefix      ARGV[10] run status
+-- ARGV[9] snapshot key prefix      ARGV[10] run status   ARGV[14] epoch
 -- ARGV[11] A = meta field pairs set every commit, ARGV[12] B = pairs set on a new run,
 -- ARGV[13] C = activations the caller dispatches next (marked sent now);
 -- then A pairs, B pairs and C activations.
@@ -41,6 +59,7 @@ redis.call('SETRANGE', snapshot, 7, string.format('%12d', seq))
 redis.call('ZADD', KEYS[2], seq, id)
 if activation ~= '' then
   redis.call('HSET', KEYS[3], activation, ARGV[4] .. '|' .. id)
+  redis.call('HSET', KEYS[11], id, activation)
   if ARGV[4] ~= '' then
     -- A committed step needs no lease; dropping it here leaves none behind if the
     -- committer dies right after the commit. (In-process steps have no token, no lease.)
@@ -48,8 +67,15 @@ if activation ~= '' then
     redis.call('HDEL', KEYS[9], activation)
   end
 end
-local i = 14
-local fields = {'seq', seq, 'latest', id, 'updated_at', now, 'status', ARGV[10]}
+-- Markers and leases serve a running run in one epoch: a run that stops, or a resume
+-- into a new epoch, leaves none behind (old-epoch messages and attempts are skipped,
+-- and a resume dispatches every pending step again).
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if ARGV[10] ~= 'running' or (epoch and epoch ~= ARGV[14]) then
+  redis.call('DEL', KEYS[8], KEYS[9], KEYS[10])
+end
+local i = 15
+local fields = {'seq', seq, 'latest', id, 'updated_at', now, 'status', ARGV[10], 'epoch', ARGV[14]}
 for j = i, i + 2 * tonumber(ARGV[11]) - 1 do fields[#fields + 1] = ARGV[j] end
 redis.call('HSET', KEYS[1], unpack(fields))
 i = i + 2 * tonumber(ARGV[11])
@@ -78,16 +104,22 @@ if keep > 0 and seq > keep then
         redis.call('DEL', ARGV[9] .. old)
         redis.call('ZREM', KEYS[2], old)
         redis.call('HDEL', KEYS[6], old)
+        forget_activation(KEYS[11], KEYS[3], KEYS[10], old)
       end
     end
   end
 end
 return {'ok', tostring(seq)}
 """
+)
 
-PRUNE = """
+PRUNE = (
+    _FORGET_ACTIVATION
+    + """
 -- Delete all but the newest ARGV[1] checkpoints of a run, sparing pinned ones.
 -- KEYS[1] history zset   KEYS[2] pins set   KEYS[3] checkpoint index
+-- KEYS[4] checkpoint id -> activation key hash   KEYS[5] attempts hash
+-- KEYS[6] dispatch markers hash
 -- ARGV[1] keep           ARGV[2] snapshot key prefix   ARGV[3] '1' = dry run
 -- Returns the ids deleted (or that would be).
 local extra = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
@@ -100,11 +132,13 @@ for _, old in ipairs(redis.call('ZRANGE', KEYS[1], 0, extra - 1)) do
       redis.call('DEL', ARGV[2] .. old)
       redis.call('ZREM', KEYS[1], old)
       redis.call('HDEL', KEYS[3], old)
+      forget_activation(KEYS[4], KEYS[5], KEYS[6], old)
     end
   end
 end
 return gone
 """
+)
 
 UPDATE_RUN = """
 -- Set fields of an existing run's metadata and touch the run index.
@@ -131,7 +165,7 @@ DELETE_RUN = """
 -- Remove a run: its snapshots, history, metadata and index entries.
 -- KEYS[1] meta  KEYS[2] history  KEYS[3] attempts  KEYS[4] pins  KEYS[5] dispatched
 -- KEYS[6] leases  KEYS[7] runs index  KEYS[8] checkpoint index  KEYS[9] active index
--- KEYS[10] lease owners
+-- KEYS[10] lease owners  KEYS[11] checkpoint id -> activation key hash
 -- ARGV[1] run id  ARGV[2] snapshot key prefix
 -- Returns 1 when the run existed, else 0.
 local existed = redis.call('EXISTS', KEYS[1])
@@ -139,7 +173,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   redis.call('DEL', ARGV[2] .. id)
   redis.call('HDEL', KEYS[8], id)
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[10])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[10], KEYS[11])
 redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('ZREM', KEYS[9], ARGV[1])
 return existed
