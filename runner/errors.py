@@ -19,7 +19,8 @@ class RunnerError(Exception):
         self.message = message
         self.fields = fields
         for key, value in fields.items():
-            setattr(self, key, value)
+            if key not in ("fields", "message"):  # a field may not hide the error's own
+                setattr(self, key, value)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.message, self.fields))

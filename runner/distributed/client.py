@@ -76,7 +76,7 @@ def check_fields(flow_cls: Any, values: dict[str, Any]) -> None:
             f"{model.__name__} has no field(s) {', '.join(unknown)} "
             f"(fields: {', '.join(model.model_fields)})",
             flow=flow_cls.flow_name(),
-            fields=unknown,
+            unknown=unknown,
         )
 
 
