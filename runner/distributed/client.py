@@ -98,15 +98,16 @@ def submit(
     first = first_checkpoint(flow_cls, dict(inputs or {}))
     run_id = first.checkpoint.run_id
     try:
-        # Created only if new (expected seq 0), its starts marked dispatched, one round trip.
-        rt.store.commit(first.checkpoint, expected_seq=0, dispatching=[a.id for a in first.ready])
+        rt.store.commit(first.checkpoint, expected_seq=0)  # created only if new (seq 0)
     except CommitConflict:
         raise RunStateError(
             f"run {run_id} already exists; resume or fork it", run_id=run_id
         ) from None
     # The starts go straight to their tasks (no hop through a start task): a worker
-    # that has not registered the flow fails the run with FlowNotAllowed.
+    # that has not registered the flow fails the run with FlowNotAllowed. Marked sent
+    # only once sent: a producer dying before that leaves starts that recovery sends.
     send(rt, flow_cls.flow_name(), run_id, 0, first.ready)
+    rt.coord.mark_dispatched(run_id, [a.id for a in first.ready])
     return RunHandle(run_id, rt)
 
 
