@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from runner.checkpointing import CheckpointConfig, Sink, StoreSink, persistable, resolve_config
-from runner.crew.task import TaskInput, TaskOutput, TaskOutputError, current_task
+from runner.crew.task import Task, TaskInput, TaskOutput, TaskOutputError, current_task
 from runner.flow import events as ev
 from runner.flow.decorators import listen, start
 from runner.flow.flow import Flow
@@ -29,9 +29,6 @@ from runner.flow.state import FlowState
 from runner.flow.steps import run_awaitable
 from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint
-
-if TYPE_CHECKING:
-    from runner.crew.crew import Crew
 
 CREW_EVENT_NAMES = {
     "flow_started": "crew_kickoff_started",
@@ -41,6 +38,45 @@ CREW_EVENT_NAMES = {
     ev.FLOW_FAILED: "crew_kickoff_failed",
 }
 """Checkpoint events as CrewAI names them for crews (``on_events`` accepts either name)."""
+
+
+class Crewlike(Protocol):
+    """What the generated flow needs of its crew (a :class:`~runner.crew.crew.Crew`); a
+    protocol, so this module does not import the crew module, which imports it."""
+
+    @property
+    def name(self) -> str:
+        """Prefix of the Celery task names."""
+        ...
+
+    @property
+    def module(self) -> str:
+        """Where the crew was made; the flow class is placed there."""
+        ...
+
+    @property
+    def tasks(self) -> list[Task]:
+        """The tasks, in order."""
+        ...
+
+    @property
+    def checkpoint(self) -> CheckpointConfig | bool | None:
+        """The crew's checkpoint setting."""
+        ...
+
+    def flow_path(self) -> str:
+        """``module:variable`` of the crew."""
+        ...
+
+    def output(self, state: Mapping[str, Any]) -> BaseModel:
+        """The crew's output from a run's state."""
+        ...
+
+    def effective_checkpoint(
+        self, task: Task, default: CheckpointConfig | None = None
+    ) -> CheckpointConfig | None:
+        """The checkpoint config in force for ``task``."""
+        ...
 
 
 class CrewState(FlowState):
@@ -97,7 +133,7 @@ class CrewSink(StoreSink):
 class CrewFlow(Flow[CrewState]):
     """Base of the flow classes generated from crews (see :func:`compile_crew`)."""
 
-    crew: ClassVar[Crew]
+    crew: ClassVar[Crewlike]
     """The crew this class runs."""
 
     @classmethod
@@ -163,7 +199,7 @@ class CrewFlow(Flow[CrewState]):
         return output
 
 
-def compile_crew(crew: Crew) -> type[CrewFlow]:
+def compile_crew(crew: Crewlike) -> type[CrewFlow]:
     """A new flow class running ``crew``'s tasks in order, one method per task."""
     config = _run_config(crew)
     namespace: dict[str, Any] = {
@@ -197,7 +233,7 @@ def _task_method(index: int, name: str, owner: str) -> Callable[[CrewFlow], dict
     return run_task
 
 
-def _run_config(crew: Crew) -> CheckpointConfig | None:
+def _run_config(crew: Crewlike) -> CheckpointConfig | None:
     """Where an in-process run writes: the crew's config, else the first task's that is on."""
     own = resolve_config(crew.checkpoint)
     if own is not None:

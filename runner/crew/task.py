@@ -12,18 +12,39 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, SerializeAsAny, ValidationError
 
 from runner.checkpointing import CheckpointConfig
 from runner.errors import DefinitionError, InvalidInputs, RunnerError
 
-if TYPE_CHECKING:
-    from runner.crew.agent import Agent
-
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SLUG_WORDS = 6
+
+
+class Worker(Protocol):
+    """What a task needs of the agent doing it (an :class:`~runner.crew.agent.Agent`); a
+    protocol, so tasks do not import agents, which import tasks."""
+
+    @property
+    def role(self) -> str:
+        """Shown in the task's output."""
+        ...
+
+    @property
+    def llm(self) -> Any:
+        """The client that does the work; a task without ``fn`` needs one."""
+        ...
+
+    @property
+    def checkpoint(self) -> CheckpointConfig | bool | None:
+        """The agent's say in its tasks' checkpoints."""
+        ...
+
+    def execute_task(self, task_input: TaskInput, /) -> Any:
+        """Do a task."""
+        ...
 
 
 class TaskOutputError(RunnerError):
@@ -117,7 +138,7 @@ class TaskInput:
         return self.task.name
 
     @property
-    def agent(self) -> Agent | None:
+    def agent(self) -> Worker | None:
         """The task's agent, if any."""
         return self.task.agent
 
@@ -148,7 +169,7 @@ class Task:
         self,
         description: str,
         expected_output: str = "",
-        agent: Agent | None = None,
+        agent: Worker | None = None,
         context: list[Task] | None = None,
         name: str | None = None,
         output_pydantic: type[BaseModel] | None = None,
