@@ -1,10 +1,14 @@
 """Given what finished, what is ready: the pure core of running a flow.
 
 The state of a run's *execution* (not its user state) is an :class:`ExecutionRecord`, a
-JSON-able model stored inside every checkpoint. Each function takes a record and returns a
-new one; none mutates its input, touches Redis or Celery, or reads the clock. The same call
-on the same record gives the same result, activation ids included, so a commit computed
-twice (a redelivered step) names the same next steps and dispatching them is idempotent.
+JSON-able model stored inside every checkpoint (defined with the checkpoint, in
+:mod:`runner.store.models`). Its size is bounded by the flow graph and the activations in
+flight: per method a count and its latest commit, not every activation, so a step costs
+the same at the run's 3,000th iteration as at its 10th. Each function takes a record and
+returns a new one; none mutates its input, touches Redis or Celery, or reads the clock.
+The same call on the same record gives the same result, activation ids included, so a
+commit computed twice (a redelivered step) names the same next steps and dispatching them
+is idempotent.
 
 An *activation* is one run of one method, ``"<method>#<n>"`` with ``n`` counting that
 method's activations in the run from 1.
@@ -18,7 +22,9 @@ Firing rules, for a step ``L`` listening to a condition:
   event is a consequence of ``L``'s last run. So ``a`` and ``b`` finishing in parallel run
   ``L`` once; a loop that runs ``a`` again runs ``L`` again; ``@listen(or_(begin, "retry"))``
   re-runs on every ``retry`` its own run led to; a label from a router chained off ``a``
-  (not off ``L``) does not run it a second time;
+  (not off ``L``) does not run it a second time. Rather than walk the causes back through
+  the run's history, each activation carries its *lineage*: for every such ``L``, the
+  latest activation of ``L`` among its ancestors, the merge of its causes' lineages;
 * any ``and_`` inside: the leaves emitted since ``L`` last fired accumulate in
   ``seen[L]``; when the condition holds on them ``L`` fires and ``seen[L]`` is cleared.
 
@@ -31,8 +37,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from runner.errors import (
     CycleLimitExceeded,
     DefinitionError,
@@ -42,32 +46,7 @@ from runner.errors import (
 )
 from runner.flow.conditions import Cond, evaluate, has_and, leaves
 from runner.flow.graph import FlowGraph
-
-
-class ExecutionRecord(BaseModel):
-    """Which steps of a run were emitted, dispatched, completed, and what they returned."""
-
-    emitted: dict[str, int] = Field(default_factory=dict)
-    """Event (method name or router label) -> times emitted."""
-    dispatched: dict[str, int] = Field(default_factory=dict)
-    """Method -> activations created so far (the ``n`` of its latest activation)."""
-    completed: list[str] = Field(default_factory=list)
-    """Activation ids in commit order."""
-    in_flight: list[str] = Field(default_factory=list)
-    """Activations made ready (and dispatched, or about to be) but not committed."""
-    outputs: dict[str, Any] = Field(default_factory=dict)
-    """Method -> output of its latest completed activation (a JSON value)."""
-    routes: dict[str, str] = Field(default_factory=dict)
-    """Router -> the label its latest completed activation returned."""
-    triggers: dict[str, str | None] = Field(default_factory=dict)
-    """Activation -> the event that fired it (``None`` for a start at kickoff)."""
-    causes: dict[str, list[str]] = Field(default_factory=dict)
-    """Activation -> the activations whose commits made it ready (all the inputs of an
-    ``and_`` join; none for kickoff). Tells a new wave from a parallel branch of the same."""
-    seen: dict[str, list[str]] = Field(default_factory=dict)
-    """``and_`` listener -> leaves emitted since it last fired."""
-    fired: dict[str, int] = Field(default_factory=dict)
-    """Multi-leaf ``or_`` listener -> times it fired."""
+from runner.store.models import ExecutionRecord
 
 
 @dataclass(frozen=True)
@@ -93,12 +72,19 @@ def parse_activation(activation_id: str) -> tuple[str, int]:
 
 
 def _copy(record: ExecutionRecord) -> ExecutionRecord:
-    # One level deep is enough: nested lists are replaced, never changed in place, and
-    # outputs are JSON values nobody mutates.
+    # One level deep is enough: nested lists, dicts and tuples are replaced, never changed
+    # in place, and outputs are JSON values nobody mutates.
     return record.model_copy(
         update={name: type(value)(value) for name, value in record if isinstance(value, dict)}
         | {name: list(value) for name, value in record if isinstance(value, list)}
     )
+
+
+def _is_wave(graph: FlowGraph, name: str) -> bool:
+    """Whether ``name`` is a multi-leaf ``or_`` listener (it fires once per wave)."""
+    spec = graph.methods.get(name)
+    cond = None if spec is None else spec.condition
+    return cond is not None and not has_and(cond) and len(leaves(cond)) > 1
 
 
 def _activate(
@@ -121,29 +107,35 @@ def _activate(
     rec.in_flight.append(act.id)
     rec.triggers[act.id] = trigger
     rec.causes[act.id] = causes or []
+    line = {method: n} if _is_wave(graph, method) else {}
+    for cause in causes or ():
+        for name, k in rec.lineage.get(cause, {}).items():
+            if k > line.get(name, 0) and _is_wave(graph, name):
+                line[name] = k
+    if line:
+        rec.lineage[act.id] = line
     return act
 
 
-def _descends(rec: ExecutionRecord, act_id: str, ancestor: str) -> bool:
-    """Whether ``ancestor`` is ``act_id`` or one of its (transitive) causes."""
-    todo, visited = [act_id], set()
-    while todo:
-        current = todo.pop()
-        if current == ancestor:
-            return True
-        if current not in visited:
-            visited.add(current)
-            todo += rec.causes.get(current, ())
-    return False
+def _descends(rec: ExecutionRecord, act_id: str, listener: str) -> bool:
+    """Whether the latest activation of ``listener`` is ``act_id`` or one of its
+    (transitive) causes: then it is the latest one of ``listener`` in its lineage."""
+    latest = rec.dispatched.get(listener, 0)
+    return latest > 0 and rec.lineage.get(act_id, {}).get(listener) == latest
+
+
+def _latest_done(rec: ExecutionRecord, methods: Iterable[str]) -> str | None:
+    """The most recently committed of ``methods``' latest committed activations."""
+    done = [(rec.done[m][1], m) for m in methods if m in rec.done]
+    if not done:
+        return None
+    _, method = max(done)
+    return f"{method}#{rec.done[method][0]}"
 
 
 def _emitter(rec: ExecutionRecord, event: str) -> str | None:
     """The latest committed activation that emitted ``event`` (a method name or a label)."""
-    for act in reversed(rec.completed):
-        method, _ = parse_activation(act)
-        if method == event or rec.routes.get(method) == event:
-            return act
-    return None
+    return _latest_done(rec, [event, *(r for r, label in rec.routes.items() if label == event)])
 
 
 def _join_fires(cond: Cond, name: str, event: str, rec: ExecutionRecord) -> bool:
@@ -170,8 +162,7 @@ def _fires(
     if len(leaves(cond)) == 1:
         return [source]
     fired = rec.fired.get(name, 0)
-    latest = f"{name}#{rec.dispatched.get(name, 0)}"
-    if fired < rec.emitted[event] or _descends(rec, source, latest):
+    if fired < rec.emitted[event] or _descends(rec, source, name):
         rec.fired[name] = fired + 1
         return [source]
     return None
@@ -193,7 +184,9 @@ def begin(
 ) -> tuple[ExecutionRecord, list[Activation]]:
     """Make the kickoff steps ready: the unconditional starts, or all starts if none."""
     rec = _copy(record or ExecutionRecord())
-    return rec, [_activate(graph, rec, name, None) for name in graph.kickoff]
+    ready = [_activate(graph, rec, name, None) for name in graph.kickoff]
+    rec.trim()
+    return rec, ready
 
 
 def complete(
@@ -210,17 +203,18 @@ def complete(
     if the activation is not in flight (already committed, or never made ready).
     """
     if activation_id not in record.in_flight:
-        state = "was already committed" if activation_id in record.completed else "is unknown"
+        state = "was already committed" if record.is_completed(activation_id) else "is unknown"
         raise NotInFlight(
             f"activation {activation_id!r} is not in flight: it {state}", activation=activation_id
         )
-    method, _ = parse_activation(activation_id)
+    method, n = parse_activation(activation_id)
     spec = graph.spec(method)
     if label is not None and not spec.is_router:
         raise DefinitionError(f"{graph.name}.{method} is not a router; it cannot emit {label!r}")
     rec = _copy(record)
     rec.in_flight.remove(activation_id)
-    rec.completed.append(activation_id)
+    rec.commits += 1
+    rec.done[method] = (n, rec.commits)
     rec.outputs[method] = output
     ready = _emit(graph, rec, method, activation_id)
     if spec.is_router:
@@ -228,16 +222,14 @@ def complete(
         if label is not None:
             rec.routes[method] = label
             ready += _emit(graph, rec, label, activation_id)
+    rec.trim()
     return rec, ready
 
 
 def _router_of(record: ExecutionRecord, label: str) -> str | None:
     """The router whose latest committed route is ``label``, the most recent first."""
-    for act in reversed(record.completed):
-        method, _ = parse_activation(act)
-        if record.routes.get(method) == label:
-            return method
-    return None
+    act = _latest_done(record, [r for r, routed in record.routes.items() if routed == label])
+    return None if act is None else parse_activation(act)[0]
 
 
 def argument_for(graph: FlowGraph, record: ExecutionRecord, activation: Activation) -> Any:
@@ -276,14 +268,13 @@ def is_finished(record: ExecutionRecord) -> bool:
 
 def completed_steps(record: ExecutionRecord) -> frozenset[str]:
     """Names of the methods with at least one committed activation."""
-    return frozenset(parse_activation(a)[0] for a in record.completed)
+    return frozenset(record.done)
 
 
 def last_output(record: ExecutionRecord) -> Any:
     """The output of the most recently committed activation (what ``kickoff`` returns)."""
-    if not record.completed:
-        return None
-    return record.outputs.get(parse_activation(record.completed[-1])[0])
+    act = _latest_done(record, record.done)
+    return None if act is None else record.outputs.get(parse_activation(act)[0])
 
 
 def check_graph(
@@ -291,13 +282,12 @@ def check_graph(
 ) -> None:
     """Raise :class:`GraphChanged` naming the recorded steps the graph no longer has
     (and the checkpoint they were recorded in, when given)."""
-    recorded = {parse_activation(a)[0] for a in [*record.completed, *record.in_flight]}
+    recorded = set(record.done) | {parse_activation(a)[0] for a in record.in_flight}
     missing = sorted(recorded - set(graph.methods))
     if missing:
         since = f" (checkpoint {checkpoint_id})" if checkpoint_id else ""
         raise GraphChanged(
-            f"{graph.name} no longer has the steps {', '.join(missing)} this run recorded"
-            + since,
+            f"{graph.name} no longer has the steps {', '.join(missing)} this run recorded" + since,
             flow=graph.name,
             missing=missing,
             checkpoint_id=checkpoint_id,
@@ -336,10 +326,12 @@ def _forget(graph: FlowGraph, record: ExecutionRecord, down: frozenset[str]) -> 
         return parse_activation(act)[0] not in down
 
     gone = _dropped_labels(graph, rec, down) | set(down)
-    rec.completed = [a for a in rec.completed if keep(a)]
+    rec.forgotten |= {m: n for m, n in rec.dispatched.items() if m in down}
+    rec.done = {m: d for m, d in rec.done.items() if m not in down}
     rec.in_flight = [a for a in rec.in_flight if keep(a)]
     rec.triggers = {a: t for a, t in rec.triggers.items() if keep(a)}
     rec.causes = {a: c for a, c in rec.causes.items() if keep(a)}
+    rec.lineage = {a: line for a, line in rec.lineage.items() if keep(a)}
     rec.outputs = {m: v for m, v in rec.outputs.items() if m not in down}
     rec.routes = {m: v for m, v in rec.routes.items() if m not in down}
     rec.emitted = {e: k for e, k in rec.emitted.items() if e not in gone}
@@ -374,8 +366,9 @@ def invalidate(graph: FlowGraph, record: ExecutionRecord, steps: Iterable[str]) 
         n = record.dispatched.get(step, 0)
         if n:
             last = f"{step}#{n}"
-            causes = [c for c in record.causes.get(last, []) if c in rec.completed]
+            causes = [c for c in record.causes.get(last, []) if rec.is_completed(c)]
             _activate(graph, rec, step, record.triggers.get(last), causes)
         elif step in graph.kickoff:
             _activate(graph, rec, step, None)
+    rec.trim()
     return rec

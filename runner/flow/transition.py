@@ -28,12 +28,13 @@ class Transition:
     ready: list[Activation] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     record: ExecutionRecord | None = None
-    """The checkpoint's record as a model (saves re-reading ``checkpoint.record``)."""
+    """The checkpoint's record (the same object as ``checkpoint.record``)."""
 
 
 def record_of(ckpt: Checkpoint) -> ExecutionRecord:
-    """The orchestrator record stored in a checkpoint."""
-    return ExecutionRecord.model_validate(ckpt.record)
+    """The orchestrator record stored in a checkpoint (validated when the checkpoint was;
+    records are replaced, never changed in place, so it is shared, not copied)."""
+    return ckpt.record
 
 
 def with_record(ckpt: Checkpoint, record: ExecutionRecord, **update: Any) -> Checkpoint:
@@ -45,10 +46,7 @@ def with_record(ckpt: Checkpoint, record: ExecutionRecord, **update: Any) -> Che
     fields: dict[str, Any] = {
         "id": ids.checkpoint_id(),
         "seq": 0,
-        "record": record.model_dump(mode="json"),
-        "completed": list(record.completed),
-        "outputs": dict(record.outputs),
-        "in_flight": list(record.in_flight),
+        "record": record,
         "activation": None,
         "attempt": None,
         "error": None,

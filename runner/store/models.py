@@ -10,7 +10,7 @@ import time
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runner import ids
 
@@ -118,6 +118,174 @@ class RunMeta(BaseModel):
     """State fields this commit overwrote that a parallel step had also written."""
 
 
+def _split(activation_id: str) -> tuple[str, int]:
+    """``"method#n"`` as ``("method", n)``; ``n`` is 0 when the id is malformed."""
+    method, _, n = activation_id.rpartition("#")
+    return (method, int(n)) if method and n.isdigit() else (activation_id, 0)
+
+
+def _tracked(
+    in_flight: list[str],
+    dispatched: dict[str, int],
+    forgotten: dict[str, int],
+    done: dict[str, tuple[int, int]],
+) -> set[str]:
+    """The activations a record keeps notes on: those in flight, each method's latest one
+    (``fork --rerun`` re-creates it with its trigger and causes) and each method's latest
+    committed one (the emitter an ``and_`` join names as a cause)."""
+    kept = set(in_flight)
+    kept.update(f"{m}#{n}" for m, n in dispatched.items() if n > forgotten.get(m, 0))
+    kept.update(f"{m}#{n}" for m, (n, _) in done.items())
+    return kept
+
+
+class ExecutionRecord(BaseModel):
+    """The orchestrator's bookkeeping of a run (:mod:`runner.flow.orchestrator` gives it its
+    meaning), stored in every checkpoint.
+
+    Its size is bounded by the flow graph and the activations in flight, never by the run's
+    length: per method a count and its latest commit rather than every activation, and
+    triggers, causes and lineage only of the activations that can still matter. A record
+    written before it was bounded (a ``completed`` list of every activation) is upgraded
+    when it is read.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    emitted: dict[str, int] = Field(default_factory=dict)
+    """Event (method name or router label) -> times emitted."""
+    dispatched: dict[str, int] = Field(default_factory=dict)
+    """Method -> activations created so far (the ``n`` of its latest activation)."""
+    forgotten: dict[str, int] = Field(default_factory=dict)
+    """Method -> the ``n`` up to which a ``fork --rerun`` forgot its activations."""
+    done: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    """Method -> (``n`` of its most recently committed activation, :attr:`commits` once that
+    one committed): orders the methods by their latest commit."""
+    commits: int = 0
+    """Activations committed so far (those a ``fork --rerun`` forgot included)."""
+    in_flight: list[str] = Field(default_factory=list)
+    """Activations made ready (and dispatched, or about to be) but not committed."""
+    outputs: dict[str, Any] = Field(default_factory=dict)
+    """Method -> output of its latest completed activation (a JSON value)."""
+    routes: dict[str, str] = Field(default_factory=dict)
+    """Router -> the label its latest completed activation returned."""
+    triggers: dict[str, str | None] = Field(default_factory=dict)
+    """Activation -> the event that fired it (``None`` for a start at kickoff), for the
+    activations in flight and each method's latest and latest committed one."""
+    causes: dict[str, list[str]] = Field(default_factory=dict)
+    """Activation -> the activations whose commits made it ready (all the inputs of an
+    ``and_`` join; none for kickoff), kept for the same activations as :attr:`triggers`."""
+    lineage: dict[str, dict[str, int]] = Field(default_factory=dict)
+    """Activation -> ``{L: k}`` when ``L#k`` is the latest activation of the multi-leaf
+    ``or_`` listener ``L`` among the activation itself and its (transitive) causes; kept
+    for the activations of :attr:`triggers` and their causes, omitted when empty."""
+    seen: dict[str, list[str]] = Field(default_factory=dict)
+    """``and_`` listener -> leaves emitted since it last fired."""
+    fired: dict[str, int] = Field(default_factory=dict)
+    """Multi-leaf ``or_`` listener -> times it fired."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("completed"), list):
+            return _from_history(data)
+        return data
+
+    @property
+    def completed(self) -> list[str]:
+        """Every committed activation still on record, grouped by method, the methods in
+        the order of their latest commit (commit order for a run without loops)."""
+        flying = set(self.in_flight)
+        acts = []
+        for method in sorted(self.done, key=lambda m: self.done[m][1]):
+            first = self.forgotten.get(method, 0) + 1
+            for n in range(first, self.dispatched.get(method, 0) + 1):
+                if f"{method}#{n}" not in flying:
+                    acts.append(f"{method}#{n}")
+        return acts
+
+    def is_completed(self, activation_id: str) -> bool:
+        """Whether ``activation_id`` committed (and no ``fork --rerun`` forgot it)."""
+        method, n = _split(activation_id)
+        return (
+            self.forgotten.get(method, 0) < n <= self.dispatched.get(method, 0)
+            and activation_id not in self.in_flight
+        )
+
+    def trim(self) -> None:
+        """Drop the notes on activations that can no longer matter (on a record being
+        built; a stored record is never changed in place)."""
+        kept = _tracked(self.in_flight, self.dispatched, self.forgotten, self.done)
+        self.triggers, self.causes, self.lineage = _kept_notes(
+            kept, self.triggers, self.causes, self.lineage
+        )
+
+
+def _from_history(data: dict[str, Any]) -> dict[str, Any]:
+    """A record written before records were bounded (every completed activation listed,
+    the triggers and causes of all of them), in today's form with the same meaning.
+
+    Lineage is computed for every method, not only ``or_`` listeners (the graph is not
+    known here): extra entries are never asked for.
+    """
+    completed = [str(a) for a in data["completed"]]
+    in_flight = [str(a) for a in data.get("in_flight") or []]
+    dispatched = {str(m): int(n) for m, n in (data.get("dispatched") or {}).items()}
+    for act in [*completed, *in_flight]:
+        method, n = _split(act)
+        dispatched[method] = max(dispatched.get(method, 0), n)
+    done = {}
+    for i, act in enumerate(completed, 1):
+        method, n = _split(act)
+        done[method] = (n, i)
+    present = {*completed, *in_flight}
+    forgotten = {}
+    for method, count in dispatched.items():
+        gone = [n for n in range(1, count + 1) if f"{method}#{n}" not in present]
+        if gone:
+            forgotten[method] = max(gone)
+    causes = {str(a): [str(c) for c in cs] for a, cs in (data.get("causes") or {}).items()}
+    lineage: dict[str, dict[str, int]] = {}
+    # Causes commit before what they cause is created, so commit order (then the
+    # activations in flight) visits every cause first; a forgotten cause is only itself.
+    for act in [*completed, *in_flight]:
+        method, n = _split(act)
+        line = {method: n}
+        for cause in causes.get(act, []):
+            for name, k in lineage.get(cause, dict([_split(cause)])).items():
+                line[name] = max(line.get(name, 0), k)
+        lineage[act] = line
+    kept = _tracked(in_flight, dispatched, forgotten, done)
+    triggers, causes, lineage = _kept_notes(kept, data.get("triggers") or {}, causes, lineage)
+    return {
+        **{k: v for k, v in data.items() if k != "completed"},
+        "dispatched": dispatched,
+        "forgotten": forgotten,
+        "done": done,
+        "commits": len(completed),
+        "in_flight": in_flight,
+        "triggers": triggers,
+        "causes": causes,
+        "lineage": lineage,
+    }
+
+
+def _kept_notes(
+    kept: set[str],
+    triggers: dict[str, str | None],
+    causes: dict[str, list[str]],
+    lineage: dict[str, dict[str, int]],
+) -> tuple[dict[str, str | None], dict[str, list[str]], dict[str, dict[str, int]]]:
+    """Triggers and causes of the ``kept`` activations; lineage of those and their causes."""
+    causes = {a: c for a, c in causes.items() if a in kept}
+    lines = kept | {c for cs in causes.values() for c in cs}
+    return (
+        {a: t for a, t in triggers.items() if a in kept},
+        causes,
+        {a: line for a, line in lineage.items() if a in lines},
+    )
+
+
 class Checkpoint(BaseModel):
     """One durable snapshot of a run, written when a step or the run changes."""
 
@@ -141,14 +309,9 @@ class Checkpoint(BaseModel):
     """Run status as of this checkpoint."""
     state: dict[str, Any] = Field(default_factory=dict)
     """The flow state, JSON."""
-    completed: list[str] = Field(default_factory=list)
-    """Completed step activations, in commit order."""
-    outputs: dict[str, Any] = Field(default_factory=dict)
-    """Latest output of each completed step, JSON."""
-    in_flight: list[str] = Field(default_factory=list)
-    """Activations dispatched or ready but not yet committed."""
-    record: dict[str, Any] = Field(default_factory=dict)
-    """The orchestrator's bookkeeping (router outcomes, join progress, counters)."""
+    record: ExecutionRecord = Field(default_factory=ExecutionRecord)
+    """The orchestrator's bookkeeping: steps done and in flight, outputs, router outcomes,
+    join progress; bounded by the flow graph, whatever the run's length."""
     flow: str | None = None
     """Import path of the flow or crew, ``pkg.mod:Class``."""
     fingerprint: str | None = None
@@ -167,6 +330,36 @@ class Checkpoint(BaseModel):
     """Seconds the step's method ran (its last attempt)."""
     attempts: int | None = None
     """Attempts the step took (1 = first try)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_copies(cls, data: Any) -> Any:
+        # Checkpoints written before records were bounded also carried top-level copies
+        # of the record's completed list, outputs and in-flight list; a record that lacks
+        # them (or a caller that passes only these) gets them from there.
+        if not isinstance(data, dict) or not {"completed", "outputs", "in_flight"} & set(data):
+            return data
+        data = dict(data)
+        copies = {k: data.pop(k) for k in ("completed", "outputs", "in_flight") if k in data}
+        record = data.get("record")
+        if record is None or isinstance(record, dict):
+            data["record"] = {**copies, **(record or {})}
+        return data
+
+    @property
+    def completed(self) -> list[str]:
+        """Committed activations (see :attr:`ExecutionRecord.completed`)."""
+        return self.record.completed
+
+    @property
+    def outputs(self) -> dict[str, Any]:
+        """Latest output of each completed step, JSON."""
+        return self.record.outputs
+
+    @property
+    def in_flight(self) -> list[str]:
+        """Activations dispatched or ready but not yet committed."""
+        return self.record.in_flight
 
 
 class RunInfo(BaseModel):
