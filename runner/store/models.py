@@ -286,6 +286,10 @@ def _kept_notes(
     )
 
 
+_COPIES = ("completed", "outputs", "in_flight")
+"""Record fields checkpoints of the previous version also carried at the top level."""
+
+
 class Checkpoint(BaseModel):
     """One durable snapshot of a run, written when a step or the run changes."""
 
@@ -337,10 +341,10 @@ class Checkpoint(BaseModel):
         # Checkpoints written before records were bounded also carried top-level copies
         # of the record's completed list, outputs and in-flight list; a record that lacks
         # them (or a caller that passes only these) gets them from there.
-        if not isinstance(data, dict) or not {"completed", "outputs", "in_flight"} & set(data):
+        if not isinstance(data, dict) or not any(k in data for k in _COPIES):
             return data
         data = dict(data)
-        copies = {k: data.pop(k) for k in ("completed", "outputs", "in_flight") if k in data}
+        copies = {k: data.pop(k) for k in _COPIES if k in data}
         record = data.get("record")
         if record is None or isinstance(record, dict):
             data["record"] = {**copies, **(record or {})}

@@ -1,0 +1,362 @@
+"""Benchmark: does a step cost the same at iteration 3,000 as at iteration 10?
+
+Usage::
+
+    python bench/loop.py [--iterations 3000] [--repeat 3] [--url URL] [--profile]
+
+A flow whose router loops over a step that increments one integer (:class:`LoopFlow`: the
+start ``step``, re-run on the label ``again`` of the router ``loop``), run in this process
+with ``CheckpointConfig(provider=RedisProvider(...))``: every iteration commits two
+checkpoints (the step's and the router's). Beside it, in the same run, the baseline the
+issue measured against: LangGraph with ``SqliteSaver`` (a file in a temp directory) running
+the same loop, a ``step`` node and a conditional edge back to it (LangGraph's router), one
+checkpoint per iteration. If ``langgraph`` and ``langgraph-checkpoint-sqlite`` (the
+``bench`` extra) are not installed, the baseline is a raw Redis MULTI/EXEC of the same
+writes as each of our checkpoints (SET snapshot, ZADD history, HSET run meta), two per
+iteration, and the table says so.
+
+The runs alternate (ours, baseline, ours, ...) ``--repeat`` times, garbage collector off.
+Each step records ``time.perf_counter()`` when it starts; an iteration's time is the gap
+between two starts, so it includes the step, the router and their commits. The table gives,
+around iterations 10 / 100 / 1,000 / 3,000 (the median over 11 iterations centred there,
+then the median over the repeats), the time per iteration and the bytes of the checkpoint
+written at that iteration (ours: the router's checkpoint JSON as stored; LangGraph: the
+checkpoint row, ``checkpoint`` + ``metadata`` blobs), then the whole run. Target: iteration
+3,000 within 1.2x of iteration 10, in time and in bytes. ``--profile`` prints the top of a
+cProfile of one run of ours instead.
+
+Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 13 of 127.0.0.1:6379, else a
+private embedded server (see :mod:`bench._common`). Only keys under a fresh per-process
+prefix are written, and they are deleted at the end; no DB is flushed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import pstats
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+import redis
+
+from runner import CheckpointConfig, Flow, FlowState, ids, router, start
+from runner.errors import StoreUnavailable
+from runner.store.models import Checkpoint
+from runner.store.redis import RedisProvider
+
+try:
+    from bench._common import bench_redis, count_keys, delete_prefix, print_table
+except ModuleNotFoundError:  # run as `python bench/loop.py`: bench/ is on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from _common import (  # type: ignore[no-redef]
+        bench_redis,
+        count_keys,
+        delete_prefix,
+        print_table,
+    )
+
+MARKS = (10, 100, 1000, 3000)
+"""Iterations the table reports (those beyond ``--iterations`` are left out)."""
+WINDOW = 10
+"""An iteration's time is the median over the iterations within this distance of it."""
+TARGET = 1.2
+"""Iteration 3,000 may cost at most this many times iteration 10 (time and bytes)."""
+MAX_CALLS = 1_000_000
+"""``max_calls`` of the loop's methods: the benchmark loops far beyond the default 100."""
+
+
+class LoopState(FlowState):
+    """One integer the step increments, and where the router stops."""
+
+    counter: int = 0
+    target: int = 0
+
+
+class LoopFlow(Flow[LoopState]):
+    """``step`` -> ``loop`` -> ``again`` -> ``step`` ... until ``counter == target``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stamps: list[float] = []
+
+    @start("again", max_calls=MAX_CALLS)
+    def step(self) -> int:
+        self.stamps.append(time.perf_counter())
+        self.state.counter += 1
+        return self.state.counter
+
+    @router(step, max_calls=MAX_CALLS)
+    def loop(self) -> str:
+        return "again" if self.state.counter < self.state.target else "done"
+
+
+@dataclass
+class Run:
+    """One timed run: when each iteration started, the run's time, checkpoint bytes."""
+
+    stamps: list[float]
+    total: float
+    sizes: dict[int, int] = field(default_factory=dict)
+    """Iteration -> bytes of the checkpoint written at its end."""
+
+    def per_iteration(self, at: int) -> float:
+        """Median seconds of the iterations within :data:`WINDOW` of iteration ``at``."""
+        gaps = [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
+        low, high = max(0, at - 1 - WINDOW), min(len(gaps), at + WINDOW)
+        return statistics.median(gaps[low:high])
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """The garbage collector off (as :mod:`timeit` does), after a full collection."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+class SizingProvider(RedisProvider):
+    """A :class:`RedisProvider` that notes the bytes of the router's checkpoints at the
+    iterations of :data:`MARKS` as it commits them (older ones are pruned by then)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sizes: dict[int, int] = {}
+        self.marks = {f"loop#{k}": k for k in MARKS}
+
+    def commit(self, checkpoint: Checkpoint, **kwargs: Any) -> Checkpoint:
+        if checkpoint.activation in self.marks:
+            size = len(checkpoint.model_dump_json().encode())
+            self.sizes[self.marks[checkpoint.activation]] = size
+        return super().commit(checkpoint, **kwargs)
+
+
+def run_ours(provider: SizingProvider, iterations: int) -> Run:
+    """One run of :class:`LoopFlow` (the default ``max_checkpoints``: older ones pruned)."""
+    provider.sizes.clear()
+    flow = LoopFlow(checkpoint=CheckpointConfig(provider=provider))
+    with no_gc():
+        began = time.perf_counter()
+        assert flow.kickoff(inputs={"target": iterations}) == "done"
+        total = time.perf_counter() - began
+    assert flow.state.counter == iterations and len(flow.stamps) == iterations
+    return Run(flow.stamps, total, dict(provider.sizes))
+
+
+class LoopDict(TypedDict):
+    """LangGraph's state: the same one integer."""
+
+    counter: int
+
+
+def langgraph_runner(tmp: Path) -> Callable[[int, bool], Run] | None:
+    """A function running the loop on LangGraph + SqliteSaver, or ``None`` if not installed."""
+    try:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        from langgraph.graph import END, START, StateGraph
+    except ImportError:
+        return None
+
+    def run(iterations: int, sizes: bool) -> Run:
+        stamps: list[float] = []
+
+        def step(state: LoopDict) -> dict[str, int]:
+            stamps.append(time.perf_counter())
+            return {"counter": state["counter"] + 1}
+
+        def loop(state: LoopDict) -> str:
+            return "step" if state["counter"] < iterations else END
+
+        graph = StateGraph(LoopDict)
+        graph.add_node("step", step)
+        graph.add_edge(START, "step")
+        graph.add_conditional_edges("step", loop)
+        path = tmp / f"langgraph-{uuid.uuid4().hex[:8]}.db"
+        config: Any = {"configurable": {"thread_id": "loop"}, "recursion_limit": iterations + 10}
+        with SqliteSaver.from_conn_string(str(path)) as saver:
+            app = graph.compile(checkpointer=saver)
+            with no_gc():
+                began = time.perf_counter()
+                out = app.invoke({"counter": 0}, config)
+                total = time.perf_counter() - began
+        assert out == {"counter": iterations} and len(stamps) == iterations
+        result = Run(stamps, total)
+        if sizes:
+            with sqlite3.connect(path) as db:
+                rows = db.execute(
+                    "SELECT metadata, length(checkpoint) + length(metadata) FROM checkpoints"
+                ).fetchall()
+            for metadata, size in rows:
+                k = json.loads(metadata).get("step")  # after the k-th run of "step"
+                if k in MARKS:
+                    result.sizes[k] = size
+        path.unlink()
+        return result
+
+    return run
+
+
+def raw_runner(client: redis.Redis, prefix: str) -> Callable[[int, bool], Run]:
+    """The fallback baseline: per iteration two raw MULTI/EXECs of a checkpoint's writes."""
+
+    def run(iterations: int, sizes: bool) -> Run:
+        flow = LoopFlow()  # only for a realistic checkpoint body
+        body = {"run_id": "", "event": "method_execution_finished", "state": {}, "seq": 0}
+        run_key, stamps, state = f"{prefix}:raw-{uuid.uuid4().hex[:8]}", [], flow._dump()
+        with no_gc():
+            began = time.perf_counter()
+            for i in range(1, iterations + 1):
+                stamps.append(time.perf_counter())
+                for seq in (2 * i, 2 * i + 1):
+                    state = {**state, "counter": i}
+                    doc = json.dumps({**body, "id": ids.checkpoint_id(), "state": state})
+                    pipe = client.pipeline(transaction=True)
+                    pipe.set(f"{run_key}:ckpt:{seq}", doc)
+                    pipe.zadd(f"{run_key}:history", {str(seq): seq})
+                    pipe.hset(f"{run_key}:meta", mapping={"seq": seq, "updated_at": time.time()})
+                    pipe.execute()
+            total = time.perf_counter() - began
+        result = Run(stamps, total)
+        if sizes:
+            result.sizes = {k: len(doc) for k in MARKS if k <= iterations}
+        return result
+
+    return run
+
+
+def median_of(runs: list[Run], at: int) -> float:
+    """Median over the runs of the time per iteration around ``at``, in ms."""
+    return statistics.median(r.per_iteration(at) for r in runs) * 1000
+
+
+def _bytes(run: Run, at: int) -> str:
+    return f"{run.sizes[at]:,}" if at in run.sizes else "-"
+
+
+def report(ours: list[Run], base: list[Run], baseline: str, iterations: int, source: str) -> None:
+    """Print the table and the verdict."""
+    marks = [k for k in MARKS if k <= iterations]
+    print(
+        f"## A router looping over one step, {iterations:,} iterations "
+        f"(median of {len(ours)} runs each, alternating)\n"
+    )
+    headers = [
+        "loop iteration (step + router)",
+        "runner ms",
+        "runner checkpoint bytes",
+        f"{baseline} ms",
+        f"{baseline} checkpoint bytes",
+    ]
+    rows: list[list[object]] = []
+    for k in marks:
+        rows.append(
+            [
+                f"around iteration {k:,}",
+                f"{median_of(ours, k):.3f}",
+                _bytes(ours[0], k),
+                f"{median_of(base, k):.3f}",
+                _bytes(base[0], k),
+            ]
+        )
+    whole = [statistics.median(r.total for r in runs) for runs in (ours, base)]
+    rows.append([f"whole run of {iterations:,} (s)", f"{whole[0]:.2f}", "", f"{whole[1]:.2f}", ""])
+    print_table(headers, rows)
+    first, last = marks[0], marks[-1]
+    time_ratio = median_of(ours, last) / median_of(ours, first)
+    size_ratio = ours[0].sizes[last] / ours[0].sizes[first]
+    verdict = "PASS" if time_ratio <= TARGET and size_ratio <= TARGET else "FAIL"
+    print(
+        f"target: iteration {last:,} within {TARGET}x of iteration {first:,}: "
+        f"time {time_ratio:.2f}x, checkpoint bytes {size_ratio:.2f}x  {verdict}"
+    )
+    base_ratio = median_of(base, last) / median_of(base, first)
+    print(f"baseline in this run: {baseline} iteration {last:,} / {first:,}: {base_ratio:.2f}x")
+    print()
+    print("notes:")
+    print(
+        "- ours: two checkpoints per iteration (step, router), each one EVALSHA to Redis; "
+        "bytes: the router's checkpoint JSON"
+    )
+    print(f"- time per iteration: median of the {2 * WINDOW + 1} iterations centred on it")
+    print(f"- redis via {source}")
+
+
+def profile(provider: SizingProvider, iterations: int) -> None:
+    """Print the top of a cProfile of one run of ours."""
+    prof = cProfile.Profile()
+    prof.enable()
+    run_ours(provider, iterations)
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--iterations", type=int, default=3000, help="loop iterations per run")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each, alternating")
+    parser.add_argument(
+        "--url", help="Redis URL (default: $RUNNER_BENCH_REDIS_URL, local DB 13, else embedded)"
+    )
+    parser.add_argument("--profile", action="store_true", help="cProfile one run of ours")
+    args = parser.parse_args(argv)
+    if args.iterations < MARKS[0] + WINDOW or args.repeat < 1:
+        parser.error(f"--iterations must be >= {MARKS[0] + WINDOW} and --repeat >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; 0 when it ran (whatever the verdict), 1 when Redis is unreachable."""
+    args = parse_args(argv)
+    started = time.perf_counter()
+    prefix = f"bench-loop-{uuid.uuid4().hex[:8]}"
+    try:
+        with bench_redis(args.url) as target, tempfile.TemporaryDirectory() as tmp:
+            provider = SizingProvider(target.url, prefix=prefix)
+            admin = target.client()
+            try:
+                if args.profile:
+                    profile(provider, args.iterations)
+                    return 0
+                baseline = "LangGraph + SqliteSaver"
+                other = langgraph_runner(Path(tmp))
+                if other is None:
+                    baseline = "raw MULTI/EXEC (langgraph not installed)"
+                    other = raw_runner(admin, prefix)
+                ours: list[Run] = []
+                base: list[Run] = []
+                for i in range(args.repeat):
+                    ours.append(run_ours(provider, args.iterations))
+                    base.append(other(args.iterations, i == 0))
+            finally:
+                provider.close()
+                removed = delete_prefix(admin, prefix + ":")
+                left = count_keys(admin, prefix + ":")
+                admin.close()
+            report(ours, base, baseline, args.iterations, target.source)
+            print(f"- cleanup: removed {removed} keys under {prefix}:, {left} left")
+    except StoreUnavailable as exc:
+        print(f"loop: {exc}", file=sys.stderr)
+        return 1
+    print(f"- elapsed: {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
