@@ -87,9 +87,9 @@ class CheckpointConfig(BaseModel):
         elif ref is not None and "location" not in data and data.get("provider") is None:
             from runner.store.jsondir import JsonProvider
 
-            root = JsonProvider.root_of(Path(ref))
-            if root is not None:
-                data["location"] = str(root)
+            path = Path(ref)
+            if path.is_file():  # the store holding it, else (a bare file) its directory
+                data["location"] = str(JsonProvider.root_of(path) or path.parent)
         return data
 
     @property

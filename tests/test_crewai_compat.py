@@ -30,7 +30,14 @@ from runner import (
     router,
     start,
 )
-from runner.errors import DefinitionWarning, NotSerializable, SelfTrigger, UnknownTrigger
+from runner.errors import (
+    CheckpointNotFound,
+    CorruptCheckpoint,
+    DefinitionWarning,
+    NotSerializable,
+    SelfTrigger,
+    UnknownTrigger,
+)
 from runner.settings import reset_settings
 from runner.store.base import CheckpointStore
 from runner.store.persistence import StorePersistence
@@ -525,6 +532,15 @@ def test_the_newest_json_file_of_a_failed_run_restores_it_skipping_completed_ste
     assert restored.state.when == datetime(2026, 4, 7, 12, 0, 0, 123456, tzinfo=UTC)
     assert restored.state.ref == UUID("12345678-1234-5678-1234-567812345678")
     assert restored.state.amount == Decimal("10.10") and str(restored.state.amount) == "10.10"
+
+
+def test_a_json_file_that_is_not_a_checkpoint_is_refused_clearly(tmp_path):
+    blob = JsonProvider().checkpoint('{"crew": "state"}', str(tmp_path), branch="main")
+
+    with pytest.raises(CorruptCheckpoint, match="is not a checkpoint of this runner"):
+        OrderFlow.from_checkpoint(blob, tally=Tally()).kickoff()
+    with pytest.raises(CheckpointNotFound):
+        OrderFlow.from_checkpoint(str(tmp_path / "missing.json"), tally=Tally()).kickoff()
 
 
 def test_restoring_the_latest_checkpoint_of_a_failed_run_in_a_store(store):

@@ -20,6 +20,8 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
 
+from pydantic import ValidationError
+
 from runner.checkpointing import (
     FLOW_DEFAULT_EVENTS,
     CheckpointConfig,
@@ -27,7 +29,7 @@ from runner.checkpointing import (
     StoreSink,
     WatchedSink,
 )
-from runner.errors import CheckpointNotFound, InvalidInputs, RunNotFound
+from runner.errors import CheckpointNotFound, CorruptCheckpoint, InvalidInputs, RunNotFound
 from runner.flow import events as ev
 from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
@@ -63,7 +65,13 @@ def kickoff(
         elif sink.store is None:
             # Restored by id with no store configured: the run continues where it is kept.
             sink = StoreSink(_default_store(), FLOW_DEFAULT_EVENTS)
-        ckpt = load_restore_point(sink, restore)
+        try:
+            ckpt = load_restore_point(sink, restore)
+        except ValidationError:  # e.g. a file CrewAI's provider face wrote: not ours
+            ref = restore.restore_from if isinstance(restore, CheckpointConfig) else restore
+            raise CorruptCheckpoint(
+                f"{ref} is not a checkpoint of this runner", checkpoint_id=str(ref)
+            ) from None
         return resume(flow, graph, WatchedSink(sink, flow._record_output), ckpt, inputs)
     lineage = None
     base = flow._dump()
