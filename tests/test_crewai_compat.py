@@ -198,6 +198,51 @@ def test_an_id_set_in_a_method_of_a_model_state_moves_the_rest_of_the_run(persis
     assert resumed.state.counter == 4
 
 
+class PoemState(FlowState):
+    sentence_count: int = 1000
+    has_set_count: bool = False
+
+
+def test_persisted_values_override_defaults_and_inputs_override_persisted_values(persistence):
+    @persist(persistence)
+    class Poem(Flow[PoemState]):
+        @start()
+        def count(self) -> None:
+            if not self.state.has_set_count:
+                self.state.sentence_count = 2
+                self.state.has_set_count = True
+            elif self.state.sentence_count == 2:
+                self.state.sentence_count = 3
+
+    first = Poem()
+    first.kickoff()
+    assert first.state.sentence_count == 2
+
+    again = Poem()
+    again.kickoff(inputs={"id": first.flow_id})
+    assert again.state.sentence_count == 3  # the persisted 2, not the default 1000
+
+    overridden = Poem()
+    overridden.kickoff(inputs={"id": first.flow_id, "sentence_count": 5})
+    assert overridden.state.sentence_count == 5
+
+    fresh = Poem()
+    fresh.kickoff(inputs={"has_set_count": True})
+    assert fresh.state.sentence_count == 1000 and fresh.flow_id != first.flow_id
+
+
+def test_an_initial_state_given_to_the_constructor_is_the_flows_state():
+    class Counted(Flow[PlainState]):
+        @start()
+        def bump(self) -> int:
+            self.state.counter += 1
+            return self.state.counter
+
+    flow = Counted(initial_state=PlainState(counter=41))
+
+    assert flow.kickoff() == 42 and flow.state.note == ""
+
+
 # --- 3. triggers -------------------------------------------------------------------------------
 
 
@@ -428,6 +473,24 @@ def test_the_trigger_payload_input_reaches_start_methods_that_declare_it_and_not
     assert sorted(seen[:2]) == [("one", None), ("two", None)]
 
 
+def test_the_trigger_payload_reaches_an_async_start_through_kickoff_async():
+    import asyncio
+
+    class AsyncTriggered(Flow):
+        @start()
+        async def begin(self, crewai_trigger_payload: Any = None) -> Any:
+            await asyncio.sleep(0)
+            return crewai_trigger_payload
+
+        @listen(begin)
+        async def echo(self, payload: Any) -> str:
+            return f"got {payload}"
+
+    result = asyncio.run(AsyncTriggered().kickoff_async(inputs={"crewai_trigger_payload": "p"}))
+
+    assert result == "got p"
+
+
 def _go() -> Any:
     def go(self: Any) -> str:
         return f"go:{self.state.counter}"
@@ -559,6 +622,48 @@ def test_restoring_the_latest_checkpoint_of_a_failed_run_in_a_store(store):
     assert restored.kickoff() == "shipped after reviewed"
     assert dict(tally.counts) == {"review": 1, "ship": 1}
     assert restored.state.amount == Decimal("10.10")
+
+
+def test_a_completed_conditional_start_is_skipped_when_its_failed_run_is_restored(store):
+    tally = Tally()
+    failing = {"on": True}
+
+    class Branching(Flow[dict[str, str]]):
+        @start()
+        def init(self) -> str:
+            tally("init")
+            return "initialized"
+
+        @router(init)
+        def emit_branch(self) -> str:
+            tally("emit_branch")
+            return "branch_a"
+
+        @start("branch_a")
+        def branch_a_start(self) -> None:
+            tally("branch_a_start")
+            self.state["branch"] = "a"
+
+        @listen(branch_a_start)
+        def branch_a_process(self) -> None:
+            tally("branch_a_process")
+            if failing["on"]:
+                raise RuntimeError("process failed")
+            self.state["processed"] = "yes"
+
+    flow = Branching(checkpoint=CheckpointConfig(provider=store))
+    with pytest.raises(RuntimeError):
+        flow.kickoff()
+    failing["on"] = False
+    tally.order.clear()
+
+    restored = Branching.from_checkpoint(
+        CheckpointConfig(provider=store, restore_from=flow.flow_id)
+    )
+    restored.kickoff()
+
+    assert tally.order == ["branch_a_process"]
+    assert restored.state["branch"] == "a" and restored.state["processed"] == "yes"
 
 
 def test_an_older_checkpoint_directory_is_migrated_and_still_restores(tmp_path):
