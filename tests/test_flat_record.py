@@ -8,8 +8,9 @@ activation), before records were bounded:
   orchestrator (which in-flight activation commits next, which label a router returns,
   now and then a ``fork --rerun`` invalidation), with the ready activations, arguments,
   last output and whole record after every step;
-* ``fixtures/checkpoints_v1.json``: every checkpoint of a :class:`LoopFlow` run whose
-  ``right`` step failed in the third round, then of its in-process resume.
+* ``fixtures/checkpoints_v1.json``: every checkpoint of a
+  :class:`~tests.flows.loops.LoopFlow` run whose ``right`` step failed in the third round,
+  then of its in-process resume.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Any
 
 import pytest
 
-from runner import CheckpointConfig, Flow, FlowState, JsonProvider, SqliteProvider
+from runner import CheckpointConfig, JsonProvider, SqliteProvider
+from runner.distributed import control
+from runner.distributed.engine import Runtime
 from runner.errors import CycleLimitExceeded
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
@@ -28,7 +31,8 @@ from runner.flow.conditions import and_, or_
 from runner.flow.decorators import listen, router, start
 from runner.flow.graph import FlowGraph, compile_graph
 from runner.flow.orchestrator import ExecutionRecord
-from runner.store.models import Checkpoint
+from runner.store.models import Checkpoint, RunStatus
+from tests.flows.loops import LoopFlow
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -125,45 +129,6 @@ GRAPHS: dict[str, type] = {
     "ChainedRouters": ChainedRouters,
     "Mixed": Mixed,
 }
-
-
-class LoopState(FlowState):
-    counter: int = 0
-    right_runs: int = 0
-    fail_at: int = -1
-    rounds: int = 4
-
-
-class LoopFlow(Flow[LoopState]):
-    """begin, then rounds of ``left`` and ``right`` in parallel, joined, and a router."""
-
-    @start()
-    def begin(self) -> int:
-        return 0
-
-    @listen(or_(begin, "again"), max_calls=1000)
-    def left(self) -> int:
-        self.state.counter += 1
-        return self.state.counter
-
-    @listen(or_(begin, "again"), retries=0, max_calls=1000)
-    def right(self) -> str:
-        self.state.right_runs += 1
-        if self.state.right_runs == self.state.fail_at:
-            raise RuntimeError("right fails once")
-        return f"r{self.state.right_runs}"
-
-    @listen(and_(left, right), max_calls=1000)
-    def join(self, value: int) -> int:
-        return self.state.counter
-
-    @router(join, max_calls=1000)
-    def check(self) -> str:
-        return "again" if self.state.counter < self.state.rounds else "done"
-
-    @listen("done")
-    def finish(self) -> int:
-        return self.state.counter * 10
 
 
 def _traces() -> list[dict[str, Any]]:
@@ -292,3 +257,42 @@ def test_fork_rerun_of_an_old_checkpoint_matches_a_new_one() -> None:
         assert sorted(a.completed) == sorted(b.completed), steps
         for name in ("emitted", "dispatched", "seen", "fired", "routes", "forgotten"):
             assert getattr(a, name) == getattr(b, name), (steps, name)
+
+
+def _old_run(rt: Runtime) -> dict[str, Any]:
+    """The fixture's failed run, committed checkpoint by checkpoint into the test's store."""
+    doc: dict[str, Any] = json.loads((FIXTURES / "checkpoints_v1.json").read_text())
+    for raw in doc["failed_history"]:
+        rt.store.commit(Checkpoint.model_validate(raw))
+    return doc
+
+
+@pytest.mark.slow
+def test_workers_resume_and_fork_a_run_written_before(rt: Runtime) -> None:
+    doc = _old_run(rt)
+    run_id = doc["run_id"]
+    resumed = control.resume(run_id, inputs={"fail_at": -1}, rt=rt)
+    assert resumed.result(timeout=60) == doc["resumed_result"]
+    latest = rt.store.latest(run_id)
+    assert latest is not None and latest.status is RunStatus.SUCCEEDED
+    assert latest.state == doc["resumed_state"]
+    assert sorted(latest.completed) == sorted(doc["resumed_history"][-1]["completed"])
+
+    # Forks with --rerun from the old checkpoint of the second round's router and from
+    # the same point of the same run made today end alike.
+    flow = LoopFlow(checkpoint=CheckpointConfig(provider=rt.store))
+    with pytest.raises(RuntimeError, match="right fails once"):
+        flow.kickoff(inputs={"fail_at": 3})
+    today = next(c for c in rt.store.history(flow.flow_id, limit=100) if c.activation == "check#2")
+    old = next(c for c in doc["failed_history"] if c["activation"] == "check#2")
+    for rerun in (["check"], ["left"], ["join", "right"]):
+        ends = []
+        for source in (old["id"], today.id):
+            fork = control.fork(source, set={"fail_at": -1, "rounds": 5}, rerun=rerun, rt=rt)
+            result = fork.result(timeout=60)
+            end = rt.store.latest(fork.run_id)
+            assert end is not None and end.status is RunStatus.SUCCEEDED
+            ends.append((result, {**end.state, "id": None}, end.outputs, sorted(end.completed)))
+        assert ends[0] == ends[1], rerun
+        if rerun == ["check"]:  # the router runs again: the loop goes on to five rounds
+            assert ends[0][0] == 50
