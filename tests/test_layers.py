@@ -24,8 +24,18 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
     tree = ast.parse(path.read_text())
     here = _module(path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    # Imports for type checking only never run, so they cannot make a cycle.
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
     found = []
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             found += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from runner.store.models import RunStatus
 
 from . import actions, data
-from .app import console_of
+from .context import console_of
 
 router = APIRouter(prefix="/api", tags=["api"])
 

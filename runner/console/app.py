@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -13,7 +12,7 @@ from urllib.parse import urlencode
 import jinja2
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -21,19 +20,14 @@ from starlette.requests import Request
 
 from runner.distributed.engine import Runtime
 from runner.errors import (
-    CheckpointNotFound,
-    DefinitionError,
-    InvalidInputs,
     RunnerError,
-    RunNotFound,
-    RunStateError,
-    StoreUnavailable,
 )
 from runner.settings import RunnerSettings, get_settings
 
-from . import formatting
+from . import api, formatting, pages
 from .actions import describe
-from .security import SAFE_METHODS, SESSION_COOKIE, Guard, safe_next
+from .context import Console, console_of, error_response, logged_in, status_for
+from .security import SAFE_METHODS, Guard
 
 HERE = Path(__file__).parent
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
@@ -42,62 +36,6 @@ _CSP = (
     "default-src 'self'; script-src 'self'; img-src 'self' data:; "
     "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; form-action 'self'"
 )  # Mermaid styles its SVG inline; no script is inline.
-
-
-@dataclass
-class Console:
-    """What every request handler needs, kept on ``app.state.console``."""
-
-    rt: Runtime
-    guard: Guard
-    flower_url: str | None
-    templates: Jinja2Templates
-
-    def page(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
-        """Render template ``name`` with the guard's view of the request."""
-        context.update(
-            csrf=self.guard.csrf,
-            read_only=self.guard.read_only,
-            flower_url=self.flower_url,
-        )
-        return self.templates.TemplateResponse(request, name, context, status_code=status)
-
-
-def console_of(request: Request) -> Console:
-    """The :class:`Console` of the app serving ``request``."""
-    console: Console = request.app.state.console
-    return console
-
-
-def status_for(exc: RunnerError) -> int:
-    """The HTTP status of a runner error: 404 unknown id, 422 bad input, 409 refused."""
-    if isinstance(exc, RunNotFound | CheckpointNotFound):
-        return 404
-    if isinstance(exc, InvalidInputs | DefinitionError):
-        return 422
-    if isinstance(exc, RunStateError):
-        return 409
-    if isinstance(exc, StoreUnavailable):
-        return 503
-    return 500
-
-
-def _wants_json(request: Request) -> bool:
-    return request.url.path.startswith("/api") or (
-        "HX-Request" not in request.headers
-        and ("application/json" in request.headers.get("accept", ""))
-    )
-
-
-def error_response(request: Request, status: int, body: dict[str, Any]) -> Response:
-    """An error as JSON (API calls) or HTML (a page, or a fragment htmx swaps in)."""
-    if _wants_json(request):
-        return JSONResponse({"error": body}, status_code=status)
-    console: Console | None = getattr(request.app.state, "console", None)
-    name = "error.html" if "HX-Request" not in request.headers else "_error.html"
-    if console is None:
-        return HTMLResponse(body["message"], status_code=status)
-    return console.page(request, name, status=status, error=body, code=status)
 
 
 def _make_runtime(settings: RunnerSettings) -> Runtime:
@@ -146,8 +84,6 @@ def build_app(
     app.state.console = Console(
         runtime, guard, flower_url or settings.ui_flower_url or None, templates
     )
-    from . import api, pages
-
     app.include_router(api.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
@@ -241,13 +177,3 @@ def _login_link(request: Request, guard: Guard, token: str) -> Response:
     if not guard.check_token(token):
         return RedirectResponse("/login?" + urlencode({"next": target}), status_code=303)
     return logged_in(guard, target)
-
-
-def logged_in(guard: Guard, target: str) -> Response:
-    """A redirect to ``target`` that sets the session cookie."""
-    response = RedirectResponse(safe_next(target), status_code=303)
-    assert guard.session is not None
-    response.set_cookie(
-        SESSION_COOKIE, guard.session, httponly=True, samesite="strict", max_age=7 * 86400
-    )
-    return response

@@ -16,7 +16,7 @@ from runner.errors import RunnerError
 from runner.store.models import RunStatus
 
 from . import actions, data
-from .app import console_of, error_response, logged_in
+from .context import console_of, error_response, logged_in
 from .security import safe_next
 
 router = APIRouter(include_in_schema=False)

@@ -1,0 +1,90 @@
+"""What the console's request handlers share: the :class:`Console` on ``app.state``, and the
+one place where errors become responses (JSON for the API, HTML for pages)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from starlette.requests import Request
+
+from runner.distributed.engine import Runtime
+from runner.errors import (
+    CheckpointNotFound,
+    DefinitionError,
+    InvalidInputs,
+    RunnerError,
+    RunNotFound,
+    RunStateError,
+    StoreUnavailable,
+)
+
+from .security import SESSION_COOKIE, Guard, safe_next
+
+
+@dataclass
+class Console:
+    """What every request handler needs, kept on ``app.state.console``."""
+
+    rt: Runtime
+    guard: Guard
+    flower_url: str | None
+    templates: Jinja2Templates
+
+    def page(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        """Render template ``name`` with the guard's view of the request."""
+        context.update(
+            csrf=self.guard.csrf,
+            read_only=self.guard.read_only,
+            flower_url=self.flower_url,
+        )
+        return self.templates.TemplateResponse(request, name, context, status_code=status)
+
+
+def console_of(request: Request) -> Console:
+    """The :class:`Console` of the app serving ``request``."""
+    console: Console = request.app.state.console
+    return console
+
+
+def status_for(exc: RunnerError) -> int:
+    """The HTTP status of a runner error: 404 unknown id, 422 bad input, 409 refused."""
+    if isinstance(exc, RunNotFound | CheckpointNotFound):
+        return 404
+    if isinstance(exc, InvalidInputs | DefinitionError):
+        return 422
+    if isinstance(exc, RunStateError):
+        return 409
+    if isinstance(exc, StoreUnavailable):
+        return 503
+    return 500
+
+
+def wants_json(request: Request) -> bool:
+    return request.url.path.startswith("/api") or (
+        "HX-Request" not in request.headers
+        and ("application/json" in request.headers.get("accept", ""))
+    )
+
+
+def error_response(request: Request, status: int, body: dict[str, Any]) -> Response:
+    """An error as JSON (API calls) or HTML (a page, or a fragment htmx swaps in)."""
+    if wants_json(request):
+        return JSONResponse({"error": body}, status_code=status)
+    console: Console | None = getattr(request.app.state, "console", None)
+    name = "error.html" if "HX-Request" not in request.headers else "_error.html"
+    if console is None:
+        return HTMLResponse(body["message"], status_code=status)
+    return console.page(request, name, status=status, error=body, code=status)
+
+
+def logged_in(guard: Guard, target: str) -> Response:
+    """A redirect to ``target`` that sets the session cookie."""
+    response = RedirectResponse(safe_next(target), status_code=303)
+    assert guard.session is not None
+    response.set_cookie(
+        SESSION_COOKIE, guard.session, httponly=True, samesite="strict", max_age=7 * 86400
+    )
+    return response
