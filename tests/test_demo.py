@@ -27,12 +27,13 @@ def _descendants(pid: int) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_demo_survives_a_worker_kill_without_redoing_finished_tasks() -> None:
+def test_demo_survives_a_worker_kill_without_redoing_finished_tasks(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
     env["DEMO_FLOWER_PORT"] = str(_free_port())
+    env["PYTHONPATH"] = str(ROOT)  # run from a folder of its own: its ./.runner goes there
     proc = subprocess.Popen(
         [sys.executable, "-m", "examples.demo"],
-        cwd=ROOT,
+        cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -76,10 +76,7 @@ def progress_view(rt: Runtime, handle: RunHandle) -> tuple[RunInfo, RenderableTy
     """The run now, and its live view (steps, child runs' steps, progress, last error)."""
     info, latest = handle.info(), handle.latest()
     rows = progress.step_rows(rt, handle.run_id)
-    shown = {
-        **refs.short_ids([r.checkpoint for r in rows if r.checkpoint], refs.MIN_CHECKPOINT),
-        **refs.short_runs(rt, [r.child_run for r in rows if r.child_run]),
-    }
+    shown = refs.short_ids([r.checkpoint for r in rows if r.checkpoint], refs.MIN_CHECKPOINT)
     total = progress.total_steps(rt, handle.run_id)
     error = last_error(rt, info, latest)
     return info, render.progress_view(info, latest, rows, total, error, shown)

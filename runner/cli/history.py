@@ -55,11 +55,7 @@ def steps(
         print_json([row.as_json() for row in rows])
         return
     ckpts = [row.checkpoint for row in rows if row.checkpoint]
-    shown = {
-        **refs.short_ids(ckpts, refs.MIN_CHECKPOINT),
-        **refs.short_runs(rt, [row.child_run for row in rows if row.child_run]),
-    }
-    console().print(render.steps_table(rows, shown))
+    console().print(render.steps_table(rows, refs.short_ids(ckpts, refs.MIN_CHECKPOINT)))
 
 
 @app.command()

@@ -67,12 +67,18 @@ def step_rows(rt: Runtime, run_id: str, depth: int = 0) -> list[StepRow]:
         return []
     latest = ckpts[-1]
     rows = [row for ckpt in ckpts if (row := _row(run_id, depth, ckpt)) is not None]
+    # A failure or pause checkpoint names the method; the activation it stopped is still in
+    # flight (a resume runs it again), so name that, as the step's other rows do.
+    waiting = {bare(act).partition("#")[0]: bare(act) for act in latest.in_flight}
+    for row in rows:
+        if row.outcome in (FAILED, PAUSED) and "#" not in row.step and row.step in waiting:
+            row.step = waiting[row.step]
     # An in-flight step runs now; in a stopped run it is what a resume runs, shown once:
     # by its failure or pause row if it has one.
     running = latest.status is RunStatus.RUNNING
     stopped = {row.step for row in rows if row.outcome in (FAILED, PAUSED)}
     for act in latest.in_flight:
-        if running or act.partition("#")[0] not in stopped:
+        if running or bare(act) not in stopped:
             rows.append(StepRow(run_id, depth, bare(act), RUNNING if running else PENDING))
     out: list[StepRow] = []
     links = {bare(act): link.run_id for act, link in latest.meta.children.items()}

@@ -77,6 +77,20 @@ def _value(value: Any) -> str:
 # --- runs -----------------------------------------------------------------------------------
 
 
+def stamp(ts: float | None) -> str:
+    """A Unix time in a table: ``HH:MM:SS`` if today, else ``YYYY-mm-dd HH:MM``."""
+    if not ts:
+        return "-"
+    moment = datetime.fromtimestamp(ts)
+    same_day = moment.date() == datetime.now().date()
+    return moment.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M")
+
+
+def short_event(event: str) -> str:
+    """An event name for a table: ``method_execution_finished`` -> ``finished``."""
+    return event.removeprefix("method_execution_")
+
+
 def clock(ts: float | None) -> str:
     """A Unix time as local ``HH:MM:SS`` (``-`` if unset): for tables of one run's steps."""
     return datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else "-"
@@ -101,13 +115,14 @@ def runs_table(infos: list[tuple[RunInfo, int]], shown: dict[str, str]) -> Table
             status_text(info.status),
             info.step or "-",
             str(info.seq),
-            when(info.updated_at),
+            stamp(info.updated_at),
         )
     return table
 
 
 def steps_table(rows: list[Any], shown: dict[str, str]) -> Table:
-    """``runner steps``: each activation (child runs' under the step that started them)."""
+    """``runner steps``: each activation, a child run's steps indented under the step that
+    started it (``runner runs`` shows the child runs' ids)."""
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
     table.add_column("step", overflow="fold")
     table.add_column("outcome", no_wrap=True)
@@ -117,11 +132,8 @@ def steps_table(rows: list[Any], shown: dict[str, str]) -> Table:
     table.add_column("took", justify="right", no_wrap=True)
     table.add_column("checkpoint", no_wrap=True)
     for row in rows:
-        name = "  " * row.depth + row.step
-        if row.child_run:
-            name += f" -> {shown.get(row.child_run, row.child_run)}"
         table.add_row(
-            name,
+            "  " * row.depth + row.step,
             Text(row.outcome, style=OUTCOME_STYLE.get(row.outcome, "")),
             str(row.attempts) if row.attempts is not None else "-",
             row.worker or "-",
@@ -223,10 +235,10 @@ def history_table(ckpts: list[Checkpoint], shown: dict[str, str]) -> Table:
         table.add_row(
             str(ckpt.seq),
             shown.get(ckpt.id, ckpt.id),
-            ckpt.event,
+            short_event(ckpt.event),
             ckpt.activation.rpartition("/")[2] if ckpt.activation else ckpt.step or "-",
             status_text(ckpt.status),
-            when(ckpt.created_at),
+            stamp(ckpt.created_at),
         )
     return table
 
