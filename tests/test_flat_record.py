@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from runner import CheckpointConfig, JsonProvider, SqliteProvider
 from runner.distributed import control
@@ -216,6 +217,13 @@ def test_records_written_before_they_were_bounded_still_load() -> None:
         _same_as_old(graph, tr.record_of(ckpt), raw["record"])
         again = Checkpoint.model_validate_json(ckpt.model_dump_json())
         assert again == ckpt and "completed" not in json.loads(ckpt.model_dump_json())
+
+
+def test_an_unreadable_old_record_is_one_validation_error() -> None:
+    raw = json.loads((FIXTURES / "checkpoints_v1.json").read_text())["failed_history"][3]
+    raw["record"]["causes"] = ["not", "a", "mapping"]
+    with pytest.raises(ValidationError, match="unreadable record of a previous version"):
+        Checkpoint.model_validate(raw)
 
 
 def test_a_run_resumes_in_process_from_a_checkpoint_written_before(tmp_path: Path) -> None:

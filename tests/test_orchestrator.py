@@ -383,3 +383,44 @@ def test_a_start_router_runs_at_kickoff_and_its_label_triggers_listeners() -> No
     assert run.finish("decide#1", "fast") == ["quick#1"]
     (quick,) = orch.pending(run.record)
     assert orch.argument_for(run.graph, run.record, quick) == "fast"
+
+
+def test_completed_lists_every_activation_grouped_by_method() -> None:
+    run = Runner(RetryLoop)
+    run.drain({"check": ["retry", "retry", "ok"]})
+    # Methods in the order of their latest commit, each one's activations in order
+    # (commit order itself for a run without loops).
+    assert run.runs[-4:] == ["attempt#3", "check#3", "log#3", "done#1"]
+    assert run.record.completed == [
+        "begin#1",
+        *(f"attempt#{n}" for n in (1, 2, 3)),
+        *(f"check#{n}" for n in (1, 2, 3)),
+        *(f"log#{n}" for n in (1, 2, 3)),
+        "done#1",
+    ]
+    assert run.record.is_completed("check#2") and not run.record.is_completed("check#4")
+
+
+def test_the_record_stays_the_same_size_however_long_the_loop() -> None:
+    class Long:
+        @start()
+        def begin(self) -> None: ...
+
+        @listen(or_(begin, "again"), max_calls=5000)
+        def step(self) -> None: ...
+
+        @router(step, max_calls=5000)
+        def loop(self) -> str:
+            return "again" if self else "stop"
+
+    run = Runner(Long)
+    run.finish("begin#1")
+    sizes = {}
+    for i in range(1, 1201):
+        run.finish(f"step#{i}")
+        run.finish(f"loop#{i}", "again")
+        if i in (100, 1100, 1200):
+            sizes[i] = len(run.record.model_dump_json())
+    # Only numbers grow wider (3 to 4 digits here); at the same width, the same size.
+    assert sizes[1200] == sizes[1100] and sizes[1200] < 1.1 * sizes[100], sizes
+    assert len(run.record.triggers) == 4 and len(run.record.completed) == 2401

@@ -74,10 +74,11 @@ def parse_activation(activation_id: str) -> tuple[str, int]:
 def _copy(record: ExecutionRecord) -> ExecutionRecord:
     # One level deep is enough: nested lists, dicts and tuples are replaced, never changed
     # in place, and outputs are JSON values nobody mutates.
-    return record.model_copy(
-        update={name: type(value)(value) for name, value in record if isinstance(value, dict)}
-        | {name: list(value) for name, value in record if isinstance(value, list)}
-    )
+    update: dict[str, Any] = {}
+    for name, value in record:
+        if isinstance(value, dict | list):
+            update[name] = type(value)(value)
+    return record.model_copy(update=update)
 
 
 def _is_wave(graph: FlowGraph, name: str) -> bool:

@@ -188,7 +188,11 @@ class ExecutionRecord(BaseModel):
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("completed"), list):
-            return _from_history(data)
+            try:
+                return _from_history(data)
+            except (TypeError, AttributeError) as exc:
+                # A ValueError is what pydantic reports as a validation error of the record.
+                raise ValueError(f"unreadable record of a previous version: {exc}") from None
         return data
 
     @property
