@@ -11,10 +11,10 @@ each case after ``--warmup`` untimed ones, the cases interleaved in rotating ord
   EVALSHA of the COMMIT script with a realistic record (state of the given size, outputs, a
   completed list, step, activation ``step#i`` and an attempt token, so the idempotency
   bookkeeping runs and trimming deletes a snapshot on every commit once 50 are kept);
-* **raw MULTI/EXEC**: one redis-py transaction pipeline with the comparable writes (SET
-  snapshot, ZADD history, HSET meta, ZADD runs index, HSET checkpoint index,
-  ZREMRANGEBYRANK history to 50; it does *not* delete the trimmed snapshot keys);
-* **raw EVALSHA**: a minimal Lua script doing SET+ZADD+HSET, the lower bound of one scripted
+* **raw MULTI/EXEC**: one redis-py transaction pipeline with the comparable writes (HSET
+  snapshot into the run's snapshot hash, ZADD history, HSET meta, ZADD runs index, HSET
+  checkpoint index, ZREMRANGEBYRANK history to 50; it does *not* delete trimmed snapshots);
+* **raw EVALSHA**: a minimal Lua script doing HSET+ZADD+HSET, the lower bound of one scripted
   round trip carrying the same snapshot.
 
 Every case serializes the checkpoint inside the timed region (the store with pydantic's
@@ -22,7 +22,12 @@ Every case serializes the checkpoint inside the timed region (the store with pyd
 the :class:`Checkpoint` is outside it. Prints a Markdown table (p50/p95/mean in µs and the p50
 ratio to raw MULTI/EXEC), the target "p50 within 1.5x of raw MULTI/EXEC" with PASS/FAIL per
 state size, and the memory flatness check: after all commits with ``max_checkpoints=50`` the run
-has 50 snapshot keys (counted with SCAN MATCH on its snapshot prefix).
+keeps 50 snapshots, 50 history entries, 50 lookup entries and 50 attempts entries.
+
+Then the **Redis Cluster** table: the same store commits on a local cluster of three masters
+(started for the benchmark with ``redis-server --cluster-enabled yes`` on loopback ports, see
+:mod:`bench._cluster`) beside the single Redis, interleaved in one run, p50 ratio cluster/single.
+Skipped with a note when ``redis-server``/``redis-cli`` are not on ``PATH``.
 
 Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 13 of 127.0.0.1:6379, else a private
 embedded server (see :mod:`bench._common`). Only keys under a fresh per-process prefix are
@@ -43,13 +48,15 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 
 from runner.errors import StoreUnavailable
-from runner.store.keys import Keys
+from runner.store.keys import CLUSTER_SHARDS, Keys
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
 
 try:
+    from bench._cluster import cluster_tools, local_cluster
     from bench._common import (
         BenchRedis,
         Summary,
@@ -61,6 +68,7 @@ try:
         summarize,
     )
 except ModuleNotFoundError:  # run as `python bench/store_commit.py`: bench/ is on sys.path
+    from _cluster import cluster_tools, local_cluster  # type: ignore[no-redef]
     from _common import (  # type: ignore[no-redef]
         BenchRedis,
         Summary,
@@ -83,14 +91,18 @@ COMPLETED_WINDOW = 8
 
 STORE = "store: RedisProvider.commit"
 MULTI = "raw MULTI/EXEC (trim keeps snapshot keys)"
-LUA = "raw EVALSHA SET+ZADD+HSET"
+LUA = "raw EVALSHA HSET+ZADD+HSET"
 CASES = (STORE, MULTI, LUA)
 HEADERS = ("case", "state", "p50 µs", "p95 µs", "mean µs", "ratio p50 vs raw MULTI/EXEC")
 
+CLUSTER = "store on Redis Cluster (3 masters)"
+SINGLE = "store on a single Redis"
+CLUSTER_HEADERS = ("case", "state", "p50 µs", "p95 µs", "mean µs", "ratio p50 vs single")
+
 MINIMAL_LUA = """
--- KEYS[1] snapshot  KEYS[2] history zset  KEYS[3] meta hash
+-- KEYS[1] snapshots hash  KEYS[2] history zset  KEYS[3] meta hash
 -- ARGV[1] snapshot JSON  ARGV[2] seq  ARGV[3] checkpoint id
-redis.call('SET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[3], 'seq', ARGV[2], 'latest', ARGV[3])
 return 1
@@ -203,7 +215,7 @@ def multi_case(client: redis.Redis, runs: Runs) -> Callable[[int], Callable[[], 
             body = json.dumps(doc, separators=COMPACT)
             now = time.time()
             pipe = client.pipeline(transaction=True)
-            pipe.set(k.snapshot(run, cid), body)
+            pipe.hset(k.snapshots(run), cid, body)
             pipe.zadd(k.history(run), {cid: seq})
             pipe.hset(
                 k.meta(run),
@@ -239,7 +251,7 @@ def lua_case(client: redis.Redis, runs: Runs, sha: str) -> Callable[[int], Calla
         def call() -> object:
             body = json.dumps(doc, separators=COMPACT)
             return client.evalsha(
-                sha, 3, k.snapshot(run, cid), k.history(run), k.meta(run), body, seq, cid
+                sha, 3, k.snapshots(run), k.history(run), k.meta(run), body, seq, cid
             )
 
         return call
@@ -258,11 +270,11 @@ class SizeResult:
     stats: dict[str, Summary]
     snapshot_bytes: dict[str, int]
     commits: int
-    snapshot_keys: int
+    snapshots: int
     history_len: int
     index_entries: int
     attempts: int
-    raw_snapshot_keys: int
+    raw_snapshots: int
 
     @property
     def ratio(self) -> float:
@@ -271,8 +283,8 @@ class SizeResult:
 
     @property
     def flat(self) -> bool:
-        """The run kept exactly ``KEEP`` snapshots (keys, history and index agree)."""
-        return self.snapshot_keys == self.history_len == self.index_entries == KEEP
+        """The run kept exactly ``KEEP`` of everything (snapshots, history, lookup, attempts)."""
+        return self.snapshots == self.history_len == self.index_entries == self.attempts == KEEP
 
 
 def run_size(
@@ -297,7 +309,7 @@ def run_size(
         for case in CASES:
             keys, case_run = runs.keys[case], runs.run_ids[case]
             newest = cast(list[bytes], client.zrevrange(keys.history(case_run), 0, 0))[0]
-            snapshot_bytes[case] = client.strlen(keys.snapshot(case_run, newest.decode()))
+            snapshot_bytes[case] = client.hstrlen(keys.snapshots(case_run), newest.decode())
         k, run = runs.keys[STORE], runs.run_ids[STORE]
         raw_k, raw_run = runs.keys[MULTI], runs.run_ids[MULTI]
         return SizeResult(
@@ -305,15 +317,66 @@ def run_size(
             stats={case: summarize(samples[case]) for case in CASES},
             snapshot_bytes=snapshot_bytes,
             commits=n + warmup,
-            snapshot_keys=count_keys(client, k.snapshot_prefix(run)),
+            snapshots=client.hlen(k.snapshots(run)),
             history_len=client.zcard(k.history(run)),
-            index_entries=client.hlen(k.checkpoints),
+            index_entries=client.hlen(k.checkpoints_of(run)),
             attempts=client.hlen(k.attempts(run)),
-            raw_snapshot_keys=count_keys(client, raw_k.snapshot_prefix(raw_run)),
+            raw_snapshots=client.hlen(raw_k.snapshots(raw_run)),
         )
     finally:
         provider.close()
         client.close()
+
+
+def run_cluster(
+    label: str, size: int, target: BenchRedis, ports: list[int], root: str, n: int, warmup: int
+) -> dict[str, Summary]:
+    """The store's commit on the local cluster beside the single Redis, at one state size."""
+    prefix = f"{root}:cluster:{size}"
+    single = RedisProvider(target.url, prefix=prefix, max_checkpoints=KEEP)
+    cluster = RedisProvider(
+        client=RedisCluster(host="127.0.0.1", port=ports[0]), prefix=prefix, max_checkpoints=KEEP
+    )
+    run_ids = {SINGLE: str(uuid.uuid4()), CLUSTER: str(uuid.uuid4())}
+    state = make_state(run_ids[SINGLE], size)
+
+    def case(provider: RedisProvider, name: str) -> Callable[[int], Callable[[], object]]:
+        def prepare(i: int) -> Callable[[], object]:
+            ckpt = make_checkpoint(run_ids[name], i, state)
+            return lambda: provider.commit(ckpt, max_checkpoints=KEEP)
+
+        return prepare
+
+    try:
+        samples = interleave(
+            {SINGLE: case(single, SINGLE), CLUSTER: case(cluster, CLUSTER)}, n=n, warmup=warmup
+        )
+    finally:
+        single.close()
+        cluster.close()
+    return {name: summarize(samples[name]) for name in (SINGLE, CLUSTER)}
+
+
+def report_cluster(results: dict[str, dict[str, Summary]] | None, n: int, warmup: int) -> None:
+    """Print the cluster table (or why it was skipped)."""
+    print(f"## Checkpoint commit on Redis Cluster ({n} commits per case after {warmup} warm-up)\n")
+    if results is None:
+        print("skipped: redis-server and redis-cli are needed on PATH to start a local cluster\n")
+        return
+    rows = []
+    for label, stats in results.items():
+        base = stats[SINGLE].p50
+        for name in (SINGLE, CLUSTER):
+            st = stats[name]
+            micros = [f"{st.p50:.0f}", f"{st.p95:.0f}", f"{st.mean:.0f}"]
+            rows.append([name, label, *micros, f"{st.p50 / base:.2f}x"])
+    print_table(CLUSTER_HEADERS, rows)
+    print(
+        "notes: the cluster is 3 masters on this machine's loopback, started for the run; the "
+        "commit is the same one EVALSHA (every key in the run's slot), routed by redis-py's "
+        "RedisCluster; the run index, checkpoint lookup and active runs are split into "
+        f"{CLUSTER_SHARDS} shards, one per slot group\n"
+    )
 
 
 def report(
@@ -335,17 +398,15 @@ def report(
         verdict = "PASS" if res.ratio <= TARGET else "FAIL"
         print(f"  {res.label:>5}: {res.ratio:.2f}x  {verdict}")
     print()
-    print(f"memory flatness: store run's snapshot keys (SCAN MATCH) with max_checkpoints={KEEP}")
+    print(f"memory flatness: what the store run keeps with max_checkpoints={KEEP}")
     for res in results:
         verdict = "PASS" if res.flat else "FAIL"
         print(
-            f"  {res.label:>5}: {res.snapshot_keys} snapshot keys after {res.commits} commits "
-            f"(history {res.history_len}, checkpoint index {res.index_entries})  {verdict}"
+            f"  {res.label:>5}: {res.snapshots} snapshots after {res.commits} commits "
+            f"(history {res.history_len}, checkpoint lookup {res.index_entries}, "
+            f"attempts {res.attempts})  {verdict}"
         )
-        print(
-            f"         attempts hash {res.attempts} entries (one per activation, not trimmed); "
-            f"raw MULTI/EXEC left {res.raw_snapshot_keys} snapshot keys"
-        )
+        print(f"         raw MULTI/EXEC left {res.raw_snapshots} snapshots")
     print()
     sizes = ", ".join(
         f"{res.label}: " + "/".join(str(res.snapshot_bytes[case]) for case in CASES)
@@ -358,9 +419,9 @@ def report(
         "json.dumps of model_dump(mode='json'), compact); building the Checkpoint is not timed"
     )
     print(
-        "- raw MULTI/EXEC: SET snapshot, ZADD history, HSET meta (7 fields), ZADD runs index, HSET "
-        f"checkpoint index, ZREMRANGEBYRANK history to {KEEP}; no DEL of trimmed snapshots, no "
-        "idempotency check, no attempts hash, no active-run index (the store does all of these)"
+        "- raw MULTI/EXEC: HSET snapshot, ZADD history, HSET meta (7 fields), ZADD runs index, "
+        f"HSET checkpoint index, ZREMRANGEBYRANK history to {KEEP}; no HDEL of trimmed snapshots, "
+        "no idempotency check, no attempts hash, no active-run index (the store does all of these)"
     )
     print(
         f"- cases interleaved per iteration in rotating order; GC off while timing; "
@@ -396,12 +457,23 @@ def main(argv: list[str] | None = None) -> int:
                     run_size(label, size, target, root, args.n, args.warmup)
                     for label, size in SIZES.items()
                 ]
+                clustered = None
+                if cluster_tools():
+                    with local_cluster() as ports:
+                        clustered = {
+                            label: run_cluster(
+                                label, size, target, ports, root, args.n, args.warmup
+                            )
+                            for label, size in SIZES.items()
+                        }
             finally:
                 removed = delete_prefix(admin, root + ":")
                 left = count_keys(admin, root + ":")
                 admin.close()
             report(target, version, results, args.n, args.warmup)
             print(f"- cleanup: removed {removed} keys under {root}:, {left} left")
+            print()
+            report_cluster(clustered, args.n, args.warmup)
     except StoreUnavailable as exc:
         print(f"store_commit: {exc}", file=sys.stderr)
         return 1

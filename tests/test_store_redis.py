@@ -1,8 +1,10 @@
-"""Redis-specific store behaviour: corrupt snapshots and an unreachable server are named errors."""
+"""Redis-specific store behaviour: corrupt snapshots and an unreachable server are named errors;
+snapshots of the earlier layout are upgraded."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -13,7 +15,7 @@ from runner.store.redis import RedisProvider
 
 
 @pytest.fixture
-def store(redis_url: str, prefix: str) -> RedisProvider:
+def store(redis_url: str, prefix: str) -> Iterator[RedisProvider]:
     provider = RedisProvider(redis_url, prefix=prefix)
     yield provider
     for key in provider.client.scan_iter(f"{prefix}:*"):
@@ -26,7 +28,7 @@ def test_a_corrupt_snapshot_is_a_named_error_and_other_runs_still_read(
 ) -> None:
     bad = store.commit(Checkpoint(run_id="bad", event="flow_started", state={"id": "bad"}))
     good = store.commit(Checkpoint(run_id="good", event="flow_started", state={"id": "good"}))
-    store.client.set(store.keys.snapshot("bad", bad.id), b'{"seq": 1, "run_id": ')
+    store.client.hset(store.keys.snapshots("bad"), bad.id, b'{"seq": 1, "run_id": ')
 
     with pytest.raises(CorruptCheckpoint) as info:
         store.get(bad.id)
@@ -67,3 +69,20 @@ def test_a_client_passed_in_is_used_as_given(redis_url: str, prefix: str) -> Non
     assert store.latest("r") is not None
     store.delete_run("r")
     store.close()
+
+
+def test_upgrade_moves_snapshots_of_the_earlier_one_key_per_snapshot_layout(
+    store: RedisProvider,
+) -> None:
+    made = [store.commit(Checkpoint(run_id="old", event="step", state={"n": i})) for i in range(3)]
+    client, snaps = store.client, store.keys.snapshots("old")
+    for ckpt in made:  # as an earlier version wrote them: one string key per snapshot
+        client.set(store.keys.run("old", f"ckpt:{ckpt.id}"), client.hget(snaps, ckpt.id))
+    client.delete(snaps)
+    assert store.history("old") == []
+
+    assert store.upgrade() == 3
+    assert store.upgrade() == 0
+    assert store.history("old") == list(reversed(made))
+    assert store.latest("old") == made[-1]
+    assert not list(client.scan_iter(match=store.keys.run("old", "ckpt:*")))

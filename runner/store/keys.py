@@ -1,50 +1,69 @@
 """Every Redis key the runner uses, built in one place.
 
-Layout (``P`` is the deployment prefix, default ``runner``; ``{R}`` is the run id
-as a Redis Cluster hash tag, so all keys of one run live in one slot):
+Layout (``P`` is the deployment prefix, default ``runner``; ``{T}`` is the run's hash tag,
+so every key of one run lives in one Redis Cluster slot):
 
-======================  ======  ==============================================
-key                     type    holds
-======================  ======  ==============================================
-``P:{R}:meta``          hash    run metadata (:class:`RunInfo` fields)
-``P:{R}:history``       zset    checkpoint ids scored by sequence number
-``P:{R}:ckpt:<id>``     string  one checkpoint snapshot, JSON
-``P:{R}:attempts``      hash    activation -> ``token|checkpoint id`` (idempotency, fencing)
-``P:{R}:acts``          hash    checkpoint id -> the activation it committed (trimming)
-``P:{R}:pins``          set     checkpoint ids a fork points to (never pruned)
-``P:{R}:dispatched``    hash    activation -> when it was last sent (or its retry is due)
-``P:{R}:leases``        zset    running activations scored by lease expiry
-``P:{R}:owners``        hash    activation -> attempt token holding its lease
-``P:runs``              zset    run ids scored by last update (the run index)
-``P:ckpts``             hash    checkpoint id -> run id (lookup by checkpoint id)
-``P:active``            zset    run ids whose status is ``running`` (recovery scans it)
-``P:<name>-lock``       string  a deployment-wide lock (``recover``: the recovery pass)
-``P:{R}:stopped``       channel pub/sub: the run's new status when it stops running
-======================  ======  ==============================================
+=========================  ======  ===========================================================
+key                        type    holds
+=========================  ======  ===========================================================
+``P:{T}:meta``             hash    run metadata (:class:`RunInfo` fields) and its ``epoch``
+``P:{T}:history``          zset    checkpoint ids scored by sequence number
+``P:{T}:snaps``            hash    checkpoint id -> snapshot JSON
+``P:{T}:attempts``         hash    activation -> ``token|checkpoint id`` (idempotency, fencing)
+``P:{T}:acts``             hash    checkpoint id -> the activation it committed (trimming)
+``P:{T}:pins``             set     checkpoint ids a fork points to (never pruned)
+``P:{T}:dispatched``       hash    activation -> when it was last sent (or its retry is due)
+``P:{T}:leases``           zset    running activations scored by lease expiry
+``P:{T}:owners``           hash    activation -> attempt token holding its lease
+``P:{T}:stopped``          channel pub/sub: the run's new status when it stops running
+``P:[{S}:]runs``           zset    run ids scored by last update (the run index)
+``P:[{S}:]ckpts``          hash    checkpoint id -> run id (lookup by checkpoint id)
+``P:[{S}:]active``         zset    run ids whose status is ``running`` (recovery scans it)
+``P:<name>-lock``          string  a deployment-wide lock (``recover``: the recovery pass)
+=========================  ======  ===========================================================
 
-The ``P:runs``/``P:ckpts``/``P:active`` index keys are global: the commit script writes
-them together with the run's keys, which a single Redis (and Sentinel) allows;
-on Redis Cluster they are the only cross-slot keys.
+On a single Redis (``shards=0``) the tag ``{T}`` is the run id (``P:{R}:meta``) and the
+three indexes are single keys. On Redis Cluster (``shards=N``) every run belongs to one of
+``N`` shards by a hash of its id; its tag is the shard's (``P:{sK}:R:meta``) and each index
+is split into one key per shard, tagged alike (``P:{sK}:runs``). Either way every script
+touches the keys of one run and its own shard's index entries: one slot, every key declared.
+Reading the whole run list, the checkpoint lookup or the active runs reads every shard
+(one pipeline).
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
+
+CLUSTER_SHARDS = 64
+"""Index shards on Redis Cluster: runs spread over up to this many slots. Fixed, because
+every process of a deployment must agree on it."""
 
 
 @dataclass(frozen=True)
 class Keys:
-    """Key builder for one deployment prefix."""
+    """Key builder for one deployment prefix (``shards``: 0 = single Redis)."""
 
     prefix: str = "runner"
+    shards: int = 0
+
+    def shard(self, run_id: str) -> int:
+        """The index shard of ``run_id`` (always 0 on a single Redis)."""
+        return zlib.crc32(run_id.encode()) % self.shards if self.shards else 0
 
     def run(self, run_id: str, part: str) -> str:
-        """A per-run key: ``P:{run_id}:part``."""
+        """A per-run key: ``P:{run_id}:part``, or ``P:{sK}:run_id:part`` when sharded."""
+        if self.shards:
+            return f"{self.prefix}:{{s{self.shard(run_id)}}}:{run_id}:{part}"
         return f"{self.prefix}:{{{run_id}}}:{part}"
 
     def run_pattern(self, run_id: str) -> str:
         """A SCAN ``MATCH`` pattern of every per-run key of ``run_id``."""
-        return self.run(_glob_escape(run_id), "*")
+        escaped = _glob_escape(run_id)
+        if self.shards:
+            return f"{self.prefix}:{{s{self.shard(run_id)}}}:{escaped}:*"
+        return f"{self.prefix}:{{{escaped}}}:*"
 
     def meta(self, run_id: str) -> str:
         """The run's metadata hash."""
@@ -54,13 +73,9 @@ class Keys:
         """The run's checkpoint history sorted set."""
         return self.run(run_id, "history")
 
-    def snapshot_prefix(self, run_id: str) -> str:
-        """Prefix of the run's snapshot keys (the id is appended)."""
-        return self.run(run_id, "ckpt:")
-
-    def snapshot(self, run_id: str, checkpoint_id: str) -> str:
-        """One checkpoint snapshot."""
-        return self.snapshot_prefix(run_id) + checkpoint_id
+    def snapshots(self, run_id: str) -> str:
+        """The run's snapshots: checkpoint id -> JSON."""
+        return self.run(run_id, "snaps")
 
     def attempts(self, run_id: str) -> str:
         """Committed activations and their attempt tokens."""
@@ -90,24 +105,51 @@ class Keys:
         """Pub/sub channel told the run's status when it stops running (``RunHandle.wait``)."""
         return self.run(run_id, "stopped")
 
-    @property
-    def active(self) -> str:
-        """Runs whose status is running."""
-        return f"{self.prefix}:active"
-
     def lock(self, name: str) -> str:
         """A deployment-wide lock (``recover``: the periodic recovery pass)."""
         return f"{self.prefix}:{name}-lock"
 
+    # -- indexes: one key each on a single Redis, one per shard on Redis Cluster ---------------
+
+    def runs_of(self, run_id: str) -> str:
+        """The run index (shard) that lists ``run_id``."""
+        return self._index(self.shard(run_id), "runs")
+
+    def checkpoints_of(self, run_id: str) -> str:
+        """The checkpoint lookup (shard) holding ``run_id``'s checkpoint ids."""
+        return self._index(self.shard(run_id), "ckpts")
+
+    def active_of(self, run_id: str) -> str:
+        """The active-run index (shard) that lists ``run_id`` while it runs."""
+        return self._index(self.shard(run_id), "active")
+
+    def all_runs(self) -> list[str]:
+        """Every shard of the run index."""
+        return self._every("runs")
+
+    def all_checkpoints(self) -> list[str]:
+        """Every shard of the checkpoint lookup."""
+        return self._every("ckpts")
+
+    def all_active(self) -> list[str]:
+        """Every shard of the active-run index."""
+        return self._every("active")
+
     @property
     def runs(self) -> str:
-        """The global run index."""
-        return f"{self.prefix}:runs"
+        """The run index of a single Redis (``shards=0``)."""
+        return self._index(0, "runs")
 
     @property
     def checkpoints(self) -> str:
-        """The global checkpoint id -> run id lookup."""
-        return f"{self.prefix}:ckpts"
+        """The checkpoint lookup of a single Redis (``shards=0``)."""
+        return self._index(0, "ckpts")
+
+    def _index(self, shard: int, name: str) -> str:
+        return f"{self.prefix}:{{s{shard}}}:{name}" if self.shards else f"{self.prefix}:{name}"
+
+    def _every(self, name: str) -> list[str]:
+        return [self._index(shard, name) for shard in range(max(self.shards, 1))]
 
 
 def _glob_escape(text: str) -> str:

@@ -11,6 +11,8 @@ unreachable server is :class:`~runner.errors.StoreUnavailable` naming the
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -19,6 +21,7 @@ from typing import Any, TypeVar
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from runner.embedded import mask_url
@@ -33,30 +36,44 @@ from runner.errors import (
 from runner.store import scripts
 from runner.store._common import conflict, decode, decode_info, forked, run_info_after
 from runner.store.base import BeginOutcome, Begun, Coordination
-from runner.store.keys import Keys
+from runner.store.keys import CLUSTER_SHARDS, Keys
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
 T = TypeVar("T")
 
 _EXCLUDE_SEQ = {"seq"}
 _INFO_FIELDS = frozenset(RunInfo.model_fields)
+_RUN_KEYS = (
+    Keys.snapshots,
+    Keys.attempts,
+    Keys.acts,
+    Keys.pins,
+    Keys.dispatched,
+    Keys.leases,
+    Keys.owners,
+)
+"""Per-run keys besides meta and history (which :data:`~runner.store.scripts.DELETE_RUN`
+names first)."""
 _EVERY_COMMIT = ("event", "step", "error", "flow")
 """Metadata set by every commit besides what the script sets (seq, latest, status, updated_at)."""
 _NEW_RUN = ("name", "parent_run_id", "parent_checkpoint_id", "branch")
 """Metadata set when a commit creates the run besides the script's (run_id, created_at)."""
-_SEQ_SLOT = '{"seq":' + " " * 12 + ","
-"""Snapshots open with a fixed-width slot the commit script writes the sequence number into
-(JSON allows the spaces), so the script never copies the snapshot to add it."""
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+"""URL schemes of a Redis Cluster (``redis+cluster://host:port``: any node of it)."""
 
 
 class RedisProvider:
-    """Checkpoint store on Redis; see :class:`~runner.store.base.CheckpointStore`."""
+    """Checkpoint store on Redis or Redis Cluster; see :class:`~runner.store.base.CoordinatedStore`.
+
+    A ``redis+cluster://`` URL or a ``redis.cluster.RedisCluster`` client selects the
+    cluster layout (:data:`~runner.store.keys.CLUSTER_SHARDS` index shards).
+    """
 
     def __init__(
         self,
         url: str | None = None,
         *,
-        client: redis.Redis | None = None,
+        client: redis.Redis | RedisCluster | None = None,
         prefix: str | None = None,
         max_checkpoints: int | None = None,
         patient: bool = False,
@@ -71,10 +88,11 @@ class RedisProvider:
                 from runner.embedded import resolve_redis_url
 
                 url = resolve_redis_url(settings.redis_url)
-            client = redis.Redis.from_url(url, retry=_retry(patient))
+            client = _connect(url, patient)
         self.url = url or _client_url(client)
         self.client: Any = client
-        self.keys = Keys(prefix if prefix is not None else settings.prefix)
+        shards = CLUSTER_SHARDS if isinstance(client, RedisCluster) else 0
+        self.keys = Keys(prefix if prefix is not None else settings.prefix, shards)
         self.max_checkpoints = (
             settings.max_checkpoints if max_checkpoints is None else max_checkpoints
         )
@@ -86,6 +104,7 @@ class RedisProvider:
         self._renew = client.register_script(scripts.RENEW)
         self._take_over = client.register_script(scripts.TAKE_OVER)
         self._release = client.register_script(scripts.RELEASE)
+        self._upgrade = client.register_script(scripts.UPGRADE_RUN)
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -106,7 +125,7 @@ class RedisProvider:
         k, run = self.keys, checkpoint.run_id
         keep = self.max_checkpoints if max_checkpoints is None else max_checkpoints
         keep = max(keep, 0)
-        body = _SEQ_SLOT + checkpoint.model_dump_json(exclude=_EXCLUDE_SEQ)[1:]
+        body = checkpoint.model_dump_json(exclude=_EXCLUDE_SEQ)[1:]
         now = time.time()
         always, once = _meta_fields(checkpoint, now)
         reply = self._call(
@@ -114,15 +133,16 @@ class RedisProvider:
             [
                 k.meta(run),
                 k.history(run),
+                k.snapshots(run),
                 k.attempts(run),
+                k.acts(run),
                 k.pins(run),
-                k.runs,
-                k.checkpoints,
-                k.active,
                 k.leases(run),
                 k.owners(run),
                 k.dispatched(run),
-                k.acts(run),
+                k.runs_of(run),
+                k.checkpoints_of(run),
+                k.active_of(run),
             ],
             [
                 checkpoint.id,
@@ -133,12 +153,11 @@ class RedisProvider:
                 keep,
                 repr(now),
                 run,
-                k.snapshot_prefix(run),
                 checkpoint.status.value,
+                checkpoint.meta.epoch,
                 len(always),
                 len(once),
                 len(dispatching),
-                checkpoint.meta.epoch,
                 *_pairs(always),
                 *_pairs(once),
                 *dispatching,
@@ -165,7 +184,7 @@ class RedisProvider:
         encoded = {key: _field(value) for key, value in fields.items()}
         ok = self._call(
             self._update,
-            [self.keys.meta(run_id), self.keys.runs, self.keys.active],
+            [self.keys.meta(run_id), self.keys.runs_of(run_id), self.keys.active_of(run_id)],
             [run_id, repr(time.time()), json.dumps(encoded)],
         )
         if not ok:
@@ -180,35 +199,43 @@ class RedisProvider:
         keys = [
             k.meta(run_id),
             k.history(run_id),
-            k.attempts(run_id),
-            k.pins(run_id),
-            k.dispatched(run_id),
-            k.leases(run_id),
-            k.runs,
-            k.checkpoints,
-            k.active,
-            k.owners(run_id),
-            k.acts(run_id),
+            k.runs_of(run_id),
+            k.checkpoints_of(run_id),
+            k.active_of(run_id),
+            *(part(k, run_id) for part in _RUN_KEYS),
         ]
-        return bool(self._call(self._delete, keys, [run_id, k.snapshot_prefix(run_id)]))
+        return bool(self._call(self._delete, keys, [run_id]))
 
     def prune(self, run_id: str, keep: int, *, dry_run: bool = False) -> list[str]:
         """Delete all but the newest ``keep`` checkpoints, sparing fork points."""
         k = self.keys
-        keep = max(keep, 1)
         gone = self._call(
             self._prune,
             [
                 k.history(run_id),
-                k.pins(run_id),
-                k.checkpoints,
+                k.snapshots(run_id),
+                k.checkpoints_of(run_id),
                 k.acts(run_id),
                 k.attempts(run_id),
                 k.dispatched(run_id),
+                k.pins(run_id),
             ],
-            [keep, k.snapshot_prefix(run_id), "1" if dry_run else "0"],
+            [max(keep, 1), "1" if dry_run else "0"],
         )
         return [item.decode() for item in gone]
+
+    def upgrade(self) -> int:
+        """Move snapshots an earlier version wrote (one string key each, ``P:{R}:ckpt:<id>``)
+        into the runs' snapshot hashes; the number moved. Safe to run again."""
+        moved = 0
+        for run_id in self._every_run():
+            ids = [raw.decode() for raw in self._history_ids(run_id)]
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                old = [self.keys.run(run_id, f"ckpt:{cid}") for cid in chunk]
+                keys = [self.keys.snapshots(run_id), *old]
+                moved += int(self._call(self._upgrade, keys, chunk))
+        return moved
 
     def fork(
         self,
@@ -232,7 +259,16 @@ class RedisProvider:
 
     def get(self, checkpoint_id: str) -> Checkpoint:
         """The checkpoint with this id (``CheckpointNotFound`` if none)."""
-        run = self._guard(lambda: self.client.hget(self.keys.checkpoints, checkpoint_id))
+
+        def lookup() -> list[Any]:
+            if not self.keys.shards:
+                return [self.client.hget(self.keys.checkpoints, checkpoint_id)]
+            pipe = self.client.pipeline(transaction=False)
+            for key in self.keys.all_checkpoints():
+                pipe.hget(key, checkpoint_id)
+            return pipe.execute()
+
+        run = next((found for found in self._guard(lookup) if found is not None), None)
         if run is None:
             raise CheckpointNotFound(f"no checkpoint {checkpoint_id}", checkpoint_id=checkpoint_id)
         return self._get_in_run(run.decode(), checkpoint_id)
@@ -250,8 +286,7 @@ class RedisProvider:
         )
         if not ids:
             return []
-        names = [self.keys.snapshot(run_id, raw.decode()) for raw in ids]
-        blobs = self._guard(lambda: self.client.mget(names))
+        blobs = self._guard(lambda: self.client.hmget(self.keys.snapshots(run_id), ids))
         pairs = zip(ids, blobs, strict=True)
         return [decode(blob, raw.decode(), "Redis") for raw, blob in pairs if blob]
 
@@ -263,7 +298,7 @@ class RedisProvider:
         start, page = offset if status is None else 0, max(limit, 100)
         skipped = 0
         while len(found) < limit:
-            ids = self._page(self.keys.runs, start, page)
+            ids = self._page(start, page)
             if not ids:
                 break
             for info in self._infos([raw.decode() for raw in ids]):
@@ -354,8 +389,14 @@ class RedisProvider:
 
     def active_runs(self) -> list[str]:
         """Ids of runs whose status is running."""
-        raw = self._guard(lambda: self.client.zrange(self.keys.active, 0, -1))
-        return [r.decode() for r in raw]
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for key in self.keys.all_active():
+                pipe.zrange(key, 0, -1)
+            return pipe.execute()
+
+        return [r.decode() for shard in self._guard(fetch) for r in shard]
 
     def try_lock(self, name: str, ttl: float) -> bool:
         """Take the deployment-wide lock ``name`` for ``ttl`` seconds unless another holds it."""
@@ -380,13 +421,45 @@ class RedisProvider:
 
     def _begin_script(self, run_id: str, args: list[str]) -> Begun:
         k = self.keys
-        keys = [k.history(run_id), k.attempts(run_id), k.leases(run_id), k.owners(run_id)]
-        blob, outcome, *holder = self._call(self._begin, keys, [k.snapshot_prefix(run_id), *args])
+        keys = [
+            k.history(run_id),
+            k.snapshots(run_id),
+            k.attempts(run_id),
+            k.leases(run_id),
+            k.owners(run_id),
+        ]
+        blob, outcome, *holder = self._call(self._begin, keys, args)
         latest = None if blob is None else decode(blob, f"(latest of run {run_id})", "Redis")
         return Begun(latest, BeginOutcome(outcome.decode()), holder[0].decode() if holder else "")
 
-    def _page(self, key: str, start: int, count: int) -> list[bytes]:
-        return self._guard(lambda: self.client.zrevrange(key, start, start + count - 1))
+    def _page(self, start: int, count: int) -> list[bytes]:
+        """Run ids ``start`` .. ``start + count`` of the run index, newest update first."""
+        if not self.keys.shards:
+            key = self.keys.runs
+            return self._guard(lambda: self.client.zrevrange(key, start, start + count - 1))
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for key in self.keys.all_runs():
+                pipe.zrevrange(key, 0, start + count - 1, withscores=True)
+            return pipe.execute()
+
+        merged = heapq.merge(*self._guard(fetch), key=lambda pair: -pair[1])
+        return [run for run, _ in itertools.islice(merged, start, start + count)]
+
+    def _every_run(self) -> list[str]:
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for key in self.keys.all_runs():
+                pipe.zrange(key, 0, -1)
+            return pipe.execute()
+
+        return [raw.decode() for shard in self._guard(fetch) for raw in shard]
+
+    def _history_ids(self, run_id: str) -> list[bytes]:
+        key = self.keys.history(run_id)
+        ids: list[bytes] = self._guard(lambda: self.client.zrange(key, 0, -1))
+        return ids
 
     def _infos(self, run_ids: list[str]) -> list[RunInfo]:
         def fetch() -> list[Any]:
@@ -406,7 +479,8 @@ class RedisProvider:
     def _get_in_run(
         self, run_id: str, checkpoint_id: str, default: Checkpoint | None = None
     ) -> Checkpoint:
-        blob = self._guard(lambda: self.client.get(self.keys.snapshot(run_id, checkpoint_id)))
+        key = self.keys.snapshots(run_id)
+        blob = self._guard(lambda: self.client.hget(key, checkpoint_id))
         if blob is None:
             if default is not None:
                 return default
@@ -430,6 +504,15 @@ class RedisProvider:
             ) from None
         except redis.RedisError as exc:
             raise StoreError(f"Redis error: {exc}") from None
+
+
+def _connect(url: str, patient: bool) -> Any:
+    """A client for ``url``: a :class:`RedisCluster` for the ``redis+cluster`` schemes."""
+    for scheme in CLUSTER_SCHEMES:
+        if url.startswith(scheme):
+            plain = url.replace("+cluster", "", 1)
+            return RedisCluster.from_url(plain, retry=_retry(patient))
+    return redis.Redis.from_url(url, retry=_retry(patient))
 
 
 def _retry(patient: bool) -> Retry:
@@ -465,7 +548,10 @@ def _meta_fields(ckpt: Checkpoint, now: float) -> tuple[dict[str, str], dict[str
     return always, once
 
 
-def _client_url(client: redis.Redis) -> str:
+def _client_url(client: redis.Redis | RedisCluster) -> str:
+    if isinstance(client, RedisCluster):
+        node = client.get_default_node()
+        return f"redis+cluster://{node.host}:{node.port}"
     kw = client.connection_pool.connection_kwargs
     if "path" in kw:
         return f"unix://{kw['path']}?db={kw.get('db', 0)}"

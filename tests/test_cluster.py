@@ -1,0 +1,108 @@
+"""The store on a real Redis Cluster: the whole conformance suite, and one slot per script.
+
+A module fixture starts three ``redis-server --cluster-enabled yes`` masters on free
+loopback ports (data in a temporary directory), joins them with ``redis-cli --cluster
+create`` and stops them afterwards (:func:`bench._cluster.local_cluster`, shared with the
+benchmark). Every test of :mod:`tests.test_store_conformance` that takes a store runs here
+again against a :class:`RedisProvider` built on ``redis.cluster.RedisCluster``; Redis
+Cluster refuses a script whose keys span two slots (``CROSSSLOT``), so passing them shows
+that every script stays in one slot. Skipped with a reason when ``redis-server`` or
+``redis-cli`` is not installed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from redis.cluster import RedisCluster
+
+import tests.test_store_conformance as conformance
+from bench._cluster import cluster_tools, local_cluster
+from runner import ids
+from runner.store.keys import CLUSTER_SHARDS
+from runner.store.models import Checkpoint
+from runner.store.redis import RedisProvider
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not cluster_tools(),
+        reason="redis-server and redis-cli are needed to start a local cluster",
+    ),
+]
+
+MASTERS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    """Ports of three running, joined cluster masters; stopped afterwards."""
+    with local_cluster(MASTERS, tmp_path_factory.mktemp("cluster")) as ports:
+        yield ports
+
+
+def _cluster_store(ports: list[int], prefix: str, **kwargs: Any) -> RedisProvider:
+    client = RedisCluster(host="127.0.0.1", port=ports[0])
+    return RedisProvider(client=client, prefix=prefix, **kwargs)
+
+
+@pytest.fixture
+def open_store(cluster_nodes: list[int], prefix: str) -> Iterator[Callable[..., RedisProvider]]:
+    """Opens cluster stores on one prefix, closing them afterwards."""
+    opened: list[RedisProvider] = []
+
+    def opener(**kwargs: Any) -> RedisProvider:
+        store = _cluster_store(cluster_nodes, prefix, **kwargs)
+        opened.append(store)
+        return store
+
+    yield opener
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(open_store: Callable[..., RedisProvider]) -> RedisProvider:
+    return open_store(max_checkpoints=0)
+
+
+@pytest.fixture
+def coord_store(open_store: Callable[..., RedisProvider]) -> RedisProvider:
+    return open_store(max_checkpoints=0)
+
+
+def _takes_a_store(fn: Any) -> bool:
+    return bool({"store", "open_store", "coord_store"} & set(inspect.signature(fn).parameters))
+
+
+# The conformance suite, collected here again with this module's cluster fixtures.
+for _name, _test in vars(conformance).items():
+    if _name.startswith("test_") and callable(_test) and _takes_a_store(_test):
+        globals()[_name] = _test
+
+
+def test_a_cluster_store_spreads_runs_over_the_masters_and_finds_them_all(store):
+    runs = [ids.run_id() for _ in range(40)]
+    made = {run: store.commit(Checkpoint(run_id=run, event="flow_started")) for run in runs}
+
+    slots = {store.client.keyslot(store.keys.meta(run)) for run in runs}
+    nodes = {store.client.get_node_from_key(store.keys.meta(run)).name for run in runs}
+    assert len(slots) > 1 and len(nodes) == MASTERS
+    assert {info.run_id for info in store.runs(limit=100)} == set(runs)
+    for first in made.values():
+        assert store.get(first.id) == first
+    assert store.keys.shards == CLUSTER_SHARDS
+
+
+def test_the_cluster_url_scheme_builds_a_cluster_client(cluster_nodes, prefix):
+    store = RedisProvider(f"redis+cluster://127.0.0.1:{cluster_nodes[1]}", prefix=prefix)
+    try:
+        assert isinstance(store.client, RedisCluster)
+        first = store.commit(Checkpoint(run_id=ids.run_id(), event="flow_started"))
+        assert store.latest(first.run_id) == first
+        assert "redis+cluster://127.0.0.1" in store.url
+    finally:
+        store.close()
