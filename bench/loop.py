@@ -139,11 +139,14 @@ class SizingProvider(RedisProvider):
         super().__init__(*args, **kwargs)
         self.sizes: dict[int, int] = {}
         self.marks = {f"loop#{k}": k for k in MARKS}
+        self.sample = ""
+        """The JSON of the first mark's checkpoint (the raw baseline writes it)."""
 
     def commit(self, checkpoint: Checkpoint, **kwargs: Any) -> Checkpoint:
         if checkpoint.activation in self.marks:
-            size = len(checkpoint.model_dump_json().encode())
-            self.sizes[self.marks[checkpoint.activation]] = size
+            body = checkpoint.model_dump_json()
+            self.sizes[self.marks[checkpoint.activation]] = len(body.encode())
+            self.sample = self.sample or body
         return super().commit(checkpoint, **kwargs)
 
 
@@ -212,29 +215,32 @@ def langgraph_runner(tmp: Path) -> Callable[[int, bool], Run] | None:
     return run
 
 
-def raw_runner(client: redis.Redis, prefix: str) -> Callable[[int, bool], Run]:
-    """The fallback baseline: per iteration two raw MULTI/EXECs of a checkpoint's writes."""
+def raw_runner(
+    client: redis.Redis, prefix: str, provider: SizingProvider
+) -> Callable[[int, bool], Run]:
+    """The fallback baseline: per iteration two raw MULTI/EXECs of a checkpoint's writes
+    (SET snapshot, ZADD history, HSET run meta), the snapshot being one of ours."""
 
     def run(iterations: int, sizes: bool) -> Run:
-        flow = LoopFlow()  # only for a realistic checkpoint body
-        body = {"run_id": "", "event": "method_execution_finished", "state": {}, "seq": 0}
-        run_key, stamps, state = f"{prefix}:raw-{uuid.uuid4().hex[:8]}", [], flow._dump()
+        doc = json.loads(provider.sample)  # our checkpoint at the first mark, run before
+        run_key, stamps = f"{prefix}:raw-{uuid.uuid4().hex[:8]}", []
         with no_gc():
             began = time.perf_counter()
             for i in range(1, iterations + 1):
                 stamps.append(time.perf_counter())
                 for seq in (2 * i, 2 * i + 1):
-                    state = {**state, "counter": i}
-                    doc = json.dumps({**body, "id": ids.checkpoint_id(), "state": state})
+                    state = {**doc["state"], "counter": i}
+                    fields = {"id": ids.checkpoint_id(), "seq": seq, "state": state}
+                    body = json.dumps({**doc, **fields}, separators=(",", ":"))
                     pipe = client.pipeline(transaction=True)
-                    pipe.set(f"{run_key}:ckpt:{seq}", doc)
+                    pipe.set(f"{run_key}:ckpt:{seq}", body)
                     pipe.zadd(f"{run_key}:history", {str(seq): seq})
                     pipe.hset(f"{run_key}:meta", mapping={"seq": seq, "updated_at": time.time()})
                     pipe.execute()
             total = time.perf_counter() - began
         result = Run(stamps, total)
         if sizes:
-            result.sizes = {k: len(doc) for k in MARKS if k <= iterations}
+            result.sizes = {k: len(body.encode()) for k in MARKS if k <= iterations}
         return result
 
     return run
@@ -338,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                 other = langgraph_runner(Path(tmp))
                 if other is None:
                     baseline = "raw MULTI/EXEC (langgraph not installed)"
-                    other = raw_runner(admin, prefix)
+                    other = raw_runner(admin, prefix, provider)
                 ours: list[Run] = []
                 base: list[Run] = []
                 for i in range(args.repeat):
