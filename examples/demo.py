@@ -52,12 +52,13 @@ def _redis(stack: contextlib.ExitStack) -> tuple[str, bool]:
         ping(dev.redis_url)
         _say(f"using the Redis of `runner dev` at {dev.redis_url}")
         return dev.redis_url, False
-    # The port of the last `runner dev` here (if any): what `runner dev` reuses afterwards.
-    last = dev.redis_url if dev is not None and dev.path.parent == home else ""
-    port = int(last.rsplit(":", 1)[1].split("/")[0]) if last else 0
+    # The port and server of the last `runner dev` here (if any), as `runner dev` reuses them.
+    last = dev if dev is not None and dev.path.parent == home else None
+    port = int(last.redis_url.rsplit(":", 1)[1].split("/")[0]) if last else 0
+    exe = last.redis_server if last and last.redis_server else None
     home.mkdir(parents=True, exist_ok=True)
-    server = stack.enter_context(EmbeddedRedis(data_dir=home / "redis", port=port))
-    write_dev(home, server.url)
+    server = stack.enter_context(EmbeddedRedis(data_dir=home / "redis", port=port, executable=exe))
+    write_dev(home, server)
     _say(f"started an embedded Redis on {server.url} (AOF on, data in {server.data_dir})")
     return server.url, True
 

@@ -90,6 +90,9 @@ class DevInstance:
     """The :data:`DEV_FILE` itself."""
     redis_url: str
     pid: int
+    redis_server: str | None = None
+    """The ``redis-server`` it ran: the next one on this data must run the same (an older
+    server cannot read a newer one's AOF and would start empty)."""
 
     @property
     def project(self) -> Path:
@@ -122,7 +125,8 @@ def find_dev(start: str | os.PathLike[str] | None = None) -> DevInstance | None:
             continue
         try:
             data = json.loads(path.read_text())
-            return DevInstance(path, str(data["redis_url"]), int(data["pid"]))
+            server = data.get("redis_server")
+            return DevInstance(path, str(data["redis_url"]), int(data["pid"]), server)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StoreUnavailable(
                 f"cannot read {path}: {exc}; remove it", path=str(path)
@@ -130,11 +134,13 @@ def find_dev(start: str | os.PathLike[str] | None = None) -> DevInstance | None:
     return None
 
 
-def write_dev(folder: Path, redis_url: str) -> Path:
-    """Record this process as the ``runner dev`` of ``folder``; returns the file written."""
+def write_dev(folder: Path, server: EmbeddedRedis) -> Path:
+    """Record this process and its ``server`` as the ``runner dev`` of ``folder``; returns
+    the file written."""
     path = folder / DEV_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"redis_url": redis_url, "pid": os.getpid()}) + "\n")
+    data = {"redis_url": server.url, "pid": os.getpid(), "redis_server": server.executable}
+    tmp.write_text(json.dumps(data) + "\n")
     tmp.replace(path)  # atomic: a reader sees the old file or the whole new one
     return path
 
@@ -206,10 +212,17 @@ def find_redis_server() -> str:
 class EmbeddedRedis:
     """A private ``redis-server`` on 127.0.0.1 with AOF on, owned and stopped by this process."""
 
-    def __init__(self, data_dir: str | os.PathLike[str] | None = None, port: int = 0) -> None:
-        """``port`` 0 takes a free one; a given port is tried first, then a free one."""
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        port: int = 0,
+        executable: str | None = None,
+    ) -> None:
+        """``port`` 0 takes a free one; a given port is tried first, then a free one.
+        ``executable``: the ``redis-server`` to run (default: :func:`find_redis_server`)."""
         self._given_dir = Path(data_dir) if data_dir else None
         self._given_port = port
+        self.executable = executable
         self.data_dir: Path | None = None
         """AOF and ``redis.log`` live here (a temp dir, removed on stop, unless one was given)."""
         self.port = 0
@@ -243,7 +256,7 @@ class EmbeddedRedis:
         """Start the server (no-op if running), wait until it answers PING; return its URL."""
         if self.running:
             return self.url
-        exe = find_redis_server()
+        exe = self.executable = self.executable or find_redis_server()
         self.data_dir = self._given_dir or Path(tempfile.mkdtemp(prefix="runner-redis-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = self.data_dir / "redis.log"

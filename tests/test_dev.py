@@ -301,7 +301,7 @@ def test_the_demo_leaves_a_run_whose_printed_commands_work_as_printed(tmp_path: 
     shell_env = bare_env()
     shell_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{shell_env.get('PATH', '')}"
     dev = DevProcess.start(
-        tmp_path, ["bash", "-c", f"exec {commands[0]} --no-flower --no-ui"], shell_env
+        tmp_path, ["bash", "-c", f"exec env {commands[0]} --no-flower --no-ui"], shell_env
     )
     try:
         exports = [c for c in commands[1:] if c.startswith("export ")]

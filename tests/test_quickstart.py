@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -83,7 +82,5 @@ def test_the_quick_start_works_as_pasted(tmp_path: Path) -> None:
     finally:
         if dev is not None:
             pid = dev.proc.pid
-            dev.proc.send_signal(signal.SIGINT)
-            dev.proc.wait(timeout=60)
-            time.sleep(0.2)
+            assert dev.stop(signal.SIGINT) == 0  # Ctrl-C in its terminal
             assert descendants(pid) == []

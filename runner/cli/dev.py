@@ -157,9 +157,11 @@ def _redis(
         )
     home.mkdir(parents=True, exist_ok=True)
     (home / ".gitignore").write_text("# runner dev's data: not for version control\n*\n")
-    server = EmbeddedRedis(data_dir=home / "redis", port=port or _last_port(last))
+    server = EmbeddedRedis(
+        data_dir=home / "redis", port=port or _last_port(last), executable=_last_server(last)
+    )
     stack.enter_context(server)
-    write_dev(home, server.url)
+    write_dev(home, server)
     _say(f"Redis {server.url} (AOF on, data in {home / 'redis'})")
     return server.url
 
@@ -171,6 +173,12 @@ def _last_port(last: DevInstance | None) -> int:
     with contextlib.suppress(ValueError, IndexError):
         return int(last.redis_url.rsplit(":", 1)[1].split("/")[0])
     return 0
+
+
+def _last_server(last: DevInstance | None) -> str | None:
+    # The same redis-server as last time: another one on PATH may be too old for its AOF.
+    exe = last.redis_server if last is not None else None
+    return exe if exe and os.access(exe, os.X_OK) else None
 
 
 def _child_env(settings: RunnerSettings, url: str, names: list[str]) -> dict[str, str]:
