@@ -219,6 +219,17 @@ def test_records_written_before_they_were_bounded_still_load() -> None:
         assert again == ckpt and "completed" not in json.loads(ckpt.model_dump_json())
 
 
+def test_a_view_of_a_checkpoint_with_its_copies_reads_back_as_the_checkpoint() -> None:
+    flow = LoopFlow()
+    graph = flow.graph()
+    record, _ = orch.begin(graph, ExecutionRecord())
+    for act, label in (("begin#1", None), ("left#1", None), ("right#1", None)):
+        record, _ = orch.complete(graph, record, act, 1, label)
+    ckpt = tr.with_record(tr.start(graph, "r", {"id": "r"}, flow="f", name="n").checkpoint, record)
+    view = {**ckpt.model_dump(mode="json"), "completed": ckpt.completed, "outputs": {}}
+    assert Checkpoint.model_validate(view) == ckpt
+
+
 def test_an_unreadable_old_record_is_one_validation_error() -> None:
     raw = json.loads((FIXTURES / "checkpoints_v1.json").read_text())["failed_history"][3]
     raw["record"]["causes"] = ["not", "a", "mapping"]

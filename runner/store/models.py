@@ -187,7 +187,13 @@ class ExecutionRecord(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("completed"), list):
+        # Today's records have ``done`` (and no ``completed`` of their own: a copy added
+        # beside one, as a view of the checkpoint does, is ignored).
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("completed"), list)
+            and "done" not in data
+        ):
             try:
                 return _from_history(data)
             except (TypeError, AttributeError) as exc:
