@@ -15,7 +15,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRETS = {"REDIS_PASSWORD": "0123abcd", "FLOWER_BASIC_AUTH": "admin:s3cret"}
+SECRETS = {
+    "REDIS_PASSWORD": "0123abcd",
+    "FLOWER_BASIC_AUTH": "admin:s3cret",
+    "RUNNER_UI_TOKEN": "t0ken",
+}
 
 needs_compose = pytest.mark.skipif(
     shutil.which("docker-compose") is None, reason="docker-compose not installed"
@@ -52,7 +56,7 @@ def services() -> dict[str, str]:
 @needs_compose
 def test_compose_file_parses_and_has_every_service(services: dict[str, str]) -> None:
     assert _compose("config", "-q").returncode == 0
-    assert {"redis", "worker", "flower", "producer"} <= set(services)
+    assert {"redis", "worker", "flower", "ui", "producer"} <= set(services)
 
 
 @needs_compose
@@ -69,7 +73,7 @@ def test_redis_is_not_published_and_needs_the_password(services: dict[str, str])
     assert "ports:" not in redis
     assert "--requirepass" in redis and "--appendonly yes" in redis
     assert f"REDIS_PASSWORD: {SECRETS['REDIS_PASSWORD']}" in redis
-    for name in ("worker", "flower", "producer"):
+    for name in ("worker", "flower", "ui", "producer"):
         url = f"RUNNER_REDIS_URL: redis://:{SECRETS['REDIS_PASSWORD']}@redis:6379/0"
         assert url in services[name], name
 
@@ -82,8 +86,13 @@ def test_flower_is_behind_basic_auth(services: dict[str, str]) -> None:
 
 
 @needs_compose
-def test_redis_worker_and_flower_have_healthchecks(services: dict[str, str]) -> None:
-    for name in ("redis", "worker", "flower"):
+def test_the_console_needs_its_token(services: dict[str, str]) -> None:
+    assert f"RUNNER_UI_TOKEN: {SECRETS['RUNNER_UI_TOKEN']}" in services["ui"]
+
+
+@needs_compose
+def test_redis_worker_flower_and_ui_have_healthchecks(services: dict[str, str]) -> None:
+    for name in ("redis", "worker", "flower", "ui"):
         assert "healthcheck:" in services[name], name
     assert "ping" in services["redis"]
     assert "inspect ping" in services["worker"]
