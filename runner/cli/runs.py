@@ -12,7 +12,7 @@ import typer
 from runner.distributed import client
 from runner.distributed.control import check_fields
 from runner.distributed.engine import Runtime
-from runner.errors import FlowImportError, RunTimeout
+from runner.errors import CorruptCheckpoint, FlowImportError, RunTimeout
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
 from . import progress, refs, render
@@ -266,7 +266,7 @@ def _children(rt: Any, latest: Checkpoint) -> list[dict[str, Any]]:
 
 def _child_infos(rt: Runtime, run_id: str) -> list[RunInfo]:
     """The child runs the run's steps started, in the order they were started."""
-    latest = rt.store.latest(run_id)
+    latest = _readable_latest(rt.store, run_id)
     links = latest.meta.children.values() if latest is not None else []
     return [info for link in links if (info := rt.store.run(link.run_id)) is not None]
 
@@ -285,8 +285,16 @@ def _tree(rt: Runtime, info: RunInfo) -> dict[str, Any]:
 
 
 def _is_top_level(store: Any, info: RunInfo) -> bool:
-    latest = store.latest(info.run_id)
+    latest = _readable_latest(store, info.run_id)
     return latest is None or latest.meta.parent is None
+
+
+def _readable_latest(store: Any, run_id: str) -> Checkpoint | None:
+    """The run's latest checkpoint; ``None`` if it cannot be read (a corrupt run still lists)."""
+    try:
+        return store.latest(run_id)
+    except CorruptCheckpoint:
+        return None
 
 
 def _select_runs(

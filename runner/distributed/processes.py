@@ -48,7 +48,10 @@ class WorkerProcess:
         log: str | os.PathLike[str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         stop_timeout: float = 15.0,
+        loglevel: str = "warning",
+        wrapper: list[str] | None = None,
     ) -> None:
+        """``wrapper``: a command the worker runs under (e.g. ``ip netns exec NAME``)."""
         self.env = {**os.environ, **env}
         self.app_module = app_module
         self.concurrency = concurrency
@@ -56,6 +59,8 @@ class WorkerProcess:
         self.log = Path(log) if log else None
         self.cwd = Path(cwd) if cwd else Path(__file__).resolve().parents[2]
         self.stop_timeout = stop_timeout
+        self.loglevel = loglevel
+        self.wrapper = list(wrapper or [])
         self.proc: subprocess.Popen[bytes] | None = None
         self.name = f"w-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
 
@@ -68,9 +73,9 @@ class WorkerProcess:
     def start(self, app: Celery | None = None, timeout: float = 30.0) -> WorkerProcess:
         """Start the worker; with ``app``, wait until it answers a ping."""
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        args = [sys.executable, "-m", "celery", "-A", self.app_module, "worker"]
+        args = [*self.wrapper, sys.executable, "-m", "celery", "-A", self.app_module, "worker"]
         args += ["-P", self.pool, "-c", str(self.concurrency), "-n", self.name]
-        args += ["--without-gossip", "--without-mingle", "-l", "warning"]
+        args += ["--without-gossip", "--without-mingle", "-l", self.loglevel]
         self.proc = subprocess.Popen(
             args, cwd=self.cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT
         )
