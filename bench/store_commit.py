@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/store_commit.py [--n 1000] [--warmup 100] [--url URL]
+    python bench/store_commit.py [--n 1000] [--warmup 100] [--big 20] [--url URL]
 
 For a flow state of 2 KB and of 50 KB, it times (``time.perf_counter``) ``--n`` commits of
 each case after ``--warmup`` untimed ones, the cases interleaved in rotating order:
@@ -29,6 +29,13 @@ Then the **Redis Cluster** table: the same store commits on a local cluster of t
 :mod:`bench._cluster`) beside the single Redis, interleaved in one run, p50 ratio cluster/single.
 Skipped with a note when ``redis-server``/``redis-cli`` are not on ``PATH``.
 
+Last, the **small change of a big state** table: a 5 MB state (5,000 pages of 1 KB and a
+100-byte summary) whose steps each change only the summary, committed ``--big`` times (after 2
+warm-up) by the store beside the whole-snapshot baseline (a raw HSET of the checkpoint's full
+JSON, what every checkpoint cost before the state was stored by field), interleaved. Per step:
+bytes sent to Redis (counted on the client's connection), bytes the step adds to Redis's memory
+(``MEMORY USAGE`` of the run's keys, every checkpoint kept), and p50 latency.
+
 Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 13 of 127.0.0.1:6379, else a private
 embedded server (see :mod:`bench._common`). Only keys under a fresh per-process prefix are
 written, and they are deleted at the end; no DB is flushed. Exits 0 whatever the verdicts (1 if
@@ -40,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 import uuid
@@ -67,6 +75,7 @@ try:
         print_table,
         summarize,
     )
+    from bench._wire import counted_client
 except ModuleNotFoundError:  # run as `python bench/store_commit.py`: bench/ is on sys.path
     from _cluster import cluster_tools, local_cluster  # type: ignore[no-redef]
     from _common import (  # type: ignore[no-redef]
@@ -79,6 +88,7 @@ except ModuleNotFoundError:  # run as `python bench/store_commit.py`: bench/ is 
         print_table,
         summarize,
     )
+    from _wire import counted_client  # type: ignore[no-redef]
 
 SIZES: dict[str, int] = {"2 KB": 2 * 1024, "50 KB": 50 * 1024}
 """State sizes benchmarked: label -> bytes of the state's JSON."""
@@ -98,6 +108,19 @@ HEADERS = ("case", "state", "p50 µs", "p95 µs", "mean µs", "ratio p50 vs raw 
 CLUSTER = "store on Redis Cluster (3 masters)"
 SINGLE = "store on a single Redis"
 CLUSTER_HEADERS = ("case", "state", "p50 µs", "p95 µs", "mean µs", "ratio p50 vs single")
+DELTA = "store: changed fields only"
+WHOLE = "whole snapshot (raw HSET of the full JSON)"
+DELTA_HEADERS = (
+    "case",
+    "bytes sent per step",
+    "bytes stored per step",
+    "p50 µs",
+    "sent vs whole snapshot",
+)
+BIG_PAGES, PAGE_BYTES, SUMMARY_BYTES = 5000, 1000, 100
+"""The big state: 5,000 pages of 1,000 bytes (5 MB) and a summary of 100 bytes."""
+DELTA_TARGET = 100_000
+"""A step changing the summary must send well under this many bytes."""
 
 MINIMAL_LUA = """
 -- KEYS[1] snapshots hash  KEYS[2] history zset  KEYS[3] meta hash
@@ -357,6 +380,116 @@ def run_cluster(
     return {name: summarize(samples[name]) for name in (SINGLE, CLUSTER)}
 
 
+@dataclass
+class DeltaResult:
+    """Bytes and latency per step of the big-state case."""
+
+    steps: int
+    sent: dict[str, float]
+    stored: dict[str, float]
+    stats: dict[str, Summary]
+    first_commit_bytes: int
+
+
+def run_delta(target: BenchRedis, root: str, steps: int) -> DeltaResult:
+    """The big state's steps through the store beside whole snapshots, interleaved."""
+    prefix = f"{root}:delta"
+    client, wire = counted_client(target.url)
+    raw_client, raw_wire = counted_client(target.url)
+    store = RedisProvider(client=client, prefix=prefix, max_checkpoints=0)
+    run, raw_run = str(uuid.uuid4()), str(uuid.uuid4())
+    raw_key = Keys(f"{prefix}:raw").snapshots(raw_run)
+    rng = random.Random(11)
+    pages = ["".join(rng.choices("abcdefghij", k=PAGE_BYTES)) for _ in range(BIG_PAGES)]
+
+    def big(run_id: str, i: int) -> Checkpoint:
+        summary = "".join(rng.choices("klmnopqrst", k=SUMMARY_BYTES))
+        state = {"id": run_id, "pages": pages, "summary": summary, "step": i}
+        return Checkpoint(run_id=run_id, event="method_execution_finished", state=state)
+
+    sent: dict[str, list[int]] = {DELTA: [], WHOLE: []}
+    try:
+        wire.reset()
+        store.commit(big(run, 0))
+        first = wire.bytes
+        before = _memory(client, store.keys.run_pattern(run))
+
+        def delta(i: int) -> Callable[[], object]:
+            ckpt = big(run, i + 1)
+
+            def call() -> object:
+                wire.reset()
+                done = store.commit(ckpt)
+                sent[DELTA].append(wire.bytes)
+                return done
+
+            return call
+
+        def whole(i: int) -> Callable[[], object]:
+            ckpt = big(raw_run, i + 1)
+
+            def call() -> object:
+                raw_wire.reset()
+                done = raw_client.hset(raw_key, ckpt.id, ckpt.model_dump_json())
+                sent[WHOLE].append(raw_wire.bytes)
+                return done
+
+            return call
+
+        samples = interleave({DELTA: delta, WHOLE: whole}, n=steps, warmup=2)
+        commits = steps + 2
+        grown = (_memory(client, store.keys.run_pattern(run)) - before) / commits
+        raw_stored = _memory(raw_client, raw_key) / commits
+    finally:
+        store.close()
+        raw_client.close()
+    return DeltaResult(
+        steps=steps,
+        sent={name: statistics.median(values[-steps:]) for name, values in sent.items()},
+        stored={DELTA: grown, WHOLE: raw_stored},
+        stats={name: summarize(samples[name]) for name in (DELTA, WHOLE)},
+        first_commit_bytes=first,
+    )
+
+
+def _memory(client: redis.Redis, pattern: str) -> int:
+    """Bytes Redis uses for the keys matching ``pattern`` (exact: ``SAMPLES 0``)."""
+    keys = list(client.scan_iter(match=pattern, count=1000))
+    return sum(int(client.memory_usage(key, samples=0) or 0) for key in keys)
+
+
+def report_delta(res: DeltaResult) -> None:
+    """Print the big-state table and its verdict."""
+    size = BIG_PAGES * PAGE_BYTES // 1_000_000
+    print(
+        f"## A step changing one {SUMMARY_BYTES}-byte field of a {size} MB state "
+        f"({res.steps} steps after 2 warm-up)\n"
+    )
+    rows = []
+    for name in (DELTA, WHOLE):
+        ratio = res.sent[name] / res.sent[WHOLE]
+        rows.append(
+            [
+                name,
+                f"{res.sent[name]:,.0f}",
+                f"{res.stored[name]:,.0f}",
+                f"{res.stats[name].p50:.0f}",
+                f"{ratio:.4f}x",
+            ]
+        )
+    print_table(DELTA_HEADERS, rows)
+    verdict = "PASS" if res.sent[DELTA] < DELTA_TARGET else "FAIL"
+    print(
+        f"target: a step sends well under {DELTA_TARGET:,} bytes: {res.sent[DELTA]:,.0f}  {verdict}"
+    )
+    print(
+        f"notes: bytes sent are the medians counted on the client's connection (the whole "
+        f"EVALSHA or HSET); the run's first commit sent the whole state "
+        f"({res.first_commit_bytes:,} bytes); stored bytes are the growth of MEMORY USAGE over "
+        "the run's keys per step, every checkpoint kept\n"
+    )
+
+
 def report_cluster(results: dict[str, dict[str, Summary]] | None, n: int, warmup: int) -> None:
     """Print the cluster table (or why it was skipped)."""
     print(f"## Checkpoint commit on Redis Cluster ({n} commits per case after {warmup} warm-up)\n")
@@ -413,7 +546,10 @@ def report(
         for res in results
     )
     print("notes:")
-    print(f"- snapshot bytes written (store/multi/evalsha): {sizes}")
+    print(
+        f"- snapshot bytes written (store/multi/evalsha): {sizes}; the store's snapshot holds a "
+        "state up to 16 KB, a bigger one is written by changed field beside it"
+    )
     print(
         "- every case serializes inside the timed region (store: pydantic model_dump_json; raw: "
         "json.dumps of model_dump(mode='json'), compact); building the Checkpoint is not timed"
@@ -437,9 +573,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--url", help="Redis URL (default: $RUNNER_BENCH_REDIS_URL, local DB 13, else embedded)"
     )
+    parser.add_argument("--big", type=int, default=20, help="timed steps of the 5 MB state")
     args = parser.parse_args(argv)
-    if args.n < 1 or args.warmup < 0:
-        parser.error("--n must be >= 1 and --warmup >= 0")
+    if args.n < 1 or args.warmup < 0 or args.big < 1:
+        parser.error("--n and --big must be >= 1 and --warmup >= 0")
     return args
 
 
@@ -457,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
                     run_size(label, size, target, root, args.n, args.warmup)
                     for label, size in SIZES.items()
                 ]
+                delta = run_delta(target, root, args.big)
                 clustered = None
                 if cluster_tools():
                     with local_cluster() as ports:
@@ -474,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"- cleanup: removed {removed} keys under {root}:, {left} left")
             print()
             report_cluster(clustered, args.n, args.warmup)
+            report_delta(delta)
     except StoreUnavailable as exc:
         print(f"store_commit: {exc}", file=sys.stderr)
         return 1

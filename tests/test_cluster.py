@@ -70,12 +70,19 @@ def store(open_store: Callable[..., RedisProvider]) -> RedisProvider:
 
 
 @pytest.fixture
+def open_coord(open_store: Callable[..., RedisProvider]) -> Callable[..., RedisProvider]:
+    return open_store
+
+
+@pytest.fixture
 def coord_store(open_store: Callable[..., RedisProvider]) -> RedisProvider:
     return open_store(max_checkpoints=0)
 
 
 def _takes_a_store(fn: Any) -> bool:
-    return bool({"store", "open_store", "coord_store"} & set(inspect.signature(fn).parameters))
+    return bool(
+        {"store", "open_store", "coord_store", "open_coord"} & set(inspect.signature(fn).parameters)
+    )
 
 
 # The conformance suite, collected here again with this module's cluster fixtures.

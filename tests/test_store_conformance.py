@@ -58,12 +58,26 @@ def store(open_store: Opener) -> CheckpointStore:
 
 
 @pytest.fixture(params=["redis"])
-def coord_store(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Any]:
-    """A store of each provider that implements :class:`CoordinatedStore`."""
-    provider = RedisProvider(redis_url, prefix=prefix, max_checkpoints=0)
-    assert isinstance(provider, CoordinatedStore)
-    yield provider
-    provider.close()
+def open_coord(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Opener]:
+    """Opens stores of each provider that implements :class:`CoordinatedStore`, all on the
+    same storage; closes them afterwards."""
+    opened: list[CheckpointStore] = []
+
+    def opener(**kwargs: Any) -> CheckpointStore:
+        provider = RedisProvider(redis_url, prefix=prefix, **kwargs)
+        assert isinstance(provider, CoordinatedStore)
+        opened.append(provider)
+        return provider
+
+    yield opener
+    for provider in opened:
+        provider.close()
+
+
+@pytest.fixture
+def coord_store(open_coord: Opener) -> Any:
+    """A coordinated store that keeps every checkpoint."""
+    return open_coord(max_checkpoints=0)
 
 
 def ckpt(run_id: str, **fields: Any) -> Checkpoint:
@@ -544,3 +558,88 @@ def test_every_per_run_key_is_bounded_by_the_history_kept_and_removed_with_the_r
     assert run not in coord_store.active_runs()
     with pytest.raises(CheckpointNotFound):
         coord_store.get(kept[0].id)
+
+
+# -- state stored by field: a checkpoint costs what its step changed ----------------------------
+
+
+def _big_state(run: str) -> dict[str, Any]:
+    return {"id": run, "doc": "x" * 200_000, "notes": ["a", "b"], "n": 0, "flag": None}
+
+
+def test_every_kept_checkpoint_reads_back_whole_while_steps_change_single_fields(coord_store):
+    run = ids.run_id()
+    state = _big_state(run)
+    made = [coord_store.commit(ckpt(run, event="flow_started", state=dict(state)))]
+    for i in range(1, 8):
+        if i == 3:
+            state.pop("flag")  # a removed field
+        elif i == 5:
+            state["extra"] = {"nested": [i, "é"]}  # a new one
+        else:
+            state["n"] = i
+        made.append(coord_store.commit(ckpt(run, state=dict(state))))
+
+    assert coord_store.history(run) == list(reversed(made))
+    for checkpoint in made:
+        assert coord_store.get(checkpoint.id) == checkpoint
+        assert list(coord_store.get(checkpoint.id).state) == list(checkpoint.state)  # order too
+    assert coord_store.latest(run) == made[-1]
+    assert coord_store.begin(run, "s#1", "t", 30).latest == made[-1]
+    fork = coord_store.fork(made[2].id, new_run_id=ids.run_id())
+    assert fork.state == {**made[2].state, "id": fork.run_id}
+    assert coord_store.latest(fork.run_id) == fork
+
+
+def test_pruning_keeps_exactly_the_field_values_kept_checkpoints_refer_to(coord_store):
+    run, keep = ids.run_id(), 3
+    state = _big_state(run)
+    made = [coord_store.commit(ckpt(run, state=dict(state)), max_checkpoints=keep)]
+    coord_store.fork(made[0].id, new_run_id=ids.run_id())  # pins the first checkpoint
+    for i in range(1, 20):
+        state["n"] = i
+        made.append(coord_store.commit(ckpt(run, state=dict(state)), max_checkpoints=keep))
+
+    kept = coord_store.history(run)
+    assert [c.seq for c in kept] == [20, 19, 18, 1]
+    assert kept == [*reversed(made[-keep:]), made[0]]
+    # One version of each unchanged field (written by the pinned first checkpoint), the
+    # pinned n=0 and the kept n=17, 18, 19.
+    assert coord_store.client.hlen(coord_store.keys.values(run)) == len(state) + keep
+    coord_store.commit(ckpt(run, state={"id": run}), max_checkpoints=1)
+    assert coord_store.latest(run).state == {"id": run}
+    assert coord_store.get(made[0].id) == made[0]
+
+
+def test_commits_through_stores_that_saw_other_versions_of_the_run_stay_exact(open_coord):
+    run = ids.run_id()
+    first, second = open_coord(max_checkpoints=0), open_coord(max_checkpoints=0)
+    one, two, three = ("one" * 10_000, "two" * 10_000, "three" * 10_000)
+    a = first.commit(ckpt(run, state={"id": run, "doc": one, "n": 1}))
+    b = second.commit(ckpt(run, state={"id": run, "doc": two, "n": 1}))
+    # `first` last saw `a`; its change is refused as based on a stale checkpoint and sent whole.
+    c = first.commit(ckpt(run, state={"id": run, "doc": one, "n": 2}))
+    assert [x.state for x in first.history(run)] == [c.state, b.state, a.state]
+
+    second.delete_run(run)
+    d = second.commit(ckpt(run, state={"id": run, "doc": three, "n": 2}))
+    e = first.commit(ckpt(run, state={"id": run, "doc": one, "n": 3}))
+    assert [x.state for x in second.history(run)] == [e.state, d.state]
+
+
+def test_a_state_growing_past_the_inline_size_and_shrinking_back_reads_back_exactly(
+    coord_store,
+):
+    run = ids.run_id()
+    k, client = coord_store.keys, coord_store.client
+    small = coord_store.commit(ckpt(run, state={"id": run, "log": ["start"]}))
+    assert client.hlen(k.values(run)) == 0  # a small state stays inside its snapshot
+    made = [small]
+    for size in (1, 20_000, 20_000, 30_000, 10, 20_000):
+        state = {"id": run, "log": ["x" * size], "size": size}
+        made.append(coord_store.commit(ckpt(run, state=state), max_checkpoints=5))
+    assert coord_store.history(run) == list(reversed(made[-5:]))
+    assert coord_store.latest(run) == made[-1]
+    # Kept: seq 3-7. The state went by field at 3 (3 fields), changed log and size at 5, went
+    # inside the snapshot at 6 and by field again, whole, at 7: 3 + 2 + 3 values.
+    assert client.hlen(k.values(run)) == 8

@@ -1,5 +1,6 @@
 """Redis-specific store behaviour: corrupt snapshots and an unreachable server are named errors;
-snapshots of the earlier layout are upgraded."""
+snapshots of the earlier layouts are read or upgraded; a small change of a big state is small
+on the wire."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from bench._wire import counted_client
 from runner.errors import CorruptCheckpoint, StoreUnavailable
 from runner.store.models import Checkpoint
 from runner.store.redis import RedisProvider
@@ -86,3 +88,42 @@ def test_upgrade_moves_snapshots_of_the_earlier_one_key_per_snapshot_layout(
     assert store.history("old") == list(reversed(made))
     assert store.latest("old") == made[-1]
     assert not list(client.scan_iter(match=store.keys.run("old", "ckpt:*")))
+
+
+def test_a_step_changing_one_small_field_of_a_5_mb_state_sends_well_under_100_kb(
+    redis_url: str, prefix: str
+) -> None:
+    client, wire = counted_client(redis_url)
+    store = RedisProvider(client=client, prefix=prefix)
+    state = {"id": "big", "pages": ["p" * 1000] * 5000, "summary": "s" * 100}
+    first = store.commit(Checkpoint(run_id="big", event="flow_started", state=state))
+    wire.reset()
+    step = store.commit(
+        Checkpoint(run_id="big", event="step", state={**state, "summary": "t" * 100}),
+        expected_seq=first.seq,
+    )
+    assert wire.sends == 1  # one EVALSHA
+    assert wire.bytes < 10_000, wire.bytes
+
+    wire.reset()
+    latest = store.latest("big")
+    assert wire.sends == 1  # the latest state, whole, in one round trip
+    assert latest == step
+    assert store.get(first.id) == first
+    store.delete_run("big")
+    store.close()
+
+
+def test_a_snapshot_that_holds_its_whole_state_reads_as_written(store: RedisProvider) -> None:
+    # As an earlier version wrote them: the state inside the snapshot, no field list.
+    old = Checkpoint(run_id="whole", event="flow_started", seq=1, state={"id": "whole", "n": 1})
+    k, client = store.keys, store.client
+    client.hset(k.snapshots("whole"), old.id, old.model_dump_json())
+    client.zadd(k.history("whole"), {old.id: 1})
+    client.hset(k.meta("whole"), mapping={"run_id": "whole", "seq": 1, "latest": old.id})
+    client.hset(k.checkpoints_of("whole"), old.id, "whole")
+
+    assert store.latest("whole") == old
+    assert store.get(old.id) == old
+    new = store.commit(Checkpoint(run_id="whole", event="step", state={"id": "whole", "n": 2}))
+    assert store.history("whole") == [new, old]

@@ -8,7 +8,9 @@ key                        type    holds
 =========================  ======  ===========================================================
 ``P:{T}:meta``             hash    run metadata (:class:`RunInfo` fields) and its ``epoch``
 ``P:{T}:history``          zset    checkpoint ids scored by sequence number
-``P:{T}:snaps``            hash    checkpoint id -> snapshot JSON
+``P:{T}:snaps``            hash    checkpoint id -> snapshot JSON (without its state)
+``P:{T}:values``           hash    ``<version>:<field>`` -> the field's JSON value
+``P:{T}:refs``             hash    checkpoint id -> ``[[field names], [versions]]`` of its state
 ``P:{T}:attempts``         hash    activation -> ``token|checkpoint id`` (idempotency, fencing)
 ``P:{T}:acts``             hash    checkpoint id -> the activation it committed (trimming)
 ``P:{T}:pins``             set     checkpoint ids a fork points to (never pruned)
@@ -76,6 +78,14 @@ class Keys:
     def snapshots(self, run_id: str) -> str:
         """The run's snapshots: checkpoint id -> JSON."""
         return self.run(run_id, "snaps")
+
+    def values(self, run_id: str) -> str:
+        """``<version>:<field>`` -> JSON value, every version a kept checkpoint refers to."""
+        return self.run(run_id, "values")
+
+    def refs(self, run_id: str) -> str:
+        """Checkpoint id -> its state's field names and their versions."""
+        return self.run(run_id, "refs")
 
     def attempts(self, run_id: str) -> str:
         """Committed activations and their attempt tokens."""

@@ -3,23 +3,38 @@
 It implements :class:`~runner.store.base.CoordinatedStore`: beside the history it keeps
 the dispatch markers and step leases of the engine on workers. A commit is one EVALSHA
 of :data:`~runner.store.scripts.COMMIT`: one round trip, atomic, idempotent per
-activation, dropping the step's lease and marking the next steps dispatched. Reads are
-single commands, one script or one pipeline. Redis errors are wrapped at this edge: an
-unreachable server is :class:`~runner.errors.StoreUnavailable` naming the
+activation, dropping the step's lease and marking the next steps dispatched.
+
+A checkpoint costs what its step changed: a state over :data:`INLINE_STATE_BYTES` is
+stored by top-level field, each value once per version, and each checkpoint lists its
+fields' versions (a smaller one goes whole inside the snapshot). The provider remembers
+the field digests and versions of the latest checkpoint it read or wrote for a run (a
+small per-process cache), and a commit based on that checkpoint sends only the fields
+whose encoding changed (and the field list); the script refuses a change whose base is
+not the run's latest checkpoint, and the commit is sent again whole. Any kept checkpoint
+reads back whole exactly as committed; reading the latest state is one round trip.
+
+Other reads are single commands, one pipeline or two. Redis errors are wrapped at this
+edge: an unreachable server is :class:`~runner.errors.StoreUnavailable` naming the
 (password-masked) URL.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import json
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
+from pydantic_core import PydanticSerializationError, to_json
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
@@ -28,6 +43,8 @@ from runner.embedded import mask_url
 from runner.errors import (
     CheckpointNotFound,
     CommitConflict,
+    CorruptCheckpoint,
+    NotSerializable,
     RunNotFound,
     StaleAttempt,
     StoreError,
@@ -41,7 +58,12 @@ from runner.store.models import Checkpoint, RunInfo, RunStatus
 
 T = TypeVar("T")
 
-_EXCLUDE_SEQ = {"seq"}
+_EXCLUDE = {"seq", "state"}
+INLINE_STATE_BYTES = 16 * 1024
+"""A state whose fields' JSON add up to no more than this is written whole inside the
+snapshot: below it, splitting it by field costs more bookkeeping than the bytes it saves."""
+_BASES_KEPT = 1024
+"""Runs whose latest field digests a provider remembers (least recently used go first)."""
 _INFO_FIELDS = frozenset(RunInfo.model_fields)
 _RUN_KEYS = (
     Keys.snapshots,
@@ -51,6 +73,8 @@ _RUN_KEYS = (
     Keys.dispatched,
     Keys.leases,
     Keys.owners,
+    Keys.values,
+    Keys.refs,
 )
 """Per-run keys besides meta and history (which :data:`~runner.store.scripts.DELETE_RUN`
 names first)."""
@@ -105,6 +129,8 @@ class RedisProvider:
         self._take_over = client.register_script(scripts.TAKE_OVER)
         self._release = client.register_script(scripts.RELEASE)
         self._upgrade = client.register_script(scripts.UPGRADE_RUN)
+        self._bases: OrderedDict[str, _Base] = OrderedDict()
+        self._bases_lock = threading.Lock()
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -125,46 +151,78 @@ class RedisProvider:
         k, run = self.keys, checkpoint.run_id
         keep = self.max_checkpoints if max_checkpoints is None else max_checkpoints
         keep = max(keep, 0)
-        body = checkpoint.model_dump_json(exclude=_EXCLUDE_SEQ)[1:]
+        body = _dump(checkpoint)[1:]
         now = time.time()
         always, once = _meta_fields(checkpoint, now)
-        reply = self._call(
-            self._commit,
-            [
-                k.meta(run),
-                k.history(run),
-                k.snapshots(run),
-                k.attempts(run),
-                k.acts(run),
-                k.pins(run),
-                k.leases(run),
-                k.owners(run),
-                k.dispatched(run),
-                k.runs_of(run),
-                k.checkpoints_of(run),
-                k.active_of(run),
-            ],
-            [
-                checkpoint.id,
-                body,
-                checkpoint.activation or "",
-                checkpoint.attempt or "",
-                "" if expected_seq is None else expected_seq,
-                keep,
-                repr(now),
-                run,
-                checkpoint.status.value,
-                checkpoint.meta.epoch,
-                len(always),
-                len(once),
-                len(dispatching),
-                *_pairs(always),
-                *_pairs(once),
-                *dispatching,
-            ],
-        )
+        values = _encode_state(checkpoint)
+        inline = sum(map(len, values.values())) <= INLINE_STATE_BYTES
+        if inline:  # no field list: the state goes inside the snapshot
+            body = body[:-1] + ',"state":' + _joined(values) + "}"
+            digests, names, base = {}, "", None
+        else:
+            digests = {name: _digest(value) for name, value in values.items()}
+            names, base = json.dumps(list(values)), self._base(run)
+        for whole in (base is None, True):
+            if inline:
+                base_id, changed, versions = "", set(), []
+            elif whole or base is None:
+                base_id, changed, versions = "", set(values), [-1] * len(values)
+            else:
+                base_id = base.checkpoint_id
+                changed = {n for n, d in digests.items() if base.digests.get(n) != d}
+                versions = [-1 if n in changed else base.versions[n] for n in values]
+            reply = self._call(
+                self._commit,
+                [
+                    k.meta(run),
+                    k.history(run),
+                    k.snapshots(run),
+                    k.attempts(run),
+                    k.acts(run),
+                    k.pins(run),
+                    k.leases(run),
+                    k.owners(run),
+                    k.dispatched(run),
+                    k.runs_of(run),
+                    k.checkpoints_of(run),
+                    k.active_of(run),
+                    k.values(run),
+                    k.refs(run),
+                ],
+                [
+                    checkpoint.id,
+                    body,
+                    checkpoint.activation or "",
+                    checkpoint.attempt or "",
+                    "" if expected_seq is None else expected_seq,
+                    keep,
+                    repr(now),
+                    run,
+                    checkpoint.status.value,
+                    checkpoint.meta.epoch,
+                    len(always),
+                    len(once),
+                    len(dispatching),
+                    base_id,
+                    names,
+                    json.dumps(versions, separators=(",", ":")),
+                    len(changed),
+                    *_pairs(always),
+                    *_pairs(once),
+                    *dispatching,
+                    *(item for name in values if name in changed for item in (name, values[name])),
+                ],
+            )
+            if reply[0] != b"rebase":
+                break
         outcome, value = reply[0].decode(), reply[1].decode()
         if outcome == "ok":
+            seq = int(value)
+            if inline:
+                self._forget(run)
+            else:
+                made = {n: seq if v == -1 else v for n, v in zip(values, versions, strict=True)}
+                self._remember(run, checkpoint.id, digests, made)
             return checkpoint.model_copy(update={"seq": int(value)})
         if outcome == "dup":
             return self._get_in_run(run, value, default=checkpoint)
@@ -204,6 +262,7 @@ class RedisProvider:
             k.active_of(run_id),
             *(part(k, run_id) for part in _RUN_KEYS),
         ]
+        self._forget(run_id)
         return bool(self._call(self._delete, keys, [run_id]))
 
     def prune(self, run_id: str, keep: int, *, dry_run: bool = False) -> list[str]:
@@ -218,6 +277,8 @@ class RedisProvider:
                 k.acts(run_id),
                 k.attempts(run_id),
                 k.dispatched(run_id),
+                k.refs(run_id),
+                k.values(run_id),
                 k.pins(run_id),
             ],
             [max(keep, 1), "1" if dry_run else "0"],
@@ -284,11 +345,7 @@ class RedisProvider:
         ids = self._guard(
             lambda: self.client.zrevrange(self.keys.history(run_id), offset, offset + limit - 1)
         )
-        if not ids:
-            return []
-        blobs = self._guard(lambda: self.client.hmget(self.keys.snapshots(run_id), ids))
-        pairs = zip(ids, blobs, strict=True)
-        return [decode(blob, raw.decode(), "Redis") for raw, blob in pairs if blob]
+        return self._read(run_id, [raw.decode() for raw in ids])
 
     def runs(
         self, *, limit: int = 50, offset: int = 0, status: RunStatus | None = None
@@ -427,10 +484,21 @@ class RedisProvider:
             k.attempts(run_id),
             k.leases(run_id),
             k.owners(run_id),
+            k.refs(run_id),
+            k.values(run_id),
         ]
-        blob, outcome, *holder = self._call(self._begin, keys, args)
-        latest = None if blob is None else decode(blob, f"(latest of run {run_id})", "Redis")
-        return Begun(latest, BeginOutcome(outcome.decode()), holder[0].decode() if holder else "")
+        blob, outcome, holder, refs, *values = self._call(self._begin, keys, args) + [None] * 2
+        found = BeginOutcome(outcome.decode())
+        if blob is None:
+            return Begun(None, found, "")
+        latest = decode(blob, f"(latest of run {run_id})", "Redis")
+        if refs is not None:
+            pairs = _refs(refs, latest.id)
+            names = [name for name, _ in pairs]
+            latest.state = _state(latest.id, names, values[: len(names)])
+            digests = dict(zip(names, map(_digest, values), strict=False))
+            self._remember(run_id, latest.id, digests, dict(pairs))
+        return Begun(latest, found, holder.decode() if holder else "")
 
     def _page(self, start: int, count: int) -> list[bytes]:
         """Run ids ``start`` .. ``start + count`` of the run index, newest update first."""
@@ -479,13 +547,65 @@ class RedisProvider:
     def _get_in_run(
         self, run_id: str, checkpoint_id: str, default: Checkpoint | None = None
     ) -> Checkpoint:
-        key = self.keys.snapshots(run_id)
-        blob = self._guard(lambda: self.client.hget(key, checkpoint_id))
-        if blob is None:
-            if default is not None:
-                return default
-            raise CheckpointNotFound(f"no checkpoint {checkpoint_id}", checkpoint_id=checkpoint_id)
-        return decode(blob, checkpoint_id, "Redis")
+        found = self._read(run_id, [checkpoint_id])
+        if found:
+            return found[0]
+        if default is not None:
+            return default
+        raise CheckpointNotFound(f"no checkpoint {checkpoint_id}", checkpoint_id=checkpoint_id)
+
+    def _read(self, run_id: str, ids: list[str]) -> list[Checkpoint]:
+        """The checkpoints ``ids`` of a run that exist, whole, in order: two round trips."""
+        if not ids:
+            return []
+        k = self.keys
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hmget(k.snapshots(run_id), ids)
+            pipe.hmget(k.refs(run_id), ids)
+            return pipe.execute()
+
+        blobs, refs = self._guard(fetch)
+        lists = {cid: _refs(raw, cid) for cid, raw in zip(ids, refs, strict=True) if raw}
+        wanted = sorted({f"{v}:{name}" for pairs in lists.values() for name, v in pairs})
+        found: dict[str, bytes | None] = {}
+        if wanted:
+            got = self._guard(lambda: self.client.hmget(k.values(run_id), wanted))
+            found = dict(zip(wanted, got, strict=True))
+        out = []
+        for cid, blob in zip(ids, blobs, strict=True):
+            if blob is None:
+                continue
+            ckpt = decode(blob, cid, "Redis")
+            if cid in lists:
+                values = [found[f"{v}:{name}"] for name, v in lists[cid]]
+                ckpt.state = _state(cid, [name for name, _ in lists[cid]], values)
+            out.append(ckpt)
+        return out
+
+    # -- the field digests of the latest checkpoint seen, per run ----------------------------
+
+    def _base(self, run_id: str) -> _Base | None:
+        with self._bases_lock:
+            return self._bases.get(run_id)
+
+    def _remember(
+        self,
+        run_id: str,
+        checkpoint_id: str,
+        digests: dict[str, bytes],
+        versions: dict[str, int],
+    ) -> None:
+        with self._bases_lock:
+            self._bases[run_id] = _Base(checkpoint_id, digests, versions)
+            self._bases.move_to_end(run_id)
+            while len(self._bases) > _BASES_KEPT:
+                self._bases.popitem(last=False)
+
+    def _forget(self, run_id: str) -> None:
+        with self._bases_lock:
+            self._bases.pop(run_id, None)
 
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         return self._guard(lambda: script(keys=keys, args=args))
@@ -532,6 +652,86 @@ def _field(value: Any) -> str:
 
 def _pairs(fields: dict[str, str]) -> list[str]:
     return [item for pair in fields.items() for item in pair]
+
+
+@dataclass(frozen=True)
+class _Base:
+    """The latest checkpoint a provider read or wrote for a run: its fields' digests and
+    versions."""
+
+    checkpoint_id: str
+    digests: dict[str, bytes]
+    versions: dict[str, int]
+
+
+def _dump(checkpoint: Checkpoint) -> str:
+    """The snapshot JSON: the checkpoint without ``seq`` (the script's) and ``state``."""
+    try:
+        return checkpoint.model_dump_json(exclude=_EXCLUDE)
+    except (PydanticSerializationError, TypeError, ValueError) as exc:
+        raise _not_json(checkpoint, exc) from None
+
+
+def _encode_state(checkpoint: Checkpoint) -> dict[str, bytes]:
+    """Each state field's JSON, in the state's order."""
+    try:
+        return {name: to_json(value) for name, value in checkpoint.state.items()}
+    except (PydanticSerializationError, TypeError, ValueError) as exc:
+        raise _not_json(checkpoint, exc) from None
+
+
+def _not_json(checkpoint: Checkpoint, exc: Exception) -> NotSerializable:
+    return NotSerializable(
+        f"checkpoint {checkpoint.id} of run {checkpoint.run_id} is not JSON: {exc}",
+        checkpoint_id=checkpoint.id,
+        run_id=checkpoint.run_id,
+    )
+
+
+def _joined(values: dict[str, bytes]) -> str:
+    """The JSON object of encoded field values."""
+    return (
+        "{"
+        + ",".join(f"{json.dumps(name)}:{value.decode()}" for name, value in values.items())
+        + "}"
+    )
+
+
+def _digest(value: bytes | None) -> bytes:
+    return hashlib.blake2b(value or b"", digest_size=16).digest()
+
+
+def _refs(raw: bytes, checkpoint_id: str) -> list[tuple[str, int]]:
+    """A checkpoint's ``[[names], [versions]]`` as (name, version) pairs."""
+    try:
+        names, versions = json.loads(raw)
+        return list(zip(names, versions, strict=True))
+    except (ValueError, TypeError) as exc:
+        raise CorruptCheckpoint(
+            f"checkpoint {checkpoint_id} in Redis cannot be decoded: its field list: {exc}",
+            checkpoint_id=checkpoint_id,
+        ) from None
+
+
+def _state(checkpoint_id: str, names: list[str], values: list[Any]) -> dict[str, Any]:
+    """The state of a checkpoint from its field names and their stored JSON values."""
+    state = {}
+    for name, value in zip(names, values, strict=True):
+        if value is None:
+            raise CorruptCheckpoint(
+                f"checkpoint {checkpoint_id} in Redis cannot be decoded: "
+                f"the value of state field {name!r} is missing",
+                checkpoint_id=checkpoint_id,
+            )
+        try:
+            state[name] = json.loads(value)
+        except ValueError as exc:
+            raise CorruptCheckpoint(
+                f"checkpoint {checkpoint_id} in Redis cannot be decoded: state field {name!r}: "
+                f"{exc}",
+                checkpoint_id=checkpoint_id,
+            ) from None
+    return state
 
 
 def _meta_fields(ckpt: Checkpoint, now: float) -> tuple[dict[str, str], dict[str, str]]:

@@ -6,16 +6,72 @@ Cluster slot (see :mod:`runner.store.keys`). They are registered once per client
 (``register_script``) and run by EVALSHA.
 """
 
-_FORGET_CHECKPOINT = """
--- Remove a pruned checkpoint: its snapshot, history entry and lookup entry, and its
--- activation's bookkeeping: the attempts entry (fencing of the activation's late attempts;
--- once the checkpoint is gone the run's record fences them, since an activation no longer
--- pending is never committed again) and its dispatch marker.
--- k: {history, snapshots, checkpoint lookup, acts, attempts, markers}
+_STATE = """
+-- A checkpoint's state is stored by field: 'values' holds each field value once per
+-- version ('<seq>:<field>' -> JSON, seq being the commit that wrote it) and 'refs' each
+-- checkpoint's field list with the version of each ('[[names], [versions]]').
+
+-- The field -> version map of checkpoint `cid` (false when it has none: an older layout).
+local refs_cache = {}
+local function refs_of(refs, cid)
+  local cached = refs_cache[cid]
+  if cached == nil then
+    cached = false
+    local raw = redis.call('HGET', refs, cid)
+    if raw then
+      local pair = cjson.decode(raw)
+      cached = {}
+      for j, name in ipairs(pair[1]) do cached[name] = pair[2][j] end
+    end
+    refs_cache[cid] = cached
+  end
+  return cached
+end
+
+-- The values of a '[[names], [versions]]' list, in its order.
+local function values_of(values, raw)
+  local pair = cjson.decode(raw)
+  local out = {}
+  for j = 1, #pair[1], 1000 do
+    local keys = {}
+    for m = j, math.min(j + 999, #pair[1]) do keys[#keys + 1] = pair[2][m] .. ':' .. pair[1][m] end
+    for _, value in ipairs(redis.call('HMGET', values, unpack(keys))) do out[#out + 1] = value end
+  end
+  return out
+end
+"""
+
+_FORGET_CHECKPOINT = (
+    _STATE
+    + """
+-- Remove a pruned checkpoint: its snapshot, history entry and lookup entry; the field
+-- values no kept checkpoint refers to any more; and its activation's bookkeeping: the
+-- attempts entry (fencing of the activation's late attempts; once the checkpoint is gone
+-- the run's record fences them, since an activation no longer pending is never committed
+-- again) and its dispatch marker.
+-- k: {history, snapshots, checkpoint lookup, acts, attempts, markers, refs, values}
 local function forget_checkpoint(k, id)
   redis.call('HDEL', k[2], id)
   redis.call('ZREM', k[1], id)
   redis.call('HDEL', k[3], id)
+  local own = refs_of(k[7], id)
+  redis.call('HDEL', k[7], id)
+  if own then
+    -- A field's versions only grow along the history, so the oldest kept checkpoint from
+    -- the version on is the only one that can still refer to it (found once per version).
+    local oldest = {}
+    for name, version in pairs(own) do
+      local refs = oldest[version]
+      if refs == nil then
+        local after = redis.call('ZRANGEBYSCORE', k[1], version, '+inf', 'LIMIT', 0, 1)
+        refs = #after > 0 and refs_of(k[7], after[1])
+        oldest[version] = refs
+      end
+      if not (refs and refs[name] == version) then
+        redis.call('HDEL', k[8], version .. ':' .. name)
+      end
+    end
+  end
   local activation = redis.call('HGET', k[4], id)
   if not activation then return end
   redis.call('HDEL', k[4], id)
@@ -37,6 +93,7 @@ local function prunable(history, pins, keep)
   return found
 end
 """
+)
 
 COMMIT = (
     _FORGET_CHECKPOINT
@@ -46,16 +103,23 @@ COMMIT = (
 -- KEYS[4] attempts hash    KEYS[5] acts hash         KEYS[6] pins set
 -- KEYS[7] leases zset      KEYS[8] lease owners hash KEYS[9] dispatch markers hash
 -- KEYS[10] run index (shard)  KEYS[11] checkpoint lookup (shard)  KEYS[12] active runs (shard)
--- ARGV[1] checkpoint id    ARGV[2] snapshot JSON without its opening '{' and without seq
+-- KEYS[13] field values hash   KEYS[14] refs hash
+-- ARGV[1] checkpoint id
+-- ARGV[2] snapshot JSON without its opening '{', without seq and without state
 -- ARGV[3] activation ('' = none)   ARGV[4] attempt token
 -- ARGV[5] expected seq ('' = any)  ARGV[6] max checkpoints (0 = keep all)
 -- ARGV[7] now (unix seconds)       ARGV[8] run id
 -- ARGV[9] run status               ARGV[10] epoch
 -- ARGV[11] A = meta field pairs set every commit, ARGV[12] B = pairs set on a new run,
 -- ARGV[13] C = activations the caller dispatches next (marked sent now);
--- then A pairs, B pairs and C activations.
+-- ARGV[14] the checkpoint the state is a change of ('' = the whole state is given),
+-- ARGV[15] the state's field names (JSON array, in order; '' = the state is inside the
+-- snapshot), ARGV[16] their versions (JSON array, -1 = written by this commit),
+-- ARGV[17] D = changed fields (name, JSON);
+-- then A pairs, B pairs, C activations and D pairs.
 -- Returns {'ok', seq} | {'dup', checkpoint id} | {'stale', checkpoint id}
---       | {'conflict', current seq}
+--       | {'conflict', current seq} | {'rebase', latest id} (the change's base is not the
+--       latest checkpoint: send the whole state)
 local activation = ARGV[3]
 if activation ~= '' then
   local prev = redis.call('HGET', KEYS[4], activation)
@@ -68,6 +132,11 @@ if activation ~= '' then
 end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 if ARGV[5] ~= '' and tonumber(ARGV[5]) ~= cur then return {'conflict', tostring(cur)} end
+local base = ARGV[14]
+if base ~= '' then
+  local latest = redis.call('HGET', KEYS[1], 'latest')
+  if latest ~= base then return {'rebase', latest or ''} end
+end
 local seq = cur + 1
 local id, now, run, status = ARGV[1], ARGV[7], ARGV[8], ARGV[9]
 redis.call('HSET', KEYS[3], id, '{"seq":' .. seq .. ',' .. ARGV[2])
@@ -89,7 +158,7 @@ local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if status ~= 'running' or (epoch and epoch ~= ARGV[10]) then
   redis.call('DEL', KEYS[7], KEYS[8], KEYS[9])
 end
-local i = 14
+local i = 18
 local fields = {'seq', seq, 'latest', id, 'updated_at', now, 'status', status, 'epoch', ARGV[10]}
 for j = i, i + 2 * tonumber(ARGV[11]) - 1 do fields[#fields + 1] = ARGV[j] end
 redis.call('HSET', KEYS[1], unpack(fields))
@@ -103,6 +172,15 @@ if cur == 0 then
 end
 i = i + 2 * tonumber(ARGV[12])
 for j = i, i + tonumber(ARGV[13]) - 1 do redis.call('HSETNX', KEYS[9], ARGV[j], now) end
+i = i + tonumber(ARGV[13])
+-- The state: changed fields written at this seq, the checkpoint's field list recorded.
+for j = i, i + 2 * tonumber(ARGV[17]) - 1, 2 do
+  redis.call('HSET', KEYS[13], seq .. ':' .. ARGV[j], ARGV[j + 1])
+end
+if ARGV[15] ~= '' then
+  local versions = string.gsub(ARGV[16], '%-1', tostring(seq))
+  redis.call('HSET', KEYS[14], id, '[' .. ARGV[15] .. ',' .. versions .. ']')
+end
 redis.call('ZADD', KEYS[10], now, run)
 redis.call('HSET', KEYS[11], id, run)
 if status == 'running' then
@@ -112,7 +190,7 @@ else
 end
 local keep = tonumber(ARGV[6])
 if keep > 0 and seq > keep then
-  local k = {KEYS[2], KEYS[3], KEYS[11], KEYS[5], KEYS[4], KEYS[9]}
+  local k = {KEYS[2], KEYS[3], KEYS[11], KEYS[5], KEYS[4], KEYS[9], KEYS[14], KEYS[13]}
   for _, old in ipairs(prunable(KEYS[2], KEYS[6], keep)) do forget_checkpoint(k, old) end
 end
 return {'ok', tostring(seq)}
@@ -125,10 +203,10 @@ PRUNE = (
 -- Delete all but the newest ARGV[1] checkpoints of a run, sparing pinned ones.
 -- KEYS[1] history zset   KEYS[2] snapshots hash   KEYS[3] checkpoint lookup (shard)
 -- KEYS[4] acts hash      KEYS[5] attempts hash    KEYS[6] dispatch markers hash
--- KEYS[7] pins set
+-- KEYS[7] refs hash      KEYS[8] field values hash   KEYS[9] pins set
 -- ARGV[1] keep           ARGV[2] '1' = dry run
 -- Returns the ids deleted (or that would be).
-local gone = prunable(KEYS[1], KEYS[7], tonumber(ARGV[1]))
+local gone = prunable(KEYS[1], KEYS[9], tonumber(ARGV[1]))
 if ARGV[2] ~= '1' then
   for _, old in ipairs(gone) do forget_checkpoint(KEYS, old) end
 end
@@ -187,29 +265,41 @@ end
 return 0
 """
 
-BEGIN_STEP = """
+BEGIN_STEP = (
+    _STATE
+    + """
 -- Read a run's latest checkpoint and, unless the activation was committed, take its lease.
 -- KEYS[1] history zset   KEYS[2] snapshots hash   KEYS[3] attempts hash
--- KEYS[4] leases zset    KEYS[5] lease owners hash
+-- KEYS[4] leases zset    KEYS[5] lease owners hash   KEYS[6] refs hash   KEYS[7] values hash
 -- ARGV[1] activation ('' = read only)   ARGV[2] attempt token
 -- ARGV[3] lease expiry                  ARGV[4] now
--- Returns {snapshot JSON | nil, outcome[, holder]}; outcome 'none' (no run), 'read' (read
--- only), 'done' (committed), 'held' (a live lease of the attempt ``holder``) or 'ok' (the
--- caller's lease).
+-- Returns {snapshot JSON | nil, outcome, holder | nil, refs | nil, state values...};
+-- outcome 'none' (no run), 'read' (read only), 'done' (committed), 'held' (a live lease of
+-- the attempt ``holder``) or 'ok' (the caller's lease); refs and the values in their order
+-- are the state (no refs: the snapshot holds its state, an older layout).
 local ids = redis.call('ZREVRANGE', KEYS[1], 0, 0)
 if #ids == 0 then return {false, 'none'} end
 local blob = redis.call('HGET', KEYS[2], ids[1])
-if ARGV[1] == '' then return {blob, 'read'} end
-if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return {blob, 'done'} end
+local function reply(outcome, holder)
+  local refs = redis.call('HGET', KEYS[6], ids[1])
+  local out = {blob, outcome, holder, refs}
+  if refs then
+    for _, value in ipairs(values_of(KEYS[7], refs)) do out[#out + 1] = value end
+  end
+  return out
+end
+if ARGV[1] == '' then return reply('read', false) end
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return reply('done', false) end
 local owner = redis.call('HGET', KEYS[5], ARGV[1])
 local expiry = redis.call('ZSCORE', KEYS[4], ARGV[1])
 if owner and owner ~= ARGV[2] and expiry and tonumber(expiry) > tonumber(ARGV[4]) then
-  return {blob, 'held', owner}
+  return reply('held', owner)
 end
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
 redis.call('HSET', KEYS[5], ARGV[1], ARGV[2])
-return {blob, 'ok'}
+return reply('ok', false)
 """
+)
 
 RENEW = """
 -- Extend a lease the caller still holds (a heartbeat); never re-creates a dropped one.
