@@ -14,9 +14,11 @@ result_accept_content = ["json"]  # clients refuse results in any other format
 task_acks_late = True  # ack after the step ran, so a crash mid-step redelivers it
 task_reject_on_worker_lost = True  # a killed worker's task is requeued, not acked as failed
 worker_prefetch_multiplier = 1  # a worker reserves one step at a time; long steps hog nothing
-# On a lost broker connection, cancel running late-ack steps: they are redelivered anyway, and
-# this is Celery 6's default (setting it also silences Celery 5's warning about the change).
-worker_cancel_long_running_tasks_on_connection_loss = True
+# On a lost broker connection (a Redis restart), let running steps finish: a step is an LLM
+# call that costs money, its commit goes to the checkpoint store (which workers retry for
+# seconds), and the redelivered message then finds the step committed and does nothing.
+# (Celery 6 will default to cancelling them; the worker silences Celery 5's warning about it.)
+worker_cancel_long_running_tasks_on_connection_loss = False
 
 # Events, so Flower shows every step as it is sent, started and finished.
 worker_send_task_events = True  # workers emit task-started/succeeded/failed events

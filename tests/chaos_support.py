@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from kombu.exceptions import OperationalError
 
 from runner.distributed.app import make_app
 from runner.distributed.client import RunHandle, submit
@@ -133,7 +134,17 @@ def runtime_on(env: dict[str, str]) -> Runtime:
 def start_worker(env: dict[str, str], logdir: Path, rt: Runtime, **kw: Any) -> WorkerProcess:
     """A started worker (waited for) on ``env``, logging to ``logdir``."""
     worker = WorkerProcess(env, log=logdir / f"worker-{uuid.uuid4().hex[:6]}.log", **kw)
-    return worker.start(rt.app, timeout=60)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            worker.wait_ready(rt.app, timeout=max(deadline - time.monotonic(), 1))
+            return worker
+        except (redis.ConnectionError, OperationalError):
+            # A pooled connection from before a Redis restart: the next ping takes a new one.
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 # --- the chaos driver -------------------------------------------------------------------------
@@ -340,6 +351,8 @@ class ChaosDriver:
             deadline = time.monotonic() + self.budget
             try:
                 while (len(submitted) < self.runs or open_runs) and time.monotonic() < deadline:
+                    if not killer.is_alive():
+                        break  # its error is raised below
                     self._reap(open_runs)
                     i = len(submitted)
                     kills_due = math.ceil(self.min_kills * (i + 1) / self.runs)

@@ -77,7 +77,16 @@ def holder_is_dead(token: str) -> bool:
         return True
     except OSError:
         return False
-    return False
+    return _zombie(int(pid))
+
+
+def _zombie(pid: int) -> bool:
+    # A killed pool child stays a zombie until its worker reaps it: dead all the same.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 class Coordinator:

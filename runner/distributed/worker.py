@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 import weakref
 from typing import Any
 
@@ -56,6 +57,9 @@ def install(
     for name in settings.flow_modules if modules is None else modules:
         for flow_cls in flows_in(name):
             register_flow(app, rt, flow_cls)
+    # Running steps ride through a lost broker connection (config/celeryconfig.py); Celery 5
+    # warns at every loss that Celery 6 will cancel them instead. Our WARNING says it once.
+    warnings.filterwarnings("ignore", message=r"\s*In Celery 5\.1 we introduced")
     watch = ConnectionWatch(f"Redis at {mask_url(rt.store.url)}")
     _start_recovery_on_ready(app, rt, watch)
     _fail_runs_of_unknown_tasks(app, rt)
@@ -354,7 +358,11 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 _CONNECTION_LOGS = ("celery.worker.consumer", "celery.backends", "kombu", "runner.worker")
-_CONNECTION_MESSAGES = ("consumer: Cannot connect to", "Connection to Redis lost")
+_CONNECTION_MESSAGES = (
+    "consumer: Cannot connect to",
+    "consumer: Connection to broker lost",
+    "Connection to Redis lost",
+)
 
 
 class _QuietReconnects(logging.Filter):

@@ -199,3 +199,19 @@ class OverrunsSoft(Flow[LimitState]):
     def slow(self) -> None:
         with trace(self.state.id, "slow"):
             time.sleep(5)
+
+
+# --- a retry waiting on a worker ------------------------------------------------------------
+
+
+class FailsOnce(Flow[LimitState]):
+    """A step whose first execution fails; its retry waits ``retry_backoff`` (20-40 s) on
+    the worker that received it, unless recovery sends it sooner."""
+
+    @start(retries=1, retry_backoff=40)
+    def shaky(self) -> str:
+        with trace(self.state.id, "shaky"):
+            n = len(executions(client(), self.state.id, "shaky"))
+            if n == 1:
+                raise RuntimeError("first execution fails")
+        return f"execution {n}"
