@@ -108,10 +108,12 @@ class RedisServer:
             self.proc.terminate()
             self.proc.wait(timeout=30)
 
-    def restart(self) -> float:
-        """Stop and start again on the same port and data; returns the seconds it was down."""
+    def restart(self, pause: float = 0.0) -> float:
+        """Stop, wait ``pause`` seconds, start again on the same port and data; returns the
+        seconds it was down."""
         began = time.monotonic()
         self.stop()
+        time.sleep(pause)
         self.start()
         return time.monotonic() - began
 
@@ -363,7 +365,7 @@ class ChaosDriver:
                     ):
                         if i == restart_at:
                             with self.quiet:
-                                server.restart()
+                                server.restart(pause=1.0)
                             report.redis_restarts += 1
                         n = rng.randrange(1000)
                         handle = submit(ChaosRouted, {"n": n}, rt=self.rt)

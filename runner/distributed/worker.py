@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 import time
-import warnings
 import weakref
 from typing import Any
 
@@ -46,6 +45,9 @@ from .step import execute, hard_time_limit
 
 log = logging.getLogger("runner.worker")
 
+PATIENT_PUBLISH = {"max_retries": 30, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
+"""Celery's publish retry policy on workers: about 25 s of retries."""
+
 
 def install(
     app: Celery, modules: list[str] | None = None, settings: RunnerSettings | None = None
@@ -53,13 +55,14 @@ def install(
     """Register the runner's tasks and the allow-listed flows on ``app``."""
     settings = settings or get_settings()
     rt = Runtime.create(app, settings, patient=True)  # a Redis blip must not fail a step
+    # Nor must a broker blip fail the send of the steps a commit made ready (Celery's default
+    # gives up after ~1 s): retry for about half a minute, then their senders' leases lapse
+    # and recovery sends them.
+    app.conf.task_publish_retry_policy = PATIENT_PUBLISH
     _register_builtins(app, rt)
     for name in settings.flow_modules if modules is None else modules:
         for flow_cls in flows_in(name):
             register_flow(app, rt, flow_cls)
-    # Running steps ride through a lost broker connection (config/celeryconfig.py); Celery 5
-    # warns at every loss that Celery 6 will cancel them instead. Our WARNING says it once.
-    warnings.filterwarnings("ignore", message=r"\s*In Celery 5\.1 we introduced")
     watch = ConnectionWatch(f"Redis at {mask_url(rt.store.url)}")
     _start_recovery_on_ready(app, rt, watch)
     _fail_runs_of_unknown_tasks(app, rt)
@@ -327,6 +330,7 @@ class ConnectionWatch:
     def __init__(self, what: str) -> None:
         self.what = what
         self.down_since: float | None = None
+        self.back_at = -float("inf")
         self.lock = threading.Lock()
 
     def lost(self, cause: object) -> None:
@@ -345,6 +349,8 @@ class ConnectionWatch:
         """Something that needs the connection worked: end the outage, if there was one."""
         with self.lock:
             since, self.down_since = self.down_since, None
+            if since is not None:
+                self.back_at = time.monotonic()
         if since is not None:
             log.info("connection to %s is back after %.1fs", self.what, time.monotonic() - since)
 
@@ -358,6 +364,8 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 _CONNECTION_LOGS = ("celery.worker.consumer", "celery.backends", "kombu", "runner.worker")
+REPORTED_FOR = 60.0
+"""Seconds after an outage ended in which Celery's own "Connected to" is left unsaid."""
 _CONNECTION_MESSAGES = (
     "consumer: Cannot connect to",
     "consumer: Connection to broker lost",
@@ -380,6 +388,10 @@ class _QuietReconnects(logging.Filter):
         self.watch, self.main = watch, os.getpid()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "py.warnings":
+            # Running steps ride through a lost broker connection (config/celeryconfig.py);
+            # Celery 5 warns at every loss that Celery 6 will cancel them instead.
+            return "worker_cancel_long_running_tasks_on_connection_loss" not in record.getMessage()
         if not record.name.startswith(_CONNECTION_LOGS):
             return True
         exc = record.exc_info[1] if record.exc_info else None
@@ -390,9 +402,8 @@ class _QuietReconnects(logging.Filter):
             return False
         if message.startswith("Connected to") and record.name.startswith("celery.worker"):
             # Celery's consumer reconnected: after an outage our INFO says it, once.
-            was_down = self.watch.down_since is not None
             self.watch.back()
-            return not was_down
+            return time.monotonic() - self.watch.back_at > REPORTED_FOR
         return True
 
 
