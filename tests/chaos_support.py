@@ -91,6 +91,8 @@ class RedisServer:
         argv = [self.exe, "--port", str(self.port), "--bind", self.bind, "--daemonize", "no"]
         argv += ["--dir", str(self.dir), "--logfile", str(self.dir / "redis.log")]
         argv += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        # Bound to one private address only (loopback, or a test's veth), so no password.
+        argv += ["--protected-mode", "no"]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         with contextlib.closing(redis.Redis.from_url(self.url, socket_timeout=1)) as probe:
@@ -99,6 +101,7 @@ class RedisServer:
                     if probe.ping():
                         return self
                 if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
                     raise RuntimeError(f"redis-server did not start; see {self.dir}/redis.log")
                 time.sleep(0.05)
 
