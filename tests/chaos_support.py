@@ -129,7 +129,9 @@ class RedisServer:
 
 def runtime_on(env: dict[str, str]) -> Runtime:
     """A producer runtime with exactly the settings ``env`` gives (the rest at defaults)."""
-    values = {k[len("RUNNER_") :].lower(): v for k, v in env.items() if k.startswith("RUNNER_")}
+    values: dict[str, Any] = {
+        k[len("RUNNER_") :].lower(): v for k, v in env.items() if k.startswith("RUNNER_")
+    }
     values.pop("test_db", None)
     fields = RunnerSettings.model_fields
     settings = RunnerSettings(**{k: v for k, v in values.items() if k in fields})

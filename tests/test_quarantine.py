@@ -51,6 +51,11 @@ def _nameless(rt: Runtime) -> str:
     return rt.store.commit(first, expected_seq=0).run_id
 
 
+def _status(rt: Runtime, run_id: str) -> RunStatus | None:
+    info = rt.store.run(run_id)
+    return None if info is None else info.status
+
+
 def _quarantine_lines(logdir: Path, run_id: str) -> list[str]:
     lines = []
     for log in sorted(logdir.glob("*.log")):
@@ -83,8 +88,7 @@ def test_unreadable_runs_are_quarantined_and_recovery_goes_on(
         pool.start()
         assert RunHandle(healthy, rt).wait(timeout=30) is RunStatus.SUCCEEDED
         for why, run_id in broken.items():
-            info = eventually(lambda r=run_id: rt.store.run(r), timeout=10)
-            eventually(lambda r=run_id: rt.store.run(r).status is RunStatus.CORRUPT, timeout=10)
+            eventually(lambda r=run_id: _status(rt, r) is RunStatus.CORRUPT, timeout=10)  # type: ignore[misc]
             info = rt.store.run(run_id)
             assert info is not None and info.error, why
             assert info.error.startswith("CorruptCheckpoint: "), (why, info.error)
@@ -115,7 +119,7 @@ def test_a_step_of_a_corrupt_run_quarantines_it_instead_of_failing_for_ever(
             kwargs={"run_id": run_id, "activation": "nap#1", "epoch": 0},
             task_id=tid,
         )
-        eventually(lambda: rt.store.run(run_id).status is RunStatus.CORRUPT, timeout=20)
+        eventually(lambda: _status(rt, run_id) is RunStatus.CORRUPT, timeout=20)
         assert run_id not in rt.coord.active_runs()
         eventually(lambda: len(_quarantine_lines(tmp_path, run_id)) == 1, timeout=5)
         text = "".join(log.read_text() for log in tmp_path.glob("*.log"))

@@ -199,8 +199,8 @@ class _Receipts:
     """Soft leases on the step messages this worker received and no attempt began yet.
 
     Taken when a message arrives (prefetched, or a retry waiting for its countdown),
-    renewed every third of a lease while the worker still holds the message, dropped
-    when it no longer does; an attempt that begins takes the lease over (see
+    renewed every third of a lease while the worker still holds the message and left to
+    lapse when it no longer does; an attempt that begins takes the lease over (see
     :mod:`runner.distributed.handoff`). A worker killed while holding messages leaves
     leases that lapse, so recovery re-sends those steps at once instead of after the
     broker's visibility timeout.
@@ -257,9 +257,13 @@ class _Receipts:
             for token, (ref, run_id, key) in held:
                 request = ref()
                 try:
-                    if request is None or not _still_held(request):
-                        self.rt.coord.release(run_id, key, token)
-                    elif self.rt.coord.renew(run_id, key, token):
+                    # Done with the message and no attempt took the lease over (a pool child
+                    # killed before it began, ...): Celery requeued the message, or dropped it
+                    # (it does, for a message redelivered before). Which, we cannot tell, so
+                    # the lease is left to lapse: recovery sends the step again if it is not
+                    # committed by then; a duplicate message is harmless, a lost one is not.
+                    held_still = request is not None and _still_held(request)
+                    if held_still and self.rt.coord.renew(run_id, key, token):
                         continue
                 except StoreUnavailable as exc:
                     self.watch.lost(exc)
