@@ -10,7 +10,9 @@ message could be lost with no attempt running:
   between leaves a lease that lapses;
 * the **receiving worker**'s, taken when the message reaches a worker (prefetched, or a
   retry waiting for its countdown) and renewed by that worker until an attempt begins:
-  a worker that dies holding messages leaves leases that lapse.
+  a worker that dies holding messages leaves leases that lapse, and so does a worker done
+  with a message that no attempt began (its pool child died first: Celery requeues the
+  message, or drops it if it was redelivered before).
 
 An attempt that begins takes over any soft lease at once; a receiving worker takes over
 a sender's. So a step that is marked sent and has no lease at all is in the broker's
