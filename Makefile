@@ -13,7 +13,7 @@ BASE_PYTHON ?= $(shell for p in python3.12 python3.11 python3.13 python3.14 pyth
 	&& { echo $$p; break; }; done)
 LINT_PATHS := $(wildcard runner workers tests bench examples)
 
-.PHONY: venv test lint bench demo clean distclean
+.PHONY: venv test lint bench demo chaos clean distclean
 
 venv: $(STAMP)
 
@@ -38,9 +38,14 @@ bench: venv
 	if [ $${#scripts[@]} -eq 0 ]; then echo "bench: no scripts in bench/"; exit 0; fi; \
 	for s in "$${scripts[@]}"; do echo "== $$s"; $(BIN)/python "$$s" || exit 1; done
 
+# Leaves its run in ./.runner (with the commands to explore it); `rm -rf .runner` removes it.
 demo: venv
-	@if [ -f examples/demo.py ]; then $(BIN)/python -m examples.demo; \
-	else echo "demo: not yet (see issue 5)"; fi
+	$(BIN)/python -m examples.demo
+
+# Kills workers and pool children at random during 300 runs at the default settings, restarts
+# Redis once, prints a table (README: Reliability). CHAOS_SEED=<n> replays a session's choices.
+chaos: venv
+	$(BIN)/python -m tests.chaos_support
 
 clean:
 	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache *.egg-info

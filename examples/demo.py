@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -168,7 +169,8 @@ def _explore(rt: Any, handle: Any, stages: list[str], started: bool) -> None:
     run = refs.short_runs(rt, [handle.run_id])[handle.run_id]
     ckpt = refs.short_ids([c.id for c in history], refs.MIN_CHECKPOINT)[mid]
     here = f"the data stays in {Path.cwd() / '.runner'} (`rm -rf .runner` removes it)"
-    workers = f"RUNNER_PREFIX={PREFIX} runner dev {FLOW.split(':')[0]}"
+    runner = _runner_command()
+    workers = f"RUNNER_PREFIX={PREFIX} {runner} dev {FLOW.split(':')[0]}"
     print(
         f"\nExplore it: {here if started else 'the run stays in your Redis'}.\n"
         + (
@@ -177,11 +179,23 @@ def _explore(rt: Any, handle: Any, stages: list[str], started: bool) -> None:
             else f"  {workers}     # in another shell: workers for fork and resume\n"
         )
         + f"  export RUNNER_PREFIX={PREFIX}\n"
-        f"  runner steps {run}            # each step: attempts, worker, duration\n"
-        f"  runner checkpoints {run}\n"
-        f"  runner show {ckpt}\n"
-        f"  runner fork {ckpt} --rerun {stages[2]} --wait   # redo stage 3 and what follows\n"
+        f"  {runner} steps {run}            # each step: attempts, worker, duration\n"
+        f"  {runner} checkpoints {run}\n"
+        f"  {runner} show {ckpt}\n"
+        f"  {runner} fork {ckpt} --rerun {stages[2]} --wait   # redo stage 3 and what follows\n"
     )
+
+
+def _runner_command() -> str:
+    """``runner`` if the shell finds this install's, else its path (e.g. ``.venv/bin/runner``,
+    as after ``make demo`` without an activated venv)."""
+    mine = Path(sys.executable).parent / "runner"
+    found = shutil.which("runner")
+    if found is not None and Path(found).resolve() == mine.resolve():
+        return "runner"
+    with contextlib.suppress(ValueError):
+        return str(mine.relative_to(Path.cwd()))
+    return str(mine)
 
 
 if __name__ == "__main__":

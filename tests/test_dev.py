@@ -285,6 +285,7 @@ def test_runner_dev_refuses_a_bad_allow_list_in_one_line(
 @pytest.mark.timeout(300)
 def test_the_demo_leaves_a_run_whose_printed_commands_work_as_printed(tmp_path: Path) -> None:
     env = bare_env(DEMO_FLOWER_PORT=str(_free_port()))
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # venv on
     demo = subprocess.run(
         [sys.executable, "-m", "examples.demo"], cwd=tmp_path, env=env, capture_output=True,
         text=True, timeout=200, check=False,
@@ -298,8 +299,7 @@ def test_the_demo_leaves_a_run_whose_printed_commands_work_as_printed(tmp_path: 
         if line.startswith("  ")
     ]
     assert commands[0].startswith("RUNNER_PREFIX=demo runner dev examples.research")
-    shell_env = bare_env()
-    shell_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{shell_env.get('PATH', '')}"
+    shell_env = dict(env)
     dev = DevProcess.start(
         tmp_path, ["bash", "-c", f"exec env {commands[0]} --no-flower --no-ui"], shell_env
     )

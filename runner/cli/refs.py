@@ -109,15 +109,21 @@ def _glob(ref: str) -> str:
 
 
 def _runs_matching(rt: Runtime, ref: str) -> list[str]:
-    client, key = rt.store.client, rt.store.keys.runs
-    found = list(client.zscan_iter(key, match=_glob(ref), count=1000))
-    return [raw.decode() for raw, _score in found]
+    client, pattern = rt.store.client, _glob(ref)
+    return [
+        raw.decode()
+        for key in rt.store.keys.all_runs()  # every shard of the run index (SCAN, never KEYS)
+        for raw, _score in client.zscan_iter(key, match=pattern, count=1000)
+    ]
 
 
 def _checkpoints_matching(rt: Runtime, ref: str) -> list[str]:
-    client, key = rt.store.client, rt.store.keys.checkpoints
-    found = list(client.hscan_iter(key, match=_glob(ref), count=1000))
-    return [raw.decode() for raw, _run in found]
+    client, pattern = rt.store.client, _glob(ref)
+    return [
+        raw.decode()
+        for key in rt.store.keys.all_checkpoints()
+        for raw, _run in client.hscan_iter(key, match=pattern, count=1000)
+    ]
 
 
 def _child_by_parent_prefix(rt: Runtime, ref: str) -> list[str]:
@@ -135,8 +141,9 @@ def _child_by_parent_prefix(rt: Runtime, ref: str) -> list[str]:
 
 def _roots(rt: Runtime) -> list[str]:
     """Every run id in the index that does not extend another one (child runs do)."""
-    client, key = rt.store.client, rt.store.keys.runs
-    ids = sorted(raw.decode() for raw in client.zrange(key, 0, -1))
+    client = rt.store.client
+    keys = rt.store.keys.all_runs()
+    ids = sorted(raw.decode() for key in keys for raw in client.zrange(key, 0, -1))
     roots: list[str] = []
     for run_id in ids:  # sorted, so a parent comes right before its descendants
         if not (roots and run_id.startswith(roots[-1] + "-")):
