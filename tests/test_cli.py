@@ -180,9 +180,7 @@ def test_fork_with_set_and_rerun_makes_a_new_run_whose_status_shows_its_lineage(
     ckpt = rt.store.latest(source).id
     before = history_ids(rt, source)
 
-    forked = cli.ok(
-        "fork", ckpt, "--set", "x=1", "--rerun", "check", "--branch", "exp", "--wait"
-    )
+    forked = cli.ok("fork", ckpt, "--set", "x=1", "--rerun", "check", "--branch", "exp", "--wait")
     new_run, outcome = forked.stdout.splitlines()
     assert outcome == "succeeded: total=2"
     assert new_run != source
@@ -324,7 +322,6 @@ def test_prune_of_a_run_spares_the_checkpoint_a_fork_started_from(
     cli.ok("fork", pinned, "--wait")
     cli.ok("prune", source, "--keep", "1")
     assert history_ids(rt, source) == [rt.store.latest(source).id, pinned]
-
 
 
 # --- crews ----------------------------------------------------------------------------------

@@ -100,7 +100,9 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(
 
 
 def test_an_inputs_file_that_is_not_a_json_object_is_bad_input(
-    cli: Cli, rt: Any, tmp_path: Path  # noqa: F811
+    cli: Cli,  # noqa: F811
+    rt: Any,
+    tmp_path: Path,
 ) -> None:
     before = snapshot(rt)
     for text, needle in (("{oops", "not valid JSON"), ("[1, 2]", "JSON object")):
@@ -132,7 +134,9 @@ def test_a_refused_operation_is_one_line_exit_1_and_changes_nothing(
 
 
 def test_resume_refuses_a_running_run_even_from_an_older_checkpoint(
-    cli: Cli, rt: Any, tag: str  # noqa: F811
+    cli: Cli,  # noqa: F811
+    rt: Any,
+    tag: str,  # noqa: F811
 ) -> None:
     handle = submit("tests.flows.cli:ApprovalFlow", {"tag": tag}, rt=rt)
     assert handle.wait(timeout=30) is RunStatus.PAUSED
@@ -162,7 +166,10 @@ REDIS_DOWN = [
 
 @pytest.mark.parametrize("args", REDIS_DOWN, ids=[a[0] for a in REDIS_DOWN])
 def test_redis_down_is_one_line_with_the_password_masked(
-    cli: Cli, rt: Any, done_run: str, args: list[str]  # noqa: F811
+    cli: Cli,  # noqa: F811
+    rt: Any,
+    done_run: str,
+    args: list[str],
 ) -> None:
     args = [a.replace("{run}", done_run) for a in args]
     before = snapshot(rt)
@@ -173,7 +180,8 @@ def test_redis_down_is_one_line_with_the_password_masked(
 
 
 def test_a_flow_outside_the_allow_list_is_refused_before_anything_is_stored(
-    cli: Cli, rt: Any  # noqa: F811
+    cli: Cli,  # noqa: F811
+    rt: Any,
 ) -> None:
     before = snapshot(rt)
     result = cli("submit", GATED, env={"RUNNER_FLOW_MODULES": "examples.linear"})
@@ -223,7 +231,10 @@ def run_process(argv: list[str], env: dict[str, str]) -> subprocess.CompletedPro
 
 
 def test_the_console_script_submits_and_waits(
-    rt: Any, worker_env: dict[str, str], redis_client: redis.Redis, tag: str  # noqa: F811
+    rt: Any,
+    worker_env: dict[str, str],
+    redis_client: redis.Redis,
+    tag: str,  # noqa: F811
 ) -> None:
     script = Path(sys.executable).with_name("runner")
     assert script.exists(), "pip install -e . installs the `runner` console script"
@@ -259,8 +270,6 @@ def test_python_m_runner_cli_reports_errors_in_one_line(
 
 
 def test_python_m_runner_prints_a_graph_without_redis() -> None:
-    done = run_process(
-        [sys.executable, "-m", "runner", "--redis-url", DOWN, "graph", GATED], {}
-    )
+    done = run_process([sys.executable, "-m", "runner", "--redis-url", DOWN, "graph", GATED], {})
     assert done.returncode == 0, done.stderr
     assert done.stdout == GatedFlow.graph().to_mermaid()
