@@ -547,8 +547,8 @@ def report(
     )
     print("notes:")
     print(
-        f"- snapshot bytes written (store/multi/evalsha): {sizes}; the store's snapshot holds a "
-        "state up to 16 KB, a bigger one is written by changed field beside it"
+        f"- snapshot bytes written (store/multi/evalsha): {sizes}; the store's snapshot holds the "
+        "state of a checkpoint under 16 KB; a bigger one's state goes by changed field beside it"
     )
     print(
         "- every case serializes inside the timed region (store: pydantic model_dump_json; raw: "

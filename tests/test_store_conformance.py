@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from runner import ids
-from runner.errors import CheckpointNotFound, CommitConflict, RunNotFound, StaleAttempt
+from runner.errors import (
+    CheckpointNotFound,
+    CommitConflict,
+    NotSerializable,
+    RunNotFound,
+    StaleAttempt,
+    StoreError,
+)
 from runner.store.base import BeginOutcome, CheckpointStore, CoordinatedStore
 from runner.store.jsondir import JsonProvider
 from runner.store.models import Checkpoint, Lineage, RunStatus, StepError
@@ -201,6 +208,32 @@ def test_update_run_sets_status(store):
     assert store.run(run) == info
     assert [r.run_id for r in store.runs(status=RunStatus.CANCELLED)] == [run]
     assert store.latest(run) == latest
+
+
+def test_update_run_with_an_unknown_field_or_a_bad_value_is_a_store_error_and_changes_nothing(
+    store,
+):
+    run = ids.run_id()
+    store.commit(ckpt(run))
+    before = store.run(run)
+
+    with pytest.raises(StoreError, match="bogus"):
+        store.update_run(run, bogus=1)
+    with pytest.raises(StoreError):
+        store.update_run(run, status="exploded")
+
+    assert store.run(run) == before
+
+
+def test_a_state_value_json_cannot_hold_is_not_serializable_and_writes_nothing(store):
+    run = ids.run_id()
+    first = store.commit(ckpt(run, state={"n": 1}))
+
+    for state in ({"n": object()}, {"big": "x" * 20_000, "n": object()}):
+        with pytest.raises(NotSerializable):
+            store.commit(ckpt(run, state=state))
+
+    assert store.history(run) == [first]
 
 
 def test_update_run_of_unknown_run_raises_run_not_found(store):
@@ -640,6 +673,11 @@ def test_a_state_growing_past_the_inline_size_and_shrinking_back_reads_back_exac
         made.append(coord_store.commit(ckpt(run, state=state), max_checkpoints=5))
     assert coord_store.history(run) == list(reversed(made[-5:]))
     assert coord_store.latest(run) == made[-1]
-    # Kept: seq 3-7. The state went by field at 3 (3 fields), changed log and size at 5, went
-    # inside the snapshot at 6 and by field again, whole, at 7: 3 + 2 + 3 values.
-    assert client.hlen(k.values(run)) == 8
+    # Kept: seq 3-7. The state went by field at 3 (3 fields), then only changed fields were
+    # written: log and size at 5, 6 and 7 (a run seen by field goes on by field).
+    assert client.hlen(k.values(run)) == 3 + 2 + 2 + 2
+    other = RedisProvider(client=client, prefix=k.prefix)  # has not seen the run: whole
+    last = other.commit(ckpt(run, state={"id": run, "log": []}), max_checkpoints=5)
+    assert coord_store.latest(run) == last
+    # Seq 4-8 kept: 4 (the same state as 3) still refers to the three values written at 3.
+    assert client.hlen(k.values(run)) == 3 + 2 + 2 + 2

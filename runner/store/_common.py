@@ -38,16 +38,25 @@ def resolve_max(default: int | None) -> int:
     return get_settings().max_checkpoints
 
 
+SERIALIZATION_ERRORS = (PydanticSerializationError, TypeError, ValueError)
+"""What encoding a checkpoint with a value JSON cannot hold raises."""
+
+
 def encode(checkpoint: Checkpoint) -> str:
     """The checkpoint as JSON text; :class:`NotSerializable` if a value cannot be written."""
     try:
         return checkpoint.model_dump_json()
-    except (PydanticSerializationError, TypeError, ValueError) as exc:
-        raise NotSerializable(
-            f"checkpoint {checkpoint.id} of run {checkpoint.run_id} is not JSON: {exc}",
-            checkpoint_id=checkpoint.id,
-            run_id=checkpoint.run_id,
-        ) from None
+    except SERIALIZATION_ERRORS as exc:
+        raise not_serializable(checkpoint, exc) from None
+
+
+def not_serializable(checkpoint: Checkpoint, exc: Exception) -> NotSerializable:
+    """The :class:`NotSerializable` of a checkpoint holding a value JSON cannot hold."""
+    return NotSerializable(
+        f"checkpoint {checkpoint.id} of run {checkpoint.run_id} is not JSON: {exc}",
+        checkpoint_id=checkpoint.id,
+        run_id=checkpoint.run_id,
+    )
 
 
 def decode(data: str | bytes, checkpoint_id: str, where: str) -> Checkpoint:

@@ -5,14 +5,15 @@ the dispatch markers and step leases of the engine on workers. A commit is one E
 of :data:`~runner.store.scripts.COMMIT`: one round trip, atomic, idempotent per
 activation, dropping the step's lease and marking the next steps dispatched.
 
-A checkpoint costs what its step changed: a state over :data:`INLINE_STATE_BYTES` is
-stored by top-level field, each value once per version, and each checkpoint lists its
-fields' versions (a smaller one goes whole inside the snapshot). The provider remembers
-the field digests and versions of the latest checkpoint it read or wrote for a run (a
-small per-process cache), and a commit based on that checkpoint sends only the fields
-whose encoding changed (and the field list); the script refuses a change whose base is
-not the run's latest checkpoint, and the commit is sent again whole. Any kept checkpoint
-reads back whole exactly as committed; reading the latest state is one round trip.
+A checkpoint costs what its step changed: the state of a checkpoint over
+:data:`INLINE_BYTES` is stored by top-level field, each value once per version, and each
+checkpoint lists its fields' versions (a smaller one goes whole inside the snapshot). The
+provider remembers the field digests and versions of the latest checkpoint it read or
+wrote for a run (a small per-process cache), and a commit based on that checkpoint sends
+only the fields whose encoding changed (and the field list); the script refuses a change
+whose base is not the run's latest checkpoint, and the commit is sent again whole. Any
+kept checkpoint reads back whole exactly as committed; reading the latest state is one
+round trip.
 
 Other reads are single commands, one pipeline or two. Redis errors are wrapped at this
 edge: an unreachable server is :class:`~runner.errors.StoreUnavailable` naming the
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
-from pydantic_core import PydanticSerializationError, to_json
+from pydantic_core import to_json
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
@@ -44,24 +45,34 @@ from runner.errors import (
     CheckpointNotFound,
     CommitConflict,
     CorruptCheckpoint,
-    NotSerializable,
     RunNotFound,
     StaleAttempt,
     StoreError,
     StoreUnavailable,
 )
 from runner.store import scripts
-from runner.store._common import conflict, decode, decode_info, forked, run_info_after
+from runner.store._common import (
+    SERIALIZATION_ERRORS,
+    conflict,
+    decode,
+    decode_info,
+    forked,
+    not_serializable,
+    run_info_after,
+    run_info_updated,
+)
 from runner.store.base import BeginOutcome, Begun, Coordination
 from runner.store.keys import CLUSTER_SHARDS, Keys
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
 T = TypeVar("T")
 
+_EXCLUDE_SEQ = {"seq"}
 _EXCLUDE = {"seq", "state"}
-INLINE_STATE_BYTES = 16 * 1024
-"""A state whose fields' JSON add up to no more than this is written whole inside the
-snapshot: below it, splitting it by field costs more bookkeeping than the bytes it saves."""
+INLINE_BYTES = 16 * 1024
+"""A checkpoint whose JSON is smaller is written whole, its state inside the snapshot:
+below it, storing the state by field costs more bookkeeping than the bytes it saves. A run
+whose latest checkpoint was stored by field goes on by field."""
 _BASES_KEPT = 1024
 """Runs whose latest field digests a provider remembers (least recently used go first)."""
 _INFO_FIELDS = frozenset(RunInfo.model_fields)
@@ -151,17 +162,18 @@ class RedisProvider:
         k, run = self.keys, checkpoint.run_id
         keep = self.max_checkpoints if max_checkpoints is None else max_checkpoints
         keep = max(keep, 0)
-        body = _dump(checkpoint)[1:]
         now = time.time()
         always, once = _meta_fields(checkpoint, now)
-        values = _encode_state(checkpoint)
-        inline = sum(map(len, values.values())) <= INLINE_STATE_BYTES
-        if inline:  # no field list: the state goes inside the snapshot
-            body = body[:-1] + ',"state":' + _joined(values) + "}"
-            digests, names, base = {}, "", None
-        else:
+        base = self._base(run)
+        inline, values, digests, names = False, {}, {}, ""
+        if base is None:  # a run seen by field goes on by field
+            body = _dump(checkpoint, _EXCLUDE_SEQ)[1:]
+            inline = len(body) < INLINE_BYTES  # the state stays inside the snapshot
+        if not inline:
+            body = _dump(checkpoint, _EXCLUDE)[1:]
+            values = _encode_state(checkpoint)
             digests = {name: _digest(value) for name, value in values.items()}
-            names, base = json.dumps(list(values)), self._base(run)
+            names = json.dumps(list(values))
         for whole in (base is None, True):
             if inline:
                 base_id, changed, versions = "", set(), []
@@ -239,7 +251,9 @@ class RedisProvider:
 
     def update_run(self, run_id: str, **fields: Any) -> RunInfo:
         """Set metadata fields of an existing run (``RunNotFound`` if none)."""
-        encoded = {key: _field(value) for key, value in fields.items()}
+        # The shared rule first: an unknown field or a bad value is a StoreError, unwritten.
+        checked = run_info_updated(RunInfo(run_id=run_id), fields)
+        encoded = {key: _field(getattr(checked, key)) for key in fields}
         ok = self._call(
             self._update,
             [self.keys.meta(run_id), self.keys.runs_of(run_id), self.keys.active_of(run_id)],
@@ -664,37 +678,21 @@ class _Base:
     versions: dict[str, int]
 
 
-def _dump(checkpoint: Checkpoint) -> str:
-    """The snapshot JSON: the checkpoint without ``seq`` (the script's) and ``state``."""
+def _dump(checkpoint: Checkpoint, exclude: set[str]) -> str:
+    """The snapshot JSON: the checkpoint without ``seq`` (the script's), and without its
+    ``state`` when that is stored by field."""
     try:
-        return checkpoint.model_dump_json(exclude=_EXCLUDE)
-    except (PydanticSerializationError, TypeError, ValueError) as exc:
-        raise _not_json(checkpoint, exc) from None
+        return checkpoint.model_dump_json(exclude=exclude)
+    except SERIALIZATION_ERRORS as exc:
+        raise not_serializable(checkpoint, exc) from None
 
 
 def _encode_state(checkpoint: Checkpoint) -> dict[str, bytes]:
     """Each state field's JSON, in the state's order."""
     try:
         return {name: to_json(value) for name, value in checkpoint.state.items()}
-    except (PydanticSerializationError, TypeError, ValueError) as exc:
-        raise _not_json(checkpoint, exc) from None
-
-
-def _not_json(checkpoint: Checkpoint, exc: Exception) -> NotSerializable:
-    return NotSerializable(
-        f"checkpoint {checkpoint.id} of run {checkpoint.run_id} is not JSON: {exc}",
-        checkpoint_id=checkpoint.id,
-        run_id=checkpoint.run_id,
-    )
-
-
-def _joined(values: dict[str, bytes]) -> str:
-    """The JSON object of encoded field values."""
-    return (
-        "{"
-        + ",".join(f"{json.dumps(name)}:{value.decode()}" for name, value in values.items())
-        + "}"
-    )
+    except SERIALIZATION_ERRORS as exc:
+        raise not_serializable(checkpoint, exc) from None
 
 
 def _digest(value: bytes | None) -> bytes:
