@@ -47,11 +47,6 @@ demo: venv
 chaos: venv
 	$(BIN)/python -m tests.chaos_support
 
-# Kills workers and pool children at random during 300 runs at the default settings, restarts
-# Redis once, prints a table (README: Reliability). CHAOS_SEED=<n> replays a session's choices.
-chaos: venv
-	$(BIN)/python -m tests.chaos_support
-
 clean:
 	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache *.egg-info
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
