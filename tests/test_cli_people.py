@@ -120,12 +120,12 @@ def test_wait_on_a_terminal_redraws_steps_and_crew_tasks_then_sums_up(
             break
         chunks.append(data)
     os.close(parent)
-    assert proc.wait(timeout=60) == 0
     screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    assert proc.wait(timeout=60) == 0, screen[-3000:]
     assert "steps" in screen and "/" in screen  # done of total
     for task in ("a1", "b2", "c3", "d3", "stage4#1"):
         assert task in screen, task
-    assert "done" in screen and "running" in screen  # redrawn while it ran
+    assert "done" in screen and "running" in screen, screen[-3000:]  # redrawn while it ran
     assert screen.rstrip().splitlines()[-1].startswith('succeeded: {"raw": "d3(')
 
 
