@@ -61,8 +61,12 @@ def mask_url(url: str) -> str:
 
 def _client(url: str, timeout: float) -> redis.Redis:
     # No retries: a probe must answer at once, and SHUTDOWN ends in the error it expects.
+    # A Redis Cluster URL (`redis+cluster://`) is probed at the node it names.
     return redis.Redis.from_url(
-        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
+        url.replace("+cluster://", "://", 1),
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
     )
 
 

@@ -21,10 +21,17 @@ from redis.cluster import RedisCluster
 
 import tests.test_store_conformance as conformance
 from bench._cluster import cluster_tools, local_cluster
+from examples.fanout import FanoutFlow
+from examples.linear import LinearFlow
 from runner import ids
+from runner.distributed.app import make_app
+from runner.distributed.client import submit
+from runner.errors import StoreUnavailable
+from runner.settings import RunnerSettings
 from runner.store.keys import CLUSTER_SHARDS
-from runner.store.models import Checkpoint
+from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
+from tests._dist_support import private_pool
 
 pytestmark = [
     pytest.mark.slow,
@@ -113,3 +120,34 @@ def test_the_cluster_url_scheme_builds_a_cluster_client(cluster_nodes, prefix):
         assert "redis+cluster://127.0.0.1" in store.url
     finally:
         store.close()
+
+
+def test_flows_run_on_workers_with_their_checkpoints_on_the_cluster(
+    cluster_nodes, worker_env, redis_url, tmp_path
+):
+    # The broker stays a plain Redis (kombu has no Cluster transport); checkpoints, markers,
+    # leases and stop notices go to the cluster.
+    overrides = {
+        "RUNNER_REDIS_URL": f"redis+cluster://127.0.0.1:{cluster_nodes[0]}",
+        "RUNNER_BROKER_URL": redis_url,
+    }
+    with private_pool(worker_env, str(tmp_path), **overrides) as (pool, rt, _):
+        assert isinstance(rt.store.client, RedisCluster)
+        pool.start()
+        linear = submit(LinearFlow, rt=rt)
+        fanout = submit(FanoutFlow, rt=rt)
+        assert linear.result(timeout=60) == 19
+        assert fanout.wait(timeout=60) is RunStatus.SUCCEEDED
+        assert linear.latest().state["counter"] == 20
+        assert fanout.latest().state["summary"] == "10 notes"
+        assert len(rt.store.history(linear.run_id, limit=100)) == 21
+        for handle in (linear, fanout):
+            assert rt.coord.leases(handle.run_id) == {}
+            assert rt.coord.dispatched(handle.run_id) == {}
+            assert handle.run_id not in rt.coord.active_runs()
+
+
+def test_checkpoints_on_a_cluster_without_a_broker_of_their_own_are_refused(cluster_nodes):
+    url = f"redis+cluster://127.0.0.1:{cluster_nodes[0]}"
+    with pytest.raises(StoreUnavailable, match="RUNNER_BROKER_URL"):
+        make_app(RunnerSettings(redis_url=url))

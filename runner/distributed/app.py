@@ -23,7 +23,8 @@ from typing import Any
 
 from celery import Celery
 
-from runner.embedded import shared_redis_url
+from runner.embedded import mask_url, shared_redis_url
+from runner.errors import StoreUnavailable
 from runner.settings import RunnerSettings, get_settings
 
 REQUIRED: dict[str, Any] = {
@@ -65,10 +66,15 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
     """A Celery app on the settings' shared Redis (``StoreUnavailable`` if there is none)."""
     settings = settings or get_settings()
     url = shared_redis_url(settings.redis_url)
+    if "+cluster://" in url and not settings.broker_url:  # kombu has no Cluster transport
+        raise StoreUnavailable(
+            f"checkpoints on a Redis Cluster ({mask_url(url)}) need a broker of their own: "
+            "set RUNNER_BROKER_URL (a plain Redis or RabbitMQ)"
+        )
     app = Celery(main, set_as_current=False)
     conf: dict[str, Any] = {
         "broker_url": settings.broker_url or url,
-        "result_backend": url,
+        "result_backend": _result_backend(url, settings.broker_url),
         "control_exchange": f"celery.{settings.prefix}",
         "event_exchange": f"celeryev.{settings.prefix}",
         # Checkpoints are the record of a step; results cost a backend write per task.
@@ -80,6 +86,14 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
     app.conf.update(conf)
     app.conf.runner_redis_url = url
     return app
+
+
+def _result_backend(url: str, broker_url: str | None) -> str | None:
+    """Where results (when kept) go: the checkpoints' Redis, or with checkpoints on a Redis
+    Cluster the broker's Redis (none beside a RabbitMQ broker)."""
+    if "+cluster://" not in url:
+        return url
+    return broker_url if broker_url and broker_url.startswith(("redis", "rediss")) else None
 
 
 _app: Celery | None = None
