@@ -8,8 +8,8 @@ key                        type    holds
 =========================  ======  ===========================================================
 ``P:{T}:meta``             hash    run metadata (:class:`RunInfo` fields) and its ``epoch``
 ``P:{T}:history``          zset    checkpoint ids scored by sequence number
-``P:{T}:snaps``            hash    checkpoint id -> snapshot JSON (without its state)
-``P:{T}:values``           hash    ``<version>:<field>`` -> the field's JSON value
+``P:{T}:snaps``            hash    checkpoint id -> snapshot JSON (the state inside when small)
+``P:{T}:values``           hash    ``<version>:<field>`` -> a state field's JSON value
 ``P:{T}:refs``             hash    checkpoint id -> ``[[field names], [versions]]`` of its state
 ``P:{T}:attempts``         hash    activation -> ``token|checkpoint id`` (idempotency, fencing)
 ``P:{T}:acts``             hash    checkpoint id -> the activation it committed (trimming)
@@ -25,7 +25,9 @@ key                        type    holds
 =========================  ======  ===========================================================
 
 On a single Redis (``shards=0``) the tag ``{T}`` is the run id (``P:{R}:meta``) and the
-three indexes are single keys. On Redis Cluster (``shards=N``) every run belongs to one of
+three indexes are single keys. A state stored by field (see :mod:`runner.store.redis`)
+is in ``values``, each version once; ``<version>`` is the seq of the commit that wrote it.
+On Redis Cluster (``shards=N``) every run belongs to one of
 ``N`` shards by a hash of its id; its tag is the shard's (``P:{sK}:R:meta``) and each index
 is split into one key per shard, tagged alike (``P:{sK}:runs``). Either way every script
 touches the keys of one run and its own shard's index entries: one slot, every key declared.
