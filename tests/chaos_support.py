@@ -356,10 +356,18 @@ class ChaosDriver:
             submitted: dict[str, tuple[int, float]] = {}
             open_runs: set[str] = set()
             deadline = time.monotonic() + self.budget
+            said = time.monotonic()
             try:
                 while (len(submitted) < self.runs or open_runs) and time.monotonic() < deadline:
                     if not killer.is_alive():
                         break  # its error is raised below
+                    if time.monotonic() - said > 10:
+                        said = time.monotonic()
+                        print(
+                            f"chaos: {len(submitted)} submitted, {len(open_runs)} open, "
+                            f"{len(self.kills)} kills",
+                            flush=True,
+                        )
                     self._reap(open_runs)
                     i = len(submitted)
                     kills_due = math.ceil(self.min_kills * (i + 1) / self.runs)
