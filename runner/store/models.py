@@ -312,7 +312,10 @@ class Checkpoint(BaseModel):
     seq: int = 0
     """Position in the run's history, assigned by the store (1, 2, 3, ... gapless)."""
     event: str
-    """What happened: ``run_started``, ``method_finished``, ``method_failed``, ..."""
+    """What happened: ``flow_started``, ``method_execution_finished``,
+    ``method_execution_failed``, ``flow_paused``, ``flow_resumed``, ``flow_cancelled``,
+    ``flow_failed``, ``child_run_started``, ``forked``, or ``method_finished`` (a state
+    saved by ``@persist``)."""
     step: str | None = None
     """The flow method or crew task the event is about."""
     activation: str | None = None
