@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from runner.console.data import list_runs
 from runner.distributed.client import RunHandle
 from runner.distributed.engine import Runtime, first_checkpoint, task_id, task_name
 from runner.store.models import Checkpoint, RunStatus
@@ -103,6 +104,8 @@ def test_unreadable_runs_are_quarantined_and_recovery_goes_on(
         result = _cli_runs(env, "--status", "corrupt", "--json")
         assert result.returncode == 0, result.stderr
         assert {row["run_id"] for row in json.loads(result.stdout)} == set(broken.values())
+        rows = list_runs(rt.store, status=RunStatus.CORRUPT)  # the console's list
+        assert {row["run_id"] for row in rows} == set(broken.values())
 
 
 def test_a_step_of_a_corrupt_run_quarantines_it_instead_of_failing_for_ever(

@@ -16,7 +16,7 @@ from runner.cli.history import checkpoint_diff
 from runner.distributed.client import load_flow
 from runner.distributed.control import find_checkpoint
 from runner.distributed.engine import Runtime, task_id
-from runner.errors import RunnerError, RunNotFound
+from runner.errors import CorruptCheckpoint, RunnerError, RunNotFound
 from runner.flow.graph import FlowGraph
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
 from runner.store.redis import RedisProvider
@@ -110,7 +110,17 @@ def list_runs(
             break
         offset += _PAGE
     now = time.time()
-    return nested([run_row(info, store.latest(info.run_id), now) for info in found[:limit]])
+    return nested(
+        [run_row(info, _readable_latest(store, info.run_id), now) for info in found[:limit]]
+    )
+
+
+def _readable_latest(store: Any, run_id: str) -> Checkpoint | None:
+    """The run's latest checkpoint; ``None`` if it cannot be read (a corrupt run still lists)."""
+    try:
+        return store.latest(run_id)
+    except CorruptCheckpoint:
+        return None
 
 
 def nested(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
