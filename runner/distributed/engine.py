@@ -191,7 +191,6 @@ def commit(
     parent when a child run ends.
     """
     latest = first
-    held: set[str] = set()  # activation keys this call holds the sender's lease of
     for _ in range(200):
         if latest is None:
             latest = rt.coord.read(run_id)
@@ -199,26 +198,28 @@ def commit(
                 raise RunNotFound(f"no run {run_id}", run_id=run_id)
         built = build(latest)
         if built is None:
-            handoff.let_go(rt.coord, run_id, sorted(held))
             return None
         step = built.transition if isinstance(built, lifecycle.Settled) else built
         marks: list[str] = []
         if mark_ready and step.checkpoint.status is RunStatus.RUNNING:
             epoch = step.checkpoint.meta.epoch
             marks = [tr.activation_key_in(epoch, a.id) for a in step.ready]
-            # Held before the commit: a committer dying before it sends leaves lapsing leases.
-            handoff.hold(rt.coord, run_id, [m for m in marks if m not in held])
-            held.update(marks)
         try:
-            ckpt = rt.store.commit(step.checkpoint, expected_seq=latest.seq, dispatching=marks)
+            # The commit also gives the steps it makes ready the sender's soft lease, so a
+            # committer dying before it sends leaves leases that lapse (see handoff).
+            ckpt = rt.store.commit(
+                step.checkpoint,
+                expected_seq=latest.seq,
+                dispatching=marks,
+                sender=handoff.sender_token() if marks else "",
+                sender_lease=rt.settings.lease_seconds,
+            )
         except CommitConflict:
             latest = None
             time.sleep(random.random() / 1000)
             continue
         except StaleAttempt:
-            handoff.let_go(rt.coord, run_id, sorted(held))
             return None
-        handoff.let_go(rt.coord, run_id, sorted(held.difference(marks)))
         if ckpt.status is not RunStatus.RUNNING:
             rt.coord.notify_stopped(run_id, ckpt.status.value)
             if ckpt.status.finished and ckpt.meta.parent is not None:

@@ -169,9 +169,12 @@ class CoordinatedStore(CheckpointStore, Protocol):
         expected_seq: int | None = None,
         max_checkpoints: int | None = None,
         dispatching: Sequence[str] = (),
+        sender: str = "",
+        sender_lease: float = 0.0,
     ) -> Checkpoint:
         """:meth:`CheckpointStore.commit`, also dropping the step's lease and marking
-        ``dispatching`` dispatched, atomically."""
+        ``dispatching`` dispatched (each under the ``sender``'s soft lease for
+        ``sender_lease`` seconds, unless a live lease is held), atomically."""
         ...
 
     def begin(self, run_id: str, key: str, token: str, lease_seconds: float) -> Begun:

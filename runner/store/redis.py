@@ -152,12 +152,16 @@ class RedisProvider:
         expected_seq: int | None = None,
         max_checkpoints: int | None = None,
         dispatching: Sequence[str] = (),
+        sender: str = "",
+        sender_lease: float = 0.0,
     ) -> Checkpoint:
         """Write ``checkpoint`` as the run's next one in one atomic round trip.
 
         The same round trip drops the lease of ``checkpoint.activation`` and marks
         ``dispatching`` (activations the caller sends next) in the run's dispatch
-        markers, so a redelivered commit never sends them again.
+        markers, so a redelivered commit never sends them again; with a ``sender``
+        token each of them also gets that soft lease for ``sender_lease`` seconds
+        (unless a live lease is held), dropped by the sender once the broker has it.
         """
         k, run = self.keys, checkpoint.run_id
         keep = self.max_checkpoints if max_checkpoints is None else max_checkpoints
@@ -219,6 +223,8 @@ class RedisProvider:
                     names,
                     json.dumps(versions, separators=(",", ":")),
                     len(changed),
+                    sender,
+                    repr(now + sender_lease),
                     *_pairs(always),
                     *_pairs(once),
                     *dispatching,

@@ -116,6 +116,9 @@ COMMIT = (
 -- ARGV[15] the state's field names (JSON array, in order; '' = the state is inside the
 -- snapshot), ARGV[16] their versions (JSON array, -1 = written by this commit),
 -- ARGV[17] D = changed fields (name, JSON);
+-- ARGV[18] the sender's soft-lease token ('' = none), ARGV[19] its lease expiry: each of the
+-- C activations gets the sender's lease unless a live one is held (a sender dying before
+-- it sends leaves leases that lapse, so recovery re-sends);
 -- then A pairs, B pairs, C activations and D pairs.
 -- Returns {'ok', seq} | {'dup', checkpoint id} | {'stale', checkpoint id}
 --       | {'conflict', current seq} | {'rebase', latest id} (the change's base is not the
@@ -158,7 +161,7 @@ local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if status ~= 'running' or (epoch and epoch ~= ARGV[10]) then
   redis.call('DEL', KEYS[7], KEYS[8], KEYS[9])
 end
-local i = 18
+local i = 20
 local fields = {'seq', seq, 'latest', id, 'updated_at', now, 'status', status, 'epoch', ARGV[10]}
 for j = i, i + 2 * tonumber(ARGV[11]) - 1 do fields[#fields + 1] = ARGV[j] end
 redis.call('HSET', KEYS[1], unpack(fields))
@@ -171,7 +174,17 @@ if cur == 0 then
   end
 end
 i = i + 2 * tonumber(ARGV[12])
-for j = i, i + tonumber(ARGV[13]) - 1 do redis.call('HSETNX', KEYS[9], ARGV[j], now) end
+for j = i, i + tonumber(ARGV[13]) - 1 do
+  local key = ARGV[j]
+  redis.call('HSETNX', KEYS[9], key, now)
+  if ARGV[18] ~= '' and status == 'running' then
+    local expiry = redis.call('ZSCORE', KEYS[7], key)
+    if not expiry or tonumber(expiry) <= tonumber(now) then
+      redis.call('ZADD', KEYS[7], ARGV[19], key)
+      redis.call('HSET', KEYS[8], key, ARGV[18])
+    end
+  end
+end
 i = i + tonumber(ARGV[13])
 -- The state: changed fields written at this seq, the checkpoint's field list recorded.
 for j = i, i + 2 * tonumber(ARGV[17]) - 1, 2 do
@@ -292,7 +305,16 @@ if ARGV[1] == '' then return reply('read', false) end
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return reply('done', false) end
 local owner = redis.call('HGET', KEYS[5], ARGV[1])
 local expiry = redis.call('ZSCORE', KEYS[4], ARGV[1])
-if owner and owner ~= ARGV[2] and expiry and tonumber(expiry) > tonumber(ARGV[4]) then
+-- A soft lease (token '~...': a sender's until the broker has the message, a receiving
+-- worker's until an attempt begins) gives way at once to an attempt (a token without '~'),
+-- and a sender's to a receiving worker's; any other live lease answers for the step.
+local function yields(holder, caller)
+  if string.sub(holder, 1, 1) ~= '~' then return false end
+  if string.sub(caller, 1, 1) ~= '~' then return true end
+  return string.sub(holder, 1, 6) == '~send:' and string.sub(caller, 1, 6) == '~recv:'
+end
+if owner and owner ~= ARGV[2] and expiry and tonumber(expiry) > tonumber(ARGV[4])
+    and not yields(owner, ARGV[2]) then
   return reply('held', owner)
 end
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
