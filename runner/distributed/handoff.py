@@ -5,18 +5,20 @@ Besides the lease of the attempt that runs a step (a *hard* lease, renewed by th
 heartbeat of :mod:`runner.distributed.coord`), two *soft* leases cover the moments a
 message could be lost with no attempt running:
 
-* the **sender**'s, taken before the commit (or the dispatch marker) that makes the
-  step ready and dropped once the broker accepted the message: a sender that dies in
-  between leaves a lease that lapses;
+* the **sender**'s, taken by the commit that makes the step ready (or before the
+  dispatch marker) and dropped once the broker accepted the message: a sender that dies
+  in between leaves a lease that lapses;
 * the **receiving worker**'s, taken when the message reaches a worker (prefetched, or a
   retry waiting for its countdown) and renewed by that worker until an attempt begins:
   a worker that dies holding messages leaves leases that lapse, and so does a worker done
   with a message that no attempt began (its pool child died first: Celery requeues the
   message, or drops it if it was redelivered before).
 
-An attempt that begins takes over any soft lease at once; a receiving worker takes over
-a sender's. So a step that is marked sent and has no lease at all is in the broker's
-queue, and stays there however long the backlog: recovery never re-sends it.
+An attempt that begins takes over any soft lease at once, and a receiving worker a
+sender's (the store's begin lets them give way; the commit that makes steps ready gives
+them the sender's lease in the same round trip). So a step that is marked sent and has
+no lease at all is in the broker's queue, and stays there however long the backlog:
+recovery never re-sends it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from collections.abc import Sequence
 from .coord import Coordinator, attempt_token
 
 SOFT = "~"
-"""Tokens of soft leases start with this (an attempt's token never does)."""
+"""Tokens of soft leases start with this (an attempt's token never does; the store's
+begin script knows it too)."""
 
 _senders: dict[int, str] = {}
 
@@ -35,16 +38,6 @@ _senders: dict[int, str] = {}
 def soft_token(kind: str) -> str:
     """A fresh soft-lease token of ``kind`` (``send``, ``recv``) that says where it is held."""
     return f"{SOFT}{kind}:{attempt_token()}"
-
-
-def is_soft(token: str) -> bool:
-    """Whether ``token`` holds a soft lease (a sender's or a receiving worker's)."""
-    return token.startswith(SOFT)
-
-
-def is_sender(token: str) -> bool:
-    """Whether ``token`` holds a sender's lease (dropped as soon as the message is sent)."""
-    return token.startswith(f"{SOFT}send:")
 
 
 def sender_token() -> str:

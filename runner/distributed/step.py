@@ -142,10 +142,8 @@ def execute(
 
 
 def _take_over(rt: Runtime, run_id: str, key: str, holder: str, token: str) -> bool:
-    """Take the lease from ``holder`` if it is a soft lease (a sender's or the receiving
-    worker's, see :mod:`~runner.distributed.handoff`) or an attempt whose process died."""
-    if handoff.is_soft(holder):
-        return rt.coord.take_over(run_id, key, holder, token)
+    """Take the lease from ``holder`` if it is an attempt whose process died. (A soft
+    lease, see :mod:`~runner.distributed.handoff`, gave way to this attempt in begin.)"""
     if holder_is_dead(holder) and rt.coord.take_over(run_id, key, holder, token):
         log.warning("run %s step %s: took over from dead attempt %s", run_id, key, holder)
         return True

@@ -38,7 +38,7 @@ from runner.flow import transition as tr
 from runner.settings import RunnerSettings, get_settings
 
 from . import handoff
-from .coord import HELD, OK
+from .coord import OK
 from .engine import RECOVER_TASK, Runtime, fail_not_allowed, task_name
 from .recovery import recover
 from .step import execute, hard_time_limit
@@ -237,17 +237,9 @@ class _Receipts:
                 self.thread.start()
 
     def _take(self, run_id: str, key: str, token: str) -> bool:
-        coord = self.rt.coord
-        _, found, holder = coord.begin(run_id, key, token)
-        if found == OK:
-            return True
-        # Held by the sender that has not let go yet: take it over. By an attempt, or a
-        # worker holding another copy of the message: they answer for it.
-        return (
-            found == HELD
-            and handoff.is_sender(holder)
-            and coord.take_over(run_id, key, holder, token)
-        )
+        # A sender's lease gives way (it has sent); an attempt's, or another worker's
+        # holding a copy of the message, does not: they answer for the step.
+        return self.rt.coord.begin(run_id, key, token).outcome == OK
 
     def _loop(self) -> None:
         while True:
