@@ -125,7 +125,10 @@ def test_wait_on_a_terminal_redraws_steps_and_crew_tasks_then_sums_up(
     assert "steps" in screen and "/" in screen  # done of total
     for task in ("a1", "b2", "c3", "d3", "stage4#1"):
         assert task in screen, task
-    assert "done" in screen and "running" in screen, screen[-3000:]  # redrawn while it ran
+    # Redrawn while it ran: a step seen running, or at least two frames of progress (a busy
+    # machine may run a step between two frames and never show it running).
+    assert "done" in screen, screen[-3000:]
+    assert "running" in screen or screen.count("steps") >= 2, screen[-3000:]
     assert screen.rstrip().splitlines()[-1].startswith('succeeded: {"raw": "d3(')
 
 

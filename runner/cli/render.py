@@ -34,8 +34,12 @@ def when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def duration(seconds: float) -> str:
-    """``4.2s``, ``3m 05s``, ``2h 10m``."""
+def duration(seconds: float | None) -> str:
+    """``0.42s``, ``4.2s``, ``3m 05s``, ``2h 10m`` (``-`` if unknown); the console's too."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds:.2f}s"
     if seconds < 60:
         return f"{seconds:.1f}s"
     minutes, secs = divmod(int(seconds), 60)
@@ -138,7 +142,7 @@ def steps_table(rows: list[Any], shown: dict[str, str]) -> Table:
             str(row.attempts) if row.attempts is not None else "-",
             row.worker or "-",
             clock(row.started),
-            duration(row.duration) if row.duration is not None else "-",
+            duration(row.duration),
             shown.get(row.checkpoint or "", row.checkpoint or "-"),
         )
     return table

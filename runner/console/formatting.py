@@ -8,27 +8,14 @@ from typing import Any
 
 import jinja2
 
+from runner.cli.render import duration
+
 
 def when(ts: float | None) -> str:
     """A Unix time as local ``YYYY-mm-dd HH:MM:SS`` (``-`` if unset)."""
     if not ts:
         return "-"
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def duration(seconds: float | None) -> str:
-    """``0.42s``, ``4.2s``, ``3m 05s``, ``2h 10m`` (``-`` if unknown)."""
-    if seconds is None:
-        return "-"
-    if seconds < 1:
-        return f"{seconds:.2f}s"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m"
 
 
 def pretty(value: Any) -> str:
