@@ -22,9 +22,9 @@ from runner.crew import (
     TaskOutputError,
     current_task,
 )
-from runner.flow.children import deferring
 from runner.distributed.client import load_flow
 from runner.errors import DefinitionError, InvalidInputs
+from runner.flow.children import deferring
 from runner.store.jsondir import JsonProvider
 from tests.flows import crews
 from tests.flows.crews import CrewPipeline, counts, make_crew, twelve

@@ -6,10 +6,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import pytest
-
-from runner.flow.children import child_run_id
 from runner.distributed import control
+from runner.flow.children import child_run_id
 from runner.store.models import Checkpoint, RunStatus
 from tests.flows.crews import CrewPipeline, counts, twelve
 
