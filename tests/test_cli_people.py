@@ -123,8 +123,10 @@ def test_wait_on_a_terminal_redraws_steps_and_crew_tasks_then_sums_up(
     screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
     assert proc.wait(timeout=60) == 0, screen[-3000:]
     assert "steps" in screen and "/" in screen  # done of total
-    for task in ("a1", "b2", "c3", "d3", "stage4#1"):
+    for task in ("a1", "b2", "c3", "d3"):
         assert task in screen, task
+    # Stages shown as steps; which ones a frame caught depends on the machine's speed.
+    assert re.search(r"stage\d#1", screen), screen[-3000:]
     # Redrawn while it ran: a step seen running, or at least two frames of progress (a busy
     # machine may run a step between two frames and never show it running).
     assert "done" in screen, screen[-3000:]
