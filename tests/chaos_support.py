@@ -236,6 +236,8 @@ class Killer(threading.Thread):
     def run(self) -> None:
         try:
             while not self.stop.wait(self.rng.uniform(*self.driver.pause)):
+                if self.driver.all_sent.is_set():
+                    return  # the last runs finish in peace: kills now would only pad the count
                 with self.driver.quiet:  # not while Redis restarts
                     self.kill_one()
         except BaseException as exc:  # reported by the driver
@@ -299,6 +301,7 @@ class ChaosDriver:
         self.pause, self.worker_share = pause, worker_share
         self.restart_redis, self.budget = restart_redis, budget
         self.kills: list[Kill] = []
+        self.all_sent = threading.Event()
         self.quiet = threading.Lock()
         """Held by the killer while it kills (and replaces), by the driver while Redis restarts."""
         self.workers: list[WorkerProcess] = []
@@ -359,7 +362,7 @@ class ChaosDriver:
             said = time.monotonic()
             try:
                 while (len(submitted) < self.runs or open_runs) and time.monotonic() < deadline:
-                    if not killer.is_alive():
+                    if not killer.is_alive() and not self.all_sent.is_set():
                         break  # its error is raised below
                     if time.monotonic() - said > 10:
                         said = time.monotonic()
@@ -384,6 +387,8 @@ class ChaosDriver:
                         handle = submit(ChaosRouted, {"n": n}, rt=self.rt)
                         submitted[handle.run_id] = (n, time.time())
                         open_runs.add(handle.run_id)
+                        if len(submitted) == self.runs:
+                            self.all_sent.set()
                         continue
                     time.sleep(0.1)
             finally:
