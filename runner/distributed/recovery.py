@@ -10,7 +10,11 @@ Run by every worker every ``recovery_interval`` (one at a time, by a lock) and b
 * **lost**: its lease expired. Whoever held it died (a worker, a pool child, a sender)
   or was cut off from Redis for the whole lease: it is re-sent.
 * **queued**: it was marked sent and has no lease. Its message is in the broker's queue
-  (a backlog), and is never re-sent, however long it waits there.
+  (a backlog), and is never re-sent, however long it waits there. With a Redis broker,
+  one exception: a message a worker took off the queue (kombu keeps it in its ``unacked``
+  hash) more than ``lease_seconds`` ago with no lease recorded for it means that worker
+  died in the moment between taking it and recording it; it is re-sent, once (RabbitMQ
+  requeues such a message by itself).
 * **never sent**: no marker and no lease (a resume or fork whose caller died before
   dispatching): re-sent ``lease_seconds`` after the run's latest checkpoint.
 
@@ -22,8 +26,12 @@ run stops the pass over the others.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from typing import Any
+
+import redis
 
 from runner.errors import CorruptCheckpoint, RunNotFound, StoreUnavailable
 from runner.flow import orchestrator as orch
@@ -31,7 +39,7 @@ from runner.flow import transition as tr
 from runner.flow.orchestrator import Activation
 from runner.store.models import Checkpoint, RunStatus
 
-from .engine import Runtime, allowed_flow, dispatch, waiting_children
+from .engine import Runtime, allowed_flow, dispatch, task_id, waiting_children
 
 log = logging.getLogger("runner.worker")
 
@@ -53,9 +61,10 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
     if not force and not rt.coord.try_lock(interval * 0.9):
         return {}
     resent: dict[str, list[str]] = {}
+    taken = taken_by_dead_receivers(rt)
     for run_id in rt.coord.active_runs():
         try:
-            sent = _recover_run(rt, run_id)
+            sent = _recover_run(rt, run_id, taken)
         except StoreUnavailable:
             raise  # Redis is gone for every run: the caller retries the pass
         except (CorruptCheckpoint, Unreadable) as exc:
@@ -89,7 +98,52 @@ def quarantine(rt: Runtime, run_id: str, reason: str) -> bool:
     return True
 
 
-def _recover_run(rt: Runtime, run_id: str) -> list[str]:
+def taken_by_dead_receivers(rt: Runtime) -> dict[str, float]:
+    """Task id -> when a worker took its message off a Redis broker's queue, for messages
+    taken more than ``lease_seconds`` ago and not acknowledged (kombu's ``unacked`` hash).
+
+    A live worker holding such a message holds the step's lease (the receiving worker's
+    soft lease, then the attempt's), so one with no lease was taken by a worker that died
+    before it could record it. Empty for other brokers, which requeue such messages.
+    """
+    url = str(rt.app.conf.broker_url or "")
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return {}
+    options = rt.app.conf.broker_transport_options or {}
+    prefix = options.get("global_keyprefix", "")
+    index = prefix + options.get("unacked_index_key", "unacked_index")
+    table = prefix + options.get("unacked_key", "unacked")
+    client = _broker_client(url)
+    cutoff = time.time() - rt.settings.lease_seconds
+    try:
+        tags: list[tuple[bytes, float]] = list(
+            client.zrangebyscore(index, 0, cutoff, withscores=True)  # type: ignore[arg-type]
+        )
+        raws: list[Any] = list(client.hmget(table, [tag for tag, _ in tags])) if tags else []
+    except redis.RedisError as exc:
+        log.warning("recovery could not read the broker's unacknowledged messages: %s", exc)
+        return {}
+    taken: dict[str, float] = {}
+    for (_tag, at), raw in zip(tags, raws, strict=True):
+        try:
+            task = json.loads(raw)[0]["headers"]["id"]
+        except (TypeError, ValueError, KeyError, IndexError):
+            continue  # gone since, or not a Celery task message
+        taken[str(task)] = float(at)
+    return taken
+
+
+_broker_clients: dict[str, redis.Redis] = {}
+
+
+def _broker_client(url: str) -> redis.Redis:
+    client = _broker_clients.get(url)
+    if client is None:
+        client = _broker_clients[url] = redis.Redis.from_url(url)
+    return client
+
+
+def _recover_run(rt: Runtime, run_id: str, taken: dict[str, float]) -> list[str]:
     latest = rt.coord.read(run_id)
     if latest is None:
         raise Unreadable(f"run {run_id} is running but its latest checkpoint is missing")
@@ -104,7 +158,7 @@ def _recover_run(rt: Runtime, run_id: str) -> list[str]:
         pending = orch.pending(tr.record_of(latest))
     except (KeyError, TypeError, ValueError) as exc:
         raise Unreadable(f"checkpoint {latest.id} of run {run_id}: bad record ({exc!r})") from None
-    stale = _stale(rt, latest, pending)
+    stale = _stale(rt, latest, pending, taken)
     if stale and latest.meta.children:
         waiting = waiting_children(rt, latest)
         stale = [act for act in stale if act.id not in waiting]
@@ -113,8 +167,11 @@ def _recover_run(rt: Runtime, run_id: str) -> list[str]:
     return dispatch(rt, flow_cls.flow_name(), run_id, latest.meta.epoch, stale, force=True)
 
 
-def _stale(rt: Runtime, latest: Checkpoint, pending: list[Activation]) -> list[Activation]:
-    """The activations of ``pending`` nobody answers for (see the module docstring)."""
+def _stale(
+    rt: Runtime, latest: Checkpoint, pending: list[Activation], taken: dict[str, float]
+) -> list[Activation]:
+    """The activations of ``pending`` nobody answers for (see the module docstring);
+    ``taken``: :func:`taken_by_dead_receivers`."""
     now = time.time()
     found = rt.coord.coordination(latest.run_id)
     leases, marked = found.leases, found.markers
@@ -125,6 +182,11 @@ def _stale(rt: Runtime, latest: Checkpoint, pending: list[Activation]) -> list[A
         if expiry is not None:
             if expiry <= now:
                 stale.append(act)  # lost: its holder died
-        elif key not in marked and now - latest.created_at >= rt.settings.lease_seconds:
-            stale.append(act)  # never sent
+        elif key not in marked:
+            if now - latest.created_at >= rt.settings.lease_seconds:
+                stale.append(act)  # never sent
+        elif marked[key] <= taken.get(task_id(latest.run_id, epoch, act.id), 0.0):
+            # Taken off the queue by a worker that died before recording it, and not
+            # re-sent since (a re-send stamps the marker later than that delivery).
+            stale.append(act)
     return stale
