@@ -127,3 +127,42 @@ def test_a_snapshot_that_holds_its_whole_state_reads_as_written(store: RedisProv
     assert store.get(old.id) == old
     new = store.commit(Checkpoint(run_id="whole", event="step", state={"id": "whole", "n": 2}))
     assert store.history("whole") == [new, old]
+
+
+def test_a_forked_child_gets_a_connection_pool_of_its_own(redis_url: str, prefix: str) -> None:
+    # A Celery pool process is forked while the parent's threads use Redis. If one holds the
+    # pool's lock at the fork, a child sharing that pool waits on the lock for ever.
+    import os
+    import threading
+    import time
+
+    provider = RedisProvider(redis_url, prefix=prefix)
+    provider.client.ping()
+    pool = provider.client.connection_pool
+    holding, release = threading.Event(), threading.Event()
+
+    def take_a_connection() -> None:  # another thread, mid-way through taking a connection
+        with pool._lock:
+            holding.set()
+            release.wait(30)
+
+    threading.Thread(target=take_a_connection, daemon=True).start()
+    holding.wait(10)
+    try:
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child's exit code is the assertion
+            try:
+                provider.client.ping()
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + 10
+        while (done := os.waitpid(child, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(child, 9)
+                os.waitpid(child, 0)
+                raise AssertionError("the forked child hung on the parent's pool lock")
+            time.sleep(0.05)
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        release.set()
+        provider.close()

@@ -26,8 +26,10 @@ import hashlib
 import heapq
 import itertools
 import json
+import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -140,6 +142,10 @@ class RedisProvider:
         self._take_over = client.register_script(scripts.TAKE_OVER)
         self._release = client.register_script(scripts.RELEASE)
         self._upgrade = client.register_script(scripts.UPGRADE_RUN)
+        # A forked child (a Celery pool process) gets a pool of its own: the parent's may be
+        # locked by one of its threads at the fork, and redis-py then waits for ever.
+        own = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _fresh_pool(own()))
         self._bases: OrderedDict[str, _Base] = OrderedDict()
         self._bases_lock = threading.Lock()
 
@@ -774,3 +780,18 @@ class _StopNotices:
             return None
         data = message["data"]
         return data.decode() if isinstance(data, bytes) else str(data)
+
+
+def _fresh_pool(provider: RedisProvider | None) -> None:
+    """Give ``provider``'s client a new connection pool with the same settings (in a
+    forked child; a cluster client's nodes are left as they are)."""
+    if provider is None:
+        return
+    pool = getattr(provider.client, "connection_pool", None)
+    if pool is None:
+        return
+    provider.client.connection_pool = type(pool)(
+        connection_class=pool.connection_class,
+        max_connections=pool.max_connections,
+        **pool.connection_kwargs,
+    )
