@@ -84,7 +84,11 @@ def test_the_worker_registers_one_task_per_flow_method(
     expected = {f"{flow.flow_name()}.{m}" for flow in (DistEcho, DistFlaky, GatedFlow)
                 for m in flow.graph().methods}  # fmt: skip
     assert expected <= set(celery_session_app.tasks)
-    replies = celery_session_app.control.inspect(timeout=5).registered() or {}
+    replies: dict[str, Any] = {}
+    for _ in range(5):  # a busy machine may answer the first broadcast late
+        replies = celery_session_app.control.inspect(timeout=5).registered() or {}
+        if replies:
+            break
     assert len(replies) == 1, replies  # the in-process worker, and only it
     assert expected <= set(next(iter(replies.values())))
 
