@@ -216,22 +216,16 @@ def _settle(
         marker = ChildRun.from_output(result.output)
         assert marker is not None
         return start_child(rt, run_id, epoch, marker, result)
-    reducers = reducers_for(flow_cls.state_type())
-    committed = commit(
+    committed = _commit_settled(
         rt,
+        flow_cls,
         run_id,
-        lambda c: lifecycle.settle(
-            graph,
-            c,
-            result,
-            outcome,
-            epoch=epoch,
-            reducers=reducers,
-            token=lease.token,
-            worker=task.request.hostname,
-        ),
+        result,
+        outcome,
+        epoch=epoch,
+        token=lease.token,
+        worker=task.request.hostname,
         first=latest,
-        mark_ready=True,
     )
     if committed is None:
         _duplicate(task, run_id, act.id, "another attempt committed it", [])
@@ -259,6 +253,33 @@ def _settle(
     elif ckpt.status is RunStatus.SUCCEEDED:
         emit(ckpt, ev.FLOW_FINISHED, None, listeners)
     return {"run_id": run_id, "step": act.id, "seq": ckpt.seq, "dispatched": sent}
+
+
+def _commit_settled(
+    rt: Runtime,
+    flow_cls: Any,
+    run_id: str,
+    result: StepResult,
+    outcome: Outcome,
+    *,
+    epoch: int,
+    token: str,
+    worker: str | None,
+    first: Checkpoint | None = None,
+) -> tuple[Checkpoint, lifecycle.Settled] | None:
+    """Commit ``result`` settled as ``outcome`` with compare-and-set, marking the steps it
+    makes ready dispatched: an attempt's own end and one killed at the hard time limit
+    both commit this way. ``None`` when another attempt committed the step."""
+    graph, reducers = flow_cls.graph(), reducers_for(flow_cls.state_type())
+    return commit(
+        rt,
+        run_id,
+        lambda c: lifecycle.settle(
+            graph, c, result, outcome, epoch=epoch, reducers=reducers, token=token, worker=worker
+        ),
+        first=first,
+        mark_ready=True,
+    )
 
 
 def _retry(rt: Runtime, task: Any, spec: Any, result: StepResult, lease: Lease) -> None:
@@ -407,20 +428,8 @@ def hard_time_limit(
                 delay,
             )
             return "retried"
-        reducers = reducers_for(flow_cls.state_type())
-        committed = commit(
-            rt,
-            run_id,
-            lambda c: lifecycle.settle(
-                graph,
-                c,
-                result,
-                Outcome.FAILED,
-                epoch=epoch,
-                reducers=reducers,
-                token=token,
-                worker=worker,
-            ),
+        committed = _commit_settled(
+            rt, flow_cls, run_id, result, Outcome.FAILED, epoch=epoch, token=token, worker=worker
         )
         if committed is None:
             return "another attempt committed the step"
