@@ -501,6 +501,71 @@ def test_renew_take_over_and_release_act_only_for_the_holder(coord_store):
     assert coord_store.leases(run) == {}
 
 
+def test_soft_leases_give_way_to_an_attempt_and_a_senders_to_a_receivers(coord_store):
+    run = ids.run_id()
+    coord_store.commit(ckpt(run))
+    coord_store.commit(ckpt(run), dispatching=["a#1"], sender="~send:s1", sender_lease=30)
+    # A sender's live lease gives way to a receiving worker's, which keeps off other senders
+    # and workers, and gives way to an attempt, which keeps off everyone.
+    assert coord_store.claim(run, ["a#1"], "~recv:r1", 30) == [BeginOutcome.OK]
+    assert coord_store.claim(run, ["a#1"], "~send:s2", 30) == [BeginOutcome.HELD]
+    assert coord_store.claim(run, ["a#1"], "~recv:r2", 30) == [BeginOutcome.HELD]
+    assert coord_store.begin(run, "a#1", "attempt-1", 30).outcome is BeginOutcome.OK
+    held = coord_store.begin(run, "a#1", "attempt-2", 30)
+    assert (held.outcome, held.holder) == (BeginOutcome.HELD, "attempt-1")
+    assert coord_store.claim(run, ["a#1"], "~recv:r1", 30) == [BeginOutcome.HELD]
+
+
+def test_claim_takes_leases_by_begins_rule_without_a_run_it_takes_none(coord_store):
+    run = ids.run_id()
+    assert coord_store.claim(run, ["a#1", "b#1"], "~send:s", 30) == [BeginOutcome.NO_RUN] * 2
+    assert coord_store.leases(run) == {}  # nothing is written for a run that does not exist
+    coord_store.commit(ckpt(run))
+    coord_store.begin(run, "b#1", "attempt", 30)
+    coord_store.begin(run, "c#1", "attempt-c", 30)
+    coord_store.commit(ckpt(run, activation="c#1", attempt="attempt-c"))
+
+    found = coord_store.claim(run, ["a#1", "b#1", "c#1"], "~send:s", 30)
+
+    assert found == [BeginOutcome.OK, BeginOutcome.HELD, BeginOutcome.DONE]
+    assert set(coord_store.leases(run)) == {"a#1", "b#1"}
+    assert coord_store.begin(run, "a#1", "other", 30).outcome is BeginOutcome.OK  # gave way
+
+
+def test_release_all_drops_the_leases_their_tokens_still_hold(coord_store):
+    one, two = ids.run_id(), ids.run_id()
+    for run in (one, two):
+        coord_store.commit(ckpt(run))
+        coord_store.claim(run, ["a#1", "b#1"], "~send:s", 30)
+    coord_store.begin(one, "b#1", "attempt", 30)  # taken over: no longer the sender's
+
+    coord_store.release_all(
+        [(one, "a#1", "~send:s"), (one, "b#1", "~send:s"), (two, "a#1", "~send:s")]
+    )
+
+    assert set(coord_store.leases(one)) == {"b#1"}
+    assert set(coord_store.leases(two)) == {"b#1"}
+    coord_store.release_all([])
+    coord_store.client.script_flush()  # Redis lost its scripts (a restart): loaded again
+    coord_store.release_all([(two, "b#1", "~send:s")])
+    assert coord_store.leases(two) == {}
+
+
+def test_runs_to_check_are_quiet_ones_those_with_a_lapsed_lease_and_those_asked_for(coord_store):
+    busy, lapsed, asked, stopped = (ids.run_id() for _ in range(4))
+    for run in (busy, lapsed, asked, stopped):
+        coord_store.commit(ckpt(run))
+    coord_store.begin(busy, "a#1", "attempt", 30)
+    coord_store.begin(lapsed, "a#1", "attempt", -1)  # its holder died
+    coord_store.commit(ckpt(stopped, status=RunStatus.SUCCEEDED))
+    now = time.time()
+
+    mine = {busy, lapsed, asked, stopped}
+    recent = set(coord_store.runs_to_check(now - 60, now, also={asked, stopped})) & mine
+    assert recent == {lapsed, asked}
+    assert set(coord_store.runs_to_check(now + 1, now)) & mine == {busy, lapsed, asked}
+
+
 def test_active_runs_are_the_running_ones(coord_store):
     running, done = ids.run_id(), ids.run_id()
     coord_store.commit(ckpt(running))

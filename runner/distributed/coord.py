@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 
 from runner.store.base import BeginOutcome, Begun, CoordinatedStore, Coordination, StopNotices
@@ -108,6 +108,11 @@ class Coordinator:
         """
         return self.store.begin(run_id, key, token, self.lease_seconds)
 
+    def claim(self, run_id: str, keys: Sequence[str], token: str) -> list[BeginOutcome]:
+        """Take ``keys``' leases for ``token`` by :meth:`begin`'s rule, without reading the
+        run (soft leases, :mod:`runner.distributed.handoff`): one round trip."""
+        return self.store.claim(run_id, keys, token, self.lease_seconds) if keys else []
+
     def read(self, run_id: str) -> Checkpoint | None:
         """The run's latest checkpoint in one round trip."""
         return self.store.latest(run_id)
@@ -150,6 +155,11 @@ class Coordinator:
         """Drop the lease if ``token`` still holds it."""
         self.store.release(run_id, key, token)
 
+    def release_all(self, held: Sequence[tuple[str, str, str]]) -> None:
+        """Drop each ``(run id, key, token)`` lease its token still holds, together."""
+        if held:
+            self.store.release_all(held)
+
     @contextmanager
     def heartbeat(self, run_id: str, key: str, token: str) -> Iterator[None]:
         """Keep renewing the lease ``token`` holds on ``key`` while the block runs."""
@@ -164,6 +174,12 @@ class Coordinator:
     def active_runs(self) -> list[str]:
         """Ids of runs whose status is running."""
         return self.store.active_runs()
+
+    def runs_to_check(self, now: float, also: Collection[str] = ()) -> list[str]:
+        """Running runs that may have a step nobody answers for at ``now``: one with a lease
+        expired, or with no commit for a whole lease (a step never sent shows only then),
+        and the running ones of ``also``."""
+        return self.store.runs_to_check(now - self.lease_seconds, now, also)
 
     def notify_stopped(self, run_id: str, status: str) -> None:
         """Tell waiters that the run stopped running (its new ``status``)."""

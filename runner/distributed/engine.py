@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery
+from kombu.exceptions import BatchPublishError
 
 from runner.errors import (
     ChildRunFailed,
@@ -125,24 +126,43 @@ def dispatch(
 def send(rt: Runtime, flow_name: str, run_id: str, epoch: int, acts: list[Activation]) -> list[str]:
     """Send each activation's task (already marked dispatched); return the ids sent.
 
-    The message names its deployment (the key prefix), so a worker of another
-    deployment that receives it by mistake hands it back instead of running it.
+    The messages (and their ``task-sent`` events) go in one batch: one round trip to a
+    Redis broker however many steps a commit made ready (kombu's ``Producer.batch``;
+    with RabbitMQ each is published at once). The message names its deployment (the key
+    prefix), so a worker of another deployment that receives it by mistake hands it back
+    instead of running it.
     """
-    for act in acts:
-        rt.app.send_task(
-            task_name(flow_name, act.method),
-            kwargs={
-                "run_id": run_id,
-                "activation": act.id,
-                "epoch": epoch,
-                "deployment": rt.settings.prefix,
-            },
-            task_id=task_id(run_id, epoch, act.id),
-            kwargsrepr=kwargs_repr(run_id, act.id),
-        )
-        # The broker has it: from now on the step is queued, not lost.
-        handoff.let_go(rt.coord, run_id, [tr.activation_key_in(epoch, act.id)])
+    if not acts:
+        return []
+    try:
+        with rt.app.producer_or_acquire() as producer, producer.batch():
+            for act in acts:
+                _send_task(rt, flow_name, run_id, epoch, act, producer)
+    except BatchPublishError:
+        # The batch's round trip failed and which messages arrived is unknown: send each
+        # again on its own, under the publish retry policy (a duplicate is turned away).
+        for act in acts:
+            _send_task(rt, flow_name, run_id, epoch, act, None)
+    # The broker has them: from now on the steps are queued, not lost.
+    handoff.let_go(rt.coord, run_id, [tr.activation_key_in(epoch, act.id) for act in acts])
     return [act.id for act in acts]
+
+
+def _send_task(
+    rt: Runtime, flow_name: str, run_id: str, epoch: int, act: Activation, producer: Any
+) -> None:
+    rt.app.send_task(
+        task_name(flow_name, act.method),
+        kwargs={
+            "run_id": run_id,
+            "activation": act.id,
+            "epoch": epoch,
+            "deployment": rt.settings.prefix,
+        },
+        task_id=task_id(run_id, epoch, act.id),
+        kwargsrepr=kwargs_repr(run_id, act.id),
+        producer=producer,
+    )
 
 
 def dispatch_pending(rt: Runtime, latest: Checkpoint) -> list[str]:

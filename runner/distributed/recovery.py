@@ -18,6 +18,10 @@ Run by every worker every ``recovery_interval`` (one at a time, by a lock) and b
 * **never sent**: no marker and no lease (a resume or fork whose caller died before
   dispatching): re-sent ``lease_seconds`` after the run's latest checkpoint.
 
+So a pass reads only the runs where one of these can show (:meth:`Coordinator.runs_to_check
+<runner.distributed.coord.Coordinator.runs_to_check>`, and those with a message a dead worker
+took): a run that committed within the last lease and has no lapsed lease has none.
+
 A run whose data cannot be read (a corrupt snapshot, missing keys, a checkpoint naming no
 flow) is **quarantined**: its status becomes ``corrupt`` (``runner runs --status
 corrupt``), it leaves the set of running runs, and one ERROR names it. Nothing about one
@@ -62,7 +66,11 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
         return {}
     resent: dict[str, list[str]] = {}
     taken = taken_by_dead_receivers(rt)
-    for run_id in rt.coord.active_runs():
+    # Only runs where a step can be lost are read: a lapsed lease, no commit for a whole
+    # lease (a step never sent shows only then), or a message taken by a dead worker.
+    # A busy deployment's runs commit all the time and cost the pass one pipeline.
+    held_by_dead = {task.rsplit(":", 2)[0] for task in taken}
+    for run_id in rt.coord.runs_to_check(time.time(), held_by_dead):
         try:
             sent = _recover_run(rt, run_id, taken)
         except StoreUnavailable:

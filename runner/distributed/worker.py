@@ -24,6 +24,7 @@ import os
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -196,19 +197,21 @@ def _recovery_loop(rt: Runtime, watch: ConnectionWatch) -> None:
 
 
 class _Receipts:
-    """Soft leases on the step messages this worker received and no attempt began yet.
+    """Soft leases on the step messages this worker holds and no attempt began yet.
 
-    Taken when a message arrives (prefetched, or a retry waiting for its countdown),
-    renewed every third of a lease while the worker still holds the message and left to
-    lapse when it no longer does; an attempt that begins takes the lease over (see
-    :mod:`runner.distributed.handoff`). A worker killed while holding messages leaves
-    leases that lapse, so recovery re-sends those steps at once instead of after the
-    broker's visibility timeout.
+    A message is noted when it arrives (prefetched, or a retry waiting for its
+    countdown); every third of a lease, a thread takes the receiving worker's lease of
+    each noted message the worker still holds and the pool has not taken, renews the
+    leases it took while the worker still holds their messages, and lets the rest lapse.
+    An attempt that begins takes the lease over (see :mod:`runner.distributed.handoff`).
+    A message whose attempt begins before the thread comes round costs no round trip;
+    one that waits gets its lease within a third of a lease, well before recovery reads
+    a Redis broker's unacknowledged messages as lost (after a whole lease).
     """
 
     def __init__(self, rt: Runtime, watch: ConnectionWatch) -> None:
         self.rt, self.watch = rt, watch
-        self.held: dict[str, tuple[weakref.ref[Any], str, str]] = {}
+        self.held: dict[int, _Receipt] = {}
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
 
@@ -218,50 +221,70 @@ class _Receipts:
             return
         if kwargs.get("deployment", self.rt.settings.prefix) != self.rt.settings.prefix:
             return
-        run_id = str(kwargs["run_id"])
         key = tr.activation_key_in(int(kwargs.get("epoch", 0)), str(kwargs["activation"]))
-        token = handoff.soft_token("recv")
-        try:
-            if not self._take(run_id, key, token):
-                return  # an attempt, or another worker holding a copy, answers for it
-        except StoreUnavailable as exc:
-            self.watch.lost(exc)
-            return
-        except RunnerError as exc:  # e.g. a corrupt run: the attempt will quarantine it
-            log.warning("run %s step %s: no lease on receipt (%s)", run_id, key, exc)
-            return
+        receipt = _Receipt(weakref.ref(request), str(kwargs["run_id"]), key)
         with self.lock:
-            self.held[token] = (weakref.ref(request), run_id, key)
+            self.held[id(receipt)] = receipt
             if self.thread is None:
                 self.thread = threading.Thread(target=self._loop, daemon=True, name="receipts")
                 self.thread.start()
 
-    def _take(self, run_id: str, key: str, token: str) -> bool:
-        # A sender's lease gives way (it has sent); an attempt's, or another worker's
-        # holding a copy of the message, does not: they answer for the step.
-        return self.rt.coord.begin(run_id, key, token).outcome == OK
-
     def _loop(self) -> None:
         while True:
             time.sleep(self.rt.settings.lease_seconds / 3)
-            with self.lock:
-                held = list(self.held.items())
-            for token, (ref, run_id, key) in held:
-                request = ref()
-                try:
-                    # Done with the message and no attempt took the lease over (a pool child
-                    # killed before it began, ...): Celery requeued the message, or dropped it
-                    # (it does, for a message redelivered before). Which, we cannot tell, so
-                    # the lease is left to lapse: recovery sends the step again if it is not
-                    # committed by then; a duplicate message is harmless, a lost one is not.
-                    held_still = request is not None and _still_held(request)
-                    if held_still and self.rt.coord.renew(run_id, key, token):
-                        continue
-                except StoreUnavailable as exc:
-                    self.watch.lost(exc)
-                    continue
+            self.tick()
+
+    def tick(self) -> None:
+        """Take, renew or drop the lease of each noted message (see the class docstring)."""
+        with self.lock:
+            held = list(self.held.items())
+        for ident, receipt in held:
+            try:
+                kept = receipt.keep(self.rt)
+            except StoreUnavailable as exc:
+                self.watch.lost(exc)
+                continue
+            except RunnerError as exc:  # e.g. a corrupt run: the attempt will quarantine it
+                log.warning(
+                    "run %s step %s: no lease on receipt (%s)", receipt.run_id, receipt.key, exc
+                )
+                kept = False
+            if not kept:
                 with self.lock:
-                    self.held.pop(token, None)
+                    self.held.pop(ident, None)
+
+
+@dataclass
+class _Receipt:
+    """A step message this worker received, and the lease it took for it (if any)."""
+
+    request: weakref.ref[Any]
+    run_id: str
+    key: str
+    token: str = ""
+
+    def keep(self, rt: Runtime) -> bool:
+        """Take or renew the lease while the worker holds the message and the pool has not
+        taken it; whether to look again at the next tick."""
+        request = self.request()
+        # Done with the message and no attempt took the lease over (a pool child killed
+        # before it began, ...): Celery requeued the message, or dropped it (it does, for a
+        # message redelivered before). Which, we cannot tell, so a lease is left to lapse:
+        # recovery sends the step again if it is not committed by then; a duplicate message
+        # is harmless, a lost one is not.
+        if request is None or not _still_held(request):
+            return False
+        if self.token:
+            return rt.coord.renew(self.run_id, self.key, self.token)
+        if request in worker_state.active_requests:
+            return True  # in the pool: its attempt takes the lease as it begins
+        token = handoff.soft_token("recv")
+        # A sender's lease gives way (it has sent); an attempt's, or another worker's
+        # holding a copy of the message, does not: they answer for the step.
+        if rt.coord.claim(self.run_id, [self.key], token) != [OK]:
+            return False
+        self.token = token
+        return True
 
 
 def _still_held(request: Any) -> bool:

@@ -21,7 +21,7 @@ committing step's lease and mark the steps it makes ready in the same atomic wri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -182,6 +182,14 @@ class CoordinatedStore(CheckpointStore, Protocol):
         attempt holds it, its lease for ``token`` (for ``lease_seconds``): one round trip."""
         ...
 
+    def claim(
+        self, run_id: str, keys: Sequence[str], token: str, lease_seconds: float
+    ) -> list[BeginOutcome]:
+        """:meth:`begin`'s lease rule for each of ``keys`` (``OK``, ``HELD`` or ``DONE``;
+        ``NO_RUN`` for all when the run does not exist), without reading the run: one
+        round trip for soft leases (:mod:`runner.distributed.handoff`)."""
+        ...
+
     def mark_dispatched(
         self, run_id: str, keys: Sequence[str], at: float | None = None
     ) -> list[bool]:
@@ -216,8 +224,20 @@ class CoordinatedStore(CheckpointStore, Protocol):
         """Drop the lease if ``token`` still holds it; whether it did."""
         ...
 
+    def release_all(self, held: Sequence[tuple[str, str, str]]) -> None:
+        """:meth:`release` each ``(run id, key, token)``, in one round trip where it can."""
+        ...
+
     def active_runs(self) -> list[str]:
         """Ids of runs whose status is running."""
+        ...
+
+    def runs_to_check(
+        self, committed_before: float, now: float, also: Collection[str] = ()
+    ) -> list[str]:
+        """Ids of running runs whose last commit is older than ``committed_before``, that
+        hold a lease expired at ``now``, or that are in ``also`` (the recovery pass reads
+        only these)."""
         ...
 
     def try_lock(self, name: str, ttl: float) -> bool:

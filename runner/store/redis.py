@@ -31,7 +31,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -138,6 +138,7 @@ class RedisProvider:
         self._update = client.register_script(scripts.UPDATE_RUN)
         self._delete = client.register_script(scripts.DELETE_RUN)
         self._begin = client.register_script(scripts.BEGIN_STEP)
+        self._claim = client.register_script(scripts.CLAIM)
         self._renew = client.register_script(scripts.RENEW)
         self._take_over = client.register_script(scripts.TAKE_OVER)
         self._release = client.register_script(scripts.RELEASE)
@@ -411,6 +412,17 @@ class RedisProvider:
         now = time.time()
         return self._begin_script(run_id, [key, token, repr(now + lease_seconds), repr(now)])
 
+    def claim(
+        self, run_id: str, keys: Sequence[str], token: str, lease_seconds: float
+    ) -> list[BeginOutcome]:
+        """:meth:`begin`'s lease rule for each of ``keys``, without reading the run."""
+        now = time.time()
+        k = self.keys
+        names = [k.history(run_id), k.attempts(run_id), k.leases(run_id), k.owners(run_id)]
+        args = [token, repr(now + lease_seconds), repr(now), *keys]
+        found = [BeginOutcome(raw.decode()) for raw in self._call(self._claim, names, args)]
+        return [BeginOutcome.NO_RUN] * len(keys) if found[:1] == [BeginOutcome.NO_RUN] else found
+
     def mark_dispatched(
         self, run_id: str, keys: Sequence[str], at: float | None = None
     ) -> list[bool]:
@@ -470,6 +482,28 @@ class RedisProvider:
         keys = [self.keys.leases(run_id), self.keys.owners(run_id)]
         return bool(self._call(self._release, keys, [key, token]))
 
+    def release_all(self, held: Sequence[tuple[str, str, str]]) -> None:
+        """Drop each ``(run id, key, token)`` lease its token still holds: one pipeline (one
+        call each on a Redis Cluster, whose pipelines take no scripts)."""
+        if isinstance(self.client, RedisCluster):
+            for item in held:
+                self.release(*item)
+            return
+
+        def drop() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for run_id, key, token in held:
+                names = (self.keys.leases(run_id), self.keys.owners(run_id))
+                pipe.evalsha(self._release.sha, 2, *names, key, token)
+            return pipe.execute(raise_on_error=False)
+
+        for item, done in zip(held, self._guard(drop), strict=True):
+            if isinstance(done, redis.exceptions.NoScriptError):
+                self.release(*item)  # Redis lost its scripts (a restart): this loads it
+            elif isinstance(done, Exception):
+                with self._wrapped():
+                    raise done
+
     def active_runs(self) -> list[str]:
         """Ids of runs whose status is running."""
 
@@ -480,6 +514,38 @@ class RedisProvider:
             return pipe.execute()
 
         return [r.decode() for shard in self._guard(fetch) for r in shard]
+
+    def runs_to_check(
+        self, committed_before: float, now: float, also: Collection[str] = ()
+    ) -> list[str]:
+        """Running runs whose last commit is older than ``committed_before``, that have a
+        lease expired at ``now``, or that are in ``also``: two round trips, reading no
+        checkpoint."""
+
+        def active() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for key in self.keys.all_active():
+                pipe.zrange(key, 0, -1, withscores=True)
+            return pipe.execute()
+
+        quiet: list[str] = []
+        recent: list[str] = []
+        for shard in self._guard(active):
+            for raw, at in shard:
+                run_id = raw.decode()
+                (quiet if at < committed_before or run_id in also else recent).append(run_id)
+        if not recent:
+            return quiet
+
+        def lapsed() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for run_id in recent:
+                pipe.zrangebyscore(self.keys.leases(run_id), "-inf", now, start=0, num=1)
+            return pipe.execute()
+
+        return quiet + [
+            run_id for run_id, hit in zip(recent, self._guard(lapsed), strict=True) if hit
+        ]
 
     def try_lock(self, name: str, ttl: float) -> bool:
         """Take the deployment-wide lock ``name`` for ``ttl`` seconds unless another holds it."""

@@ -278,8 +278,35 @@ end
 return 0
 """
 
+_LEASE = """
+-- A soft lease (token '~...': a sender's until the broker has the message, a receiving
+-- worker's until an attempt begins) gives way at once to an attempt (a token without '~'),
+-- and a sender's to a receiving worker's; any other live lease answers for the step.
+local function yields(holder, caller)
+  if string.sub(holder, 1, 1) ~= '~' then return false end
+  if string.sub(caller, 1, 1) ~= '~' then return true end
+  return string.sub(holder, 1, 6) == '~send:' and string.sub(caller, 1, 6) == '~recv:'
+end
+
+-- Take activation `key`'s lease for `token` until `expiry`, unless it was committed
+-- ('done') or a live lease that does not give way answers for it ('held', its holder).
+local function take_lease(attempts, leases, owners, key, token, expiry, now)
+  if redis.call('HEXISTS', attempts, key) == 1 then return 'done', false end
+  local owner = redis.call('HGET', owners, key)
+  local until_ = redis.call('ZSCORE', leases, key)
+  if owner and owner ~= token and until_ and tonumber(until_) > tonumber(now)
+      and not yields(owner, token) then
+    return 'held', owner
+  end
+  redis.call('ZADD', leases, expiry, key)
+  redis.call('HSET', owners, key, token)
+  return 'ok', false
+end
+"""
+
 BEGIN_STEP = (
     _STATE
+    + _LEASE
     + """
 -- Read a run's latest checkpoint and, unless the activation was committed, take its lease.
 -- KEYS[1] history zset   KEYS[2] snapshots hash   KEYS[3] attempts hash
@@ -302,24 +329,24 @@ local function reply(outcome, holder)
   return out
 end
 if ARGV[1] == '' then return reply('read', false) end
-if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return reply('done', false) end
-local owner = redis.call('HGET', KEYS[5], ARGV[1])
-local expiry = redis.call('ZSCORE', KEYS[4], ARGV[1])
--- A soft lease (token '~...': a sender's until the broker has the message, a receiving
--- worker's until an attempt begins) gives way at once to an attempt (a token without '~'),
--- and a sender's to a receiving worker's; any other live lease answers for the step.
-local function yields(holder, caller)
-  if string.sub(holder, 1, 1) ~= '~' then return false end
-  if string.sub(caller, 1, 1) ~= '~' then return true end
-  return string.sub(holder, 1, 6) == '~send:' and string.sub(caller, 1, 6) == '~recv:'
+return reply(take_lease(KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[4]))
+"""
+)
+
+CLAIM = (
+    _LEASE
+    + """
+-- Take soft leases without reading the run (a sender before it marks steps sent, a worker
+-- that received a step's message): BEGIN_STEP's rule for each activation.
+-- KEYS[1] history zset   KEYS[2] attempts hash   KEYS[3] leases zset   KEYS[4] owners hash
+-- ARGV[1] token   ARGV[2] lease expiry   ARGV[3] now   ARGV[4..] activations
+-- Returns {'none'} when there is no such run, else each activation's outcome in order.
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'none'} end
+local out = {}
+for j = 4, #ARGV do
+  out[#out + 1] = (take_lease(KEYS[2], KEYS[3], KEYS[4], ARGV[j], ARGV[1], ARGV[2], ARGV[3]))
 end
-if owner and owner ~= ARGV[2] and expiry and tonumber(expiry) > tonumber(ARGV[4])
-    and not yields(owner, ARGV[2]) then
-  return reply('held', owner)
-end
-redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
-redis.call('HSET', KEYS[5], ARGV[1], ARGV[2])
-return reply('ok', false)
+return out
 """
 )
 
