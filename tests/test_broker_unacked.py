@@ -1,58 +1,117 @@
-"""A message a worker took off a Redis broker's queue and died before recording is recovered.
+"""Messages a Redis broker loses between a queue and a worker are recovered; queued ones are not.
 
-Kombu's Redis transport keeps a message it delivered in its ``unacked`` hash until it is
-acknowledged, and gives it back only after the broker's visibility timeout (an hour). A
-worker killed between taking a message and recording its receipt leaves a step that is
-marked sent and has no lease: it looks queued. The recovery pass reads the ``unacked``
-hash and re-sends such a step, once.
+Kombu's Redis transport pops a message off the queue (``BRPOP``), then records it in its
+``unacked`` hash until it is acknowledged, and gives it back only after the broker's
+visibility timeout (an hour). A worker killed in between leaves a step that is marked sent
+and has no lease: it looks queued. The recovery pass reads the broker (at most once per
+pass) and re-sends, once, a step whose message is in nobody's hands: taken more than a
+lease ago with no lease recorded for it, or neither queued nor taken a lease after it
+was sent. A message waiting in the queue, however long, is never re-sent.
+
+The deployment here has no worker: its queue keeps what is sent to it, and the recovery
+pass is run by hand on a runtime that knows the flow.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from typing import Any
+from collections.abc import Iterator
 
+import pytest
 import redis
 
-from runner.distributed.engine import first_checkpoint, task_id
-from runner.distributed.recovery import recover, taken_by_dead_receivers
-from runner.store.models import RunStatus
-from tests._dist_support import eventually
+from runner.distributed.app import make_app
+from runner.distributed.engine import Runtime, first_checkpoint, task_id
+from runner.distributed.recovery import QUEUE_READ_LIMIT, BrokerView, recover
+from runner.settings import RunnerSettings
 from tests.flows.parity import LinearParity
 
+LEASE = 1.0
 
-def test_a_step_taken_by_a_worker_that_died_before_recording_it_is_sent_again(
-    rt: Any, redis_client: redis.Redis
-) -> None:
-    # The run's first step is marked sent (as by a commit) but its message was taken off
-    # the queue by a worker that died at once: no message queued, no lease anywhere.
+
+@pytest.fixture
+def lone(worker_env: dict[str, str], redis_client: redis.Redis) -> Iterator[Runtime]:
+    """A deployment no worker serves, whose recovery pass knows ``LinearParity``."""
+    name = f"lone-{uuid.uuid4().hex[:8]}"
+    url = worker_env["RUNNER_REDIS_URL"]
+    settings = RunnerSettings(redis_url=url, prefix=name, queue=name, lease_seconds=LEASE)
+    rt = Runtime.create(make_app(settings), settings)
+    rt.flows[LinearParity.flow_name()] = LinearParity
+    yield rt
+    redis_client.delete(name)
+    for key in redis_client.scan_iter(f"{name}:*"):
+        redis_client.delete(key)
+    rt.app.close()
+    rt.store.close()
+
+
+def _marked_sent(rt: Runtime) -> str:
+    """A new run whose first step is marked sent by its commit, and sent nowhere."""
     first = first_checkpoint(LinearParity, {"tag": uuid.uuid4().hex})
-    run_id = first.checkpoint.run_id
     rt.store.commit(first.checkpoint, expected_seq=0, dispatching=["one#1"])
-    delivered = time.time()  # a worker took the message just after the commit sent it
-    lease = rt.settings.lease_seconds
-    time.sleep(lease + 1)
-    assert recover(rt, force=True) == {}  # looks queued: never re-sent on its own
-    assert rt.store.latest(run_id).status is RunStatus.RUNNING
+    return first.checkpoint.run_id
 
-    # ... while kombu still holds its message as delivered then, over a lease ago.
+
+def test_a_message_lost_between_queue_and_worker_is_sent_again_once(
+    lone: Runtime, redis_client: redis.Redis
+) -> None:
+    run = _marked_sent(lone)  # its message was popped by a worker that died at once
+    assert recover(lone, force=True) == {}  # younger than a lease: could be in a worker's hands
+    time.sleep(LEASE + 0.2)
+
+    assert recover(lone, force=True) == {run: ["one#1"]}
+
+    # The message sent again waits in the queue: a backlog, never re-sent however long.
+    assert redis_client.llen(lone.settings.queue) == 1
+    time.sleep(LEASE + 0.2)
+    assert recover(lone, force=True) == {}
+    assert redis_client.llen(lone.settings.queue) == 1
+
+
+def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again_once(
+    lone: Runtime, redis_client: redis.Redis
+) -> None:
+    run = _marked_sent(lone)
+    time.sleep(LEASE + 0.2)
+    assert recover(lone, force=True) == {run: ["one#1"]}  # lost: nowhere
+    # A worker takes the message sent again (kombu moves it to ``unacked``) and dies
+    # without recording it: no lease.
+    raw = redis_client.rpop(lone.settings.queue)
+    assert raw is not None
     tag = f"test-{uuid.uuid4().hex}"
-    message = {"headers": {"id": task_id(run_id, 0, "one#1"), "task": "LinearParity.one"}}
-    redis_client.hset("unacked", tag, json.dumps([message, "", rt.settings.queue]))
-    redis_client.zadd("unacked_index", {tag: delivered})
+    redis_client.hset(
+        "unacked", tag, b"[" + raw + b', "", "' + lone.settings.queue.encode() + b'"]'
+    )
+    redis_client.zadd("unacked_index", {tag: time.time()})
     try:
-        assert task_id(run_id, 0, "one#1") in taken_by_dead_receivers(rt)
-        # The session workers' own recovery passes may be first: either way it is re-sent
-        # and the run finishes.
-        recover(rt, force=True)
-        status = eventually(
-            lambda: (rt.store.latest(run_id).status is RunStatus.SUCCEEDED) or None, timeout=30
-        )
-        assert status
-        # Re-sent once: the marker now postdates that delivery.
-        assert recover(rt, force=True) == {}
+        assert recover(lone, force=True) == {}  # taken just now: a worker holds it
+        time.sleep(LEASE + 0.2)
+        assert task_id(run, 0, "one#1") in BrokerView(lone).taken_long_ago()
+
+        assert recover(lone, force=True) == {run: ["one#1"]}
+
+        # Sent again once: the marker now postdates that delivery, and the new message
+        # is queued.
+        time.sleep(LEASE + 0.2)
+        assert recover(lone, force=True) == {}
     finally:
         redis_client.hdel("unacked", tag)
         redis_client.zrem("unacked_index", tag)
+
+
+def test_past_the_queue_read_limit_a_step_counts_as_queued(
+    lone: Runtime, redis_client: redis.Redis
+) -> None:
+    run = _marked_sent(lone)
+    # A backlog longer than the pass reads, none of it this step's message.
+    filler = [b'{"headers": {"id": "other"}}'] * (QUEUE_READ_LIMIT + 1)
+    redis_client.lpush(lone.settings.queue, *filler)
+    time.sleep(LEASE + 0.2)
+    assert BrokerView(lone).lost(task_id(run, 0, "one#1"), "LinearParity.one") is False
+    assert recover(lone, force=True) == {}
+
+    redis_client.ltrim(lone.settings.queue, 0, QUEUE_READ_LIMIT - 2)  # short enough to read
+    assert BrokerView(lone).lost(task_id(run, 0, "one#1"), "LinearParity.one") is True
+    assert recover(lone, force=True) == {run: ["one#1"]}
+    assert redis_client.llen(lone.settings.queue) == QUEUE_READ_LIMIT

@@ -5,16 +5,18 @@ Run by every worker every ``recovery_interval`` (one at a time, by a lock) and b
 
 * **running, or about to**: it has a live lease. The attempt that runs it holds one
   (renewed by a heartbeat); so does the sender between the commit that made it ready and
-  the broker accepting its message, and the worker that received the message until an
-  attempt begins (:mod:`runner.distributed.handoff`).
+  the broker accepting its message, and a worker holding the message without running it
+  (prefetched, or a retry's countdown) until an attempt begins
+  (:mod:`runner.distributed.handoff`).
 * **lost**: its lease expired. Whoever held it died (a worker, a pool child, a sender)
   or was cut off from Redis for the whole lease: it is re-sent.
 * **queued**: it was marked sent and has no lease. Its message is in the broker's queue
-  (a backlog), and is never re-sent, however long it waits there. With a Redis broker,
-  one exception: a message a worker took off the queue (kombu keeps it in its ``unacked``
-  hash) more than ``lease_seconds`` ago with no lease recorded for it means that worker
-  died in the moment between taking it and recording it; it is re-sent, once (RabbitMQ
-  requeues such a message by itself).
+  (a backlog), and is never re-sent, however long it waits there. With a Redis broker, two
+  exceptions, read from the broker (:class:`BrokerView`): a message a worker took off the
+  queue more than ``lease_seconds`` ago and never acknowledged, with no lease recorded for
+  it (that worker died between taking it and recording it), and a message sent more than
+  ``lease_seconds`` ago that is neither queued nor taken (a worker died with it in the
+  reply to its ``BRPOP``). Either is re-sent, once (RabbitMQ requeues such messages itself).
 * **never sent**: no marker and no lease (a resume or fork whose caller died before
   dispatching): re-sent ``lease_seconds`` after the run's latest checkpoint.
 
@@ -43,7 +45,7 @@ from runner.flow import transition as tr
 from runner.flow.orchestrator import Activation
 from runner.store.models import Checkpoint, RunStatus
 
-from .engine import Runtime, allowed_flow, dispatch, task_id, waiting_children
+from .engine import Runtime, allowed_flow, dispatch, task_id, task_name, waiting_children
 
 log = logging.getLogger("runner.worker")
 
@@ -65,14 +67,16 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
     if not force and not rt.coord.try_lock(interval * 0.9):
         return {}
     resent: dict[str, list[str]] = {}
-    taken = taken_by_dead_receivers(rt)
+    broker = BrokerView(rt)
+    taken = broker.taken_long_ago()
     # Only runs where a step can be lost are read: a lapsed lease, no commit for a whole
-    # lease (a step never sent shows only then), or a message taken by a dead worker.
-    # A busy deployment's runs commit all the time and cost the pass one pipeline.
+    # lease (a step never sent, or whose message was lost, shows only then), or a message
+    # taken by a dead worker. A busy deployment's runs commit all the time and cost the
+    # pass one pipeline.
     held_by_dead = {task.rsplit(":", 2)[0] for task in taken}
     for run_id in rt.coord.runs_to_check(time.time(), held_by_dead):
         try:
-            sent = _recover_run(rt, run_id, taken)
+            sent = _recover_run(rt, run_id, broker, taken)
         except StoreUnavailable:
             raise  # Redis is gone for every run: the caller retries the pass
         except (CorruptCheckpoint, Unreadable) as exc:
@@ -106,39 +110,136 @@ def quarantine(rt: Runtime, run_id: str, reason: str) -> bool:
     return True
 
 
-def taken_by_dead_receivers(rt: Runtime) -> dict[str, float]:
-    """Task id -> when a worker took its message off a Redis broker's queue, for messages
-    taken more than ``lease_seconds`` ago and not acknowledged (kombu's ``unacked`` hash).
+QUEUE_READ_LIMIT = 1000
+"""Longest queue the recovery pass reads to tell a lost message from a queued one."""
+PRIORITY_STEPS = [0, 3, 6, 9]
+"""Kombu's default priority steps: a queue's messages of priority ``p > 0`` are kept in a
+list of their own, ``<queue><PRIORITY_SEPARATOR><p>``."""
+PRIORITY_SEPARATOR = "\x06\x16"
 
-    A live worker holding such a message holds the step's lease (the receiving worker's
-    soft lease, then the attempt's), so one with no lease was taken by a worker that died
-    before it could record it. Empty for other brokers, which requeue such messages.
+
+class BrokerView:
+    """What a Redis broker holds of step messages, read at most once per recovery pass.
+
+    Kombu's Redis transport pops a message off the queue (``BRPOP``) and then records it in
+    its ``unacked`` hash, where it stays until acknowledged and comes back only after the
+    visibility timeout (an hour). So a worker that dies in between leaves nothing: the
+    message was in the reply on its socket. And one that dies holding messages it has
+    recorded leaves them in ``unacked`` for the hour. This view finds both:
+
+    * :meth:`taken_long_ago`: messages taken more than ``lease_seconds`` ago and not
+      acknowledged (a live worker holding one holds the step's lease);
+    * :meth:`lost`: a message neither in ``unacked`` nor in the deployment's queue (read
+      when it holds at most :data:`QUEUE_READ_LIMIT` messages; a longer queue is left
+      for a later pass).
+
+    Other brokers know nothing here: RabbitMQ requeues what a dead consumer held, and
+    loses nothing between a queue and a consumer.
     """
-    url = str(rt.app.conf.broker_url or "")
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        return {}
-    options = rt.app.conf.broker_transport_options or {}
-    prefix = options.get("global_keyprefix", "")
-    index = prefix + options.get("unacked_index_key", "unacked_index")
-    table = prefix + options.get("unacked_key", "unacked")
-    client = _broker_client(url)
-    cutoff = time.time() - rt.settings.lease_seconds
-    try:
-        tags: list[tuple[bytes, float]] = list(
-            client.zrangebyscore(index, 0, cutoff, withscores=True)  # type: ignore[arg-type]
-        )
-        raws: list[Any] = list(client.hmget(table, [tag for tag, _ in tags])) if tags else []
-    except redis.RedisError as exc:
-        log.warning("recovery could not read the broker's unacknowledged messages: %s", exc)
-        return {}
-    taken: dict[str, float] = {}
-    for (_tag, at), raw in zip(tags, raws, strict=True):
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        url = str(rt.app.conf.broker_url or "")
+        redis_broker = url.startswith(("redis://", "rediss://", "unix://"))
+        self.client = _broker_client(url) if redis_broker else None
+        options = rt.app.conf.broker_transport_options or {}
+        self.prefix = options.get("global_keyprefix", "")
+        self.index = self.prefix + options.get("unacked_index_key", "unacked_index")
+        self.table = self.prefix + options.get("unacked_key", "unacked")
+        self.priorities = options.get("priority_steps", PRIORITY_STEPS)
+        self._queues: dict[str, set[str] | None] = {}
+        self._taken: set[str] | None = None
+        self._taken_read = False
+
+    def taken_long_ago(self) -> dict[str, float]:
+        """Task id -> when a worker took its message, for messages taken more than
+        ``lease_seconds`` ago and not acknowledged."""
+        cutoff = time.time() - self.rt.settings.lease_seconds
+        return self._unacked(cutoff) or {}
+
+    def lost(self, task: str, name: str) -> bool:
+        """Whether the message of ``task`` (a task ``name``) is nowhere in the broker: not
+        in the queue Celery routes ``name`` to, not taken.
+
+        ``False`` when that cannot be told (another broker, a queue too long to read, Redis
+        unreachable). A message caught in a live worker's hands between its pop and its
+        record (a moment) looks lost: it is sent again, and the step's begin turns the
+        duplicate away.
+        """
+        if self.client is None:
+            return False
+        queue = self._queue_of(name)
+        if queue not in self._queues:
+            # The queue first, then what was taken: a message moves from the one to the
+            # other, so read in this order it is seen at least once.
+            self._queues[queue] = self._queued(queue)
+            self._taken_read = False
+        queued = self._queues[queue]
+        if queued is not None and not self._taken_read:
+            self._taken_read = True
+            taken = self._unacked(float("inf"))
+            self._taken = None if taken is None else set(taken)
+        if queued is None or self._taken is None:
+            return False
+        return task not in queued and task not in self._taken
+
+    def _unacked(self, before: float) -> dict[str, float] | None:
+        """Task id -> when taken, for messages taken before ``before`` (``None``: unread)."""
+        if self.client is None:
+            return {}
         try:
-            task = json.loads(raw)[0]["headers"]["id"]
-        except (TypeError, ValueError, KeyError, IndexError):
-            continue  # gone since, or not a Celery task message
-        taken[str(task)] = float(at)
-    return taken
+            tags: list[tuple[bytes, float]] = list(
+                self.client.zrangebyscore(self.index, 0, before, withscores=True)  # type: ignore[arg-type]
+            )
+            raws: list[Any] = (
+                list(self.client.hmget(self.table, [t for t, _ in tags])) if tags else []
+            )
+        except redis.RedisError as exc:
+            log.warning("recovery could not read the broker's unacknowledged messages: %s", exc)
+            return None
+        taken: dict[str, float] = {}
+        for (_tag, at), raw in zip(tags, raws, strict=True):
+            task = _task_id(raw, nested=True)
+            if task is not None:
+                taken[task] = float(at)
+        return taken
+
+    def _queue_of(self, name: str) -> str:
+        """The queue Celery sends task ``name`` to (the deployment's, unless routed)."""
+        try:
+            return str(self.rt.app.amqp.router.route({}, name, (), {})["queue"].name)
+        except Exception:  # a user's router that needs arguments: the default queue
+            return self.rt.settings.queue
+
+    def _queued(self, queue: str) -> set[str] | None:
+        """Task ids of the messages in ``queue`` (``None``: too long, or unreadable)."""
+        assert self.client is not None
+        queue = self.prefix + queue
+        names = [queue] + [f"{queue}{PRIORITY_SEPARATOR}{p}" for p in self.priorities if p]
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.llen(name)
+            if sum(pipe.execute()) > QUEUE_READ_LIMIT:
+                return None
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.lrange(name, 0, -1)
+            lists = pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("recovery could not read the broker's queue %s: %s", queue, exc)
+            return None
+        return {t for raws in lists for raw in raws if (t := _task_id(raw)) is not None}
+
+
+def _task_id(raw: Any, *, nested: bool = False) -> str | None:
+    """The Celery task id of a raw Redis-transport message (``unacked`` wraps it in a list)."""
+    try:
+        message = json.loads(raw)
+        task = (message[0] if nested else message)["headers"]["id"]
+    except (TypeError, ValueError, KeyError, IndexError):
+        return None  # gone since, or not a Celery task message
+    return str(task)
 
 
 _broker_clients: dict[str, redis.Redis] = {}
@@ -151,7 +252,9 @@ def _broker_client(url: str) -> redis.Redis:
     return client
 
 
-def _recover_run(rt: Runtime, run_id: str, taken: dict[str, float]) -> list[str]:
+def _recover_run(
+    rt: Runtime, run_id: str, broker: BrokerView, taken: dict[str, float]
+) -> list[str]:
     latest = rt.coord.read(run_id)
     if latest is None:
         raise Unreadable(f"run {run_id} is running but its latest checkpoint is missing")
@@ -166,7 +269,7 @@ def _recover_run(rt: Runtime, run_id: str, taken: dict[str, float]) -> list[str]
         pending = orch.pending(tr.record_of(latest))
     except (KeyError, TypeError, ValueError) as exc:
         raise Unreadable(f"checkpoint {latest.id} of run {run_id}: bad record ({exc!r})") from None
-    stale = _stale(rt, latest, pending, taken)
+    stale = _stale(rt, latest, pending, broker, taken)
     if stale and latest.meta.children:
         waiting = waiting_children(rt, latest)
         stale = [act for act in stale if act.id not in waiting]
@@ -176,10 +279,14 @@ def _recover_run(rt: Runtime, run_id: str, taken: dict[str, float]) -> list[str]
 
 
 def _stale(
-    rt: Runtime, latest: Checkpoint, pending: list[Activation], taken: dict[str, float]
+    rt: Runtime,
+    latest: Checkpoint,
+    pending: list[Activation],
+    broker: BrokerView,
+    taken: dict[str, float],
 ) -> list[Activation]:
     """The activations of ``pending`` nobody answers for (see the module docstring);
-    ``taken``: :func:`taken_by_dead_receivers`."""
+    ``taken``: the broker's :meth:`~BrokerView.taken_long_ago`."""
     now = time.time()
     found = rt.coord.coordination(latest.run_id)
     leases, marked = found.leases, found.markers
@@ -197,4 +304,8 @@ def _stale(
             # Taken off the queue by a worker that died before recording it, and not
             # re-sent since (a re-send stamps the marker later than that delivery).
             stale.append(act)
+        elif now - marked[key] >= rt.settings.lease_seconds and broker.lost(
+            task_id(latest.run_id, epoch, act.id), task_name(str(latest.meta.name), act.method)
+        ):
+            stale.append(act)  # sent a lease ago and in nobody's hands: lost in the hand-off
     return stale
