@@ -7,11 +7,12 @@ outside the allow-list) fails its run with :class:`FlowNotAllowed`; a step whose
 run names another import path than the registered flow does the same.
 
 The worker's main process also runs the recovery pass every ``recovery_interval``,
-holds a soft lease on every step message it has received until an attempt begins
-(:mod:`runner.distributed.handoff`), settles attempts the pool killed at Celery's hard
-time limit (:func:`~runner.distributed.step.hard_time_limit`), and reports a lost
-connection to Redis or the broker once (a WARNING, no traceback) and its return once
-(an INFO), however many parts of the worker noticed.
+holds a soft lease on every step message it keeps without running it (prefetched, or a
+retry's countdown) until an attempt begins (:mod:`runner.distributed.handoff`), settles
+attempts the pool killed at Celery's hard time limit
+(:func:`~runner.distributed.step.hard_time_limit`), and reports a lost connection to
+Redis or the broker once (a WARNING, no traceback) and its return once (an INFO),
+however many parts of the worker noticed.
 """
 
 from __future__ import annotations
