@@ -3,7 +3,7 @@
 Usage::
 
     python bench/workers.py [--runs 20] [--warmup 3] [--concurrent 200] [--tasks 1000]
-                            [--rounds 3] [--url URL]
+                            [--rounds 5] [--url URL]
 
 Two subprocess workers are started, each ``-P prefork -c 2``: ``celery -A workers worker`` (the
 runner's flow workers, importing ``examples.linear``, ``examples.fanout`` and
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--concurrent", type=int, default=200)
     parser.add_argument("--tasks", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--url", default=None)
     args = parser.parse_args(argv)
     with bench_redis(args.url) as target:

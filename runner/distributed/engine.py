@@ -162,6 +162,9 @@ def _send_task(
         task_id=task_id(run_id, epoch, act.id),
         kwargsrepr=kwargs_repr(run_id, act.id),
         producer=producer,
+        # Without results (the default) the sender has nothing to wait for: no subscription
+        # to the step's result channel, which Celery otherwise opens on every send.
+        ignore_result=not rt.settings.task_results,
     )
 
 
