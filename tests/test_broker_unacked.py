@@ -14,6 +14,7 @@ pass is run by hand on a runtime that knows the flow.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -80,9 +81,7 @@ def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again
     raw = redis_client.rpop(lone.settings.queue)
     assert raw is not None
     tag = f"test-{uuid.uuid4().hex}"
-    redis_client.hset(
-        "unacked", tag, b"[" + raw + b', "", "' + lone.settings.queue.encode() + b'"]'
-    )
+    redis_client.hset("unacked", tag, json.dumps([json.loads(raw), "", lone.settings.queue]))
     redis_client.zadd("unacked_index", {tag: time.time()})
     try:
         assert recover(lone, force=True) == {}  # taken just now: a worker holds it

@@ -91,6 +91,11 @@ def task_id(run_id: str, epoch: int, activation: str) -> str:
     return f"{run_id}:{epoch}:{activation}"
 
 
+def run_of_task(task: str) -> str:
+    """The run id in a :func:`task_id` (neither epoch nor activation id has a ``:``)."""
+    return task.rsplit(":", 2)[0]
+
+
 def kwargs_repr(run_id: str, activation: str, attempt: int = 1) -> str:
     """How a step's arguments read in Flower and the worker log."""
     return f"run={run_id} step={activation}" + (f" attempt={attempt}" if attempt > 1 else "")

@@ -45,7 +45,15 @@ from runner.flow import transition as tr
 from runner.flow.orchestrator import Activation
 from runner.store.models import Checkpoint, RunStatus
 
-from .engine import Runtime, allowed_flow, dispatch, task_id, task_name, waiting_children
+from .engine import (
+    Runtime,
+    allowed_flow,
+    dispatch,
+    run_of_task,
+    task_id,
+    task_name,
+    waiting_children,
+)
 
 log = logging.getLogger("runner.worker")
 
@@ -68,15 +76,14 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
         return {}
     resent: dict[str, list[str]] = {}
     broker = BrokerView(rt)
-    taken = broker.taken_long_ago()
     # Only runs where a step can be lost are read: a lapsed lease, no commit for a whole
     # lease (a step never sent, or whose message was lost, shows only then), or a message
     # taken by a dead worker. A busy deployment's runs commit all the time and cost the
     # pass one pipeline.
-    held_by_dead = {task.rsplit(":", 2)[0] for task in taken}
+    held_by_dead = {run_of_task(task) for task in broker.taken_long_ago()}
     for run_id in rt.coord.runs_to_check(time.time(), held_by_dead):
         try:
-            sent = _recover_run(rt, run_id, broker, taken)
+            sent = _recover_run(rt, run_id, broker)
         except StoreUnavailable:
             raise  # Redis is gone for every run: the caller retries the pass
         except (CorruptCheckpoint, Unreadable) as exc:
@@ -119,7 +126,7 @@ PRIORITY_SEPARATOR = "\x06\x16"
 
 
 class BrokerView:
-    """What a Redis broker holds of step messages, read at most once per recovery pass.
+    """What a Redis broker holds of step messages, for one recovery pass.
 
     Kombu's Redis transport pops a message off the queue (``BRPOP``) and then records it in
     its ``unacked`` hash, where it stays until acknowledged and comes back only after the
@@ -128,10 +135,10 @@ class BrokerView:
     recorded leaves them in ``unacked`` for the hour. This view finds both:
 
     * :meth:`taken_long_ago`: messages taken more than ``lease_seconds`` ago and not
-      acknowledged (a live worker holding one holds the step's lease);
-    * :meth:`lost`: a message neither in ``unacked`` nor in the deployment's queue (read
-      when it holds at most :data:`QUEUE_READ_LIMIT` messages; a longer queue is left
-      for a later pass).
+      acknowledged (a live worker holding one holds the step's lease), read once;
+    * :meth:`lost`: a message neither in ``unacked`` nor in the queue Celery routes it to
+      (each queue read once, when it holds at most :data:`QUEUE_READ_LIMIT` messages, and
+      ``unacked`` read again after it; a longer queue is left for a later pass).
 
     Other brokers know nothing here: RabbitMQ requeues what a dead consumer held, and
     loses nothing between a queue and a consumer.
@@ -150,12 +157,15 @@ class BrokerView:
         self._queues: dict[str, set[str] | None] = {}
         self._taken: set[str] | None = None
         self._taken_read = False
+        self._long_ago: dict[str, float] | None = None
 
     def taken_long_ago(self) -> dict[str, float]:
         """Task id -> when a worker took its message, for messages taken more than
         ``lease_seconds`` ago and not acknowledged."""
-        cutoff = time.time() - self.rt.settings.lease_seconds
-        return self._unacked(cutoff) or {}
+        if self._long_ago is None:
+            cutoff = time.time() - self.rt.settings.lease_seconds
+            self._long_ago = self._unacked(cutoff) or {}
+        return self._long_ago
 
     def lost(self, task: str, name: str) -> bool:
         """Whether the message of ``task`` (a task ``name``) is nowhere in the broker: not
@@ -252,9 +262,7 @@ def _broker_client(url: str) -> redis.Redis:
     return client
 
 
-def _recover_run(
-    rt: Runtime, run_id: str, broker: BrokerView, taken: dict[str, float]
-) -> list[str]:
+def _recover_run(rt: Runtime, run_id: str, broker: BrokerView) -> list[str]:
     latest = rt.coord.read(run_id)
     if latest is None:
         raise Unreadable(f"run {run_id} is running but its latest checkpoint is missing")
@@ -269,7 +277,7 @@ def _recover_run(
         pending = orch.pending(tr.record_of(latest))
     except (KeyError, TypeError, ValueError) as exc:
         raise Unreadable(f"checkpoint {latest.id} of run {run_id}: bad record ({exc!r})") from None
-    stale = _stale(rt, latest, pending, broker, taken)
+    stale = _stale(rt, latest, pending, broker)
     if stale and latest.meta.children:
         waiting = waiting_children(rt, latest)
         stale = [act for act in stale if act.id not in waiting]
@@ -279,20 +287,15 @@ def _recover_run(
 
 
 def _stale(
-    rt: Runtime,
-    latest: Checkpoint,
-    pending: list[Activation],
-    broker: BrokerView,
-    taken: dict[str, float],
+    rt: Runtime, latest: Checkpoint, pending: list[Activation], broker: BrokerView
 ) -> list[Activation]:
-    """The activations of ``pending`` nobody answers for (see the module docstring);
-    ``taken``: the broker's :meth:`~BrokerView.taken_long_ago`."""
+    """The activations of ``pending`` nobody answers for (see the module docstring)."""
     now = time.time()
     found = rt.coord.coordination(latest.run_id)
     leases, marked = found.leases, found.markers
     epoch, stale = latest.meta.epoch, []
     for act in pending:
-        key = tr.activation_key_in(epoch, act.id)
+        key, task = tr.activation_key_in(epoch, act.id), task_id(latest.run_id, epoch, act.id)
         expiry = leases.get(key)
         if expiry is not None:
             if expiry <= now:
@@ -300,12 +303,12 @@ def _stale(
         elif key not in marked:
             if now - latest.created_at >= rt.settings.lease_seconds:
                 stale.append(act)  # never sent
-        elif marked[key] <= taken.get(task_id(latest.run_id, epoch, act.id), 0.0):
+        elif marked[key] <= broker.taken_long_ago().get(task, 0.0):
             # Taken off the queue by a worker that died before recording it, and not
             # re-sent since (a re-send stamps the marker later than that delivery).
             stale.append(act)
         elif now - marked[key] >= rt.settings.lease_seconds and broker.lost(
-            task_id(latest.run_id, epoch, act.id), task_name(str(latest.meta.name), act.method)
+            task, task_name(str(latest.meta.name), act.method)
         ):
             stale.append(act)  # sent a lease ago and in nobody's hands: lost in the hand-off
     return stale

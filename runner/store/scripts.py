@@ -95,8 +95,35 @@ end
 """
 )
 
+_LEASE = """
+-- A soft lease (token '~...': a sender's until the broker has the message, a receiving
+-- worker's until an attempt begins) gives way at once to an attempt (a token without '~'),
+-- and a sender's to a receiving worker's; any other live lease answers for the step.
+local function yields(holder, caller)
+  if string.sub(holder, 1, 1) ~= '~' then return false end
+  if string.sub(caller, 1, 1) ~= '~' then return true end
+  return string.sub(holder, 1, 6) == '~send:' and string.sub(caller, 1, 6) == '~recv:'
+end
+
+-- Take activation `key`'s lease for `token` until `expiry`, unless it was committed
+-- ('done') or a live lease that does not give way answers for it ('held', its holder).
+local function take_lease(attempts, leases, owners, key, token, expiry, now)
+  if redis.call('HEXISTS', attempts, key) == 1 then return 'done', false end
+  local owner = redis.call('HGET', owners, key)
+  local until_ = redis.call('ZSCORE', leases, key)
+  if owner and owner ~= token and until_ and tonumber(until_) > tonumber(now)
+      and not yields(owner, token) then
+    return 'held', owner
+  end
+  redis.call('ZADD', leases, expiry, key)
+  redis.call('HSET', owners, key, token)
+  return 'ok', false
+end
+"""
+
 COMMIT = (
     _FORGET_CHECKPOINT
+    + _LEASE
     + """
 -- Commit one checkpoint: idempotent per activation, gapless sequence, pruning.
 -- KEYS[1] meta hash        KEYS[2] history zset      KEYS[3] snapshots hash
@@ -117,8 +144,8 @@ COMMIT = (
 -- snapshot), ARGV[16] their versions (JSON array, -1 = written by this commit),
 -- ARGV[17] D = changed fields (name, JSON);
 -- ARGV[18] the sender's soft-lease token ('' = none), ARGV[19] its lease expiry: each of the
--- C activations gets the sender's lease unless a live one is held (a sender dying before
--- it sends leaves leases that lapse, so recovery re-sends);
+-- C activations gets the sender's lease by take_lease's rule (a sender dying before it
+-- sends leaves leases that lapse, so recovery re-sends);
 -- then A pairs, B pairs, C activations and D pairs.
 -- Returns {'ok', seq} | {'dup', checkpoint id} | {'stale', checkpoint id}
 --       | {'conflict', current seq} | {'rebase', latest id} (the change's base is not the
@@ -178,11 +205,7 @@ for j = i, i + tonumber(ARGV[13]) - 1 do
   local key = ARGV[j]
   redis.call('HSETNX', KEYS[9], key, now)
   if ARGV[18] ~= '' and status == 'running' then
-    local expiry = redis.call('ZSCORE', KEYS[7], key)
-    if not expiry or tonumber(expiry) <= tonumber(now) then
-      redis.call('ZADD', KEYS[7], ARGV[19], key)
-      redis.call('HSET', KEYS[8], key, ARGV[18])
-    end
+    take_lease(KEYS[4], KEYS[7], KEYS[8], key, ARGV[18], ARGV[19], now)
   end
 end
 i = i + tonumber(ARGV[13])
@@ -276,32 +299,6 @@ if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
   return 1
 end
 return 0
-"""
-
-_LEASE = """
--- A soft lease (token '~...': a sender's until the broker has the message, a receiving
--- worker's until an attempt begins) gives way at once to an attempt (a token without '~'),
--- and a sender's to a receiving worker's; any other live lease answers for the step.
-local function yields(holder, caller)
-  if string.sub(holder, 1, 1) ~= '~' then return false end
-  if string.sub(caller, 1, 1) ~= '~' then return true end
-  return string.sub(holder, 1, 6) == '~send:' and string.sub(caller, 1, 6) == '~recv:'
-end
-
--- Take activation `key`'s lease for `token` until `expiry`, unless it was committed
--- ('done') or a live lease that does not give way answers for it ('held', its holder).
-local function take_lease(attempts, leases, owners, key, token, expiry, now)
-  if redis.call('HEXISTS', attempts, key) == 1 then return 'done', false end
-  local owner = redis.call('HGET', owners, key)
-  local until_ = redis.call('ZSCORE', leases, key)
-  if owner and owner ~= token and until_ and tonumber(until_) > tonumber(now)
-      and not yields(owner, token) then
-    return 'held', owner
-  end
-  redis.call('ZADD', leases, expiry, key)
-  redis.call('HSET', owners, key, token)
-  return 'ok', false
-end
 """
 
 BEGIN_STEP = (
