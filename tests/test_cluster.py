@@ -26,7 +26,7 @@ from examples.linear import LinearFlow
 from runner import ids
 from runner.distributed.app import make_app
 from runner.distributed.client import submit
-from runner.errors import StoreUnavailable
+from runner.errors import StoreError, StoreUnavailable
 from runner.settings import RunnerSettings
 from runner.store.keys import CLUSTER_SHARDS
 from runner.store.models import Checkpoint, RunStatus
@@ -133,6 +133,7 @@ def test_flows_run_on_workers_with_their_checkpoints_on_the_cluster(
     }
     with private_pool(worker_env, str(tmp_path), **overrides) as (pool, rt, _):
         assert isinstance(rt.store.client, RedisCluster)
+        assert not rt.sends_in_commit  # the steps are sent after their commit, to the broker
         pool.start()
         linear = submit(LinearFlow, rt=rt)
         fanout = submit(FanoutFlow, rt=rt)
@@ -145,6 +146,17 @@ def test_flows_run_on_workers_with_their_checkpoints_on_the_cluster(
             assert rt.coord.leases(handle.run_id) == {}
             assert rt.coord.dispatched(handle.run_id) == {}
             assert handle.run_id not in rt.coord.active_runs()
+
+
+def test_a_commit_on_a_cluster_takes_no_outbox_and_writes_nothing(store):
+    first = store.commit(Checkpoint(run_id="r", event="flow_started"))
+    with pytest.raises(StoreError, match="Cluster"):
+        store.commit(
+            Checkpoint(run_id="r", event="x"),
+            expected_seq=first.seq,
+            outbox=[("lpush", "queue", "message")],
+        )
+    assert store.latest("r") == first
 
 
 def test_checkpoints_on_a_cluster_without_a_broker_of_their_own_are_refused(cluster_nodes):

@@ -11,7 +11,13 @@ import pytest
 import redis
 
 from bench._wire import counted_client
-from runner.errors import CorruptCheckpoint, StoreUnavailable
+from runner.errors import (
+    CommitConflict,
+    CorruptCheckpoint,
+    StaleAttempt,
+    StoreError,
+    StoreUnavailable,
+)
 from runner.store.models import Checkpoint
 from runner.store.redis import RedisProvider
 
@@ -166,3 +172,50 @@ def test_a_forked_child_gets_a_connection_pool_of_its_own(redis_url: str, prefix
     finally:
         release.set()
         provider.close()
+
+
+def _subscribed(store: RedisProvider, channel: str) -> redis.client.PubSub:
+    sub = store.client.pubsub(ignore_subscribe_messages=True)
+    sub.subscribe(channel)
+    sub.get_message(timeout=1)  # the subscription's confirmation
+    return sub
+
+
+def test_a_commits_outbox_is_written_only_when_the_commit_lands(store: RedisProvider) -> None:
+    queue, channel = f"{store.keys.prefix}:queue", f"{store.keys.prefix}:events"
+    sub = _subscribed(store, channel)
+    first = store.commit(Checkpoint(run_id="r", event="flow_started", state={"id": "r"}))
+    outbox = [("lpush", queue, "message-1"), ("publish", channel, "sent-1")]
+
+    step = Checkpoint(run_id="r", event="method_finished", state={"id": "r"}, activation="a")
+    with pytest.raises(CommitConflict):  # not on a conflict
+        store.commit(step.model_copy(update={"attempt": "t1"}), expected_seq=0, outbox=outbox)
+    assert store.client.llen(queue) == 0
+    assert sub.get_message(timeout=0.2) is None
+
+    landed = step.model_copy(update={"attempt": "t1"})
+    store.commit(landed, expected_seq=first.seq, dispatching=["b"], outbox=outbox)
+    assert store.client.lrange(queue, 0, -1) == [b"message-1"]
+    got = sub.get_message(timeout=2)
+    assert got is not None and got["data"] == b"sent-1"
+
+    again = [("lpush", queue, "message-2")]
+    store.commit(landed, outbox=again)  # the same attempt again: a duplicate, sends nothing
+    with pytest.raises(StaleAttempt):  # another attempt of the committed step: nothing either
+        store.commit(step.model_copy(update={"attempt": "t2"}), outbox=again)
+    assert store.client.lrange(queue, 0, -1) == [b"message-1"]
+    sub.close()
+
+
+def test_an_outbox_with_another_command_is_refused_and_nothing_is_written(
+    store: RedisProvider,
+) -> None:
+    first = store.commit(Checkpoint(run_id="r", event="flow_started", state={"id": "r"}))
+    with pytest.raises(StoreError, match="'del'"):
+        store.commit(
+            Checkpoint(run_id="r", event="x", state={"id": "r"}),
+            expected_seq=first.seq,
+            outbox=[("del", f"{store.keys.prefix}:meta", "")],
+        )
+    latest = store.latest("r")
+    assert latest is not None and latest.seq == first.seq

@@ -25,8 +25,7 @@ from runner.flow import transition as tr
 from runner.flow.loading import load_flow
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
-from . import handoff
-from .engine import Runtime, commit_status, first_checkpoint, send
+from .engine import Runtime, commit_and_send, commit_status, first_checkpoint
 
 _runtime: Runtime | None = None
 
@@ -99,23 +98,14 @@ def submit(
     first = first_checkpoint(flow_cls, dict(inputs or {}))
     run_id = first.checkpoint.run_id
     try:
-        # Created only if new (seq 0); the same round trip marks the starts sent under this
-        # producer's soft lease, so a producer dying before it sends leaves leases that
-        # lapse and recovery sends the starts (see handoff).
-        rt.store.commit(
-            first.checkpoint,
-            expected_seq=0,
-            dispatching=[a.id for a in first.ready],
-            sender=handoff.sender_token(),
-            sender_lease=rt.settings.lease_seconds,
-        )
+        # Created only if new (seq 0), its starts sent once (see commit_and_send). They go
+        # straight to their tasks (no hop through a start task): a worker that has not
+        # registered the flow fails the run with FlowNotAllowed.
+        commit_and_send(rt, first.checkpoint, 0, first.ready)
     except CommitConflict:
         raise RunStateError(
             f"run {run_id} already exists; resume or fork it", run_id=run_id
         ) from None
-    # The starts go straight to their tasks (no hop through a start task): a worker
-    # that has not registered the flow fails the run with FlowNotAllowed.
-    send(rt, flow_cls.flow_name(), run_id, 0, first.ready)
     return RunHandle(run_id, rt)
 
 

@@ -49,7 +49,7 @@ from runner.settings import RunnerSettings, get_settings
 from runner.store.models import Checkpoint, ParentLink, RunStatus
 from runner.store.redis import RedisProvider
 
-from . import handoff
+from . import handoff, outbox
 from .coord import Coordinator
 
 log = logging.getLogger("runner.worker")
@@ -70,6 +70,9 @@ class Runtime:
     coord: Coordinator
     settings: RunnerSettings
     flows: dict[str, Any] = field(default_factory=dict)
+    sends_in_commit: bool = False
+    """The broker is the store's own Redis: a commit writes the messages of the steps it
+    makes ready itself (see :mod:`runner.distributed.outbox`)."""
 
     @classmethod
     def create(
@@ -78,7 +81,14 @@ class Runtime:
         """A runtime on ``app``'s Redis (``patient``: retry Redis errors for seconds)."""
         settings = settings or get_settings()
         store = RedisProvider(app.conf.runner_redis_url, prefix=settings.prefix, patient=patient)
-        return cls(app, store, Coordinator(store, settings.lease_seconds), settings)
+        same = app.conf.broker_url == store.url and not store.cluster
+        return cls(
+            app,
+            store,
+            Coordinator(store, settings.lease_seconds),
+            settings,
+            sends_in_commit=same and str(store.url).startswith(("redis://", "rediss://", "unix://")),
+        )
 
 
 def task_name(flow_name: str, method: str) -> str:
@@ -205,18 +215,17 @@ def commit(
     build: Callable[[Checkpoint], Any],
     *,
     first: Checkpoint | None = None,
-    mark_ready: bool = False,
+    send_ready: bool = False,
 ) -> tuple[Checkpoint, Any] | None:
     """Compare-and-set loop: rebuild on the newest checkpoint until the commit lands.
 
     ``build`` returns a :class:`~runner.flow.transition.Transition` or a
     :class:`~runner.flow.lifecycle.Settled` (or ``None`` to decline); the result is
     the committed checkpoint and what ``build`` returned. ``first`` is a checkpoint
-    the caller already read, tried before re-reading. ``mark_ready``: the same atomic
-    commit marks the activations it makes ready dispatched (when the run goes on
-    running), for the caller to :func:`send`. ``None`` when ``build`` declines or
-    another attempt of the step committed. Tells waiters when the run stops, and the
-    parent when a child run ends.
+    the caller already read, tried before re-reading. ``send_ready``: the activations
+    the commit makes ready are sent (when the run goes on running; see
+    :func:`commit_and_send`). ``None`` when ``build`` declines or another attempt of the
+    step committed. Tells waiters when the run stops, and the parent when a child run ends.
     """
     latest = first
     for _ in range(200):
@@ -228,20 +237,9 @@ def commit(
         if built is None:
             return None
         step = built.transition if isinstance(built, lifecycle.Settled) else built
-        marks: list[str] = []
-        if mark_ready and step.checkpoint.status is RunStatus.RUNNING:
-            epoch = step.checkpoint.meta.epoch
-            marks = [tr.activation_key_in(epoch, a.id) for a in step.ready]
         try:
-            # The commit also gives the steps it makes ready the sender's soft lease, so a
-            # committer dying before it sends leaves leases that lapse (see handoff).
-            ckpt = rt.store.commit(
-                step.checkpoint,
-                expected_seq=latest.seq,
-                dispatching=marks,
-                sender=handoff.sender_token() if marks else "",
-                sender_lease=rt.settings.lease_seconds,
-            )
+            ready = step.ready if send_ready else []
+            ckpt = commit_and_send(rt, step.checkpoint, latest.seq, ready)
         except CommitConflict:
             latest = None
             time.sleep(random.random() / 1000)
@@ -254,6 +252,53 @@ def commit(
                 on_child_finished(rt, ckpt)
         return ckpt, built
     raise CommitConflict(f"run {run_id}: too many concurrent commits", run_id=run_id)
+
+
+def commit_and_send(
+    rt: Runtime, checkpoint: Checkpoint, expected_seq: int, ready: list[Activation]
+) -> Checkpoint:
+    """Commit ``checkpoint`` (compare-and-set on ``expected_seq``) and send ``ready``, the
+    activations it makes ready, if the run goes on running.
+
+    The same atomic commit marks them dispatched, so they are sent once. Where the broker
+    is the store's Redis, the commit's script writes their messages too (the outbox): a
+    step is committed ready and queued at once. Otherwise the commit gives them the
+    sender's soft lease, and they are sent after it (see :mod:`.handoff`): a committer
+    dying in between leaves leases that lapse, and recovery sends them.
+    """
+    marks: list[str] = []
+    epoch, run_id, name = checkpoint.meta.epoch, checkpoint.run_id, str(checkpoint.meta.name)
+    if ready and checkpoint.status is RunStatus.RUNNING:
+        marks = [tr.activation_key_in(epoch, a.id) for a in ready]
+    messages = _messages(rt, name, run_id, epoch, ready) if marks and rt.sends_in_commit else None
+    ckpt = rt.store.commit(
+        checkpoint,
+        expected_seq=expected_seq,
+        dispatching=marks,
+        sender=handoff.sender_token() if marks and messages is None else "",
+        sender_lease=rt.settings.lease_seconds,
+        outbox=messages or (),
+    )
+    if marks and messages is None:
+        send(rt, name, run_id, epoch, ready)
+    return ckpt
+
+
+def _messages(
+    rt: Runtime, flow_name: str, run_id: str, epoch: int, acts: list[Activation]
+) -> list[outbox.Command] | None:
+    """The Redis commands that would send ``acts``, unsent (``None``: this broker
+    connection cannot be recorded; send them the usual way)."""
+    try:
+        with rt.app.producer_or_acquire() as producer, outbox.recording(producer) as commands:
+            if commands is None:
+                return None
+            for act in acts:
+                _send_task(rt, flow_name, run_id, epoch, act, producer)
+            return list(commands)
+    except outbox.NotRecordable as exc:
+        log.warning("steps of run %s sent after the commit: %s", run_id, exc)
+        return None
 
 
 def commit_status(
@@ -387,7 +432,7 @@ def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
         lambda latest: lifecycle.child_finished(
             graph, latest, link.activation, child.run_id, output, reducers
         ),
-        mark_ready=True,
+        send_ready=True,
     )
     if committed is None:
         return []
@@ -397,7 +442,7 @@ def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
         emit(ckpt, ev.FLOW_FINISHED, None)
     if ckpt.status is not RunStatus.RUNNING:
         return []
-    return send(rt, parent_cls.flow_name(), link.run_id, ckpt.meta.epoch, step.ready)
+    return [act.id for act in step.ready]
 
 
 def waiting_children(rt: Runtime, latest: Checkpoint) -> set[str]:

@@ -8,7 +8,9 @@ message could be lost with no attempt running:
 * the **sender**'s, taken by the commit that makes the step ready (or before the
   dispatch marker) and dropped once the broker accepted the message: a sender that dies
   in between leaves a lease that lapses. The drop is off the step's path: a thread of
-  the sending process does it (:func:`let_go`), so a step costs no round trip for it;
+  the sending process does it (:func:`let_go`), so a step costs no round trip for it.
+  A commit that writes its steps' messages itself (a Redis broker on the store's Redis,
+  see :mod:`runner.distributed.outbox`) has no in between, and takes no such lease;
 * the **receiving worker**'s, for a message a worker holds without running it (prefetched,
   or a retry waiting for its countdown): taken within a third of a lease of its arrival
   and renewed until an attempt begins. A worker that dies holding messages leaves leases

@@ -12,7 +12,8 @@
 4. **commit** it with compare-and-set (:func:`runner.distributed.engine.commit`); the
    commit drops the lease, fences late duplicates and marks the steps it made ready
    dispatched;
-5. **send** those steps.
+5. **send** those steps: with a Redis broker, the commit's own script writes their
+   messages (see :mod:`runner.distributed.outbox`); otherwise they are sent after it.
 
 Celery sees the outcome as it is, so Flower and ``celery events`` tell the truth:
 SUCCESS for a committed step (or a pause), RETRY with the real error for a retry,
@@ -53,7 +54,6 @@ from .engine import (
     emit,
     fail_not_allowed,
     kwargs_repr,
-    send,
     start_child,
     task_id,
     task_name,
@@ -248,8 +248,8 @@ def _settle(
         emit(ckpt, ev.STATE_CONFLICT, act.method, listeners, data={"field": name})
     emit(ckpt, ev.METHOD_FINISHED, act.method, listeners, duration=result.duration)
     sent: list[str] = []
-    if ckpt.status is RunStatus.RUNNING:  # the commit marked them dispatched
-        sent = send(rt, flow_cls.flow_name(), run_id, epoch, settled.transition.ready)
+    if ckpt.status is RunStatus.RUNNING:  # the commit sent them
+        sent = [a.id for a in settled.transition.ready]
     elif ckpt.status is RunStatus.SUCCEEDED:
         emit(ckpt, ev.FLOW_FINISHED, None, listeners)
     return {"run_id": run_id, "step": act.id, "seq": ckpt.seq, "dispatched": sent}
@@ -267,9 +267,9 @@ def _commit_settled(
     worker: str | None,
     first: Checkpoint | None = None,
 ) -> tuple[Checkpoint, lifecycle.Settled] | None:
-    """Commit ``result`` settled as ``outcome`` with compare-and-set, marking the steps it
-    makes ready dispatched: an attempt's own end and one killed at the hard time limit
-    both commit this way. ``None`` when another attempt committed the step."""
+    """Commit ``result`` settled as ``outcome`` with compare-and-set, sending the steps it
+    makes ready: an attempt's own end and one killed at the hard time limit both commit
+    this way. ``None`` when another attempt committed the step."""
     graph, reducers = flow_cls.graph(), reducers_for(flow_cls.state_type())
     return commit(
         rt,
@@ -278,7 +278,7 @@ def _commit_settled(
             graph, c, result, outcome, epoch=epoch, reducers=reducers, token=token, worker=worker
         ),
         first=first,
-        mark_ready=True,
+        send_ready=True,
     )
 
 

@@ -128,7 +128,9 @@ class RedisProvider:
             client = _connect(url, patient)
         self.url = url or _client_url(client)
         self.client: Any = client
-        shards = CLUSTER_SHARDS if isinstance(client, RedisCluster) else 0
+        self.cluster = isinstance(client, RedisCluster)
+        """The store is on a Redis Cluster."""
+        shards = CLUSTER_SHARDS if self.cluster else 0
         self.keys = Keys(prefix if prefix is not None else settings.prefix, shards)
         self.max_checkpoints = (
             settings.max_checkpoints if max_checkpoints is None else max_checkpoints
@@ -161,6 +163,7 @@ class RedisProvider:
         dispatching: Sequence[str] = (),
         sender: str = "",
         sender_lease: float = 0.0,
+        outbox: Sequence[tuple[str, str, Any]] = (),
     ) -> Checkpoint:
         """Write ``checkpoint`` as the run's next one in one atomic round trip.
 
@@ -169,7 +172,12 @@ class RedisProvider:
         markers, so a redelivered commit never sends them again; with a ``sender``
         token each of them also gets that soft lease for ``sender_lease`` seconds
         (unless a live lease is held), dropped by the sender once the broker has it.
+        ``outbox``: Redis commands that publish messages on this same Redis (``lpush``
+        or ``pexpire`` of a key, ``publish`` on a channel: (command, key or channel,
+        value)), run by the same script only if the commit lands (not on a conflict,
+        nor when the attempt's commit is a duplicate or stale). Not on a Cluster.
         """
+        keys_out = _outbox_keys(outbox, self.cluster)
         k, run = self.keys, checkpoint.run_id
         keep = self.max_checkpoints if max_checkpoints is None else max_checkpoints
         keep = max(keep, 0)
@@ -211,6 +219,7 @@ class RedisProvider:
                     k.active_of(run),
                     k.values(run),
                     k.refs(run),
+                    *keys_out,
                 ],
                 [
                     checkpoint.id,
@@ -232,10 +241,12 @@ class RedisProvider:
                     len(changed),
                     sender,
                     repr(now + sender_lease),
+                    len(outbox),
                     *_pairs(always),
                     *_pairs(once),
                     *dispatching,
                     *(item for name in values if name in changed for item in (name, values[name])),
+                    *(item for command in outbox for item in command),
                 ],
             )
             if reply[0] != b"rebase":
@@ -485,7 +496,7 @@ class RedisProvider:
     def release_all(self, held: Sequence[tuple[str, str, str]]) -> None:
         """Drop each ``(run id, key, token)`` lease its token still holds: one pipeline (one
         call each on a Redis Cluster, whose pipelines take no scripts)."""
-        if isinstance(self.client, RedisCluster):
+        if self.cluster:
             for item in held:
                 self.release(*item)
             return
@@ -744,6 +755,23 @@ def _field(value: Any) -> str:
 
 def _pairs(fields: dict[str, str]) -> list[str]:
     return [item for pair in fields.items() for item in pair]
+
+
+OUTBOX_COMMANDS = {"lpush": True, "pexpire": True, "publish": False}
+"""The commands a commit's outbox may hold, and whether each names a key (a channel is not)."""
+
+
+def _outbox_keys(outbox: Sequence[tuple[str, str, Any]], cluster: bool) -> list[str]:
+    """The keys ``outbox`` writes, in order, for the script's KEYS (``StoreError`` if it
+    holds another command, or on a Cluster, whose slots the messages' keys are not in)."""
+    if not outbox:
+        return []
+    if cluster:
+        raise StoreError("a commit on a Redis Cluster cannot publish messages (no outbox)")
+    for command, _, _ in outbox:
+        if command not in OUTBOX_COMMANDS:
+            raise StoreError(f"a commit's outbox cannot run {command!r}")
+    return [target for command, target, _ in outbox if OUTBOX_COMMANDS[command]]
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,7 @@ COMMIT = (
 -- KEYS[7] leases zset      KEYS[8] lease owners hash KEYS[9] dispatch markers hash
 -- KEYS[10] run index (shard)  KEYS[11] checkpoint lookup (shard)  KEYS[12] active runs (shard)
 -- KEYS[13] field values hash   KEYS[14] refs hash
+-- KEYS[15...] the keys the E outbox commands write (below), in order
 -- ARGV[1] checkpoint id
 -- ARGV[2] snapshot JSON without its opening '{', without seq and without state
 -- ARGV[3] activation ('' = none)   ARGV[4] attempt token
@@ -146,7 +147,10 @@ COMMIT = (
 -- ARGV[18] the sender's soft-lease token ('' = none), ARGV[19] its lease expiry: each of the
 -- C activations gets the sender's lease by take_lease's rule (a sender dying before it
 -- sends leaves leases that lapse, so recovery re-sends);
--- then A pairs, B pairs, C activations and D pairs.
+-- ARGV[20] E = outbox commands, run once the commit is written: the ready steps' messages
+-- published on this Redis in the same atomic write ('lpush'/'pexpire' key value, the key
+-- being the next of KEYS[15...]; 'publish' channel value);
+-- then A pairs, B pairs, C activations, D pairs and E (command, key or channel, value).
 -- Returns {'ok', seq} | {'dup', checkpoint id} | {'stale', checkpoint id}
 --       | {'conflict', current seq} | {'rebase', latest id} (the change's base is not the
 --       latest checkpoint: send the whole state)
@@ -188,7 +192,7 @@ local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if status ~= 'running' or (epoch and epoch ~= ARGV[10]) then
   redis.call('DEL', KEYS[7], KEYS[8], KEYS[9])
 end
-local i = 20
+local i = 21
 local fields = {'seq', seq, 'latest', id, 'updated_at', now, 'status', status, 'epoch', ARGV[10]}
 for j = i, i + 2 * tonumber(ARGV[11]) - 1 do fields[#fields + 1] = ARGV[j] end
 redis.call('HSET', KEYS[1], unpack(fields))
@@ -216,6 +220,16 @@ end
 if ARGV[15] ~= '' then
   local versions = string.gsub(ARGV[16], '%-1', tostring(seq))
   redis.call('HSET', KEYS[14], id, '[' .. ARGV[15] .. ',' .. versions .. ']')
+end
+i = i + 2 * tonumber(ARGV[17])
+local key_of = 14
+for j = i, i + 3 * tonumber(ARGV[20]) - 1, 3 do
+  if ARGV[j] == 'publish' then
+    redis.call('PUBLISH', ARGV[j + 1], ARGV[j + 2])
+  else
+    key_of = key_of + 1
+    redis.call(ARGV[j], KEYS[key_of], ARGV[j + 2])
+  end
 end
 redis.call('ZADD', KEYS[10], now, run)
 redis.call('HSET', KEYS[11], id, run)

@@ -1,0 +1,55 @@
+"""With the broker on the store's Redis, a commit writes the messages of the steps it makes
+ready (the outbox): committed ready and queued in one atomic write, with no sender lease.
+With a broker of its own, the steps go after their commit under the sender's lease."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from runner.distributed import handoff
+from runner.distributed.client import submit
+from runner.distributed.outbox import recording
+from runner.store.models import RunStatus
+from tests._dist_support import private_pool
+from tests.flows.dist import DistEcho
+
+
+def test_a_start_is_queued_by_the_commit_that_creates_its_run(
+    worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    with private_pool(worker_env, str(tmp_path)) as (pool, rt, env):
+        assert rt.sends_in_commit
+        handle = submit(DistEcho, {"count": 2}, rt=rt)
+        # Nothing runs yet: the message is in the queue, marked sent, and nobody holds a
+        # lease for it (nor ever did: no let-go is left to drop one).
+        assert redis_client.llen(env["RUNNER_QUEUE"]) == 1
+        assert set(rt.coord.dispatched(handle.run_id)) == {"hello#1"}
+        assert rt.coord.leases(handle.run_id) == {}
+        assert handoff.flush(0.0)
+
+        pool.start()
+        assert handle.result(timeout=30) == 4
+        assert rt.coord.leases(handle.run_id) == {}
+        assert redis_client.llen(env["RUNNER_QUEUE"]) == 0
+
+
+def test_with_a_broker_of_its_own_a_step_is_sent_after_its_commit(
+    worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    # The same Redis under another name is a broker of its own to the runner.
+    broker = worker_env["RUNNER_REDIS_URL"].replace("127.0.0.1", "localhost")
+    assert broker != worker_env["RUNNER_REDIS_URL"]
+    with private_pool(worker_env, str(tmp_path), RUNNER_BROKER_URL=broker) as (pool, rt, env):
+        assert not rt.sends_in_commit
+        with rt.app.producer_or_acquire() as producer, recording(producer) as commands:
+            assert commands is not None  # a Redis channel could be recorded: the URL decides
+        handle = submit(DistEcho, {"count": 2}, rt=rt)
+        assert redis_client.llen(env["RUNNER_QUEUE"]) == 1
+        assert handoff.flush(5.0)  # the sender's lease, taken by the commit, is dropped
+        assert rt.coord.leases(handle.run_id) == {}
+
+        pool.start()
+        assert handle.wait(timeout=30) is RunStatus.SUCCEEDED
+        assert handle.result() == 4
