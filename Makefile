@@ -33,7 +33,14 @@ lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy
 
-bench: venv
+# The benchmarks' baselines (LangGraph with its SQLite checkpointer) come with the bench extra.
+BENCH_STAMP := $(VENV)/.bench.stamp
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	@touch $@
+
+bench: $(BENCH_STAMP)
 	@shopt -s nullglob; scripts=(bench/[!_]*.py); \
 	if [ $${#scripts[@]} -eq 0 ]; then echo "bench: no scripts in bench/"; exit 0; fi; \
 	for s in "$${scripts[@]}"; do echo "== $$s"; $(BIN)/python "$$s" || exit 1; done

@@ -98,6 +98,12 @@ class CheckpointConfig(BaseModel):
         return self.location
 
     @property
+    def names_store(self) -> bool:
+        """Whether this config says where checkpoints are kept: ``location`` or ``provider``
+        given (or implied by a ``restore_from`` file)."""
+        return bool({"location", "provider"} & self.model_fields_set)
+
+    @property
     def trigger_all(self) -> bool:
         """Whether every event writes a checkpoint (``on_events=["*"]``)."""
         return self.on_events is not None and "*" in self.on_events

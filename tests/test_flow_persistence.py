@@ -493,6 +493,27 @@ def test_restoring_a_checkpoint_skips_every_completed_method(store, how):
     assert store.run(run_id).status == "succeeded"
 
 
+@pytest.mark.parametrize("how", ["from_checkpoint", "kickoff_from_checkpoint"])
+def test_a_restore_config_naming_its_store_wins_over_the_flows_own(store, tmp_path, how):
+    run_id = _failed_run(store)
+    elsewhere = CheckpointConfig(location=str(tmp_path / "elsewhere"))  # the flow's own
+    config = CheckpointConfig(provider=store, restore_from=run_id)
+    tally = Tally()
+
+    if how == "from_checkpoint":
+        flow = FailOnce.from_checkpoint(config, tally=tally, fail=False, checkpoint=elsewhere)
+        result = flow.kickoff()
+    else:
+        flow = FailOnce(tally, fail=False, checkpoint=elsewhere)
+        result = flow.kickoff(from_checkpoint=config)
+
+    # Restored from the config's store, and the run went on there.
+    assert dict(tally.counts) == {"second": 1, "third": 1}
+    assert result == "third:3"
+    assert store.run(run_id).status == "succeeded"
+    assert not [p for p in (tmp_path / "elsewhere").rglob("*") if p.is_file()]
+
+
 def test_restoring_an_older_checkpoint_reruns_what_followed_it(store):
     flow = ThreeSteps(checkpoint=CheckpointConfig(provider=store))
     flow.kickoff()

@@ -60,7 +60,11 @@ def kickoff(
     graph = flow.graph()
     sink = flow._sink()
     if restore is not None:
-        if isinstance(restore, CheckpointConfig) and not isinstance(sink, StoreSink):
+        # A restore config that says where its run is wins over the flow's own config, and
+        # the run goes on there (CrewAI: its other fields apply to the resumed run).
+        if isinstance(restore, CheckpointConfig) and (
+            restore.names_store or not isinstance(sink, StoreSink)
+        ):
             sink = StoreSink(restore.store(), restore.events("flow"), restore.max_checkpoints)
         elif sink.store is None:
             # Restored by id with no store configured: the run continues where it is kept.
