@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import redis
+from kombu import Connection
 
 from runner.distributed import handoff
 from runner.distributed.client import submit
@@ -53,3 +54,24 @@ def test_with_a_broker_of_its_own_a_step_is_sent_after_its_commit(
         pool.start()
         assert handle.wait(timeout=30) is RunStatus.SUCCEEDED
         assert handle.result() == 4
+
+
+def test_a_channel_that_would_change_or_send_the_commands_is_not_recorded(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    # A key prefix is applied by kombu's client when it runs the commands (the script would
+    # not), and a channel that retries on timeout does not batch (kombu would publish at
+    # once): either way the steps are sent the usual way.
+    for options, recorded in (
+        ({}, True),
+        ({"global_keyprefix": "p:"}, False),
+        ({"retry_on_timeout": True}, False),
+    ):
+        with Connection(redis_url, transport_options=options) as conn:
+            producer = conn.Producer()
+            with recording(producer) as commands:
+                assert (commands is not None) is recorded, options
+                if commands is not None:
+                    producer.publish({"x": 1}, routing_key="outbox-test-queue")
+                    assert [c[0] for c in commands] == ["lpush"]
+        assert redis_client.llen("outbox-test-queue") == 0  # recorded, not run

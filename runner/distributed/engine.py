@@ -87,7 +87,8 @@ class Runtime:
             store,
             Coordinator(store, settings.lease_seconds),
             settings,
-            sends_in_commit=same and str(store.url).startswith(("redis://", "rediss://", "unix://")),
+            sends_in_commit=same
+            and str(store.url).startswith(("redis://", "rediss://", "unix://")),
         )
 
 
