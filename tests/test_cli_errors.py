@@ -66,6 +66,8 @@ BAD_INPUT = [
     (["fork", "{run}", "--set", "typo=1"], "typo"),
     (["fork", "{run}", "--set", "x"], "--set 'x' is not of the form key=value"),
     (["fork", "{run}", "--set", "x=not-a-number"], "x"),
+    (["fork", "{run}", "--set", "x.y=1"], "cannot set x.y: x is not an object"),
+    (["fork", "{run}", "--set", "typo.y=1"], "typo"),
     (["submit", GATED, "--input", "tag"], "--input 'tag' is not of the form key=value"),
     (["submit", GATED, "--input", "=1"], "is not of the form key=value"),
     (["submit", GATED, "--input", "x=[1]"], "x"),

@@ -6,7 +6,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
+
 from runner.distributed import control
+from runner.errors import InvalidInputs
 from runner.flow.children import child_run_id
 from runner.store.models import Checkpoint, RunStatus
 from tests.flows.crews import CrewPipeline, counts, twelve
@@ -61,21 +64,36 @@ def test_a_crew_resumed_on_workers_reruns_only_the_failed_task_and_later(rt: Any
     assert twelve.output(resumed.latest().state).raw == _chain(TASKS)
 
 
-def test_a_fork_with_an_edited_output_reruns_the_tasks_after_it(rt: Any) -> None:
+@pytest.mark.parametrize("how", ["whole field", "dotted path"])
+def test_a_fork_with_an_edited_output_reruns_the_tasks_after_it(rt: Any, how: str) -> None:
     inputs = _inputs()
     source = twelve.submit(inputs, rt=rt)
     source.result(timeout=30)
     at = _after(rt, source.run_id, "t02")
     outputs = dict(at.state["outputs"])
     outputs["t02"] = {**outputs["t02"], "raw": "EDITED"}
+    # The dotted path changes one entry of the outputs and keeps the others.
+    edit = {"outputs": outputs} if how == "whole field" else {"outputs.t02.raw": "EDITED"}
 
-    fork = control.fork(at.id, set={"outputs": outputs}, rerun=["t03"], rt=rt)
+    fork = control.fork(at.id, set=edit, rerun=["t03"], rt=rt)
     fork.result(timeout=30)
     out = twelve.output(fork.latest().state)
     assert out.tasks_output[1].raw == "EDITED"
     assert out.raw == _chain(TASKS[2:], "EDITED")
     assert counts(inputs["tag"]) == {**dict.fromkeys(TASKS[:2], 1), **dict.fromkeys(TASKS[2:], 2)}
     assert source.latest().state["outputs"]["t02"]["raw"] == "t02(t01(bees))"
+
+
+def test_a_dotted_edit_through_something_not_an_object_is_refused_in_one_line() -> None:
+    state = {"outputs": {"t01": {"raw": "x"}}, "topic": "bees"}
+    assert control.nested_edits(state, {"outputs.t02.raw": "y"}) == {
+        "outputs": {"t01": {"raw": "x"}, "t02": {"raw": "y"}}
+    }
+    assert state["outputs"] == {"t01": {"raw": "x"}}  # the source state is left alone
+    with pytest.raises(InvalidInputs, match=r"^cannot set topic\.x: topic is not an object$"):
+        control.nested_edits(state, {"topic.x": 1})
+    with pytest.raises(InvalidInputs, match=r"outputs\.t01\.raw is not an object"):
+        control.nested_edits(state, {"outputs.t01.raw.deeper": 1})
 
 
 def test_crew_fork_reruns_every_task_after_the_first_edited_one(rt: Any) -> None:

@@ -87,7 +87,10 @@ def fork(
         typer.Option(
             "--set",
             metavar="FIELD=VALUE",
-            help="Edit a state field (repeatable); VALUE is parsed as JSON if it parses.",
+            help=(
+                "Edit a state field (repeatable); VALUE is parsed as JSON if it parses. A "
+                "dotted FIELD (outputs.t02.raw) edits one entry of a nested object."
+            ),
         ),
     ] = None,
     rerun: Annotated[

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import copy
 import uuid
 from typing import Any
 
@@ -110,7 +111,8 @@ def fork(
     new_id = run_id or str(uuid.uuid4())
     if rt.store.run(new_id) is not None:
         raise RunStateError(f"run {new_id} already exists", run_id=new_id)
-    state = _validated(flow_cls, source.state, {**(set or {}), "id": new_id})
+    edits = nested_edits(source.state, set or {})
+    state = _validated(flow_cls, source.state, {**edits, "id": new_id})
     record = tr.record_of(source)
     if rerun:
         record = orch.invalidate(graph, record, rerun)
@@ -152,6 +154,30 @@ def _source(rt: Runtime, run_id: str, checkpoint_id: str | None) -> Checkpoint:
             checkpoint_id=checkpoint_id,
         )
     return ckpt
+
+
+def nested_edits(state: dict[str, Any], edits: dict[str, Any]) -> dict[str, Any]:
+    """``edits`` as top-level field values of ``state``: a dotted key (``outputs.t02.raw``)
+    changes one entry of a nested object and keeps the others; a key that is a field of
+    ``state`` as it is, or has no dot, replaces that field (``InvalidInputs`` when a dotted
+    key goes through something that is not an object)."""
+    top: dict[str, Any] = {}
+    for key, value in edits.items():
+        if key in state or "." not in key:
+            top[key] = value
+            continue
+        head, *path, last = key.split(".")
+        root = top.get(head, state.get(head, {}))
+        if not isinstance(root, dict):
+            raise InvalidInputs(f"cannot set {key}: {head} is not an object", field=key)
+        node = top[head] = copy.deepcopy(root)
+        for depth, part in enumerate(path, 1):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                where = ".".join([head, *path[:depth]])
+                raise InvalidInputs(f"cannot set {key}: {where} is not an object", field=key)
+        node[last] = value
+    return top
 
 
 def _validated(flow_cls: Any, state: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
