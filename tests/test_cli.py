@@ -91,6 +91,18 @@ def test_submit_wait_prints_the_run_id_then_the_result(
     }
 
 
+def test_submit_takes_crewais_trigger_payload_and_resume_gives_it_again(
+    cli: Cli, rt: Any
+) -> None:
+    payload = "crewai_trigger_payload=" + json.dumps({"ticket": 9})
+    failed = cli("submit", "tests.flows.dist:Triggered", "--input", payload, "--wait")
+    assert failed.exit_code == 1  # the flow's first attempt fails
+    run_id = failed.stdout.split()[0]
+    resumed = cli.ok("resume", run_id, "--wait").stdout
+    assert "succeeded: ticket 9, payload here too: True" in resumed
+    assert rt.store.latest(run_id).state["seen"] == {"payload": {"ticket": 9}}
+
+
 def test_submit_returns_at_once_and_watch_follows_the_run_to_its_end(
     cli: Cli, rt: Any, redis_client: redis.Redis, tag: str
 ) -> None:

@@ -13,6 +13,7 @@ from celery import signals
 from examples.fanout import FanoutFlow
 from examples.linear import LinearFlow
 from runner import Flow, FlowState, start
+from runner.distributed import control
 from runner.distributed.app import make_app
 from runner.distributed.client import RunHandle, submit
 from runner.distributed.engine import Runtime, task_id
@@ -22,7 +23,15 @@ from runner.store.models import RunStatus
 from tests._dist_support import eventually
 from tests.conftest import _settings_kwargs
 from tests.flows import dist
-from tests.flows.dist import DistChaos, DistDiamond, DistEcho, DistFan, DistGated, executions
+from tests.flows.dist import (
+    DistChaos,
+    DistDiamond,
+    DistEcho,
+    DistFan,
+    DistGated,
+    Triggered,
+    executions,
+)
 
 FLOWER_SETTINGS = (
     "worker_send_task_events",
@@ -140,6 +149,25 @@ def test_submit_rejects_invalid_inputs_before_storing_or_enqueueing(rt: Runtime)
     assert rt.store.run(run_id) is None
     assert rt.store.latest(run_id) is None
     assert rt.coord.dispatched(run_id) == {}
+
+
+def test_the_trigger_payload_reaches_its_methods_on_workers_and_again_on_resume(
+    rt: Runtime,
+) -> None:
+    handle = submit(Triggered, {"crewai_trigger_payload": {"ticket": 7}}, rt=rt)
+    assert handle.wait(timeout=20) is RunStatus.FAILED  # the first attempt fails
+    assert "crewai_trigger_payload" not in handle.latest().state  # not state
+
+    resumed = control.resume(handle.run_id, rt=rt)
+    assert resumed.result(timeout=20) == "ticket 7, payload here too: True"
+    assert resumed.latest().state["seen"] == {"payload": {"ticket": 7}}
+
+
+def test_a_trigger_payload_that_is_not_json_is_refused_before_storing(rt: Runtime) -> None:
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(InvalidInputs, match="crewai_trigger_payload is not JSON"):
+        submit(Triggered, {"id": run_id, "crewai_trigger_payload": {1, 2}}, rt=rt)
+    assert rt.store.run(run_id) is None
 
 
 def test_handle_follows_a_run_to_its_result(rt: Runtime, redis_client: redis.Redis) -> None:

@@ -71,7 +71,7 @@ def submit(
     values = load_inputs(inputs, inputs_file)
     flow_cls = client.load_flow(flow)
     client.check_importable(flow_cls)
-    check_fields(flow_cls, values)
+    check_fields(flow_cls, client.split_trigger_payload(values)[0])
     _check_allowed(flow_cls, session(ctx).settings().flow_modules)
     rt = session(ctx).rt
     handle = client.submit(flow_cls, values, rt=rt)

@@ -7,6 +7,7 @@ and a submitted run is always visible in the store.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from runner.errors import (
 )
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.loading import load_flow
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
@@ -87,15 +89,29 @@ def _takes_any_key(model: Any) -> bool:
     return any(v.info.mode in ("before", "wrap") for v in validators)
 
 
+def split_trigger_payload(inputs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """``inputs`` without CrewAI's ``crewai_trigger_payload``, and that payload: it is not
+    state; the run keeps it for the methods that take it (``InvalidInputs`` if not JSON)."""
+    rest = {key: value for key, value in inputs.items() if key != TRIGGER_PAYLOAD}
+    payload = inputs.get(TRIGGER_PAYLOAD)
+    try:
+        json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputs(f"{TRIGGER_PAYLOAD} is not JSON: {exc}") from None
+    return rest, payload
+
+
 def submit(
     flow: str | type, inputs: dict[str, Any] | None = None, *, rt: Runtime | None = None
 ) -> RunHandle:
     """Validate ``inputs``, create the run, and enqueue its start on the workers."""
     flow_cls: Any = load_flow(flow) if isinstance(flow, str) else flow
     check_importable(flow_cls)
-    check_fields(flow_cls, dict(inputs or {}))
+    inputs, payload = split_trigger_payload(dict(inputs or {}))
+    check_fields(flow_cls, inputs)
     rt = rt or runtime()
-    first = first_checkpoint(flow_cls, dict(inputs or {}))
+    first = first_checkpoint(flow_cls, inputs)
+    first.checkpoint.meta.trigger_payload = payload
     run_id = first.checkpoint.run_id
     try:
         # Created only if new (seq 0), its starts sent once (see commit_and_send). They go

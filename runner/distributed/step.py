@@ -38,6 +38,7 @@ from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.children import ChildRun, deferring
+from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
@@ -189,6 +190,8 @@ def _run(
 ) -> tuple[Any, StepResult]:
     """Run ``act``'s method once on a copy of ``latest``'s state."""
     flow, graph = flow_cls(), flow_cls.graph()
+    if latest.meta.trigger_payload is not None:
+        flow._bind_trigger_payload({TRIGGER_PAYLOAD: latest.meta.trigger_payload})
     emit(latest, ev.METHOD_STARTED, act.method, flow._listeners, data={"attempt": attempt})
     arg = orch.argument_for(graph, tr.record_of(latest), act)
     with deferring():  # starting a child run returns a ChildRun marker instead of blocking

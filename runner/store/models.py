@@ -116,6 +116,9 @@ class RunMeta(BaseModel):
     """Why the run waits for a human."""
     conflicts: list[str] = Field(default_factory=list)
     """State fields this commit overwrote that a parallel step had also written."""
+    trigger_payload: Any = None
+    """CrewAI's ``crewai_trigger_payload`` input of a run on workers (not state): handed to
+    every attempt of a method declaring that parameter."""
 
 
 def _split(activation_id: str) -> tuple[str, int]:

@@ -12,7 +12,7 @@ import os
 import random
 import time
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Any
 
 import redis
 
@@ -344,6 +344,27 @@ class DistEcho(Flow[EchoState]):
         executed(self.state.id, "shout")
         self.state.echo = f"echo {count}"
         return count * 2
+
+
+class TriggerState(FlowState):
+    """What the start method saw of the trigger payload."""
+
+    seen: dict[str, Any] = {}
+
+
+class Triggered(Flow[TriggerState]):
+    """receive (takes CrewAI's trigger payload; fails its first execution) -> reply."""
+
+    @start()
+    def receive(self, crewai_trigger_payload: Any = None) -> str:
+        if executed(self.state.id, "receive") == 1:
+            raise RuntimeError("the first attempt fails")
+        self.state.seen = {"payload": crewai_trigger_payload}
+        return str((crewai_trigger_payload or {}).get("ticket"))
+
+    @listen(receive)
+    def reply(self, ticket: str, crewai_trigger_payload: Any = "unset") -> str:
+        return f"ticket {ticket}, payload here too: {crewai_trigger_payload is not None}"
 
 
 # --- chaos --------------------------------------------------------------------------------------
