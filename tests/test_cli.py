@@ -91,9 +91,7 @@ def test_submit_wait_prints_the_run_id_then_the_result(
     }
 
 
-def test_submit_takes_crewais_trigger_payload_and_resume_gives_it_again(
-    cli: Cli, rt: Any
-) -> None:
+def test_submit_takes_crewais_trigger_payload_and_resume_gives_it_again(cli: Cli, rt: Any) -> None:
     payload = "crewai_trigger_payload=" + json.dumps({"ticket": 9})
     failed = cli("submit", "tests.flows.dist:Triggered", "--input", payload, "--wait")
     assert failed.exit_code == 1  # the flow's first attempt fails
