@@ -4,7 +4,9 @@
   per activation and epoch, and a deterministic Celery task id.
 * :func:`commit` turns a checkpoint builder into a committed checkpoint with
   compare-and-set on the run's sequence, rebuilding on the newest checkpoint after a
-  conflict. A commit that stops a child run reports to its parent.
+  conflict. A commit that stops a child run reports to its parent. The steps a commit
+  makes ready are sent by :func:`commit_and_send`: inside the commit's own script when
+  the broker is the store's Redis (:mod:`runner.distributed.outbox`), else right after.
 * Child runs (a flow method running a crew, see :mod:`runner.flow.children`): the
   parent's in-flight activation is linked to the child (:func:`start_child`) and
   committed with the child's output when the child ends (:func:`on_child_finished`);
