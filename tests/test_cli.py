@@ -277,6 +277,23 @@ def lone_prefix(redis_url: str, redis_client: redis.Redis, worker_env: dict[str,
     redis_client.delete(queue)
 
 
+def test_upgrade_converts_snapshots_an_earlier_version_stored(cli: Cli, lone_prefix: Any) -> None:
+    store, env = lone_prefix
+    run_id = str(uuid.uuid4())
+    made = [store.commit(Checkpoint(run_id=run_id, event="step", state={"n": i})) for i in (1, 2)]
+    snaps = store.keys.snapshots(run_id)
+    for ckpt in made:  # as an earlier version wrote them: one string key per snapshot
+        old = store.keys.run(run_id, f"ckpt:{ckpt.id}")
+        store.client.set(old, store.client.hget(snaps, ckpt.id))
+    store.client.delete(snaps)
+
+    first, again = cli("upgrade", env=env), cli("upgrade", "--json", env=env)
+    assert (first.exit_code, again.exit_code) == (0, 0), first.stderr + again.stderr
+    assert first.stdout.strip() == "moved 2 checkpoint(s) to this version's layout"
+    assert json.loads(again.stdout) == {"moved": 0}
+    assert store.latest(run_id) == made[-1]
+
+
 def test_recover_redispatches_the_steps_of_a_run_never_started(cli: Cli, lone_prefix: Any) -> None:
     store, env = lone_prefix
     run_id = str(uuid.uuid4())

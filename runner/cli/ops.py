@@ -1,4 +1,4 @@
-"""Changing runs: ``resume``, ``fork``, ``recover`` and ``prune``."""
+"""Changing runs: ``resume``, ``fork``, ``recover``, ``prune``, and ``upgrade`` of stored data."""
 
 from __future__ import annotations
 
@@ -194,6 +194,20 @@ def prune(
         out.print(f"{run_id}: {verb} {len(gone)} checkpoint(s)")
     total = sum(len(gone) for gone in pruned.values())
     out.print(f"{verb} {total} checkpoint(s) of {len(pruned)} run(s)")
+
+
+@app.command()
+def upgrade(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Convert what an earlier version stored in Redis to this version's layout.
+
+    Snapshots kept one key each are moved into their run's snapshot hash. Safe to run
+    again, and while workers run; until it is run, such runs show no history.
+    """
+    moved = session(ctx).rt.store.upgrade()
+    if as_json:
+        print_json({"moved": moved})
+    else:
+        console().print(f"moved {moved} checkpoint(s) to this version's layout")
 
 
 def _load_running_flows(rt: engine.Runtime) -> dict[str, str]:
