@@ -83,14 +83,14 @@ class Runtime:
         """A runtime on ``app``'s Redis (``patient``: retry Redis errors for seconds)."""
         settings = settings or get_settings()
         store = RedisProvider(app.conf.runner_redis_url, prefix=settings.prefix, patient=patient)
-        same = app.conf.broker_url == store.url and not store.cluster
         return cls(
             app,
             store,
             Coordinator(store, settings.lease_seconds),
             settings,
-            sends_in_commit=same
-            and str(store.url).startswith(("redis://", "rediss://", "unix://")),
+            # The store's URL names a plain Redis; whether its channel can be recorded is
+            # the outbox's to tell at send time.
+            sends_in_commit=app.conf.broker_url == store.url and not store.cluster,
         )
 
 

@@ -25,11 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from runner.store.redis import OUTBOX_COMMANDS
-
-Command = tuple[str, str, Any]
-"""One Redis command of a publish: (``lpush`` | ``pexpire`` | ``publish``, key or channel,
-value): what kombu's Redis transport runs to publish (a queue push, a queue expiry, a
-fanout event), and all a commit's script runs for it."""
+from runner.store.redis import OutboxCommand as Command
 
 
 class NotRecordable(Exception):

@@ -163,7 +163,7 @@ class RedisProvider:
         dispatching: Sequence[str] = (),
         sender: str = "",
         sender_lease: float = 0.0,
-        outbox: Sequence[tuple[str, str, Any]] = (),
+        outbox: Sequence[OutboxCommand] = (),
     ) -> Checkpoint:
         """Write ``checkpoint`` as the run's next one in one atomic round trip.
 
@@ -757,11 +757,13 @@ def _pairs(fields: dict[str, str]) -> list[str]:
     return [item for pair in fields.items() for item in pair]
 
 
+OutboxCommand = tuple[str, str, Any]
+"""One Redis command a commit publishes with: (command, key or channel, value)."""
 OUTBOX_COMMANDS = {"lpush": True, "pexpire": True, "publish": False}
 """The commands a commit's outbox may hold, and whether each names a key (a channel is not)."""
 
 
-def _outbox_keys(outbox: Sequence[tuple[str, str, Any]], cluster: bool) -> list[str]:
+def _outbox_keys(outbox: Sequence[OutboxCommand], cluster: bool) -> list[str]:
     """The keys ``outbox`` writes, in order, for the script's KEYS (``StoreError`` if it
     holds another command, or on a Cluster, whose slots the messages' keys are not in)."""
     if not outbox:
