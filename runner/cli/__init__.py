@@ -23,6 +23,7 @@ from . import runs  # noqa: F401
 from . import ops  # noqa: F401
 from . import history  # noqa: F401
 from . import dev  # noqa: F401
+from . import worker  # noqa: F401
 from . import ui  # noqa: F401
 
 # isort: on

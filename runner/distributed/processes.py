@@ -1,6 +1,6 @@
 """Worker processes started and stopped by this process (demo, benchmarks, tests).
 
-Production workers are started by the operator (``celery -A workers worker``);
+Production workers are started by the operator (``celery -A runner.worker worker``);
 this is for tools that need a worker of their own and must leave nothing behind.
 """
 
@@ -42,7 +42,7 @@ class WorkerProcess:
         self,
         env: dict[str, str],
         *,
-        app_module: str = "workers",
+        app_module: str = "runner.worker",
         concurrency: int = 2,
         pool: str = "prefork",
         log: str | os.PathLike[str] | None = None,
@@ -57,7 +57,7 @@ class WorkerProcess:
         self.concurrency = concurrency
         self.pool = pool
         self.log = Path(log) if log else None
-        self.cwd = Path(cwd) if cwd else Path(__file__).resolve().parents[2]
+        self.cwd = Path(cwd) if cwd else Path.cwd()
         self.stop_timeout = stop_timeout
         self.loglevel = loglevel
         self.wrapper = list(wrapper or [])

@@ -1,0 +1,28 @@
+"""``runner worker``: a Celery worker of this deployment, without naming the Celery app."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from ._app import app
+
+APP_MODULE = "runner.worker"
+"""The Celery app an installed deployment runs (``celery -A runner.worker worker``)."""
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def worker(ctx: typer.Context) -> None:
+    """Start a worker: `celery -A runner.worker worker ARGS...` (`runner worker --help`: Celery's).
+
+    It runs the flows of RUNNER_FLOW_MODULES against RUNNER_REDIS_URL (or the `runner dev`
+    found from this folder); every argument goes to Celery's worker command.
+    """
+    argv = [sys.executable, "-m", "celery", "-A", APP_MODULE, "worker", *ctx.args]
+    # Replaced rather than wrapped: signals from a process manager reach Celery directly.
+    os.execv(sys.executable, argv)
