@@ -113,12 +113,23 @@ def fork(
 
     The new run skips the steps completed at the checkpoint, except --rerun steps and
     everything downstream of them. The source run is untouched; the new run records
-    its parent run and checkpoint (see `runner status NEW_RUN`).
+    its parent run and checkpoint (see `runner status NEW_RUN`). A fork that would
+    change nothing (no step left to run at the checkpoint, no --rerun, no --set value
+    that differs) is refused (exit 2).
     """
     rt = session(ctx).rt
     values = parse_pairs(set_, "--set")
     source = refs.resolve_checkpoint_or_run(rt, ref)
     handle = control.fork(source.id, values, rerun or [], branch, run_id, rt=rt)
+    start = handle.latest()
+    if start.event == "flow_started" and start.status is RunStatus.SUCCEEDED:
+        # Allowed (the state was edited) but easy to mistake for a run that did work.
+        typer.echo(
+            f"note: no step runs in {handle.run_id}: checkpoint {source.id} has nothing left "
+            "to run, so the new run is its edited state, finished; add --rerun STEP to run "
+            "steps on it",
+            err=True,
+        )
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
 
 

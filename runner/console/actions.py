@@ -204,9 +204,7 @@ def rerun_preview(rt: Runtime, ref: str, steps: list[str]) -> dict[str, Any]:
     """What a fork of checkpoint ``ref`` re-running ``steps`` runs: every step downstream
     of them (``rerun``) and the steps dispatched first (``starts``)."""
     source = control.find_checkpoint(rt, ref)
-    graph = load_flow(str(source.flow)).graph()
-    for step in steps:
-        graph.spec(step)  # UnknownStep names it
+    graph = control.check_steps(load_flow(str(source.flow)), steps)
     record = tr.record_of(source)
     if steps:
         record = orch.invalidate(graph, record, steps)

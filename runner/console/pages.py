@@ -176,14 +176,16 @@ async def fork_submit(request: Request, ref: str) -> Response:
     for task in spec["outputs"]:
         task["raw"] = outputs.get(task["task"], task["raw"])
     spec["branch"], spec["run_id"] = submitted.get("branch", ""), submitted.get("run_id", "")
-    preview = actions.rerun_preview(console.rt, ref, rerun)
+    # A step the flow does not have is named in the form's error; the preview skips it.
+    chosen = [step for step in rerun if step in spec["steps"]]
+    preview = actions.rerun_preview(console.rt, ref, chosen)
     return console.page(
         request,
         "_fork_form.html",
         status=422,
         form=spec,
         errors=errors,
-        chosen=rerun,
+        chosen=chosen,
         preview=preview,
     )
 

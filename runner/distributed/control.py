@@ -4,7 +4,9 @@
   only steps not completed there run, the failed or paused one included.
 * ``fork(ref)`` starts a new run from any checkpoint, with edited state and/or
   steps to re-run (everything downstream of them re-runs too); the source run's
-  history is untouched and the new run records its lineage.
+  history is untouched and the new run records its lineage. A fork that would change
+  nothing (no edit, no step to run) is refused here, for the CLI, the API and the
+  console alike.
 """
 
 from __future__ import annotations
@@ -22,11 +24,33 @@ from runner.errors import (
 )
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow.graph import FlowGraph
 from runner.flow.local import check_graph
 from runner.store.models import Checkpoint, RunStatus
 
 from .client import RunHandle, check_fields, load_flow, runtime
 from .engine import Runtime, commit, dispatch
+
+
+class ForkChangesNothing(InvalidInputs):
+    """A fork whose new run would be a copy of its checkpoint: no value set differs from
+    the checkpoint's state, no step is re-run, and nothing is left to run there."""
+
+
+def check_steps(flow_cls: Any, steps: list[str]) -> FlowGraph:
+    """``flow_cls``'s graph; :class:`UnknownStep` naming the ``steps`` that are not its
+    methods and listing the ones it has (one message for the CLI, the API and the console)."""
+    graph: FlowGraph = flow_cls.graph()
+    unknown = sorted({step for step in steps if step not in graph.methods})
+    if unknown:
+        name = flow_cls.flow_name()
+        raise UnknownStep(
+            f"{name} has no step(s) {', '.join(unknown)}; its steps: {', '.join(graph.methods)}",
+            flow=name,
+            steps=unknown,
+            known=list(graph.methods),
+        )
+    return graph
 
 
 def find_checkpoint(rt: Runtime, ref: str) -> Checkpoint:
@@ -99,15 +123,8 @@ def fork(
     rt = rt or runtime()
     source = find_checkpoint(rt, ref)
     flow_cls = load_flow(str(source.flow))
-    graph = flow_cls.graph()
+    graph = check_steps(flow_cls, rerun or [])
     check_graph(graph, source)
-    unknown = sorted(step for step in (rerun or []) if step not in graph.methods)
-    if unknown:
-        raise UnknownStep(
-            f"{flow_cls.flow_name()} has no step(s) {', '.join(unknown)}",
-            flow=flow_cls.flow_name(),
-            steps=unknown,
-        )
     new_id = run_id or str(uuid.uuid4())
     if rt.store.run(new_id) is not None:
         raise RunStateError(f"run {new_id} already exists", run_id=new_id)
@@ -116,8 +133,17 @@ def fork(
     record = tr.record_of(source)
     if rerun:
         record = orch.invalidate(graph, record, rerun)
-    first = rt.store.fork(source.id, new_run_id=new_id, branch=branch, state=state)
     pending = orch.pending(record)
+    if not pending and {**state, "id": source.run_id} == {**source.state, "id": source.run_id}:
+        # Nothing to run and no edit: the new run would be a copy that "succeeds" at once.
+        raise ForkChangesNothing(
+            f"this fork would change nothing: nothing is left to run at checkpoint "
+            f"{source.id} ({source.status.value}) and no value set differs from its state; "
+            f"pass --rerun STEP (one of {', '.join(graph.methods)}) or a --set that differs",
+            checkpoint_id=source.id,
+            steps=list(graph.methods),
+        )
+    first = rt.store.fork(source.id, new_run_id=new_id, branch=branch, state=state)
     start = tr.with_record(
         first,
         record,
