@@ -87,8 +87,83 @@ def test_a_failed_run_shows_its_failed_step_error_and_timeline(
     events = [c["event"] for c in run["timeline"]]
     assert events[0] == "method_execution_failed" and events[-1] == "flow_started"
     write = next(c for c in run["timeline"] if c["step"] == "write")
-    assert write["flower"] == f"{FLOWER}/task/{failed_run}:0:write#1"
+    # The task id is one path segment: its `#` is encoded, not a fragment.
+    assert write["flower"] == f"{FLOWER}/task/{failed_run}%3A0%3Awrite%231"
     assert run["lineage"]["run_id"] == failed_run and run["lineage"]["forks"] == []
+
+
+def section(page: str, element_id: str) -> str:
+    """The HTML of the ``<section id=...>`` of a page (sections do not nest)."""
+    match = re.search(rf'<section[^>]*id="{element_id}".*?</section>', page, re.S)
+    assert match is not None, f"no section #{element_id}"
+    return match.group(0)
+
+
+def test_a_run_shows_its_inputs_and_the_result_the_cli_prints(
+    rt: Runtime, readonly: httpx.Client
+) -> None:
+    handle = client.submit("tests.console_flows:ReviewFlow", {"topic": "io", "limit": 500}, rt=rt)
+    result = handle.result(timeout=15)
+    assert result == "published (accepted)"
+    run = readonly.get(f"/api/runs/{handle.run_id}").json()
+    assert run["inputs"] == {"topic": "io", "limit": 500, "draft": "", "verdict": ""}
+    assert run["result"] == result  # what `runner submit --wait` prints after "succeeded: "
+
+    page = readonly.get(f"/runs/{handle.run_id}").text
+    assert '<tr data-input="topic">' in section(page, "inputs")
+    assert '<pre class="json">500</pre>' in section(page, "inputs")
+    assert "published (accepted)" in section(page, "result")
+
+
+def test_a_failed_runs_inputs_keep_the_trigger_payload_and_it_has_no_result(
+    rt: Runtime, readonly: httpx.Client
+) -> None:
+    handle = client.submit(
+        "tests.flows.dist:Triggered", {"crewai_trigger_payload": {"ticket": 7}}, rt=rt
+    )
+    assert handle.wait(timeout=15) is RunStatus.FAILED
+    run = readonly.get(f"/api/runs/{handle.run_id}").json()
+    assert run["inputs"] == {"seen": {}, "crewai_trigger_payload": {"ticket": 7}}
+    assert run["result"] is None
+    assert 'id="result"' not in readonly.get(f"/runs/{handle.run_id}").text
+
+
+def test_a_fork_shows_the_state_it_started_from_as_its_inputs(
+    rt: Runtime, acting: httpx.Client
+) -> None:
+    source = failed_review(rt, topic="io")
+    response = acting.post(
+        f"/api/checkpoints/{source}/fork", json={"set": {"limit": 900}, "rerun": ["check"]}
+    )
+    assert response.status_code == 201, response.text
+    fork_id = response.json()["run_id"]
+    assert RunHandle(fork_id, rt).wait(timeout=15) is RunStatus.SUCCEEDED
+    run = acting.get(f"/api/runs/{fork_id}").json()
+    assert run["inputs"] == {
+        "topic": "io",
+        "limit": 900,
+        "draft": "outline of io: first draft",
+        "verdict": "",
+    }
+    assert run["result"] == "published (accepted)"
+
+
+def test_resume_sits_next_to_the_error_or_the_cli_command_when_read_only(
+    acting: httpx.Client, readonly: httpx.Client, failed_run: str
+) -> None:
+    error = section(acting.get(f"/runs/{failed_run}").text, "error")
+    assert f'hx-post="/runs/{failed_run}/resume"' in error
+    assert "runner resume" not in error
+
+    page = readonly.get(f"/runs/{failed_run}").text
+    error = section(page, "error")
+    assert "hx-post" not in error
+    assert f"resume it from a shell with <code>runner resume {failed_run}</code>" in error
+    # No fork control without a token: the fork panel gives the command instead.
+    latest = readonly.get(f"/api/runs/{failed_run}").json()["checkpoint"]
+    fork = section(page, "fork-panel")
+    assert "Choose" not in fork and "fork-link" not in page
+    assert f"<code>runner fork {latest} --set FIELD=VALUE --rerun STEP</code>" in fork
 
 
 def test_fork_form_is_the_state_schema_filled_from_the_checkpoint(
@@ -347,6 +422,11 @@ def test_a_paused_run_resumes_with_an_input(rt: Runtime, acting: httpx.Client) -
     run = acting.get(f"/api/runs/{handle.run_id}").json()
     assert run["pause_reason"] == "need approval"
     assert {m["name"]: m["state"] for m in run["methods"]}["approve"] == "paused"
+    paused = section(acting.get(f"/runs/{handle.run_id}").text, "paused")
+    assert "need approval" in paused and f'hx-post="/runs/{handle.run_id}/resume"' in paused
+    with serving(rt) as url, httpx.Client(base_url=url) as readonly:
+        paused = section(readonly.get(f"/runs/{handle.run_id}").text, "paused")
+    assert f"<code>runner resume {handle.run_id} --input KEY=VALUE</code>" in paused
     response = acting.post(f"/api/runs/{handle.run_id}/resume", json={"inputs": {"approved": True}})
     assert response.status_code == 202, response.text
     assert handle.wait(timeout=15) is RunStatus.SUCCEEDED

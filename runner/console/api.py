@@ -77,9 +77,10 @@ def list_runs(
     return {"runs": data.list_runs(store, status=status, flow=flow, text=q, limit=limit)}
 
 
-@router.get("/runs/{run_id}", summary="One run: graph, timeline, error, children, lineage")
+@router.get("/runs/{run_id}", summary="One run: inputs, result, graph, timeline, lineage")
 def get_run(request: Request, run_id: str) -> dict[str, Any]:
-    """Everything the run page shows, as JSON."""
+    """Everything the run page shows, as JSON: its inputs and (once it succeeded) its
+    result, as `runner submit --wait` prints it, among them."""
     console = console_of(request)
     return data.run_detail(console.rt, run_id, console.flower_url)
 

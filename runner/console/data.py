@@ -11,13 +11,16 @@ import re
 import time
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import quote
 
 from runner.cli.history import checkpoint_diff
 from runner.distributed.client import load_flow
 from runner.distributed.control import find_checkpoint
 from runner.distributed.engine import Runtime, task_id
 from runner.errors import CorruptCheckpoint, RunnerError, RunNotFound
-from runner.flow.graph import FlowGraph
+from runner.flow import orchestrator as orch
+from runner.flow import transition as tr
+from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
 from runner.store.redis import RedisProvider
 
@@ -242,10 +245,13 @@ def _activation_of(ckpt: Checkpoint) -> str | None:
 
 
 def flower_link(flower_url: str | None, run_id: str, epoch: int, activation: str) -> str | None:
-    """Flower's page of an activation's Celery task (task ids are deterministic)."""
+    """Flower's page of an activation's Celery task (task ids are deterministic).
+
+    The id is one path segment, percent-encoded: its ``#`` (``review#1``) would otherwise
+    start the URL's fragment and Flower would look up a truncated id."""
     if not flower_url:
         return None
-    return f"{flower_url.rstrip('/')}/task/{task_id(run_id, epoch, activation)}"
+    return f"{flower_url.rstrip('/')}/task/{quote(task_id(run_id, epoch, activation), safe='')}"
 
 
 def timeline_row(ckpt: Checkpoint, flower_url: str | None) -> dict[str, Any]:
@@ -300,8 +306,41 @@ def children(store: RedisProvider, latest: Checkpoint) -> list[dict[str, Any]]:
     return found
 
 
+def first_checkpoint(
+    store: RedisProvider, run_id: str, history: list[Checkpoint]
+) -> Checkpoint | None:
+    """The run's first checkpoint (seq 1), from ``history`` (newest first) or the store;
+    ``None`` once it was pruned."""
+    oldest = history[-1] if history else None
+    if oldest is not None and oldest.seq != 1 and len(history) >= HISTORY_LIMIT:
+        # Without gaps, the first checkpoint is the latest's seq - 1 entries further back.
+        found = store.history(run_id, limit=1, offset=history[0].seq - 1)
+        oldest = found[0] if found else None
+    return oldest if oldest is not None and oldest.seq == 1 else None
+
+
+def inputs_of(first: Checkpoint | None) -> dict[str, Any] | None:
+    """What the run started with: its first checkpoint's state (the submitted inputs on
+    the state's defaults; for a fork, the source checkpoint's state with its edits)
+    without ``id`` (the run id), plus a CrewAI trigger payload if it was given one.
+    ``None`` when that checkpoint is no longer kept."""
+    if first is None:
+        return None
+    inputs = {key: value for key, value in first.state.items() if key != "id"}
+    if first.meta.trigger_payload is not None:
+        inputs[TRIGGER_PAYLOAD] = first.meta.trigger_payload
+    return inputs
+
+
+def result_of(status: RunStatus, latest: Checkpoint) -> Any:
+    """A succeeded run's result, as ``runner submit --wait`` prints it and
+    ``RunHandle.result()`` returns it: the last committed step's output."""
+    return orch.last_output(tr.record_of(latest)) if status is RunStatus.SUCCEEDED else None
+
+
 def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, Any]:
-    """Everything the run page shows: summary, graph, timeline, error, children, lineage."""
+    """Everything the run page shows: summary, inputs, result, graph, timeline, error,
+    children, lineage."""
     info = rt.store.run(run_id)
     latest = rt.store.latest(run_id)
     if info is None or latest is None:
@@ -318,6 +357,8 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "completed": latest.completed,
         "in_flight": latest.in_flight,
         "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
+        "inputs": inputs_of(first_checkpoint(rt.store, run_id, history)),
+        "result": result_of(info.status, latest),
         "graph_error": problem,
         "methods": methods,
         "mermaid": mermaid(graph, methods) if graph is not None else None,
