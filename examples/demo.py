@@ -66,7 +66,7 @@ def _redis(stack: contextlib.ExitStack) -> tuple[str, bool]:
 
 def _flower(stack: contextlib.ExitStack, env: dict[str, str]) -> None:
     if importlib.util.find_spec("flower") is None:
-        _say("Flower is not installed (pip install 'runner[flower]'); skipping it")
+        _say("Flower is not installed (it comes with celery-flows: pip install celery-flows)")
         return
     port = os.environ.get("DEMO_FLOWER_PORT", "5555")
     proc = subprocess.Popen(

@@ -497,10 +497,10 @@ def test_runner_ui_serves_the_deployment_and_refuses_a_public_address_without_to
         proc.communicate(timeout=10)
 
 
-def test_runner_ui_without_the_console_extra_says_how_to_install_it(
+def test_runner_ui_without_the_console_libraries_says_how_to_install_them(
     worker_env: dict[str, str],
 ) -> None:
-    # The extra's libraries made unimportable, as in an install without it.
+    # The console's libraries made unimportable, as in a broken install.
     code = (
         "import sys; sys.modules['fastapi'] = None; sys.argv = ['runner', 'ui']; "
         "from runner.cli import main; main()"
@@ -509,6 +509,6 @@ def test_runner_ui_without_the_console_extra_says_how_to_install_it(
     result = subprocess.run(_runner(code=code), env=env, capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "error: the console needs the 'console' extra (fastapi is missing): "
-        "pip install 'runner[console]'"
+        "error: the console needs fastapi, jinja2, python-multipart and uvicorn (fastapi is "
+        "missing); they come with celery-flows: pip install celery-flows"
     ]

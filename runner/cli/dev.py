@@ -2,11 +2,13 @@
 
 It starts a Redis whose data lives in the project (``./.runner/redis``, AOF on, so runs
 survive a restart), N Celery workers whose allow-list is the flow modules named on the
-command line, Flower and (when installed) the console, then prints the one ``export`` line
-another shell may use. It also writes ``./.runner/dev.json`` (the Redis URL and its pid):
-the CLI, ``Flow.submit``, ``runner.submit`` and ``celery -A workers worker`` started without
-``RUNNER_REDIS_URL`` in this folder or below find the instance through it. Ctrl-C (or
-SIGTERM) stops everything it started; the data stays.
+command line, Flower and the console (with a token it makes, and a login link), then prints
+the one ``export`` line another shell may use. It also writes ``./.runner/dev.json`` (the
+Redis URL and its pid): the CLI, ``Flow.submit``, ``runner.submit`` and ``celery -A
+runner.worker worker`` started without ``RUNNER_REDIS_URL`` in this folder or below find the
+instance through it. When a file of the project the workers run changes, it restarts them
+(and the console, which imports the flows too) so the next step or resume runs the new code.
+Ctrl-C (or SIGTERM) stops everything it started; the data stays.
 """
 
 from __future__ import annotations
@@ -14,29 +16,39 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import secrets
 import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import typer
 
+from runner.console import is_loopback
 from runner.distributed.processes import WorkerProcess
 from runner.embedded import DevInstance, EmbeddedRedis, find_dev, mask_url, ping, write_dev
-from runner.errors import RunnerError, StoreUnavailable
+from runner.errors import FlowImportError, RunnerError, StoreUnavailable
 from runner.settings import RunnerSettings, default_queue
 
 from ._app import app
 from ._session import FLAG, BadUsage, session
+from .reload import Watch
+from .worker import APP_MODULE
 
 SUPERVISE_EVERY = 1.0
 """Seconds between checks that the workers still run (a dead one is restarted)."""
 FLOWER_START_TIMEOUT = 20.0
 """Seconds Flower (and the console) get to open their port."""
+FLOWER_PORT = 5555
+"""Flower's port unless ``--flower-port`` or a loopback ``RUNNER_UI_FLOWER_URL`` says another."""
 
 
 @app.command()
@@ -69,23 +81,51 @@ def dev(
         ),
     ] = None,
     flower_port: Annotated[
-        int, typer.Option("--flower-port", min=1, max=65535, metavar="PORT", help="Flower's port.")
-    ] = 5555,
+        int | None,
+        typer.Option(
+            "--flower-port",
+            min=1,
+            max=65535,
+            metavar="PORT",
+            help="Flower's port (default: that of RUNNER_UI_FLOWER_URL, 5555).",
+            show_default=False,
+        ),
+    ] = None,
     flower: Annotated[
         bool, typer.Option("--flower/--no-flower", help="Start Flower.", metavar=FLAG)
     ] = True,
     ui_port: Annotated[
-        int, typer.Option("--ui-port", min=1, max=65535, metavar="PORT", help="The console's port.")
-    ] = 8765,
+        int | None,
+        typer.Option(
+            "--ui-port",
+            min=1,
+            max=65535,
+            metavar="PORT",
+            help="The console's port (default: RUNNER_UI_PORT, 8765).",
+            show_default=False,
+        ),
+    ] = None,
     ui: Annotated[
         bool, typer.Option("--ui/--no-ui", help="Start the console (`runner ui`).", metavar=FLAG)
+    ] = True,
+    reload: Annotated[
+        bool,
+        typer.Option(
+            "--reload/--no-reload",
+            help="Restart the workers when a file of this folder they import changes.",
+            metavar=FLAG,
+        ),
     ] = True,
 ) -> None:
     """Start a local Redis (data in ./.runner), workers, Flower, the console; print `export`.
 
-    Every `runner` command, Flow.submit and `celery -A workers worker` run in this folder
-    (or below) without RUNNER_REDIS_URL find this Redis through ./.runner/dev.json. Runs
-    until Ctrl-C; the data stays in ./.runner (remove that folder to start afresh).
+    Every `runner` command, Flow.submit and `celery -A runner.worker worker` run in this
+    folder (or below) without RUNNER_REDIS_URL find this Redis through ./.runner/dev.json.
+    The console can act: it uses RUNNER_UI_TOKEN, else a token made now, whose login link
+    is printed. When a flow module (or a file of this folder it imports) changes, the
+    workers restart: a running step finishes first, and the next one (or `runner resume`)
+    runs the new code. Runs until Ctrl-C; the data stays in ./.runner (remove that folder
+    to start afresh).
     """
     settings = session(ctx).settings()
     names = _allow_list(modules or settings.flow_modules)
@@ -94,6 +134,7 @@ def dev(
         _stop_on_sigterm(stack)
         url = _redis(stack, settings, home, port)
         env = _child_env(settings, url, names)
+        watch = Watch(names, Path.cwd(), env) if reload else None
         app_settings = settings.model_copy(update={"redis_url": url})
         pool = [_worker(env, home, i, concurrency) for i in range(workers)]
         for worker in pool:
@@ -101,12 +142,15 @@ def dev(
         _wait_ready(pool, app_settings)
         if workers:
             _say(f"{workers} worker(s), queue {settings.queue}, allow-list: {', '.join(names)}")
+        flower_port = flower_port or _flower_port(settings)
         flower_url = _start_flower(stack, env, home, flower_port) if flower else None
-        if ui:
-            _start_console(stack, env, home, ui_port, flower_url)
+        ui_port = ui_port or settings.ui_port
+        console = (
+            _start_console(stack, env, home, ui_port, flower_url, settings.ui_token) if ui else None
+        )
         typer.echo(_export_line(settings, url))
         _say(f"ready; Ctrl-C stops it all (the data stays in {home}; remove it to start afresh)")
-        _supervise(pool, app_settings)
+        _supervise(pool, app_settings, watch, console)
 
 
 def _say(text: str) -> None:
@@ -230,11 +274,19 @@ def _wait_ready(pool: list[WorkerProcess], settings: RunnerSettings) -> None:
         probe.close()
 
 
-def _supervise(pool: list[WorkerProcess], settings: RunnerSettings) -> None:
-    """Block until interrupted, restarting a worker that died (e.g. ``kill -9`` in a test)."""
+def _supervise(
+    pool: list[WorkerProcess],
+    settings: RunnerSettings,
+    watch: Watch | None,
+    console: Service | None,
+) -> None:
+    """Block until interrupted, restarting a worker that died (e.g. ``kill -9`` in a test),
+    and with ``watch`` every worker and the console when the project's code changes."""
+    rounds = watch.changes(SUPERVISE_EVERY) if watch else _every(SUPERVISE_EVERY)
     try:
-        while True:
-            time.sleep(SUPERVISE_EVERY)
+        for changed in rounds:
+            if changed and watch:
+                _reload(changed, watch, pool, settings, console)
             for worker in pool:
                 if worker.proc is not None and worker.proc.poll() is not None:
                     _say(f"worker {worker.name} exited ({worker.proc.returncode}); restarting it")
@@ -243,57 +295,158 @@ def _supervise(pool: list[WorkerProcess], settings: RunnerSettings) -> None:
         _say("stopping")
 
 
+def _every(seconds: float) -> Iterator[list[Path]]:
+    while True:
+        time.sleep(seconds)
+        yield []
+
+
+def _reload(
+    changed: list[Path],
+    watch: Watch,
+    pool: list[WorkerProcess],
+    settings: RunnerSettings,
+    console: Service | None,
+) -> None:
+    """Restart the workers (and the console) on the new code, unless it no longer imports."""
+    here = Path.cwd().resolve()
+    shown = ", ".join(
+        str(p.relative_to(here)) if p.is_relative_to(here) else str(p) for p in changed
+    )
+    try:
+        watch.refresh()
+    except FlowImportError as exc:  # stopping the workers now would leave none that starts
+        _say(f"{shown} changed but does not import ({exc}); the workers keep the code they run")
+        return
+    _say(f"{shown} changed; restarting the workers")
+    # A warm shutdown, all at once: each takes no new step, a running one finishes (or, past
+    # the stop timeout, is killed and recovery hands it to a new worker through its lease).
+    with ThreadPoolExecutor() as stopping:
+        list(stopping.map(WorkerProcess.stop, pool))
+    try:
+        _wait_ready(pool, settings)
+    except RunnerError as exc:
+        _say(str(exc))
+    # The console imports the flows too (their graphs, the fork form, resume's checks).
+    if console is not None:
+        console.stop()
+        if (why := console.start()) is not None:
+            _say(f"the console did not restart: {why}")
+
+
+@dataclass
+class Service:
+    """Flower or the console: a child process serving one port on loopback."""
+
+    argv: list[str]
+    """Arguments of this Python (``-m ...``)."""
+    env: dict[str, str]
+    log: Path
+    port: int
+    option: str
+    """The ``runner dev`` option that picks another port."""
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str | None:
+        """Start it and wait until it listens: ``None``, else why it did not (one line)."""
+        if not _port_free(self.port):  # else whatever listens there would pass for it
+            return f"port {self.port} is in use ({self.option} PORT picks another)"
+        offset = self.log.stat().st_size if self.log.exists() else 0
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, *self.argv],
+                env={**os.environ, **self.env},
+                cwd=Path.cwd(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        if _listening(self.proc, self.port):
+            return None
+        code = self.proc.poll()
+        self.stop()
+        said = _last_line(self.log, offset)
+        if code is None:
+            late = f"it did not open port {self.port} within {FLOWER_START_TIMEOUT:g}s"
+            return f"{late} ({said})" if said else late
+        return f"{said} (exit code {code}; log: {self.log})" if said else f"exit code {code}"
+
+    def stop(self) -> None:
+        """Stop it (SIGTERM, then SIGKILL after 10 s); a no-op if it is not running."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _flower_port(settings: RunnerSettings) -> int:
+    # Started where the console links to it, when that link is on this machine.
+    link = urlsplit(settings.ui_flower_url or "")
+    return link.port if link.port and is_loopback(link.hostname or "") else FLOWER_PORT
+
+
 def _start_flower(
     stack: contextlib.ExitStack, env: dict[str, str], home: Path, port: int
 ) -> str | None:
-    """Flower on loopback; its URL, or ``None`` if it did not start."""
+    """Flower on loopback; its URL, or ``None`` if it did not start (saying why)."""
     if importlib.util.find_spec("flower") is None:
-        _say("Flower is not installed (pip install 'runner[flower]'); not started")
+        _say("Flower is not installed (it comes with celery-flows: pip install celery-flows)")
         return None
-    argv = ["-m", "celery", "-A", "workers", "flower", f"--port={port}", "--address=127.0.0.1"]
+    argv = ["-m", "celery", "-A", APP_MODULE, "flower", f"--port={port}", "--address=127.0.0.1"]
     # Local only (bound to loopback): its HTTP API may answer without a login.
-    proc = _service(stack, argv, {**env, "FLOWER_UNAUTHENTICATED_API": "true"}, home / "flower.log")
-    if not _listening(proc, port):
-        _say(f"Flower did not start on port {port}; see {home / 'flower.log'}")
+    env = {**env, "FLOWER_UNAUTHENTICATED_API": "true"}
+    flower = Service(argv, env, home / "flower.log", port, "--flower-port")
+    stack.callback(flower.stop)
+    if (why := flower.start()) is not None:
+        _say(f"Flower did not start: {why}")
         return None
     _say(f"Flower http://127.0.0.1:{port}")
     return f"http://127.0.0.1:{port}"
 
 
 def _start_console(
-    stack: contextlib.ExitStack, env: dict[str, str], home: Path, port: int, flower: str | None
-) -> None:
-    # The console (`runner ui`) is optional: started when this install has it.
-    if importlib.util.find_spec("runner.console") is None or "ui" not in _commands():
-        return
-    argv = ["-m", "runner.cli", "ui", "--port", str(port)]
+    stack: contextlib.ExitStack,
+    env: dict[str, str],
+    home: Path,
+    port: int,
+    flower: str | None,
+    token: str | None,
+) -> Service | None:
+    """The console on loopback, able to act: with ``token``, else one made now whose login
+    link is printed (as Jupyter does); ``None`` if it did not start (saying why)."""
+    made = not token
+    token = token or secrets.token_urlsafe(24)
+    argv = ["-m", "runner.cli", "ui", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--flower-url", flower] if flower else []
-    proc = _service(stack, argv, env, home / "console.log")
-    if _listening(proc, port):
-        _say(f"console http://127.0.0.1:{port}")
-    else:
-        _say(f"the console did not start on port {port}; see {home / 'console.log'}")
+    # The token goes in the environment, not on the command line other users can read.
+    console = Service(
+        argv, {**env, "RUNNER_UI_TOKEN": token}, home / "console.log", port, "--ui-port"
+    )
+    stack.callback(console.stop)
+    if (why := console.start()) is not None:
+        _say(f"the console did not start: {why}")
+        return None
+    link = f"http://127.0.0.1:{port}/"
+    # Opening the link once logs the browser in (a session cookie) and drops it from the URL.
+    _say(
+        f"console {link}?token={token}" if made else f"console {link} (log in with RUNNER_UI_TOKEN)"
+    )
+    return console
 
 
-def _commands() -> set[str]:
-    return {
-        str(cmd.name or getattr(cmd.callback, "__name__", "")) for cmd in app.registered_commands
-    }
-
-
-def _service(
-    stack: contextlib.ExitStack, argv: list[str], env: dict[str, str], log: Path
-) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, *argv],
-            env={**os.environ, **env},
-            cwd=Path.cwd(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    stack.callback(_stop, proc)
-    return proc
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        # As uvicorn and Flower bind: a port a child of ours left in TIME_WAIT is free to them.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _listening(proc: subprocess.Popen[bytes], port: int) -> bool:
@@ -305,11 +458,10 @@ def _listening(proc: subprocess.Popen[bytes], port: int) -> bool:
     return False
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def _last_line(log: Path, offset: int) -> str:
+    """The last non-blank line written to ``log`` after ``offset`` (a traceback's error)."""
+    with contextlib.suppress(OSError), open(log, "rb") as f:
+        f.seek(offset)
+        lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+        return " ".join(lines[-1].split()) if lines else ""
+    return ""

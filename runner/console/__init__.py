@@ -1,8 +1,9 @@
 """The flow-aware web console (``runner ui``): runs, graphs, checkpoints, diffs, lineage,
 and resume / cancel / fork forms, beside Flower.
 
-Two entry points, both importable without the ``console`` extra installed (they raise
-:class:`ConsoleUnavailable` naming it instead):
+Two entry points, both importable without the console's libraries (FastAPI, Jinja2,
+uvicorn, which come with the package; they raise :class:`ConsoleUnavailable` naming the
+missing one instead):
 
 * :func:`serve` runs the console with uvicorn until interrupted (``runner ui`` and
   ``runner dev`` call it);
@@ -34,7 +35,7 @@ __all__ = [
     "serve",
 ]
 
-EXTRA_HINT = "pip install 'runner[console]'"
+EXTRA_HINT = "they come with celery-flows: pip install celery-flows"
 
 
 class ConsoleError(RunnerError):
@@ -42,7 +43,7 @@ class ConsoleError(RunnerError):
 
 
 class ConsoleUnavailable(ConsoleError):
-    """The ``console`` extra (FastAPI, Jinja2, uvicorn) is not installed."""
+    """A library the console needs (FastAPI, Jinja2, uvicorn) is not installed."""
 
 
 def is_loopback(host: str) -> bool:
@@ -65,7 +66,8 @@ def check_bind(host: str, token: str | None) -> None:
 
 
 def require_extra() -> None:
-    """Raise :class:`ConsoleUnavailable`, naming the extra, if a library it needs is missing."""
+    """Raise :class:`ConsoleUnavailable`, naming it, if a library the console needs is
+    missing."""
     try:
         import fastapi  # noqa: F401
         import jinja2  # noqa: F401
@@ -73,7 +75,8 @@ def require_extra() -> None:
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise ConsoleUnavailable(
-            f"the console needs the 'console' extra ({exc.name} is missing): {EXTRA_HINT}"
+            f"the console needs fastapi, jinja2, python-multipart and uvicorn "
+            f"({exc.name} is missing); {EXTRA_HINT}"
         ) from None
 
 
@@ -115,7 +118,7 @@ def serve(
     (``RUNNER_UI_HOST``, ``RUNNER_UI_PORT``, ``RUNNER_UI_TOKEN``, ``RUNNER_UI_FLOWER_URL``);
     ``rt`` (the runtime to read and act through) to one built from the settings.
     Raises :class:`ConsoleError` for a non-loopback host without a token and
-    :class:`ConsoleUnavailable` without the ``console`` extra, before listening.
+    :class:`ConsoleUnavailable` without its libraries, before listening.
     """
     from runner.settings import get_settings
 
