@@ -14,7 +14,6 @@ pass is run by hand on a runtime that knows the flow.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,8 +22,9 @@ import pytest
 import redis
 
 from runner.distributed.app import make_app
+from runner.distributed.broker import QUEUE_READ_LIMIT, BrokerView
 from runner.distributed.engine import Runtime, first_checkpoint, task_id
-from runner.distributed.recovery import QUEUE_READ_LIMIT, BrokerView, recover
+from runner.distributed.recovery import recover
 from runner.settings import RunnerSettings
 from tests.flows.parity import LinearParity
 
@@ -45,6 +45,10 @@ def lone(worker_env: dict[str, str], redis_client: redis.Redis) -> Iterator[Runt
         redis_client.delete(key)
     rt.app.close()
     rt.store.close()
+
+
+def _view(rt: Runtime) -> BrokerView:
+    return BrokerView(rt.app, rt.settings.lease_seconds, rt.settings.queue)
 
 
 def _marked_sent(rt: Runtime) -> str:
@@ -76,27 +80,26 @@ def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again
     run = _marked_sent(lone)
     time.sleep(LEASE + 0.2)
     assert recover(lone, force=True) == {run: ["one#1"]}  # lost: nowhere
-    # A worker takes the message sent again (kombu moves it to ``unacked``) and dies
-    # without recording it: no lease.
-    raw = redis_client.rpop(lone.settings.queue)
-    assert raw is not None
-    tag = f"test-{uuid.uuid4().hex}"
-    redis_client.hset("unacked", tag, json.dumps([json.loads(raw), "", lone.settings.queue]))
-    redis_client.zadd("unacked_index", {tag: time.time()})
-    try:
-        assert recover(lone, force=True) == {}  # taken just now: a worker holds it
-        time.sleep(LEASE + 0.2)
-        assert task_id(run, 0, "one#1") in BrokerView(lone).taken_long_ago()
+    # A worker takes the message sent again and dies without recording it (no lease):
+    # kombu itself moves it to its ``unacked`` hash, and keeps it there for as long as the
+    # channel that took it is neither closed (it would give it back) nor acknowledges it.
+    with lone.app.connection_for_read() as conn:
+        message = conn.default_channel.basic_get(lone.settings.queue, no_ack=False)
+        assert message is not None and message.headers["id"] == task_id(run, 0, "one#1")
+        assert redis_client.hexists("unacked", message.delivery_tag)
+        try:
+            assert recover(lone, force=True) == {}  # taken just now: a worker holds it
+            time.sleep(LEASE + 0.2)
+            assert task_id(run, 0, "one#1") in _view(lone).taken_long_ago()
 
-        assert recover(lone, force=True) == {run: ["one#1"]}
+            assert recover(lone, force=True) == {run: ["one#1"]}
 
-        # Sent again once: the marker now postdates that delivery, and the new message
-        # is queued.
-        time.sleep(LEASE + 0.2)
-        assert recover(lone, force=True) == {}
-    finally:
-        redis_client.hdel("unacked", tag)
-        redis_client.zrem("unacked_index", tag)
+            # Sent again once: the marker now postdates that delivery, and the new message
+            # is queued.
+            time.sleep(LEASE + 0.2)
+            assert recover(lone, force=True) == {}
+        finally:
+            message.ack()
 
 
 def test_past_the_queue_read_limit_a_step_counts_as_queued(
@@ -107,10 +110,10 @@ def test_past_the_queue_read_limit_a_step_counts_as_queued(
     filler = [b'{"headers": {"id": "other"}}'] * (QUEUE_READ_LIMIT + 1)
     redis_client.lpush(lone.settings.queue, *filler)
     time.sleep(LEASE + 0.2)
-    assert BrokerView(lone).lost(task_id(run, 0, "one#1"), "LinearParity.one") is False
+    assert _view(lone).lost(task_id(run, 0, "one#1"), "LinearParity.one") is False
     assert recover(lone, force=True) == {}
 
     redis_client.ltrim(lone.settings.queue, 0, QUEUE_READ_LIMIT - 2)  # short enough to read
-    assert BrokerView(lone).lost(task_id(run, 0, "one#1"), "LinearParity.one") is True
+    assert _view(lone).lost(task_id(run, 0, "one#1"), "LinearParity.one") is True
     assert recover(lone, force=True) == {run: ["one#1"]}
     assert redis_client.llen(lone.settings.queue) == QUEUE_READ_LIMIT

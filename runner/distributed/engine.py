@@ -290,18 +290,14 @@ def commit_and_send(
 def _messages(
     rt: Runtime, flow_name: str, run_id: str, epoch: int, acts: list[Activation]
 ) -> list[outbox.Command] | None:
-    """The Redis commands that would send ``acts``, unsent (``None``: this broker
-    connection cannot be recorded; send them the usual way)."""
-    try:
-        with rt.app.producer_or_acquire() as producer, outbox.recording(producer) as commands:
-            if commands is None:
-                return None
-            for act in acts:
-                _send_task(rt, flow_name, run_id, epoch, act, producer)
-            return list(commands)
-    except outbox.NotRecordable as exc:
-        log.warning("steps of run %s sent after the commit: %s", run_id, exc)
-        return None
+    """The Redis commands that would send ``acts``, unsent (``None``: the outbox is off
+    here; send them after the commit)."""
+
+    def publish(producer: Any) -> None:
+        for act in acts:
+            _send_task(rt, flow_name, run_id, epoch, act, producer)
+
+    return outbox.recorded(rt.app, publish)
 
 
 def commit_status(

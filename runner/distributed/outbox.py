@@ -8,10 +8,12 @@ script, which runs them only if the commit lands. A step is then committed ready
 in one atomic write: no window in which it is marked sent but not in the queue, no sender
 lease to take or drop, no extra round trip.
 
-The commands are caught through kombu's publish-batch protocol (kombu >= 5.7: a channel's
-``create_publish_batch`` returns a session whose ``publish`` routes a message through
-``basic_publish`` and whose ``add`` receives each final Redis command): :func:`recording`
-gives the producer's channel a session that keeps the commands instead of running them.
+Catching the commands relies on kombu internals, all in :mod:`.broker`, which checks them
+once per process before the first use (:func:`~.broker.outbox_ready`). Where they differ
+from what it expects, or kombu hands over an unexpected command later, the process logs one
+WARNING and, for its life, sends the steps after their commit under the sender's lease
+(:mod:`.handoff`), as with a broker of its own. A broker configuration that cannot be
+recorded (a key prefix, retries on timeout) does the same, said once at INFO.
 
 Celery's ``before_task_publish``/``after_task_publish`` signals fire when the message is
 built, which is just before the commit; a commit that does not land (a conflict, rebuilt
@@ -20,72 +22,45 @@ and recorded again) sends nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from runner.store.redis import OUTBOX_COMMANDS
 from runner.store.redis import OutboxCommand as Command
 
+if TYPE_CHECKING:
+    from celery import Celery
 
-class NotRecordable(Exception):
-    """kombu asked for a command the commit cannot run for it."""
+log = logging.getLogger("runner.broker")
 
-
-class _Session:
-    """kombu's publish-batch session, keeping the commands rather than running them."""
-
-    def __init__(self, channel: Any) -> None:
-        self.channel = channel
-        self.commands: list[Command] = []
-
-    def publish(self, message: Any, **kwargs: Any) -> Any:
-        return self.channel.basic_publish(message, _publish_batch=self, **kwargs)
-
-    def add(self, name: str, *args: Any) -> None:
-        if name not in OUTBOX_COMMANDS or len(args) != 2:
-            raise NotRecordable(f"kombu publishes with {name}/{len(args)}")
-        self.commands.append((name, str(args[0]), args[1]))
-
-    def flush(self) -> None:
-        """Nothing to run: the commit runs the commands."""
-
-    def discard(self) -> None:
-        self.commands.clear()
-
-    def close(self) -> None:
-        """Nothing held."""
+_said: set[str] = set()
+_said_lock = threading.Lock()
 
 
-def recordable(channel: Any) -> bool:
-    """Whether ``channel`` (a kombu channel) is a Redis channel whose publishes can be caught:
-    it batches (else kombu would publish at once) and adds no key prefix of its own (its
-    client would apply it when running the commands, and our script would not)."""
-    return (
-        callable(getattr(channel, "create_publish_batch", None))
-        and bool(getattr(channel, "supports_batch_publish", False))
-        and not getattr(channel, "global_keyprefix", "")
-    )
+def recorded(app: Celery, publish: Callable[[Any], None]) -> list[Command] | None:
+    """The Redis commands of what ``publish(producer)`` publishes (at least one message),
+    unsent; ``None`` when the outbox is off for this process or this broker configuration:
+    nothing was sent, and the caller sends after the commit."""
+    from . import broker  # kombu: imported by a process that sends (it has the app) only
 
-
-@contextmanager
-def recording(producer: Any) -> Iterator[list[Command] | None]:
-    """Catch the commands of what ``producer`` publishes inside the block.
-
-    Yields the list they are added to, or ``None`` when the producer's channel cannot be
-    recorded (the caller sends the usual way). The producer must be the caller's alone for
-    the block (as one from Celery's producer pool is). ``NotRecordable`` if kombu asks for
-    an unexpected command: nothing was sent.
-    """
-    channel = producer.channel
-    if not recordable(channel):
-        yield None
-        return
-    session = _Session(channel)
-    # The channel's own factory, shadowed for this block only.
-    channel.create_publish_batch = lambda max_size: session
+    if not broker.outbox_ready(app):
+        return None
     try:
-        with producer.batch():
-            yield session.commands
-    finally:
-        del channel.create_publish_batch
+        with app.producer_or_acquire() as producer, broker.recording(producer) as commands:
+            if commands is None:
+                _say_off(broker.unrecordable(producer) or "")
+                return None
+            publish(producer)
+    except broker.NotRecordable as exc:
+        broker.checks.differs(broker.OUTBOX, str(exc))
+        return None
+    return commands
+
+
+def _say_off(why: str) -> None:
+    with _said_lock:
+        if why in _said:
+            return
+        _said.add(why)
+    log.info("steps are sent after their commit (no outbox): %s", why)

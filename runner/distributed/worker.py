@@ -12,7 +12,8 @@ retry's countdown) until an attempt begins (:mod:`runner.distributed.handoff`), 
 attempts the pool killed at Celery's hard time limit
 (:func:`~runner.distributed.step.hard_time_limit`), and reports a lost connection to
 Redis or the broker once (a WARNING, no traceback) and its return once (an INFO),
-however many parts of the worker noticed.
+however many parts of the worker noticed. Before its pool starts, it checks the kombu and
+Celery internals it relies on (:mod:`runner.distributed.broker`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import Any
 import redis
 from celery import Celery, signals
 from celery.exceptions import TimeLimitExceeded
-from celery.worker import state as worker_state
 from kombu.exceptions import OperationalError
 
 from runner.embedded import mask_url
@@ -39,7 +39,7 @@ from runner.errors import DefinitionError, FlowImportError, RunnerError, StoreUn
 from runner.flow import transition as tr
 from runner.settings import RunnerSettings, get_settings
 
-from . import handoff
+from . import broker, handoff
 from .coord import OK
 from .engine import RECOVER_TASK, Runtime, fail_not_allowed, task_name
 from .recovery import recover
@@ -66,6 +66,7 @@ def install(
         for flow_cls in flows_in(name):
             register_flow(app, rt, flow_cls)
     watch = ConnectionWatch(f"Redis at {mask_url(rt.store.url)}")
+    _check_broker_at_start(app, rt)
     _start_recovery_on_ready(app, rt, watch)
     _fail_runs_of_unknown_tasks(app, rt)
     _hold_received_steps(app, rt, watch)
@@ -144,6 +145,23 @@ def _register_builtins(app: Celery, rt: Runtime) -> None:
     @app.task(name=RECOVER_TASK)
     def recover_task() -> dict[str, list[str]]:
         return recover(rt, force=True)
+
+
+def _check_broker_at_start(app: Celery, rt: Runtime) -> None:
+    """Check the kombu and Celery internals this worker relies on once it has logged in
+    and before its pool starts, so the pool processes inherit the verdicts (and a WARNING
+    about one is logged once, see :mod:`runner.distributed.broker`)."""
+
+    def on_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        if getattr(instance, "app", app) is not app:
+            return
+        broker.worker_state_readable()
+        if rt.sends_in_commit:
+            broker.outbox_ready(app)
+        if broker.redis_broker(app):
+            broker.unacked_view_ready(app)
+
+    signals.celeryd_after_setup.connect(on_setup, weak=False)
 
 
 def _start_recovery_on_ready(app: Celery, rt: Runtime, watch: ConnectionWatch) -> None:
@@ -273,11 +291,11 @@ class _Receipt:
         # message redelivered before). Which, we cannot tell, so a lease is left to lapse:
         # recovery sends the step again if it is not committed by then; a duplicate message
         # is harmless, a lost one is not.
-        if request is None or not _still_held(request):
+        if request is None or not broker.held(request):
             return False
         if self.token:
             return rt.coord.renew(self.run_id, self.key, self.token)
-        if request in worker_state.active_requests:
+        if broker.in_pool(request):
             return True  # in the pool: its attempt takes the lease as it begins
         token = handoff.soft_token("recv")
         # A sender's lease gives way (it has sent); an attempt's, or another worker's
@@ -286,11 +304,6 @@ class _Receipt:
             return False
         self.token = token
         return True
-
-
-def _still_held(request: Any) -> bool:
-    """Whether this worker still holds ``request``'s message and no attempt ended it."""
-    return request in worker_state.reserved_requests or request in worker_state.scheduled_requests
 
 
 def _hold_received_steps(app: Celery, rt: Runtime, watch: ConnectionWatch) -> None:

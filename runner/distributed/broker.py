@@ -1,0 +1,625 @@
+"""The broker boundary: the one module that reaches inside kombu and Celery.
+
+Written against **kombu 5.7.0 and Celery 5.7.0**; ``pyproject.toml`` bounds both to those
+minor versions, and ``make test-latest`` runs the broker conformance suite
+(``tests/test_broker_conformance.py``) on the newest releases before a bound is raised.
+What the runner takes from them that is not their public API, and what it expects:
+
+* **Publish recording**, for the outbox (:mod:`.outbox`): kombu's ``Producer.batch()``
+  asks the producer's channel for a session (``_ProducerBatchState._get_session`` reads
+  ``create_publish_batch`` off the channel *instance*) and hands it each prepared message;
+  the session's ``publish`` calls the Redis channel's ``basic_publish`` with the private
+  keyword ``_publish_batch``, and the channel hands the session its final commands with
+  ``add(name, key, value)``: ``lpush`` of the message, ``pexpire`` of a queue with an
+  expiry, ``publish`` of a fanout event (Celery's ``task-sent``). :func:`recording` shadows
+  the instance's factory with a session that keeps the commands instead of running them.
+* **The unacked view**, for recovery (:class:`BrokerView`): kombu's Redis ``QoS.append``
+  records a message a consumer took in the hash ``unacked`` (delivery tag -> JSON
+  ``[message, exchange, routing key]``) and the sorted set ``unacked_index`` (delivery tag
+  scored by the time it was taken), and deletes both when it is acknowledged; a queue is a
+  list, its priority ``p > 0`` messages in ``<queue><sep><p>``. Key names, separator and
+  priority steps are kombu's own (``kombu.transport.redis.Channel``), overridden by the
+  transport options of the same names. A message's task id is Celery's protocol-2
+  ``headers.id``.
+* **Worker state** (:func:`in_pool`, :func:`held`): ``celery.worker.state`` keeps the
+  requests the pool runs (``active_requests``), prefetched ones (``reserved_requests``) and
+  ones waiting for an ETA or a countdown (``scheduled_requests``).
+* **Routing** (:func:`queue_of`): ``app.amqp.router.route`` names the queue of a task.
+
+Each of the first three is checked before the process first relies on it, against what
+kombu itself does: :func:`outbox_ready` records one publish through a Redis client that
+refuses any command (every command must reach the session, none run); :func:`unacked_view_ready`
+has kombu take two probe messages off a private queue without acknowledging them and reads
+back through this view what kombu wrote; :func:`worker_state_readable` looks for the three
+sets. If one differs, the process logs one WARNING naming kombu's version and what differed,
+and uses the path that needs no internals for its life (:data:`FALLBACKS`): never a silent
+fallback, never a message published before its commit. ``docs/delivery.md`` states the
+delivery model this serves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import celery
+import kombu
+import redis
+from celery import Celery
+from celery.worker import state as worker_state
+from kombu import Exchange, Producer, Queue
+from kombu.exceptions import BatchPublishError, OperationalError
+from kombu.transport.redis import Channel as RedisChannel
+
+from runner.store.redis import OUTBOX_COMMANDS, OutboxCommand
+
+log = logging.getLogger("runner.broker")
+
+WRITTEN_AGAINST = {"kombu": "5.7.0", "celery": "5.7.0"}
+"""The releases whose internals this module was written against (pyproject bounds their
+minor versions)."""
+
+OUTBOX = "outbox"
+UNACKED_VIEW = "unacked view"
+WORKER_STATE = "worker state"
+FALLBACKS = {
+    OUTBOX: "steps are sent after their commit, under the sender's lease",
+    UNACKED_VIEW: "recovery goes by leases only (a message a worker took and died with "
+    "comes back after kombu's visibility timeout)",
+    WORKER_STATE: "messages a worker holds get no receiving worker's lease (recovery reads "
+    "the broker for them)",
+}
+"""What the process does for its life when a capability is not as this module expects."""
+
+PROBE_PREFIX = "runner.probe."
+"""Queues (and task ids) of the start-up checks: private to one check, deleted after it."""
+
+QUEUE_READ_LIMIT = 1000
+"""Longest queue the recovery pass reads to tell a lost message from a queued one."""
+
+_CONNECTION_ERRORS = (redis.RedisError, OperationalError, OSError)
+
+
+# --- the checks' verdicts -------------------------------------------------------------------
+
+
+class Checks:
+    """What this process found of each capability: ``None`` (as expected) or what differed.
+
+    One check each, for the process's life; a pool process forked later inherits them.
+    """
+
+    def __init__(self) -> None:
+        self.found: dict[str, str | None] = {}
+        self.lock = threading.RLock()
+        own = weakref.ref(self)
+        # A pool child forked while another thread checks must not inherit a held lock.
+        os.register_at_fork(after_in_child=lambda: _fresh_lock(own()))
+
+    def ready(self, capability: str, probe: Callable[[], str | None]) -> bool:
+        """Whether ``capability`` is as expected, running ``probe`` (``None``: as expected,
+        else what differed) the first time. ``False`` without a verdict when the broker
+        cannot be reached: the caller takes the fallback path this once, and the next call
+        checks again."""
+        if capability not in self.found:
+            with self.lock:
+                if capability not in self.found:
+                    try:
+                        differed = probe()
+                    except Exception as exc:
+                        if isinstance(exc, _CONNECTION_ERRORS) or isinstance(
+                            exc.__cause__, _CONNECTION_ERRORS
+                        ):
+                            log.debug("cannot check the %s now: %s", capability, exc)
+                            return False
+                        differed = f"checking it raised {type(exc).__name__}: {exc}"
+                    if differed is None:
+                        self.found[capability] = None
+                    else:
+                        self.differs(capability, differed)
+        return self.found[capability] is None
+
+    def differs(self, capability: str, what: str) -> None:
+        """``capability`` is not as expected: its fallback from now on, with one WARNING."""
+        with self.lock:
+            if self.found.get(capability) is not None:
+                return
+            self.found[capability] = what
+        log.warning(
+            "runner's broker adapter (written against kombu %s, celery %s) finds kombu %s / "
+            "celery %s not as it expects: %s; for the life of this process, %s",
+            WRITTEN_AGAINST["kombu"],
+            WRITTEN_AGAINST["celery"],
+            kombu.__version__,
+            celery.__version__,
+            what,
+            FALLBACKS[capability],
+        )
+
+
+def _fresh_lock(checks: Checks | None) -> None:
+    if checks is not None:
+        checks.lock = threading.RLock()
+
+
+checks = Checks()
+"""This process's verdicts (tests replace it with a fresh :class:`Checks`)."""
+
+
+def redis_broker(app: Celery) -> bool:
+    """Whether ``app``'s broker is a Redis (the transport whose internals are used)."""
+    return str(app.conf.broker_url or "").startswith(("redis://", "rediss://", "unix://"))
+
+
+# --- publish recording (the outbox) ---------------------------------------------------------
+
+
+class NotRecordable(Exception):
+    """kombu did not hand a publish to the recording session as expected (nothing was sent)."""
+
+
+class _Session:
+    """kombu's publish-batch session, keeping the commands rather than running them.
+
+    kombu 5.7 calls ``publish(message, **kwargs)`` for each prepared message; the Redis
+    channel's ``basic_publish`` (given ``_publish_batch=self``) calls ``add(name, key,
+    value)`` for each final command; ``flush``/``discard``/``close`` at the batch's end.
+    """
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.commands: list[OutboxCommand] = []
+
+    def publish(self, message: Any, **kwargs: Any) -> Any:
+        return self.channel.basic_publish(message, _publish_batch=self, **kwargs)
+
+    def add(self, name: str, *args: Any) -> None:
+        if name not in OUTBOX_COMMANDS or len(args) != 2:
+            raise NotRecordable(f"kombu publishes with {name}/{len(args)}")
+        self.commands.append((name, str(args[0]), args[1]))
+
+    def flush(self) -> None:
+        """Nothing to run: the commit runs the commands."""
+
+    def discard(self) -> None:
+        self.commands.clear()
+
+    def close(self) -> None:
+        """Nothing held."""
+
+
+def unrecordable(producer: Any) -> str | None:
+    """Why the publishes of ``producer`` (on a Redis channel) cannot be recorded by this
+    broker configuration, or ``None``: a key prefix (kombu's client applies it when it runs
+    the commands, the commit's script would not) or retries on timeout (kombu then does not
+    batch, ``Producer.supports_batch_publish`` is false)."""
+    if getattr(producer.channel, "global_keyprefix", ""):
+        return "the broker's transport options set a global_keyprefix"
+    if not getattr(producer, "supports_batch_publish", False):
+        return "the broker connection retries on timeout (kombu does not batch its publishes)"
+    return None
+
+
+@contextmanager
+def recording(producer: Any) -> Iterator[list[OutboxCommand] | None]:
+    """Catch the commands of what ``producer`` publishes inside the block.
+
+    Yields the list they are added to, or ``None`` when this configuration cannot be
+    recorded (:func:`unrecordable`; the caller sends the usual way). The producer must be
+    the caller's alone for the block (as one from Celery's producer pool is), and the block
+    must publish. ``NotRecordable`` if kombu asked for an unexpected command or did not
+    hand the publishes to the session: kombu's own batch is then discarded, nothing sent.
+    """
+    if unrecordable(producer) is not None:
+        yield None
+        return
+    channel = producer.channel
+    session = _Session(channel)
+    # kombu 5.7 reads the factory off the channel instance: shadowed for this block only.
+    channel.create_publish_batch = lambda max_size: session
+    try:
+        with producer.batch():
+            yield session.commands
+            if not session.commands:
+                # Raised inside the batch, so a session kombu made itself is discarded.
+                raise NotRecordable("kombu did not hand the publish to the recording session")
+    finally:
+        del channel.create_publish_batch
+
+
+def outbox_ready(app: Celery) -> bool:
+    """Whether this process may record publishes for the outbox (checked once: one publish
+    recorded through a client that refuses to run any command, compared with the expected
+    commands)."""
+    return checks.ready(OUTBOX, lambda: _probe_outbox(app))
+
+
+class _DirectWrite(Exception):
+    """kombu ran a command on Redis itself instead of handing it to the session."""
+
+
+def _refusing(make_client: Callable[..., Any]) -> Callable[..., Any]:
+    """A stand-in for a channel's client factory whose clients run no command at all."""
+
+    def refusing_client(**kwargs: Any) -> Any:
+        client = make_client(**kwargs)
+
+        def refuse(*args: Any, **_: Any) -> Any:
+            raise _DirectWrite(str(args[0]) if args else "a command")
+
+        def pipeline(*_: Any, **__: Any) -> Any:
+            pipe = client.__class__.pipeline(client, transaction=False)
+
+            def execute(*_: Any, **__: Any) -> Any:
+                raise _DirectWrite(", ".join(str(c[0][0]) for c in pipe.command_stack))
+
+            pipe.execute = execute
+            return pipe
+
+        client.execute_command = refuse
+        client.pipeline = pipeline
+        return client
+
+    return refusing_client
+
+
+def _probe_outbox(app: Celery) -> str | None:
+    """Record one ``send_task`` to a private queue; ``None`` if kombu handed the session
+    exactly the expected commands and ran none itself, else what differed."""
+    queue = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+    if not isinstance(getattr(Producer, "supports_batch_publish", None), property):
+        return "kombu's Producer has no supports_batch_publish"
+    try:
+        differed = _record_probe(app, queue)
+    finally:
+        # Whatever kombu ran itself (it should run nothing) is not left behind.
+        written = broker_client(app).delete(*Layout.of(app).queue_keys(queue))
+    if differed is None and written:
+        differed = "kombu wrote the probe message to Redis itself"
+    return differed
+
+
+def _record_probe(app: Celery, queue: str) -> str | None:
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        if not callable(getattr(type(channel), "create_publish_batch", None)):
+            return f"{type(channel).__name__} has no create_publish_batch"
+        # kombu 5.7: Channel.__init__ sets ``Client``; every client the channel makes to
+        # publish (``conn_or_acquire``, a batch's pipeline) comes from it.
+        channel.Client = _refusing(channel.Client)
+        producer = Producer(channel)
+        if unrecordable(producer) is not None:
+            return None  # this configuration sends the usual way: nothing of kombu's to rely on
+        try:
+            with recording(producer) as commands:
+                assert commands is not None
+                app.send_task(
+                    f"{PROBE_PREFIX}task",
+                    task_id=queue,
+                    producer=producer,
+                    queue=Queue(queue, Exchange(queue), routing_key=queue),
+                    declare=[],
+                    ignore_result=True,
+                    retry=False,
+                )
+        except _DirectWrite as exc:
+            return f"kombu ran {exc} on Redis itself instead of handing it to the publish batch"
+        except BatchPublishError as exc:
+            if isinstance(exc.__cause__, _DirectWrite):
+                return f"kombu ran {exc.__cause__} itself instead of handing it to the session"
+            raise
+        except NotRecordable as exc:
+            return str(exc)
+    return _compare(commands, queue, bool(app.conf.task_send_sent_event))
+
+
+def _compare(commands: list[OutboxCommand], queue: str, sent_event: bool) -> str | None:
+    """What differs between the recorded ``commands`` of one task sent to ``queue`` and
+    the expected ``lpush`` of its message (then a ``publish`` of its ``task-sent`` event)."""
+    shape = [f"{name} {target}" for name, target, _ in commands]
+    names = [name for name, _, _ in commands]
+    if names != ["lpush", "publish"][: 1 + sent_event] or commands[0][1] != queue:
+        expected = f"lpush {queue}" + (", then a publish of its task-sent event" * sent_event)
+        return f"kombu recorded {shape} for one task message, expected {expected}"
+    if task_id_of(commands[0][2]) != queue:
+        return "the recorded message has no task id in headers.id"
+    return None
+
+
+# --- the unacked view (recovery) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where kombu's Redis transport keeps queues and unacknowledged messages."""
+
+    prefix: str
+    unacked: str
+    index: str
+    sep: str
+    steps: tuple[int, ...]
+
+    @classmethod
+    def of(cls, app: Celery) -> Layout:
+        """``app``'s layout: kombu's defaults (class attributes of its Redis ``Channel`` in
+        5.7), overridden by the broker's transport options of the same names."""
+        options = app.conf.broker_transport_options or {}
+        prefix = options.get("global_keyprefix", "")
+        return cls(
+            prefix,
+            prefix + options.get("unacked_key", RedisChannel.unacked_key),
+            prefix + options.get("unacked_index_key", RedisChannel.unacked_index_key),
+            options.get("sep", RedisChannel.sep),
+            tuple(options.get("priority_steps", RedisChannel.priority_steps)),
+        )
+
+    def queue_keys(self, queue: str) -> list[str]:
+        """The lists that hold ``queue``'s messages: its own, then one per priority step."""
+        queue = self.prefix + queue
+        return [queue] + [f"{queue}{self.sep}{p}" for p in self.steps if p]
+
+
+def task_id_of(raw: Any, *, nested: bool = False) -> str | None:
+    """The Celery task id (protocol 2: ``headers.id``) of a raw Redis-transport message
+    (an ``unacked`` entry wraps it in a list: ``nested``); ``None`` if it has none."""
+    try:
+        message = json.loads(raw)
+        task = (message[0] if nested else message)["headers"]["id"]
+    except (TypeError, ValueError, KeyError, IndexError):
+        return None  # gone since, or not a Celery task message
+    return str(task)
+
+
+def read_unacked(client: redis.Redis, layout: Layout, before: float) -> dict[str, float]:
+    """Task id -> when taken, for the unacknowledged messages taken before ``before``."""
+    tags: list[tuple[bytes, float]] = list(
+        client.zrangebyscore(layout.index, 0, before, withscores=True)  # type: ignore[arg-type]
+    )
+    raws: list[Any] = list(client.hmget(layout.unacked, [t for t, _ in tags])) if tags else []
+    taken: dict[str, float] = {}
+    for (_tag, at), raw in zip(tags, raws, strict=True):
+        task = task_id_of(raw, nested=True)
+        if task is not None:
+            taken[task] = float(at)
+    return taken
+
+
+def read_queue(client: redis.Redis, layout: Layout, queue: str) -> set[str] | None:
+    """Task ids of the messages in ``queue`` (``None``: longer than :data:`QUEUE_READ_LIMIT`)."""
+    names = layout.queue_keys(queue)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.llen(name)
+    if sum(pipe.execute()) > QUEUE_READ_LIMIT:
+        return None
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.lrange(name, 0, -1)
+    return {t for raws in pipe.execute() for raw in raws if (t := task_id_of(raw)) is not None}
+
+
+def unacked_view_ready(app: Celery) -> bool:
+    """Whether recovery may read ``app``'s Redis broker (checked once: kombu takes probe
+    messages without acknowledging them, and this view must read back what it wrote)."""
+    return checks.ready(UNACKED_VIEW, lambda: _probe_unacked(app))
+
+
+def _probe_unacked(app: Celery) -> str | None:
+    layout, client = Layout.of(app), broker_client(app)
+    queue = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+    top = max(layout.steps)
+    tasks = {f"{queue}:{p}": p for p in {0, top}}  # a plain and a priority message
+    try:
+        with app.connection_for_write() as conn:
+            channel = conn.default_channel
+            producer = Producer(channel)
+            for task, priority in tasks.items():
+                producer.publish(
+                    {},
+                    exchange="",
+                    routing_key=queue,
+                    headers={"id": task},
+                    priority=priority,
+                    serializer="json",
+                    retry=False,
+                )
+            queued = read_queue(client, layout, queue)
+            if queued != set(tasks):
+                return f"read {sorted(queued or ())} from the lists {layout.queue_keys(queue)}"
+            began = time.time()
+            messages = [channel.basic_get(queue, no_ack=False) for _ in tasks]
+            ended = time.time()
+            tags = [m.delivery_tag for m in messages if m is not None]
+            try:
+                differed = _compare_taken(client, layout, tasks, tags, (began, ended))
+            finally:
+                for message in messages:
+                    if message is not None:
+                        message.ack()
+    finally:
+        client.delete(*layout.queue_keys(queue))
+    if differed is None and set(read_unacked(client, layout, float("inf"))) & set(tasks):
+        differed = "messages kombu acknowledged stay in its unacked hash"
+    return differed
+
+
+def _compare_taken(
+    client: redis.Redis,
+    layout: Layout,
+    tasks: Collection[str],
+    tags: list[str],
+    between: tuple[float, float],
+) -> str | None:
+    """What differs between what this view reads of the unacknowledged probe messages
+    (``tasks``, delivery ``tags``, taken ``between`` two times) and what kombu took."""
+    if len(tags) != len(tasks):
+        return f"kombu gave back {len(tags)} of the {len(tasks)} probe messages it was sent"
+    taken = {t: at for t, at in read_unacked(client, layout, float("inf")).items() if t in tasks}
+    if set(taken) != set(tasks):
+        raws = [raw for raw in client.hmget(layout.unacked, tags) if raw]
+        return (
+            f"read {sorted(taken)} back of the probe messages kombu took without acknowledging "
+            f"them; its entries in {layout.unacked!r} read {[bytes(r[:100]) for r in raws]}"
+        )
+    late = {t: at for t, at in taken.items() if not between[0] - 1 <= at <= between[1] + 1}
+    if late:
+        return f"the unacked index scores {late} are not the times the messages were taken"
+    return None
+
+
+class BrokerView:
+    """What a Redis broker holds of step messages, for one recovery pass.
+
+    Kombu's Redis transport pops a message off the queue (``BRPOP``) and then records it in
+    its ``unacked`` hash, where it stays until acknowledged and comes back only after the
+    visibility timeout (an hour). So a worker that dies in between leaves nothing: the
+    message was in the reply on its socket. And one that dies holding messages it has
+    recorded leaves them in ``unacked`` for the hour. This view finds both:
+
+    * :meth:`taken_long_ago`: messages taken more than ``lease_seconds`` ago and not
+      acknowledged (a live worker holding one holds the step's lease), read once;
+    * :meth:`lost`: a message neither in ``unacked`` nor in the queue Celery routes it to
+      (each queue read once, when it holds at most :data:`QUEUE_READ_LIMIT` messages, and
+      ``unacked`` read again after it; a longer queue is left for a later pass).
+
+    It knows nothing (recovery goes by leases) of another broker (RabbitMQ requeues what a
+    dead consumer held, and loses nothing between a queue and a consumer), nor in a process
+    whose check found kombu's layout changed (:func:`unacked_view_ready`).
+    """
+
+    def __init__(self, app: Celery, lease_seconds: float, default_queue: str) -> None:
+        self.app, self.lease_seconds, self.default_queue = app, lease_seconds, default_queue
+        self.layout = Layout.of(app)
+        self._client: redis.Redis | None = None
+        self._checked = False
+        self._queues: dict[str, set[str] | None] = {}
+        self._taken: set[str] | None = None
+        self._taken_read = False
+        self._long_ago: dict[str, float] | None = None
+
+    @property
+    def client(self) -> redis.Redis | None:
+        """The broker's Redis, or ``None``: nothing to read (the check runs on first use)."""
+        if not self._checked:
+            self._checked = True  # once per pass, even when the broker cannot be reached
+            if redis_broker(self.app) and unacked_view_ready(self.app):
+                self._client = broker_client(self.app)
+        return self._client
+
+    def taken_long_ago(self) -> dict[str, float]:
+        """Task id -> when a worker took its message, for messages taken more than
+        ``lease_seconds`` ago and not acknowledged."""
+        if self._long_ago is None:
+            self._long_ago = self._unacked(time.time() - self.lease_seconds) or {}
+        return self._long_ago
+
+    def lost(self, task: str, name: str) -> bool:
+        """Whether the message of ``task`` (a task ``name``) is nowhere in the broker: not
+        in the queue Celery routes ``name`` to, not taken.
+
+        ``False`` when that cannot be told (another broker, a queue too long to read, Redis
+        unreachable). A message caught in a live worker's hands between its pop and its
+        record (a moment) looks lost: it is sent again, and the step's begin turns the
+        duplicate away.
+        """
+        client = self.client
+        if client is None:
+            return False
+        queue = queue_of(self.app, name, self.default_queue)
+        if queue not in self._queues:
+            # The queue first, then what was taken: a message moves from the one to the
+            # other, so read in this order it is seen at least once.
+            try:
+                self._queues[queue] = read_queue(client, self.layout, queue)
+            except redis.RedisError as exc:
+                log.warning("recovery could not read the broker's queue %s: %s", queue, exc)
+                self._queues[queue] = None
+            self._taken_read = False
+        queued = self._queues[queue]
+        if queued is not None and not self._taken_read:
+            self._taken_read = True
+            taken = self._unacked(float("inf"))
+            self._taken = None if taken is None else set(taken)
+        if queued is None or self._taken is None:
+            return False
+        return task not in queued and task not in self._taken
+
+    def _unacked(self, before: float) -> dict[str, float] | None:
+        """Task id -> when taken, for messages taken before ``before`` (``None``: unread)."""
+        client = self.client
+        if client is None:
+            return {}
+        try:
+            return read_unacked(client, self.layout, before)
+        except redis.RedisError as exc:
+            log.warning("recovery could not read the broker's unacknowledged messages: %s", exc)
+            return None
+
+
+_broker_clients: dict[str, redis.Redis] = {}
+
+
+def broker_client(app: Celery) -> redis.Redis:
+    """A plain client on ``app``'s Redis broker (one per URL and process)."""
+    url = str(app.conf.broker_url)
+    client = _broker_clients.get(url)
+    if client is None:
+        client = _broker_clients[url] = redis.Redis.from_url(url)
+    return client
+
+
+def queue_of(app: Celery, name: str, default: str) -> str:
+    """The queue Celery sends task ``name`` to (``default`` unless routed)."""
+    try:
+        # Celery 5.7: ``app.amqp.router.route(options, name, args, kwargs)`` returns the
+        # options with the chosen ``queue`` (a kombu Queue).
+        return str(app.amqp.router.route({}, name, (), {})["queue"].name)
+    except Exception:  # a user's router that needs arguments: the default queue
+        return default
+
+
+# --- worker state ---------------------------------------------------------------------------
+
+_WORKER_SETS = ("active_requests", "reserved_requests", "scheduled_requests")
+
+
+def worker_state_readable() -> bool:
+    """Whether Celery's worker state has the three sets of requests :func:`in_pool` and
+    :func:`held` read (checked once)."""
+    return checks.ready(WORKER_STATE, _probe_worker_state)
+
+
+def _probe_worker_state() -> str | None:
+    missing = [
+        name
+        for name in _WORKER_SETS
+        if not isinstance(getattr(worker_state, name, None), Collection)
+    ]
+    return f"celery.worker.state has no {', '.join(missing)}" if missing else None
+
+
+def in_pool(request: Any) -> bool:
+    """Whether the worker's pool took ``request`` (its attempt is starting or running)."""
+    # Celery 5.7: the pool's requests are in the set ``active_requests`` from the moment the
+    # pool accepts one until it ends.
+    return worker_state_readable() and request in worker_state.active_requests
+
+
+def held(request: Any) -> bool:
+    """Whether this worker still holds ``request``'s message without running it
+    (prefetched, or waiting for an ETA); ``False`` once an attempt ended it, or when Celery's
+    worker state cannot be read (the receiving worker's lease is then never taken)."""
+    # Celery 5.7: a prefetched request is in ``reserved_requests``, one waiting for its ETA
+    # or countdown in ``scheduled_requests``; both drop it when the pool takes it or it ends.
+    return worker_state_readable() and (
+        request in worker_state.reserved_requests or request in worker_state.scheduled_requests
+    )
