@@ -1,15 +1,22 @@
-"""Helpers of the console tests: workers that run :mod:`tests.console_flows`, and the
-console served by uvicorn on a free loopback port, in a thread of the test process."""
+"""Helpers of the console tests: workers that run :mod:`tests.console_flows`, the
+console served by uvicorn on a free loopback port, in a thread of the test process, and
+a real Flower process on those workers' events."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 
 from runner.console import create_app
@@ -29,19 +36,72 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def console_workers(worker_env: dict[str, str], logdir: str) -> Iterator[Runtime]:
+def console_deployment(
+    worker_env: dict[str, str], logdir: str
+) -> Iterator[tuple[Runtime, dict[str, str]]]:
     """One worker (two processes) on a prefix and queue of its own, running the console
-    test flows; yields the producer runtime on them."""
+    test flows; yields the producer runtime on them and their ``RUNNER_*`` environment."""
     modules = f"{worker_env['RUNNER_FLOW_MODULES']},tests.console_flows"
-    with private_pool(worker_env, logdir, RUNNER_FLOW_MODULES=modules) as (pool, rt, _):
+    with private_pool(worker_env, logdir, RUNNER_FLOW_MODULES=modules) as (pool, rt, env):
         pool.start(concurrency=2)
+        yield rt, env
+
+
+@contextlib.contextmanager
+def console_workers(worker_env: dict[str, str], logdir: str) -> Iterator[Runtime]:
+    """:func:`console_deployment`'s runtime alone."""
+    with console_deployment(worker_env, logdir) as (rt, _):
         yield rt
 
 
 @contextlib.contextmanager
-def serving(rt: Runtime, token: str | None = None) -> Iterator[str]:
-    """The console on ``rt`` at a free loopback port; yields its base URL."""
-    app = create_app(rt, token=token, flower_url=FLOWER)
+def flower(env: dict[str, str], logdir: str) -> Iterator[str]:
+    """A real Flower (``celery -A runner.worker flower``) on the workers of ``env``, at a
+    free loopback port; yields its URL once it receives the workers' events (it learns
+    tasks only from events sent after that)."""
+    port = _free_port()
+    log = Path(logdir) / f"flower-{port}.log"
+    args = [sys.executable, "-m", "celery", "-A", "runner.worker", "flower"]
+    args += [f"--port={port}", "--address=127.0.0.1"]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            args,
+            env={**os.environ, **env, "FLOWER_UNAUTHENTICATED_API": "true"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while not _sees_a_worker(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"Flower did not see the workers; see {log}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _sees_a_worker(url: str) -> bool:
+    """True once Flower's state holds a worker, which it learns from the workers' events
+    (their heartbeats): from then on it receives the task events too."""
+    try:
+        found = httpx.get(f"{url}/workers", params={"json": 1}, timeout=1).json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    return bool(found.get("data"))
+
+
+@contextlib.contextmanager
+def serving(rt: Runtime, token: str | None = None, flower_url: str = FLOWER) -> Iterator[str]:
+    """The console on ``rt`` at a free loopback port, linking to ``flower_url``; yields
+    its base URL."""
+    app = create_app(rt, token=token, flower_url=flower_url)
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")

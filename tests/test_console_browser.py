@@ -1,6 +1,7 @@
 """The console in a real headless Chromium (Debian's ``chromium``, driven by Playwright),
 against real Redis and real workers: from the runs list to a failed run, a fork with an
-edited field and a re-run step, the fork finishing live, and the diff.
+edited field and a re-run step, the fork finishing live, and the diff; a failed run
+resumed from the control next to its error; a step's link to its task in a real Flower.
 
 Set ``RUNNER_TEST_SCREENSHOT=<file.png>`` to save the finished fork's page (the
 README's screenshot is taken this way).
@@ -16,8 +17,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from runner.distributed.engine import Runtime
-from tests.console_support import console_workers, failed_review, serving, snapshot
+from runner.distributed import client
+from runner.distributed.engine import Runtime, task_id
+from runner.store.models import RunStatus
+from tests.console_support import console_deployment, failed_review, flower, serving, snapshot
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "browser-t0ken"
@@ -32,9 +35,17 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def rt(worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
-    with console_workers(worker_env, str(tmp_path_factory.mktemp("console-ui"))) as runtime:
-        yield runtime
+def deployment(
+    worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Runtime, dict[str, str]]]:
+    """The console tests' workers: their runtime and their ``RUNNER_*`` environment."""
+    with console_deployment(worker_env, str(tmp_path_factory.mktemp("console-ui"))) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def rt(deployment: tuple[Runtime, dict[str, str]]) -> Runtime:
+    return deployment[0]
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +152,51 @@ def test_fork_a_failed_run_with_an_edited_field_and_read_the_diff(
     if shot:
         Path(shot).parent.mkdir(parents=True, exist_ok=True)
         tab.screenshot(path=shot, full_page=True)
+
+
+def test_resume_next_to_the_error_continues_the_failed_run(
+    page: tuple[Page, str], rt: Runtime
+) -> None:
+    tab, url = page
+    failed = failed_review(rt, topic="resume")
+    tab.goto(f"{url}/runs/{failed}")
+    error = tab.locator("#error")
+    expect(error).to_contain_text("over the limit of 10 chars")
+    error.locator("input[name=inputs]").fill('{"limit": 1000}')
+    error.locator("button.resume-submit").click()
+
+    # The same run continues at the failed step and finishes; the page follows it.
+    expect(tab.locator("#run-status")).to_have_text("succeeded", timeout=15_000)
+    assert tab.url == f"{url}/runs/{failed}"
+    expect(tab.locator("#error")).to_have_count(0)
+    expect(tab.locator("#result")).to_contain_text("published (accepted)")
+    expect(tab.locator("#inputs tr[data-input='limit']")).to_contain_text("10")
+    expect(tab.locator(".method[data-method='outline']")).to_contain_text("1")  # not re-run
+
+
+def test_a_steps_flower_link_opens_its_task_in_flower(
+    browser: Browser, deployment: tuple[Runtime, dict[str, str]], tmp_path: Path
+) -> None:
+    rt, env = deployment
+    # Flower learns tasks from the workers' events: it runs before the run starts.
+    with flower(env, str(tmp_path)) as flower_url, serving(rt, flower_url=flower_url) as url:
+        handle = client.submit(
+            "tests.console_flows:ReviewFlow", {"topic": "flower", "limit": 500}, rt=rt
+        )
+        assert handle.wait(timeout=15) is RunStatus.SUCCEEDED
+        write = task_id(handle.run_id, 0, "write#1")
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        try:
+            tab = context.new_page()
+            tab.set_default_timeout(10_000)
+            tab.goto(f"{url}/runs/{handle.run_id}")
+            row = tab.locator("tr.checkpoint[data-event='method_execution_finished']").filter(
+                has_text="write#1"
+            )
+            row.get_by_title("this step's Celery task in Flower").click()
+            tab.wait_for_url(f"{flower_url}/task/**")
+            expect(tab.locator(".task-uuid-value")).to_contain_text(write)
+            expect(tab.locator(".task-name-value")).to_contain_text("ReviewFlow.write")
+            expect(tab.locator("body")).not_to_contain_text("Unknown task")
+        finally:
+            context.close()
