@@ -35,7 +35,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from runner.errors import StoreUnavailable
+from runner.errors import StoreError, StoreUnavailable
 from runner.settings import get_settings
 
 PING_TIMEOUT = 1.0
@@ -70,16 +70,35 @@ def _client(url: str, timeout: float) -> redis.Redis:
     )
 
 
+class BadRedisUrl(StoreError):
+    """A Redis URL that redis-py cannot read (no ``redis://``, ``rediss://`` or ``unix://``
+    scheme, a port that is no number): bad input, not a Redis that is down."""
+
+
 def ping(url: str, timeout: float = PING_TIMEOUT) -> None:
-    """PING ``url``; raise :class:`StoreUnavailable` (one line, password masked) if it fails."""
+    """PING ``url``; raise :class:`StoreUnavailable` (one line, password masked) if it fails,
+    :class:`BadRedisUrl` if ``url`` is not a Redis URL at all."""
+    try:
+        masked = mask_url(url)
+    except ValueError as exc:  # not even a URL; none of it is shown: it may hold a password
+        raise BadRedisUrl(f"the Redis URL cannot be read: {exc}") from None
     try:
         client = _client(url, timeout)
+    except ValueError as exc:  # redis-py parses the URL here, before any connection
+        raise BadRedisUrl(
+            f"{masked} is not a Redis URL: {_masked_reason(exc, url)}", url=masked
+        ) from None
+    try:
         with contextlib.closing(client):
             client.ping()
     except (redis.RedisError, OSError, ValueError) as exc:
-        reason, password, masked = " ".join(str(exc).split()), urlsplit(url).password, mask_url(url)
-        reason = reason.replace(password, "***") if password else reason
+        reason = _masked_reason(exc, url)
         raise StoreUnavailable(f"Redis at {masked} does not answer: {reason}", url=masked) from None
+
+
+def _masked_reason(exc: Exception, url: str) -> str:
+    reason, password = " ".join(str(exc).split()), urlsplit(url).password
+    return reason.replace(password, "***") if password else reason
 
 
 DEV_FILE = "dev.json"
@@ -97,6 +116,9 @@ class DevInstance:
     redis_server: str | None = None
     """The ``redis-server`` it ran: the next one on this data must run the same (an older
     server cannot read a newer one's AOF and would start empty)."""
+    flow_modules: tuple[str, ...] = ()
+    """The allow-list of its workers (their ``RUNNER_FLOW_MODULES``), for producers that
+    have none of their own: a submit of a flow outside it is refused before it is stored."""
 
     @property
     def project(self) -> Path:
@@ -130,7 +152,12 @@ def find_dev(start: str | os.PathLike[str] | None = None) -> DevInstance | None:
         try:
             data = json.loads(path.read_text())
             server = data.get("redis_server")
-            return DevInstance(path, str(data["redis_url"]), int(data["pid"]), server)
+            modules = data.get("flow_modules", [])
+            if not isinstance(modules, list):
+                raise TypeError(f"flow_modules is {type(modules).__name__}, not a list")
+            return DevInstance(
+                path, str(data["redis_url"]), int(data["pid"]), server, tuple(map(str, modules))
+            )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StoreUnavailable(
                 f"cannot read {path}: {exc}; remove it", path=str(path)
@@ -142,11 +169,27 @@ def write_dev(folder: Path, server: EmbeddedRedis) -> Path:
     """Record this process and its ``server`` as the ``runner dev`` of ``folder``; returns
     the file written."""
     path = folder / DEV_FILE
-    tmp = path.with_suffix(".tmp")
     data = {"redis_url": server.url, "pid": os.getpid(), "redis_server": server.executable}
+    _write_json(path, data)
+    return path
+
+
+def publish_flow_modules(folder: Path, modules: list[str]) -> None:
+    """Add the allow-list of this ``runner dev``'s workers to the :data:`DEV_FILE` it wrote in
+    ``folder`` (none when it uses a configured Redis: then nothing is published)."""
+    path = folder / DEV_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return
+    if data.get("pid") == os.getpid():
+        _write_json(path, {**data, "flow_modules": list(modules)})
+
+
+def _write_json(path: Path, data: dict[str, object]) -> None:
+    tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data) + "\n")
     tmp.replace(path)  # atomic: a reader sees the old file or the whole new one
-    return path
 
 
 NO_SHARED_REDIS = (

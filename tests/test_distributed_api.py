@@ -3,6 +3,7 @@ and what Flower sees (task events, kwargs reprs, extended results)."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -101,10 +102,16 @@ def test_workers_accept_json_only(rt: Runtime) -> None:
     assert rt.app.conf.accept_content == ["json"]
 
 
+def unaware(rt: Runtime) -> Runtime:
+    """``rt`` as a producer that does not know the workers' allow-list (no
+    RUNNER_FLOW_MODULES, no `runner dev`): it stores the run, and the workers refuse it."""
+    return dataclasses.replace(rt, settings=rt.settings.model_copy(update={"flow_modules": []}))
+
+
 def test_flow_outside_the_allow_list_fails_the_run_without_importing_it(
     rt: Runtime, redis_client: redis.Redis
 ) -> None:
-    handle = submit(OutsiderFlow, rt=rt)
+    handle = submit(OutsiderFlow, rt=unaware(rt))
     assert handle.wait(timeout=20) is RunStatus.FAILED
     latest = handle.latest()
     assert latest.error is not None
@@ -120,7 +127,7 @@ def test_flow_outside_the_allow_list_fails_the_run_without_importing_it(
 def test_flow_posing_under_an_allowed_name_fails_without_running(
     rt: Runtime, redis_client: redis.Redis
 ) -> None:
-    handle = submit(Impostor, rt=rt)
+    handle = submit(Impostor, rt=unaware(rt))
     assert handle.wait(timeout=20) is RunStatus.FAILED
     error = handle.latest().error
     assert error is not None and error.type == "FlowNotAllowed"

@@ -34,7 +34,15 @@ import typer
 
 from runner.console import is_loopback
 from runner.distributed.processes import WorkerProcess
-from runner.embedded import DevInstance, EmbeddedRedis, find_dev, mask_url, ping, write_dev
+from runner.embedded import (
+    DevInstance,
+    EmbeddedRedis,
+    find_dev,
+    mask_url,
+    ping,
+    publish_flow_modules,
+    write_dev,
+)
 from runner.errors import FlowImportError, RunnerError, StoreUnavailable
 from runner.settings import RunnerSettings, default_queue
 
@@ -133,6 +141,7 @@ def dev(
     with contextlib.ExitStack() as stack:
         _stop_on_sigterm(stack)
         url = _redis(stack, settings, home, port)
+        publish_flow_modules(home, names)  # producers here refuse other flows up front
         env = _child_env(settings, url, names)
         watch = Watch(names, Path.cwd(), env) if reload else None
         app_settings = settings.model_copy(update={"redis_url": url})

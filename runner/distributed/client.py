@@ -2,7 +2,9 @@
 
 ``submit`` validates inputs and writes the run's first checkpoint before
 anything is enqueued, so invalid inputs never reach a worker (nothing is stored)
-and a submitted run is always visible in the store.
+and a submitted run is always visible in the store. A flow outside the workers'
+allow-list is refused before anything is stored whenever this process knows that
+list (:func:`allow_list`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import time
 from typing import Any
 
+from runner.embedded import find_dev
 from runner.errors import (
     CommitConflict,
     FlowImportError,
@@ -20,14 +23,23 @@ from runner.errors import (
     RunNotFound,
     RunStateError,
     RunTimeout,
+    StoreUnavailable,
 )
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.loading import load_flow
 from runner.store.models import Checkpoint, RunInfo, RunStatus
+from runner.store.redis import RedisProvider
 
-from .engine import Runtime, commit_and_send, commit_status, first_checkpoint
+from .engine import (
+    FlowNotAllowed,
+    Runtime,
+    commit_and_send,
+    commit_status,
+    ended,
+    first_checkpoint,
+)
 
 _runtime: Runtime | None = None
 
@@ -89,6 +101,51 @@ def _takes_any_key(model: Any) -> bool:
     return any(v.info.mode in ("before", "wrap") for v in validators)
 
 
+def allow_list(rt: Runtime) -> tuple[list[str], str] | None:
+    """The modules the deployment's workers run and where that list was read, when this
+    process can know it: its own ``RUNNER_FLOW_MODULES``, else the list the live
+    ``runner dev`` whose Redis ``rt`` uses published in its ``dev.json``. ``None``
+    otherwise (the workers still refuse what they do not run, failing the run)."""
+    if rt.settings.flow_modules:
+        return list(rt.settings.flow_modules), "RUNNER_FLOW_MODULES"
+    try:
+        dev = find_dev()
+    except StoreUnavailable:
+        # An unreadable dev.json names no list; the runtime found its Redis without it
+        # (a configured URL), since finding runner dev's would have failed on it.
+        return None
+    if dev is None or not dev.flow_modules or dev.redis_url != rt.store.url or not dev.alive:
+        return None
+    return list(dev.flow_modules), f"`runner dev` in {dev.project}"
+
+
+def check_allowed(flow_cls: Any, rt: Runtime) -> None:
+    """Raise :class:`FlowNotAllowed` for a flow outside the workers' :func:`allow_list`
+    (nothing if the list is unknown here); workers import whole modules, so the flow's
+    module must be in it."""
+    found = allow_list(rt)
+    path = flow_cls.flow_path()
+    if found is not None and path.partition(":")[0] not in found[0]:
+        modules, source = found
+        raise FlowNotAllowed(
+            f"{path} is not in the workers' allow-list ({source}: {', '.join(modules)})",
+            path=path,
+            modules=modules,
+        )
+
+
+def failure(store: RedisProvider, latest: Checkpoint) -> Checkpoint:
+    """The checkpoint that carries why ``latest``'s run stopped: ``latest`` itself, or for
+    a failed run whose latest checkpoint has no error (a parallel branch committed after
+    the failure), the newest one in its history that has one."""
+    if latest.error is not None or latest.status is not RunStatus.FAILED:
+        return latest
+    for ckpt in store.history(latest.run_id, limit=50):
+        if ckpt.error is not None:
+            return ckpt
+    return latest
+
+
 def split_trigger_payload(inputs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """``inputs`` without CrewAI's ``crewai_trigger_payload``, and that payload: it is not
     state; the run keeps it for the methods that take it (``InvalidInputs`` if not JSON)."""
@@ -110,13 +167,14 @@ def submit(
     inputs, payload = split_trigger_payload(dict(inputs or {}))
     check_fields(flow_cls, inputs)
     rt = rt or runtime()
+    check_allowed(flow_cls, rt)
     first = first_checkpoint(flow_cls, inputs)
     first.checkpoint.meta.trigger_payload = payload
     run_id = first.checkpoint.run_id
     try:
         # Created only if new (seq 0), its starts sent once (see commit_and_send). They go
         # straight to their tasks (no hop through a start task): a worker that has not
-        # registered the flow fails the run with FlowNotAllowed.
+        # registered the flow (an allow-list unknown here) fails the run with FlowNotAllowed.
         commit_and_send(rt, first.checkpoint, 0, first.ready)
     except CommitConflict:
         raise RunStateError(
@@ -181,12 +239,11 @@ class RunHandle:
             return orch.last_output(tr.record_of(latest))
         if status is RunStatus.CANCELLED:
             raise RunCancelled(f"run {self.run_id} was cancelled", run_id=self.run_id)
-        error = latest.error
-        detail = f"{error.type}: {error.message}" if error else status.value
+        stopped = failure(self.rt.store, latest)
         raise RunFailed(
-            f"run {self.run_id} {status.value} at {latest.step}: {detail}",
+            ended(f"run {self.run_id}", status, stopped),
             run_id=self.run_id,
-            step=latest.step,
+            step=stopped.step,
         )
 
     def cancel(self) -> Checkpoint:

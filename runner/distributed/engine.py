@@ -25,10 +25,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from celery import Celery
-from kombu.exceptions import BatchPublishError
+from typing import TYPE_CHECKING, Any
 
 from runner.errors import (
     ChildRunFailed,
@@ -53,6 +50,11 @@ from runner.store.redis import RedisProvider
 
 from . import handoff, outbox
 from .coord import Coordinator
+
+if TYPE_CHECKING:
+    # Only a type here: a process that reads runs (the CLI's read-only commands) never
+    # imports Celery; one that sends builds its app (runner.distributed.app) and has it.
+    from celery import Celery
 
 log = logging.getLogger("runner.worker")
 
@@ -152,6 +154,8 @@ def send(rt: Runtime, flow_name: str, run_id: str, epoch: int, acts: list[Activa
     """
     if not acts:
         return []
+    from kombu.exceptions import BatchPublishError  # loaded with the app that sends: no cost
+
     try:
         with rt.app.producer_or_acquire() as producer, producer.batch():
             for act in acts:
@@ -338,6 +342,22 @@ def fail_not_allowed(rt: Runtime, run_id: str, detail: str = "") -> FlowNotAllow
     return err
 
 
+def ended(run: str, status: RunStatus, stopped: Checkpoint) -> str:
+    """How a run ended, in one line: ``<run> failed at STEP: Type: message``.
+
+    ``run`` names the run (``run R``, ``child run R``); ``stopped`` is the checkpoint that
+    stopped it with ``status`` (for a failed run, the one that carries the error). A run
+    stopped as a whole (its flow not allowed on the worker, a cancel) names no step: one
+    stopped before any step had completed says so.
+    """
+    where = f" at {stopped.step}" if stopped.step else ""
+    if not stopped.step and not stopped.completed:
+        where = " before any step"
+    error = stopped.error
+    why = f": {error.type}: {' '.join(error.message.split())}" if error else ""
+    return f"{run} {status.value}{where}{why}"
+
+
 def emit(
     ckpt: Checkpoint, kind: str, method: str | None, listeners: Any = (), **fields: Any
 ) -> None:
@@ -410,9 +430,8 @@ def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
     if parent is None or lifecycle.waiting_on(parent, link.activation) != child.run_id:
         return []
     if child.status is not RunStatus.SUCCEEDED:
-        why = f"{child.error.type}: {child.error.message}" if child.error else child.status.value
         err = ChildRunFailed(
-            f"child run {child.run_id} {child.status.value} at {child.step}: {why}",
+            ended(f"child run {child.run_id}", child.status, child),
             run_id=child.run_id,
             step=child.step,
         )

@@ -15,9 +15,10 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery import Celery
+if TYPE_CHECKING:  # `runner dev` imports this module; only a worker's probe needs Celery
+    from celery import Celery
 
 
 def children(pid: int) -> list[int]:
