@@ -146,6 +146,12 @@ def test_a_fork_shows_the_state_it_started_from_as_its_inputs(
         "verdict": "",
     }
     assert run["result"] == "published (accepted)"
+    # Each step links to the fork's own task; the checkpoint copied from the source does not.
+    links = {c["event"]: c["flower"] for c in run["timeline"] if c["step"] == "check"}
+    assert links == {
+        "forked": None,
+        "method_execution_finished": f"{FLOWER}/task/{fork_id}%3A0%3Acheck%232",
+    }
 
 
 def test_resume_sits_next_to_the_error_or_the_cli_command_when_read_only(

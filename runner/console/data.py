@@ -257,6 +257,8 @@ def flower_link(flower_url: str | None, run_id: str, epoch: int, activation: str
 def timeline_row(ckpt: Checkpoint, flower_url: str | None) -> dict[str, Any]:
     """One checkpoint of the timeline: event, step, attempts, worker, duration, time."""
     act = _activation_of(ckpt)
+    # A fork's first checkpoint copies its source's step: no task of this run ran for it.
+    task = act if act is not None and ckpt.event != "forked" else None
     return {
         "id": ckpt.id,
         "seq": ckpt.seq,
@@ -269,7 +271,7 @@ def timeline_row(ckpt: Checkpoint, flower_url: str | None) -> dict[str, Any]:
         "duration": ckpt.duration,
         "created_at": ckpt.created_at,
         "error": f"{ckpt.error.type}: {ckpt.error.message}" if ckpt.error else None,
-        "flower": flower_link(flower_url, ckpt.run_id, ckpt.meta.epoch, act) if act else None,
+        "flower": flower_link(flower_url, ckpt.run_id, ckpt.meta.epoch, task) if task else None,
     }
 
 
