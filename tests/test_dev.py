@@ -1,6 +1,7 @@
 """``runner dev`` and the processes that find it, driven as a user would: real subprocesses
-in a fresh project folder, with no ``RUNNER_*`` variable set; and ``make demo``'s
-commands to explore the run afterwards, run as printed."""
+in a fresh project folder, with no ``RUNNER_*`` variable set; its reload when the code
+changes; its console's login link in a real browser; and ``make demo``'s commands to
+explore the run afterwards, run as printed."""
 
 from __future__ import annotations
 
@@ -61,12 +62,15 @@ class DevProcess:
     proc: subprocess.Popen[str]
     url: str
     export: str
+    log: Path
+    """Its stderr: the ``runner dev: ...`` lines."""
 
     @classmethod
     def start(
         cls, cwd: Path, argv: list[str], env: dict[str, str], timeout: float = 90
     ) -> DevProcess:
-        log = open(cwd / "dev-stderr.log", "a")  # noqa: SIM115  (owned by the process)
+        log_path = cwd / "dev-stderr.log"
+        log = open(log_path, "a")  # noqa: SIM115  (owned by the process)
         proc = subprocess.Popen(
             argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=log, text=True
         )
@@ -78,12 +82,25 @@ class DevProcess:
             proc.kill()
             proc.wait()
             proc.stdout.close()
-            raise AssertionError(
-                f"no export line: {line!r}; {(cwd / 'dev-stderr.log').read_text()}"
-            )
+            raise AssertionError(f"no export line: {line!r}; {log_path.read_text()}")
         match = re.search(r"RUNNER_REDIS_URL=(\S+)", line)
         assert match is not None, line
-        return cls(proc, match.group(1), line)
+        dev = cls(proc, match.group(1), line, log_path)
+        dev.wait_for("^runner dev: ready")  # from here on, Ctrl-C stops it in order
+        return dev
+
+    def lines(self, pattern: str) -> list[str]:
+        """The lines it printed on stderr so far that match ``pattern`` (a regex)."""
+        return [line for line in self.log.read_text().splitlines() if re.search(pattern, line)]
+
+    def wait_for(self, pattern: str, count: int = 1, timeout: float = 60) -> list[str]:
+        """Wait until ``count`` lines matching ``pattern`` were printed; all of them."""
+        deadline = time.monotonic() + timeout
+        while len(found := self.lines(pattern)) < count:
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, f"no {pattern!r} in {self.log.read_text()}"
+            time.sleep(0.1)
+        return found
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         """Stop it as a user would; its exit code."""
@@ -93,6 +110,16 @@ class DevProcess:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         return code
+
+
+RESTARTED = r"^runner dev: (.*) changed; restarting the workers$"
+"""The line ``runner dev`` prints when it reloads; group 1 names the files."""
+
+
+def console_link(dev: DevProcess) -> str:
+    """The console's login link ``runner dev`` printed (``http://...?token=...``)."""
+    (line,) = dev.lines(r"^runner dev: console http")
+    return line.split()[-1]
 
 
 def runner(
@@ -110,8 +137,10 @@ def runner(
     )
 
 
-def dev_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "runner.cli", "dev", *args, "--no-flower", "--no-ui"]
+def dev_argv(*args: str, flower: bool = False, ui: bool = False) -> list[str]:
+    """``runner dev ARGS``, without Flower and the console unless asked for."""
+    argv = [sys.executable, "-m", "runner.cli", "dev", *args]
+    return argv + ([] if flower else ["--no-flower"]) + ([] if ui else ["--no-ui"])
 
 
 @pytest.fixture
@@ -325,3 +354,200 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+LOOP_FLOWS = """
+import time
+from pathlib import Path
+
+from loophelp import SUFFIX
+from runner import Flow, FlowState, listen, start
+
+
+class S(FlowState):
+    topic: str = ""
+
+
+class LoopFlow(Flow[S]):
+    @start()
+    def plan(self):
+        with open("plan.log", "a") as log:  # one line each time plan runs
+            log.write(self.state.id + "\\n")
+        return f"plan of {self.state.topic}"
+
+    @listen(plan)
+    def write(self, plan):
+        if self.state.topic == "slow":
+            Path("write-started").touch()
+            time.sleep(3)
+        return WRITE
+"""
+
+
+def loop_flows(write: str) -> str:
+    """``loopflows.py`` whose ``write`` returns the expression ``write``."""
+    return LOOP_FLOWS.replace("WRITE", write)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_runner_dev_restarts_its_workers_on_a_code_change_and_resume_runs_the_fix(
+    project: Path,
+) -> None:
+    (project / "loophelp.py").write_text('SUFFIX = "v1"\n')
+    (project / "loopflows.py").write_text(loop_flows("plan.body  # a bug: plan is a str"))
+    dev = DevProcess.start(project, dev_argv("loopflows"), bare_env())
+    try:
+        failed = runner(project, "submit", "loopflows:LoopFlow", "--input", "topic=bees", "--wait")
+        assert failed.returncode == 1, failed.stderr
+        run_id = failed.stdout.split()[0]
+        assert "AttributeError: 'str' object has no attribute 'body'" in failed.stderr
+
+        # An editor saving two files a moment apart: one restart, naming both.
+        (project / "loopflows.py").write_text(loop_flows('f"report from {plan} {SUFFIX}"'))
+        time.sleep(0.1)
+        (project / "loophelp.py").write_text('SUFFIX = "v2"\n')
+        (line,) = dev.wait_for(RESTARTED)
+        named = re.match(RESTARTED, line)
+        assert named is not None and set(named.group(1).split(", ")) == {
+            "loopflows.py",
+            "loophelp.py",
+        }
+        resumed = runner(project, "resume", run_id, "--wait")
+        assert resumed.returncode == 0, resumed.stderr
+        assert resumed.stdout.splitlines()[-1] == "succeeded: report from plan of bees v2"
+        assert (project / "plan.log").read_text().splitlines() == [run_id]  # plan ran once
+        assert len(dev.lines(RESTARTED)) == 1
+
+        # A change while a step runs: the step finishes on the code it started with, once.
+        slow = subprocess.Popen(
+            [sys.executable, "-m", "runner.cli", "submit", "loopflows:LoopFlow", "--input",
+             "topic=slow", "--wait"],
+            cwd=project, env=bare_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not (project / "write-started").exists():
+            assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
+            time.sleep(0.05)
+        (project / "loophelp.py").write_text('SUFFIX = "v3"\n')
+        dev.wait_for(RESTARTED, count=2)
+        out, err = slow.communicate(timeout=90)
+        assert slow.returncode == 0, err
+        slow_id, outcome = out.splitlines()
+        assert outcome == "succeeded: report from plan of slow v2"
+        steps = runner(project, "steps", slow_id, "--json")
+        assert steps.returncode == 0, steps.stderr
+        rows = {row["step"].split("#")[0]: row for row in json.loads(steps.stdout)}
+        assert rows["write"]["outcome"] == "done" and rows["write"]["attempts"] == 1
+        again = runner(project, "submit", "loopflows:LoopFlow", "--input", "topic=owls", "--wait")
+        assert again.stdout.splitlines()[-1] == "succeeded: report from plan of owls v3"
+
+        # An edit that does not import: said in one line, the same workers keep running.
+        running = sorted(descendants(dev.proc.pid))
+        (project / "loopflows.py").write_text(loop_flows("(("))
+        (broken,) = dev.wait_for(r"loopflows\.py changed but does not import")
+        assert "SyntaxError" in broken and broken.endswith("the workers keep the code they run")
+        assert sorted(descendants(dev.proc.pid)) == running
+        assert len(dev.lines(RESTARTED)) == 2
+    finally:
+        pid = dev.proc.pid
+        assert dev.stop() == 0
+    assert descendants(pid) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_runner_dev_without_reload_keeps_its_workers_on_a_code_change(project: Path) -> None:
+    (project / "loophelp.py").write_text('SUFFIX = "v1"\n')
+    (project / "loopflows.py").write_text(loop_flows('f"{plan} {SUFFIX}"'))
+    dev = DevProcess.start(project, dev_argv("loopflows", "--no-reload"), bare_env())
+    try:
+        (project / "loophelp.py").write_text('SUFFIX = "v2"\n')
+        time.sleep(3)  # a reload would have begun by now (it does within a second)
+        done = runner(project, "submit", "loopflows:LoopFlow", "--input", "topic=bees", "--wait")
+        assert done.stdout.splitlines()[-1] == "succeeded: plan of bees v1", done.stderr
+        assert dev.lines("changed") == []
+    finally:
+        assert dev.stop() == 0
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent")
+def test_the_login_link_runner_dev_prints_logs_the_browser_in_and_the_console_can_act(
+    project: Path,
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    flower_port, ui_port = _free_port(), _free_port()
+    ports = ["--flower-port", str(flower_port), "--ui-port", str(ui_port)]
+    dev = DevProcess.start(project, dev_argv("devflows", *ports, flower=True, ui=True), bare_env())
+    try:
+        assert dev.lines(rf"^runner dev: Flower http://127\.0\.0\.1:{flower_port}$")
+        link = console_link(dev)
+        assert re.fullmatch(rf"http://127\.0\.0\.1:{ui_port}/\?token=[\w-]{{20,}}", link), link
+        done = runner(project, "submit", "devflows:EchoFlow", "--input", "topic=bees", "--wait")
+        assert done.returncode == 0, done.stderr
+        run_id = done.stdout.split()[0]
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(link)  # as a click on the link in the terminal opens it
+                assert page.url == f"http://127.0.0.1:{ui_port}/"  # the token left the URL
+                assert run_id in page.content() and "password" not in page.content()
+                # An action from the page, as its forms send it (session cookie + CSRF).
+                answer = page.evaluate(
+                    """async (runId) => {
+                        const csrf = JSON.parse(document.body.getAttribute("hx-headers"));
+                        const response = await fetch(`/api/checkpoints/${runId}/fork`, {
+                            method: "POST", headers: {...csrf, "Content-Type": "application/json"},
+                            body: JSON.stringify({set: {topic: "wasps"}}),
+                        });
+                        return [response.status, await response.json()];
+                    }""",
+                    run_id,
+                )
+            finally:
+                browser.close()
+        assert answer[0] == 201, answer
+        forked = runner(project, "show", answer[1]["run_id"], "--json")
+        assert json.loads(forked.stdout)["state"]["topic"] == "wasps", forked.stdout
+    finally:
+        assert dev.stop() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cause", ["a busy port", "a failed import"])
+def test_runner_dev_says_in_one_line_why_the_console_did_not_start(
+    project: Path, cause: str
+) -> None:
+    import socket
+
+    argv = dev_argv("devflows", "--workers", "0", "--no-reload", ui=True)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        if cause == "a failed import":
+            busy.close()  # the port is free; the console's web framework does not import
+            (project / "fastapi.py").write_text(
+                "raise ModuleNotFoundError(\"No module named 'fastapi'\", name='fastapi')\n"
+            )
+        dev = DevProcess.start(project, [*argv, "--ui-port", str(port)], bare_env())
+        try:
+            said = dev.lines("console")
+        finally:
+            assert dev.stop() == 0
+    reason = {
+        "a busy port": f"port {port} is in use (--ui-port PORT picks another)",
+        "a failed import": "error: the console needs fastapi, jinja2, python-multipart and "
+        "uvicorn (fastapi is missing); they come with celery-flows: pip install celery-flows "
+        "(exit code 1; log: ",
+    }[cause]
+    assert len(said) == 1 and said[0].startswith(f"runner dev: the console did not start: {reason}")

@@ -55,6 +55,9 @@ SUPERVISE_EVERY = 1.0
 """Seconds between checks that the workers still run (a dead one is restarted)."""
 FLOWER_START_TIMEOUT = 20.0
 """Seconds Flower (and the console) get to open their port."""
+STOP_GRACE = 15.0
+"""Seconds a running step gets to finish when a worker is stopped (a restart, Ctrl-C); then
+the worker is killed and recovery hands the step to another through its lease."""
 FLOWER_PORT = 5555
 """Flower's port unless ``--flower-port`` or a loopback ``RUNNER_UI_FLOWER_URL`` says another."""
 
@@ -260,8 +263,9 @@ def _export_line(settings: RunnerSettings, url: str) -> str:
 
 def _worker(env: dict[str, str], home: Path, index: int, concurrency: int) -> WorkerProcess:
     home.mkdir(parents=True, exist_ok=True)
+    log = home / f"worker-{index + 1}.log"
     return WorkerProcess(
-        env, concurrency=concurrency, log=home / f"worker-{index + 1}.log", cwd=Path.cwd()
+        env, concurrency=concurrency, log=log, cwd=Path.cwd(), stop_timeout=STOP_GRACE
     )
 
 
