@@ -15,7 +15,7 @@ HELP = """Submit, follow, inspect, resume and fork durable flow runs.
 
 The Redis URL (required) comes from RUNNER_REDIS_URL or --redis-url, the key prefix from RUNNER_PREFIX and the Celery queue from RUNNER_QUEUE, as for the workers.
 
-Exit codes: 0 ok (a waited-for run succeeded or paused); 1 a run failed or was cancelled, an operation was refused or timed out, or Redis is unreachable; 2 bad input (malformed option, unknown run, checkpoint, flow or step; invalid inputs).
+Exit codes: 0 ok (a waited-for run succeeded or paused); 1 a run failed or was cancelled, an operation was refused or timed out, or Redis is unreachable; 2 bad input (malformed option or Redis URL; unknown run, checkpoint, flow or step; a flow outside the workers' allow-list; invalid inputs).
 """  # noqa: E501  (one line a paragraph: the help formatter wraps it)
 
 

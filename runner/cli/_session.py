@@ -1,12 +1,17 @@
-"""What every command shares: the runtime, output, input parsing and the exit-code rule.
+"""What every command shares: the store or runtime, output, input parsing and the exit-code
+rule.
+
+Commands that only read (``runs``, ``status``, ``steps``, ...) go through
+:attr:`Session.reader`, the deployment's store alone; only commands that send steps or talk
+to workers build the Celery app (:attr:`Session.rt`), so reading never imports Celery.
 
 Exit codes (the same for every command):
 
 * ``0`` done: the operation worked; a waited-for run succeeded or paused for input;
 * ``1`` a run failed or was cancelled, an operation was refused (e.g. resuming a running
   run), waiting timed out, or Redis is unreachable;
-* ``2`` bad input: a malformed option, an unknown run, checkpoint, flow or step, inputs
-  the flow's state rejects.
+* ``2`` bad input: a malformed option or Redis URL, an unknown run, checkpoint, flow or
+  step, a flow outside the workers' allow-list, inputs the flow's state rejects.
 
 Every error is one line on stderr (``error: no run abc123``); ``runner --debug`` adds the
 traceback.
@@ -21,13 +26,13 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from runner.distributed.engine import Runtime
+from runner.embedded import BadRedisUrl, shared_redis_url
 from runner.errors import (
     CheckpointNotFound,
     DefinitionError,
@@ -36,6 +41,10 @@ from runner.errors import (
     RunNotFound,
 )
 from runner.settings import RunnerSettings, get_settings, reset_settings
+from runner.store.redis import RedisProvider
+
+if TYPE_CHECKING:  # the runtime carries the Celery app: imported when a command builds it
+    from runner.distributed.engine import Runtime
 
 OK, FAILED, USAGE = 0, 1, 2
 
@@ -49,6 +58,7 @@ class BadUsage(RunnerError):
 
 BAD_INPUT: tuple[type[RunnerError], ...] = (
     BadUsage,
+    BadRedisUrl,
     RunNotFound,
     CheckpointNotFound,
     DefinitionError,
@@ -62,9 +72,27 @@ def exit_code_for(exc: BaseException) -> int:
     return USAGE if isinstance(exc, BAD_INPUT) else FAILED
 
 
+class Reader(Protocol):
+    """What commands read runs through: the deployment's store. A :class:`StoreView` is one,
+    and so is a command's :class:`~runner.distributed.engine.Runtime`."""
+
+    @property
+    def store(self) -> RedisProvider:
+        """The deployment's checkpoint store."""
+        ...
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """The deployment's store alone: what a command that only reads builds (no Celery app)."""
+
+    store: RedisProvider
+
+
 @dataclass
 class Session:
-    """One invocation: global options and the runtime, built on first use, closed at exit."""
+    """One invocation: global options, and the store or runtime, built on first use and
+    closed at exit."""
 
     redis_url: str | None = None
     """``--redis-url``; overrides ``RUNNER_REDIS_URL``."""
@@ -72,6 +100,7 @@ class Session:
     """``--debug``: show tracebacks."""
     _settings: RunnerSettings | None = field(default=None, repr=False)
     _rt: Runtime | None = field(default=None, repr=False)
+    _view: StoreView | None = field(default=None, repr=False)
 
     def settings(self) -> RunnerSettings:
         """Settings read from the environment at first use, with ``--redis-url`` applied."""
@@ -87,10 +116,26 @@ class Session:
         return self._settings
 
     @property
+    def reader(self) -> Reader:
+        """The deployment's store, for reading: the runtime once a command has built one,
+        else the store alone (no Celery app)."""
+        if self._rt is not None:
+            return self._rt
+        if self._view is None:
+            settings = self.settings()
+            # The configured Redis or `runner dev`'s, as for the runtime (pings it).
+            url = shared_redis_url(settings.redis_url)
+            self._view = StoreView(RedisProvider(url, prefix=settings.prefix))
+        return self._view
+
+    @property
     def rt(self) -> Runtime:
-        """The producer runtime (Celery app + Redis store) of this invocation."""
+        """The producer runtime (Celery app + Redis store), for commands that send steps or
+        talk to workers."""
         if self._rt is None:
+            # Celery and kombu are imported here, by the commands that need the app.
             from runner.distributed.app import make_app
+            from runner.distributed.engine import Runtime
 
             settings = self.settings()
             # The configured Redis or `runner dev`'s, never a private one: it would hold no
@@ -99,11 +144,14 @@ class Session:
         return self._rt
 
     def close(self) -> None:
-        """Close the runtime's connections; forget the settings read for this invocation."""
+        """Close the connections opened; forget the settings read for this invocation."""
         if self._rt is not None:
             self._rt.app.close()
             self._rt.store.close()
             self._rt = None
+        if self._view is not None:
+            self._view.store.close()
+            self._view = None
         self._settings = None
         reset_settings()
 

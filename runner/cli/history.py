@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from runner.distributed.client import load_flow
+from runner.flow.loading import load_flow
 from runner.store.models import Checkpoint
 
 from . import progress, refs, render
@@ -28,13 +28,13 @@ def checkpoints(
     Ids show as their shortest unique prefix (at least 16 characters), which `show`, `diff`,
     `fork` and `resume --from` accept; --json gives whole ids.
     """
-    rt = session(ctx).rt
-    run_id = refs.resolve_run(rt, run)
-    found = rt.store.history(run_id, limit=limit)
+    reader = session(ctx).reader
+    run_id = refs.resolve_run(reader, run)
+    found = reader.store.history(run_id, limit=limit)
     if as_json:
         print_json([c.model_dump(mode="json") for c in found])
         return
-    every = [c.id for c in progress.history(rt, run_id)]
+    every = [c.id for c in progress.history(reader, run_id)]
     console().print(render.history_table(found, refs.short_ids(every, refs.MIN_CHECKPOINT)))
 
 
@@ -49,8 +49,8 @@ def steps(
     For each: outcome (done, failed, paused, running, pending), attempts, worker, start time,
     duration and the checkpoint it committed.
     """
-    rt = session(ctx).rt
-    rows = progress.step_rows(rt, refs.resolve_run(rt, run))
+    reader = session(ctx).reader
+    rows = progress.step_rows(reader, refs.resolve_run(reader, run))
     if as_json:
         print_json([row.as_json() for row in rows])
         return
@@ -70,7 +70,7 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """Show one checkpoint: state, outputs, completed and in-flight steps, lineage, error."""
-    ckpt = refs.resolve_checkpoint_or_run(session(ctx).rt, ref)
+    ckpt = refs.resolve_checkpoint_or_run(session(ctx).reader, ref)
     if as_json:
         print_json(ckpt.model_dump(mode="json"))
     else:
@@ -89,9 +89,9 @@ def diff(
     Lists the state fields added, removed and changed from CKPT_A to CKPT_B (nested
     objects by dotted path) and the step activations completed on one side only.
     """
-    rt = session(ctx).rt
-    first = refs.resolve_checkpoint_or_run(rt, a)
-    second = refs.resolve_checkpoint_or_run(rt, b)
+    reader = session(ctx).reader
+    first = refs.resolve_checkpoint_or_run(reader, a)
+    second = refs.resolve_checkpoint_or_run(reader, b)
     found = checkpoint_diff(first, second)
     if as_json:
         print_json({"a": first.id, "b": second.id, **found})

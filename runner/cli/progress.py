@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from runner.distributed.client import load_flow
-from runner.distributed.engine import Runtime
 from runner.errors import DefinitionError
 from runner.flow import events as ev
+from runner.flow.loading import load_flow
 from runner.store.models import Checkpoint, RunStatus
+
+from ._session import Reader
 
 HISTORY_LIMIT = 10_000
 """Checkpoints read per run (a run keeps at most ``RUNNER_MAX_CHECKPOINTS``)."""
@@ -50,9 +51,9 @@ class StepRow:
         return asdict(self)
 
 
-def history(rt: Runtime, run_id: str) -> list[Checkpoint]:
+def history(reader: Reader, run_id: str) -> list[Checkpoint]:
     """Every kept checkpoint of the run, oldest first."""
-    return list(reversed(rt.store.history(run_id, limit=HISTORY_LIMIT)))
+    return list(reversed(reader.store.history(run_id, limit=HISTORY_LIMIT)))
 
 
 def bare(activation: str) -> str:
@@ -60,9 +61,9 @@ def bare(activation: str) -> str:
     return activation.rpartition("/")[2]
 
 
-def step_rows(rt: Runtime, run_id: str, depth: int = 0) -> list[StepRow]:
+def step_rows(reader: Reader, run_id: str, depth: int = 0) -> list[StepRow]:
     """The run's activations in commit order, each child run's rows right after its step."""
-    ckpts = history(rt, run_id)
+    ckpts = history(reader, run_id)
     if not ckpts:
         return []
     latest = ckpts[-1]
@@ -88,7 +89,7 @@ def step_rows(rt: Runtime, run_id: str, depth: int = 0) -> list[StepRow]:
         later = any(r.step == row.step for r in rows[i + 1 :])
         if child is not None and not later:
             row.child_run = child
-            out += step_rows(rt, child, depth + 1)
+            out += step_rows(reader, child, depth + 1)
     return out
 
 
@@ -114,10 +115,10 @@ def _row(run_id: str, depth: int, ckpt: Checkpoint) -> StepRow | None:
     return None
 
 
-def total_steps(rt: Runtime, run_id: str) -> int | None:
+def total_steps(reader: Reader, run_id: str) -> int | None:
     """Methods of the run's flow plus, recursively, those of its child runs so far (``None``
     if a flow does not import here)."""
-    latest = rt.store.latest(run_id)
+    latest = reader.store.latest(run_id)
     if latest is None or not latest.flow:
         return None
     try:
@@ -125,7 +126,7 @@ def total_steps(rt: Runtime, run_id: str) -> int | None:
     except DefinitionError:
         return None
     for link in latest.meta.children.values():
-        inner = total_steps(rt, link.run_id)
+        inner = total_steps(reader, link.run_id)
         if inner is None:
             return None
         total += inner

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import re
 
-from runner.distributed.engine import Runtime
 from runner.errors import CheckpointNotFound, RunNotFound
 from runner.store.models import Checkpoint
 
-from ._session import BadUsage
+from ._session import BadUsage, Reader
 
 MIN_RUN = 8
 """Shortest run prefix a table shows (a UUID's first group)."""
@@ -28,38 +27,38 @@ SHOWN = 4
 """Candidates an ambiguity error names."""
 
 
-def resolve_run(rt: Runtime, ref: str) -> str:
+def resolve_run(reader: Reader, ref: str) -> str:
     """The run id ``ref`` names: a whole id, a unique prefix, or ``<parent prefix>-<rest>``."""
-    if rt.store.run(ref) is not None:
+    if reader.store.run(ref) is not None:
         return ref
-    found = _runs_matching(rt, ref)
+    found = _runs_matching(reader, ref)
     if not found:
-        found = _child_by_parent_prefix(rt, ref)
+        found = _child_by_parent_prefix(reader, ref)
     if not found:
         raise RunNotFound(f"no run {ref}", run_id=ref)
     return _one(found, ref, "run")
 
 
-def resolve_checkpoint(rt: Runtime, ref: str) -> Checkpoint:
+def resolve_checkpoint(reader: Reader, ref: str) -> Checkpoint:
     """The checkpoint ``ref`` names (a whole id or a unique prefix)."""
-    with_prefix = _checkpoints_matching(rt, ref)
+    with_prefix = _checkpoints_matching(reader, ref)
     if not with_prefix:
         raise CheckpointNotFound(f"no checkpoint {ref}", checkpoint_id=ref)
-    return rt.store.get(_one(with_prefix, ref, "checkpoint"))
+    return reader.store.get(_one(with_prefix, ref, "checkpoint"))
 
 
-def resolve_checkpoint_or_run(rt: Runtime, ref: str) -> Checkpoint:
+def resolve_checkpoint_or_run(reader: Reader, ref: str) -> Checkpoint:
     """A checkpoint by (a prefix of) its id, else the latest of the run ``ref`` names."""
-    ckpts = _checkpoints_matching(rt, ref)
+    ckpts = _checkpoints_matching(reader, ref)
     if len(ckpts) == 1:
-        return rt.store.get(ckpts[0])
+        return reader.store.get(ckpts[0])
     if ckpts:
         _one(ckpts, ref, "checkpoint")  # raises: ambiguous
     try:
-        run = resolve_run(rt, ref)
+        run = resolve_run(reader, ref)
     except RunNotFound:
         raise CheckpointNotFound(f"no checkpoint or run {ref}", checkpoint_id=ref) from None
-    latest = rt.store.latest(run)
+    latest = reader.store.latest(run)
     if latest is None:
         raise CheckpointNotFound(f"run {run} has no checkpoint", checkpoint_id=ref)
     return latest
@@ -76,10 +75,10 @@ def short_ids(ids: list[str], minimum: int) -> dict[str, str]:
     return out
 
 
-def short_runs(rt: Runtime, run_ids: list[str]) -> dict[str, str]:
+def short_runs(reader: Reader, run_ids: list[str]) -> dict[str, str]:
     """How tables show these runs: a root run by its unique prefix, a descendant as that
     prefix followed by the rest of its id (``83fc81fc-research-1``)."""
-    roots = _roots(rt)
+    roots = _roots(reader)
     shown = short_ids(roots, MIN_RUN)
     out = {}
     for run_id in run_ids:
@@ -108,41 +107,41 @@ def _glob(ref: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", ref) + "*"
 
 
-def _runs_matching(rt: Runtime, ref: str) -> list[str]:
-    client, pattern = rt.store.client, _glob(ref)
+def _runs_matching(reader: Reader, ref: str) -> list[str]:
+    client, pattern = reader.store.client, _glob(ref)
     return [
         raw.decode()
-        for key in rt.store.keys.all_runs()  # every shard of the run index (SCAN, never KEYS)
+        for key in reader.store.keys.all_runs()  # every shard of the run index (SCAN, never KEYS)
         for raw, _score in client.zscan_iter(key, match=pattern, count=1000)
     ]
 
 
-def _checkpoints_matching(rt: Runtime, ref: str) -> list[str]:
-    client, pattern = rt.store.client, _glob(ref)
+def _checkpoints_matching(reader: Reader, ref: str) -> list[str]:
+    client, pattern = reader.store.client, _glob(ref)
     return [
         raw.decode()
-        for key in rt.store.keys.all_checkpoints()
+        for key in reader.store.keys.all_checkpoints()
         for raw, _run in client.hscan_iter(key, match=pattern, count=1000)
     ]
 
 
-def _child_by_parent_prefix(rt: Runtime, ref: str) -> list[str]:
+def _child_by_parent_prefix(reader: Reader, ref: str) -> list[str]:
     """``<parent prefix>-<rest>``: the parent's whole id followed by ``-<rest>``."""
     for cut in (m.start() for m in re.finditer("-", ref)):
         head, rest = ref[:cut], ref[cut:]
         try:
-            parent = resolve_run(rt, head)
+            parent = resolve_run(reader, head)
         except (RunNotFound, BadUsage):
             continue
-        if rt.store.run(parent + rest) is not None:
+        if reader.store.run(parent + rest) is not None:
             return [parent + rest]
     return []
 
 
-def _roots(rt: Runtime) -> list[str]:
+def _roots(reader: Reader) -> list[str]:
     """Every run id in the index that does not extend another one (child runs do)."""
-    client = rt.store.client
-    keys = rt.store.keys.all_runs()
+    client = reader.store.client
+    keys = reader.store.keys.all_runs()
     ids = sorted(raw.decode() for key in keys for raw in client.zrange(key, 0, -1))
     roots: list[str] = []
     for run_id in ids:  # sorted, so a parent comes right before its descendants

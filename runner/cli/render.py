@@ -124,13 +124,19 @@ def runs_table(infos: list[tuple[RunInfo, int]], shown: dict[str, str]) -> Table
     return table
 
 
-def steps_table(rows: list[Any], shown: dict[str, str]) -> Table:
+def steps_table(rows: list[Any], shown: dict[str, str], *, one_row: bool = False) -> Table:
     """``runner steps``: each activation, a child run's steps indented under the step that
-    started it (``runner runs`` shows the child runs' ids)."""
+    started it (``runner runs`` shows the child runs' ids).
+
+    ``one_row`` (the live view): each step keeps to one row, a worker name too long for its
+    column cut with an ellipsis; otherwise nothing is cut (long names fold).
+    """
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
     table.add_column("step", overflow="fold")
     table.add_column("outcome", no_wrap=True)
     table.add_column("try", justify="right", no_wrap=True)
+    # The column may narrow as the step's does when the screen is narrow; in the live view
+    # its cells stay on one line (a live view whose rows change height jumps).
     table.add_column("worker", overflow="fold")
     table.add_column("start", no_wrap=True)
     table.add_column("took", justify="right", no_wrap=True)
@@ -140,7 +146,9 @@ def steps_table(rows: list[Any], shown: dict[str, str]) -> Table:
             "  " * row.depth + row.step,
             Text(row.outcome, style=OUTCOME_STYLE.get(row.outcome, "")),
             str(row.attempts) if row.attempts is not None else "-",
-            row.worker or "-",
+            Text(row.worker or "-", no_wrap=True, overflow="ellipsis")
+            if one_row
+            else row.worker or "-",
             clock(row.started),
             duration(row.duration),
             shown.get(row.checkpoint or "", row.checkpoint or "-"),
@@ -219,7 +227,7 @@ def progress_view(
         grid.add_row("last error", Text(error_line(error), style="red"))
     parts: list[RenderableType] = [grid]
     if rows:
-        parts.append(steps_table(rows, shown))
+        parts.append(steps_table(rows, shown, one_row=True))
     return Panel(Group(*parts), title=head, title_align="left")
 
 

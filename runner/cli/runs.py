@@ -10,15 +10,13 @@ from typing import Annotated, Any
 import typer
 
 from runner.distributed import client
-from runner.distributed.control import check_fields
-from runner.distributed.engine import Runtime
-from runner.errors import CorruptCheckpoint, FlowImportError, RunTimeout
+from runner.errors import CorruptCheckpoint, RunTimeout
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
 from . import progress, refs, render
 from ._app import app
-from ._outcome import exit_code_of, follow, last_error, outcome, stopped, watch_live
-from ._session import FLAG, console, load_inputs, print_json, session
+from ._outcome import exit_code_of, follow, outcome, run_now, say, stopped, watch_live
+from ._session import FLAG, Reader, console, load_inputs, print_json, session
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.", metavar=FLAG)]
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="Run id, or a unique prefix of it.")]
@@ -66,13 +64,16 @@ def submit(
     """Start a run of FLOW on the workers and print its run id.
 
     With --wait (or --timeout), wait for it to stop and print the result; exit 1 if it
-    failed or was cancelled. Inputs are validated before anything is stored.
+    failed or was cancelled. Inputs are validated before anything is stored, and so is the
+    flow against the workers' allow-list when it is known here (RUNNER_FLOW_MODULES, or
+    the one `runner dev` published).
     """
     values = load_inputs(inputs, inputs_file)
+    # Checked before connecting, so a typo is exit 2 even without Redis (submit checks
+    # again, with the allow-list).
     flow_cls = client.load_flow(flow)
     client.check_importable(flow_cls)
-    check_fields(flow_cls, client.split_trigger_payload(values)[0])
-    _check_allowed(flow_cls, session(ctx).settings().flow_modules)
+    client.check_fields(flow_cls, client.split_trigger_payload(values)[0])
     rt = session(ctx).rt
     handle = client.submit(flow_cls, values, rt=rt)
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
@@ -81,11 +82,10 @@ def submit(
 @app.command()
 def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     """Show a run: status, flow, step, seq, times, completed and running steps, lineage, error."""
-    rt = session(ctx).rt
-    handle = client.RunHandle(refs.resolve_run(rt, run), rt)
-    info, latest = handle.info(), handle.latest()
-    error = last_error(rt, info, latest)
-    children = _children(rt, latest)
+    reader = session(ctx).reader
+    info, latest = run_now(reader, refs.resolve_run(reader, run))
+    error = client.failure(reader.store, latest).error
+    children = _children(reader, latest)
     if as_json:
         print_json(
             {
@@ -126,45 +126,44 @@ def watch(
     prints one JSON line per new checkpoint of the run or its child runs, then one line
     with the outcome.
     """
-    rt = session(ctx).rt
-    handle = client.RunHandle(refs.resolve_run(rt, run), rt)
-    handle.info()
+    reader = session(ctx).reader
+    run_id = refs.resolve_run(reader, run)
     if as_json:
-        status = _stream(rt, handle, interval, timeout)
+        status = _stream(reader, run_id, interval, timeout)
     else:
         out = console()
-        info, view = watch_live(rt, handle, out, timeout=timeout, interval=interval)
+        info, view = watch_live(reader, run_id, out, timeout=timeout, interval=interval)
         if not out.is_terminal:
             out.print(view)
+        say(reader, run_id)
         status = info.status
     raise typer.Exit(exit_code_of(status))
 
 
-def _stream(rt: Runtime, handle: client.RunHandle, interval: float, timeout: float | None) -> Any:
+def _stream(reader: Reader, run_id: str, interval: float, timeout: float | None) -> Any:
     """JSON lines: each checkpoint not printed yet (oldest first), then the outcome."""
     deadline = None if timeout is None else time.monotonic() + timeout
     seen: set[str] = set()
     while True:
-        status = handle.status()  # read first: every checkpoint up to this status is printed
-        for ckpt in _new_checkpoints(rt, handle.run_id, seen):
+        # Read first: every checkpoint up to this status is printed.
+        status = run_now(reader, run_id)[0].status
+        for ckpt in _new_checkpoints(reader, run_id, seen):
             typer.echo(json.dumps(_event(ckpt)))
         if stopped(status):
-            typer.echo(json.dumps({"type": "outcome", **outcome(rt, handle)}))
+            typer.echo(json.dumps({"type": "outcome", **outcome(reader, run_id)}))
             return status
         if deadline is not None and time.monotonic() > deadline:
-            raise RunTimeout(
-                f"run {handle.run_id} still {status.value} after {timeout}s", run_id=handle.run_id
-            )
+            raise RunTimeout(f"run {run_id} still {status.value} after {timeout}s", run_id=run_id)
         time.sleep(interval)
 
 
-def _new_checkpoints(rt: Runtime, run_id: str, seen: set[str]) -> list[Checkpoint]:
+def _new_checkpoints(reader: Reader, run_id: str, seen: set[str]) -> list[Checkpoint]:
     """Checkpoints of the run and its child runs not in ``seen`` (added to it), by time."""
-    ckpts = progress.history(rt, run_id)
+    ckpts = progress.history(reader, run_id)
     found = [ckpt for ckpt in ckpts if ckpt.id not in seen]
     seen.update(ckpt.id for ckpt in found)
     for link in ckpts[-1].meta.children.values() if ckpts else ():
-        found += _new_checkpoints(rt, link.run_id, seen)
+        found += _new_checkpoints(reader, link.run_id, seen)
     return sorted(found, key=lambda c: c.id)
 
 
@@ -208,16 +207,19 @@ def list_runs(
     Run ids show as their shortest unique prefix, which every command accepts; a child run
     shows as its parent's prefix followed by the rest of its id. --json gives whole ids.
     """
-    rt = session(ctx).rt
-    found = _select_runs(rt.store, status, flow, limit, top_level=not flat)
-    nested = [(info, 0) for info in found] if flat else _nest(rt, found)
+    reader = session(ctx).reader
+    found = _select_runs(reader.store, status, flow, limit, top_level=not flat)
+    nested = [(info, 0) for info in found] if flat else _nest(reader, found)
     if as_json:
         if flat:
             print_json([info.model_dump(mode="json") for info in found])
         else:
-            print_json([_tree(rt, info) for info in found])
+            print_json([_tree(reader, info) for info in found])
         return
-    shown = refs.short_runs(rt, [info.run_id for info, _depth in nested])
+    if not found:
+        typer.echo("no runs" if status is None and flow is None else "no runs match")
+        return
+    shown = refs.short_runs(reader, [info.run_id for info, _depth in nested])
     console().print(render.runs_table(nested, shown))
 
 
@@ -233,26 +235,11 @@ def cancel(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
         typer.echo(f"cancelled {handle.run_id} (checkpoint {ckpt.id})")
 
 
-def _check_allowed(flow_cls: Any, modules: list[str]) -> None:
-    """Refuse a flow outside ``RUNNER_FLOW_MODULES`` (when set here) before storing a run.
-
-    Workers fail such a run; with the workers' allow-list in the CLI's environment the
-    mistake is caught before anything is stored.
-    """
-    module = flow_cls.flow_path().partition(":")[0]
-    if modules and module not in modules:
-        raise FlowImportError(
-            f"{flow_cls.flow_path()} is not in the workers' allow-list "
-            f"(RUNNER_FLOW_MODULES={','.join(modules)})",
-            path=flow_cls.flow_path(),
-        )
-
-
-def _children(rt: Any, latest: Checkpoint) -> list[dict[str, Any]]:
+def _children(reader: Reader, latest: Checkpoint) -> list[dict[str, Any]]:
     """The child runs (crews run by flow methods) of the run, with their current status."""
     found = []
     for activation, link in latest.meta.children.items():
-        child = rt.store.run(link.run_id)
+        child = reader.store.run(link.run_id)
         found.append(
             {
                 "activation": activation,
@@ -264,23 +251,23 @@ def _children(rt: Any, latest: Checkpoint) -> list[dict[str, Any]]:
     return found
 
 
-def _child_infos(rt: Runtime, run_id: str) -> list[RunInfo]:
+def _child_infos(reader: Reader, run_id: str) -> list[RunInfo]:
     """The child runs the run's steps started, in the order they were started."""
-    latest = _readable_latest(rt.store, run_id)
+    latest = _readable_latest(reader.store, run_id)
     links = latest.meta.children.values() if latest is not None else []
-    return [info for link in links if (info := rt.store.run(link.run_id)) is not None]
+    return [info for link in links if (info := reader.store.run(link.run_id)) is not None]
 
 
-def _nest(rt: Runtime, infos: list[RunInfo], depth: int = 0) -> list[tuple[RunInfo, int]]:
+def _nest(reader: Reader, infos: list[RunInfo], depth: int = 0) -> list[tuple[RunInfo, int]]:
     out: list[tuple[RunInfo, int]] = []
     for info in infos:
         out.append((info, depth))
-        out += _nest(rt, _child_infos(rt, info.run_id), depth + 1)
+        out += _nest(reader, _child_infos(reader, info.run_id), depth + 1)
     return out
 
 
-def _tree(rt: Runtime, info: RunInfo) -> dict[str, Any]:
-    children = [_tree(rt, child) for child in _child_infos(rt, info.run_id)]
+def _tree(reader: Reader, info: RunInfo) -> dict[str, Any]:
+    children = [_tree(reader, child) for child in _child_infos(reader, info.run_id)]
     return {**info.model_dump(mode="json"), "children": children}
 
 

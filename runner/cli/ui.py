@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Annotated
 
 import typer
@@ -57,6 +58,7 @@ def ui(
     host = host or settings.ui_host
     port = port or settings.ui_port
     check_bind(host, settings.ui_token)  # before connecting to anything
+    check_free(host, port)
     rt = session(ctx).rt
     shown = f"[{host}]" if ":" in host else host
     link = f"http://{shown}:{port}/"
@@ -65,3 +67,22 @@ def ui(
     else:
         typer.echo(f"console: {link} (read-only: set RUNNER_UI_TOKEN to enable actions)")
     serve(host, port, settings=settings, rt=rt, flower_url=flower_url)
+
+
+def check_free(host: str, port: int) -> None:
+    """Raise :class:`~runner.console.ConsoleError` (one line) if the console could not listen
+    on ``host:port``, before anything is printed or connected: uvicorn would log its own
+    error and exit 3 after the console's address was announced."""
+    from runner.console import ConsoleError
+
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind(address)
+    except OSError as exc:
+        raise ConsoleError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}", host=host, port=port
+        ) from None

@@ -1,0 +1,97 @@
+"""Commands that only read runs import neither Celery nor kombu: a cold ``runner runs`` costs
+about what its own libraries (redis, pydantic, typer) cost to import (``bench/cli_cold.py``
+measures it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from runner.distributed.client import submit
+from tests.flows.cli import GatedFlow, gate_key
+from tests.test_cli import tag  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = """
+import json, sys
+from runner.cli import main
+
+found = []
+for args in json.loads(sys.argv[1]):
+    sys.argv = ["runner", *args]
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        code = 0
+    loaded = [name for name in ("celery", "kombu") if name in sys.modules]
+    found.append({"args": args, "code": code, "loaded": loaded})
+print("PROBE " + json.dumps(found))
+"""
+
+
+def probe(commands: list[list[str]], env: dict[str, str]) -> list[dict[str, Any]]:
+    """Run ``commands`` one after the other in one fresh interpreter, as the console script
+    does; for each, its exit code and which of Celery and kombu were imported by then."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(commands)],
+        env={**os.environ, **env, "COLUMNS": "200"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
+    assert lines, done.stderr
+    found: list[dict[str, Any]] = json.loads(lines[-1].removeprefix("PROBE "))
+    return found
+
+
+def test_reading_commands_import_neither_celery_nor_kombu(
+    rt: Any,
+    worker_env: dict[str, str],
+    redis_client: redis.Redis,
+    tag: str,  # noqa: F811
+) -> None:
+    redis_client.set(gate_key(tag), 1)
+    handle = submit(GatedFlow, {"tag": tag}, rt=rt)
+    handle.wait(timeout=30)
+    run_id = handle.run_id
+    newest_first = rt.store.history(run_id, limit=1000)
+    first, last = newest_first[-1].id, newest_first[0].id
+    reading = [
+        ["--help"],
+        ["runs", "--help"],
+        ["runs", "--json"],
+        ["runs"],
+        ["status", run_id],
+        ["status", run_id[:8], "--json"],
+        ["checkpoints", run_id],
+        ["show", last],
+        ["steps", run_id, "--json"],
+        ["diff", first, last],
+        ["watch", run_id],
+    ]
+    found = probe(reading, worker_env)
+    assert [(f["args"], f["code"]) for f in found] == [(args, 0) for args in reading]
+    assert [f for f in found if f["loaded"]] == []
+
+
+def test_the_probe_sees_celery_once_a_command_sends(
+    rt: Any,
+    worker_env: dict[str, str],
+    tag: str,  # noqa: F811
+) -> None:
+    sending = ["submit", "tests.flows.cli:GatedFlow", "--input", f"tag={tag}", "--json"]
+    found = probe([["runs", "--json"], sending], worker_env)
+    assert [f["code"] for f in found] == [0, 0]
+    assert found[0]["loaded"] == [] and found[1]["loaded"] == ["celery", "kombu"]
