@@ -75,7 +75,8 @@ def flower(env: dict[str, str], logdir: str) -> Iterator[str]:
         deadline = time.monotonic() + 30
         while not _sees_a_worker(url):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"Flower did not see the workers; see {log}")
+                said = log.read_text(errors="replace").splitlines()[-5:]
+                raise AssertionError(f"Flower did not see the workers ({log}): {said}")
             time.sleep(0.2)
         yield url
     finally:
