@@ -136,7 +136,9 @@ def post_cancel(request: Request, run_id: str) -> Cancelled:
 @router.post("/checkpoints/{ref}/fork", status_code=201, summary="Fork a checkpoint")
 def post_fork(request: Request, ref: str, body: ForkBody) -> Started:
     """A new run from the checkpoint with edited state; ``rerun`` steps and everything
-    downstream of them run again. The source run is untouched."""
+    downstream of them run again. The source run is untouched. A fork that would change
+    nothing (no step left to run at the checkpoint, no ``rerun``, no ``set`` value that
+    differs) is refused: 422, ``ForkChangesNothing``."""
     handle = actions.fork(
         console_of(request).rt,
         ref,
