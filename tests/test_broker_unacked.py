@@ -21,12 +21,15 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from runner.distributed import handoff
 from runner.distributed.app import make_app
 from runner.distributed.broker import QUEUE_READ_LIMIT, BrokerView
 from runner.distributed.engine import Runtime, first_checkpoint, task_id
 from runner.distributed.recovery import recover
 from runner.settings import RunnerSettings
 from tests.flows.parity import LinearParity
+
+pytestmark = pytest.mark.broker  # part of the broker conformance suite (make test-latest)
 
 LEASE = 1.0
 
@@ -40,6 +43,7 @@ def lone(worker_env: dict[str, str], redis_client: redis.Redis) -> Iterator[Runt
     rt = Runtime.create(make_app(settings), settings)
     rt.flows[LinearParity.flow_name()] = LinearParity
     yield rt
+    assert handoff.flush(5.0)  # the re-sends' sender leases, dropped before the store closes
     redis_client.delete(name)
     for key in redis_client.scan_iter(f"{name}:*"):
         redis_client.delete(key)

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import redis
 from kombu import Connection
 
 from runner.distributed import handoff
-from runner.distributed.client import submit
 from runner.distributed.broker import recording, unrecordable
+from runner.distributed.client import submit
 from runner.store.models import RunStatus
 from tests._dist_support import private_pool
 from tests.flows.dist import DistEcho
+
+pytestmark = pytest.mark.broker  # part of the broker conformance suite (make test-latest)
 
 
 def test_a_start_is_queued_by_the_commit_that_creates_its_run(
