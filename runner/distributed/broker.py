@@ -465,10 +465,10 @@ def _compare_taken(
         return f"kombu gave back {len(tags)} of the {len(tasks)} probe messages it was sent"
     taken = {t: at for t, at in read_unacked(client, layout, float("inf")).items() if t in tasks}
     if set(taken) != set(tasks):
-        raws = [raw for raw in client.hmget(layout.unacked, tags) if raw]
+        raws: list[Any] = [raw for raw in client.hmget(layout.unacked, tags) if raw]
         return (
             f"read {sorted(taken)} back of the probe messages kombu took without acknowledging "
-            f"them; its entries in {layout.unacked!r} read {[bytes(r[:100]) for r in raws]}"
+            f"them; its entries in {layout.unacked!r} read {[raw[:100] for raw in raws]}"
         )
     late = {t: at for t, at in taken.items() if not between[0] - 1 <= at <= between[1] + 1}
     if late:
