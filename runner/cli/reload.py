@@ -60,21 +60,26 @@ def _library_dirs() -> list[Path]:
 def project_files(modules: list[str], project: Path, env: Mapping[str, str]) -> frozenset[Path]:
     """The files under ``project`` that importing ``modules`` loads, as a worker started
     there with ``env`` would; :class:`FlowImportError` (one line: the reason) if one fails."""
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, *modules],
-        cwd=project,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=PROBE_TIMEOUT,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE, *modules],
+            cwd=project,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        late = f"importing {', '.join(modules)} took more than {PROBE_TIMEOUT:g}s"
+        raise FlowImportError(late, modules=modules) from None
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"the import exited with {done.returncode}"]
         raise FlowImportError(lines[-1], modules=modules)
     root = Path(os.path.realpath(project))
     libraries = _library_dirs()
-    files = {Path(os.path.realpath(f)) for f in json.loads(done.stdout) if f and os.path.isabs(f)}
+    loaded = json.loads(done.stdout.splitlines()[-1])  # after whatever the modules printed
+    files = {Path(os.path.realpath(f)) for f in loaded if f and os.path.isabs(f)}
     return frozenset(
         f
         for f in files
