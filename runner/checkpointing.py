@@ -19,9 +19,16 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from runner.errors import InvalidInputs
-from runner.flow import events as ev
 from runner.store.base import CheckpointStore
-from runner.store.models import Checkpoint
+from runner.store.models import (
+    FLOW_CANCELLED,
+    FLOW_PAUSED,
+    FLOW_RESUMED,
+    FLOW_STARTED,
+    METHOD_FAILED,
+    METHOD_FINISHED,
+    Checkpoint,
+)
 
 log = logging.getLogger("runner.persist")
 
@@ -29,12 +36,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 FLOW_DEFAULT_EVENTS = frozenset(
     {
-        ev.FLOW_STARTED,
-        ev.METHOD_FINISHED,
-        ev.METHOD_FAILED,
-        ev.FLOW_PAUSED,
-        "flow_resumed",
-        "flow_cancelled",
+        FLOW_STARTED,
+        METHOD_FINISHED,
+        METHOD_FAILED,
+        FLOW_PAUSED,
+        FLOW_RESUMED,
+        FLOW_CANCELLED,
     }
 )
 """A flow checkpoints when it starts, after every method, and when it stops early."""
@@ -269,7 +276,7 @@ class PersistSink(Sink):
 
     def write(self, ckpt: Checkpoint) -> Checkpoint:
         """Save the state when a persisted method finished."""
-        if ckpt.event != ev.METHOD_FINISHED or ckpt.step is None:
+        if ckpt.event != METHOD_FINISHED or ckpt.step is None:
             return ckpt
         if self.methods is not None and ckpt.step not in self.methods:
             return ckpt
@@ -303,7 +310,7 @@ class WatchedSink(Sink):
     def write(self, ckpt: Checkpoint) -> Checkpoint:
         """Hand ``ckpt`` to the inner sink, then report a finished method."""
         written = self.inner.write(ckpt)
-        if ckpt.event == ev.METHOD_FINISHED and ckpt.step is not None:
+        if ckpt.event == METHOD_FINISHED and ckpt.step is not None:
             self.on_method(ckpt.step, ckpt.outputs.get(ckpt.step))
         return written
 

@@ -1,10 +1,16 @@
-"""Parity: the same flows through both executors give the same checkpoints, state and status.
+"""Parity: the same flows through both executors give the same checkpoints, state, status
+and events.
 
 Each flow runs in this process (``kickoff``, checkpoints to Redis) and on real subprocess
 workers (``submit``); both settle every step through :mod:`runner.flow.lifecycle`. The
 checkpoint events are compared as stored by default (a flow's default checkpoint events);
 parallel branches commit in either order, so events are compared as ordered lists after
 the first parallel step, per step name.
+
+The events told to the flow's listeners are compared too (the parity flows record them in
+Redis, from whichever process tells them): the same events, each step's in the same order,
+and the run's own (``flow_*``) in the same order. Across worker processes only causally
+ordered events have an order, so one step's end and the next step's start are not compared.
 """
 
 from __future__ import annotations
@@ -23,8 +29,12 @@ from runner.errors import CycleLimitExceeded
 from runner.flow.local import Paused
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
-from tests._dist_support import history
+from tests._dist_support import eventually, history
 from tests.flows import crews, parity
+from tests.flows._recording import recorded
+
+Told = list[tuple[str, str | None]]
+RUN_EVENTS = frozenset({"flow_started", "flow_paused", "flow_finished", "flow_failed"})
 
 
 def _events(ckpts: list[Checkpoint]) -> list[tuple[str, str | None]]:
@@ -56,10 +66,12 @@ def _same(
     """Compare the two runs; ``any_order``: list fields parallel branches append to, whose
     order is the order the branches committed (on workers, either)."""
     here = list(reversed(local.history(local_id, limit=1000)))
-    there = history(rt, worker_id)
+    # A parallel step may commit after the commit that stopped the run (and woke the waiter).
+    there: list[Checkpoint] = eventually(
+        lambda: (found := history(rt, worker_id)) and len(found) >= len(here) and found
+    )
     assert Counter(_events(here)) == Counter(_events(there))
     assert _events(here)[0] == _events(there)[0] == ("flow_started", None)
-    assert _events(here)[-1] == _events(there)[-1]
     last_here, last_there = here[-1], there[-1]
     assert last_here.status is last_there.status
     drop = {"id", "tag"}
@@ -70,6 +82,23 @@ def _same(
     assert settled(last_here.state) == settled(last_there.state)
     assert sorted(last_here.completed) == sorted(last_there.completed)
     assert last_here.in_flight == last_there.in_flight
+    return there
+
+
+def _told_alike(local_id: str, worker_id: str) -> Told:
+    """Compare the events told for the two runs (see the module docstring); the workers'."""
+    here = recorded(local_id)
+
+    def all_told() -> Told | None:
+        # A worker tells a step's events after its commit: wait until it has told them all.
+        told = recorded(worker_id)
+        return told if len(told) >= len(here) else None
+
+    there: Told = eventually(all_told)
+    assert Counter(there) == Counter(here)
+    assert [e for e in there if e[0] in RUN_EVENTS] == [e for e in here if e[0] in RUN_EVENTS]
+    for method in {m for _, m in here if m is not None}:
+        assert [e for e in there if e[1] == method] == [e for e in here if e[1] == method]
     return there
 
 
@@ -103,6 +132,8 @@ def test_successful_flows_settle_the_same_in_process_and_on_workers(
     there = _same(local, rt, local_id, worker_id, any_order)
     assert there[-1].status is RunStatus.SUCCEEDED
     assert out == there[-1].outputs[there[-1].step]
+    told = _told_alike(local_id, worker_id)
+    assert (told[0], told[-1]) == (("flow_started", None), ("flow_finished", None))
 
 
 def test_a_loop_past_max_calls_fails_the_run_with_cycle_limit_exceeded_in_both(
@@ -117,6 +148,8 @@ def test_a_loop_past_max_calls_fails_the_run_with_cycle_limit_exceeded_in_both(
     assert failed.status is RunStatus.FAILED
     assert failed.event == "method_execution_failed"
     assert failed.error is not None and failed.error.type == "CycleLimitExceeded"
+    told = _told_alike(local_id, worker_id)
+    assert told[-2:] == [("method_execution_failed", "check"), ("flow_failed", None)]
 
 
 def test_retry_then_success_and_retries_exhausted_settle_the_same(
@@ -128,6 +161,12 @@ def test_retry_then_success_and_retries_exhausted_settle_the_same(
     there = _same(local, rt, local_id, worker_id)
     assert there[-1].status is RunStatus.SUCCEEDED
     assert there[-1].attempts == 2
+    told = _told_alike(local_id, worker_id)
+    assert [e for e in told if e[1] == "flaky"] == [
+        ("method_execution_started", "flaky"),
+        ("method_execution_started", "flaky"),
+        ("method_execution_finished", "flaky"),
+    ]
 
     mine, theirs = _tags()
     out, local_id = _in_process(parity.ExhaustedParity, local, mine)
@@ -137,6 +176,12 @@ def test_retry_then_success_and_retries_exhausted_settle_the_same(
     assert there[-1].status is RunStatus.FAILED
     assert there[-1].error is not None and there[-1].error.attempts == 2
     assert there[-1].error.type == "ValueError"
+    told = _told_alike(local_id, worker_id)
+    assert told[-3:] == [
+        ("method_execution_started", "broken"),
+        ("method_execution_failed", "broken"),
+        ("flow_failed", None),
+    ]
 
 
 def test_pause_and_resume_settle_the_same(rt: Any, local: RedisProvider) -> None:
@@ -150,9 +195,33 @@ def test_pause_and_resume_settle_the_same(rt: Any, local: RedisProvider) -> None
 
     handle = submit(parity.PauseParity, theirs, rt=rt)
     assert handle.wait(timeout=30) is RunStatus.PAUSED
+    eventually(lambda: ("flow_paused", "review") in recorded(handle.run_id))
     control.resume(handle.run_id, inputs={"approved": "ann"}, rt=rt).wait(timeout=30)
     there = _same(local, rt, flow.state.id, handle.run_id)
     assert there[-1].outputs["publish"] == "published: draft approved by ann"
+    told = _told_alike(flow.state.id, handle.run_id)
+    assert [e[0] for e in told if e[0] in RUN_EVENTS] == [
+        "flow_started",
+        "flow_paused",
+        "flow_started",  # the resume
+        "flow_finished",
+    ]
+
+
+def test_two_parallel_failures_fail_the_run_once_in_both(rt: Any, local: RedisProvider) -> None:
+    mine, theirs = _tags()
+    out, local_id = _in_process(parity.TwoFailParity, local, mine)
+    assert isinstance(out, ValueError | KeyError)
+    worker_id = _on_workers(rt, parity.TwoFailParity, theirs)
+    there = _same(local, rt, local_id, worker_id)
+    assert there[-1].status is RunStatus.FAILED
+    assert sorted(c.step for c in there if c.event == "method_execution_failed") == [
+        "left",
+        "right",
+    ]
+    told = _told_alike(local_id, worker_id)
+    assert [e[0] for e in told].count("flow_failed") == 1
+    assert [e[0] for e in told].count("method_execution_failed") == 2
 
 
 def test_a_crew_child_run_settles_the_same(rt: Any, local: RedisProvider) -> None:

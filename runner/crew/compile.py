@@ -31,7 +31,7 @@ from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint
 
 CREW_EVENT_NAMES = {
-    "flow_started": "crew_kickoff_started",
+    ev.FLOW_STARTED: "crew_kickoff_started",
     ev.METHOD_FINISHED: "task_completed",
     ev.METHOD_FAILED: "task_failed",
     ev.FLOW_FINISHED: "crew_kickoff_completed",
@@ -121,7 +121,9 @@ class CrewSink(StoreSink):
     def write(self, ckpt: Checkpoint) -> Checkpoint:
         """Commit ``ckpt`` if its event is selected for the run or for its task."""
         assert self.store is not None
-        events = self.task_events.get(ckpt.step, self.events) if ckpt.step else self.events
+        # A run's failure names the task that failed it, but is the run's event, not the task's.
+        task = ckpt.step if ckpt.event != ev.FLOW_FAILED else None
+        events = self.task_events.get(task, self.events) if task else self.events
         if events is None:
             return ckpt
         crew_name = CREW_EVENT_NAMES.get(ckpt.event)

@@ -35,7 +35,6 @@ from runner.errors import (
     RunNotFound,
     StaleAttempt,
 )
-from runner.flow import events as ev
 from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
@@ -358,16 +357,6 @@ def ended(run: str, status: RunStatus, stopped: Checkpoint) -> str:
     return f"{run} {status.value}{where}{why}"
 
 
-def emit(
-    ckpt: Checkpoint, kind: str, method: str | None, listeners: Any = (), **fields: Any
-) -> None:
-    """Tell the flow's and the process's event listeners about ``ckpt``'s run."""
-    event = ev.FlowEvent(
-        type=kind, run_id=ckpt.run_id, flow=str(ckpt.meta.name), method=method, **fields
-    )
-    ev.emit(event, listeners)
-
-
 # --- child runs -----------------------------------------------------------------------------
 
 
@@ -454,13 +443,11 @@ def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
     )
     if committed is None:
         return []
-    ckpt, step = committed
-    emit(ckpt, ev.METHOD_FINISHED, ckpt.step)
-    if ckpt.status is RunStatus.SUCCEEDED:
-        emit(ckpt, ev.FLOW_FINISHED, None)
+    ckpt, settled = committed
+    lifecycle.announce(settled)
     if ckpt.status is not RunStatus.RUNNING:
         return []
-    return [act.id for act in step.ready]
+    return [act.id for act in settled.transition.ready]
 
 
 def waiting_children(rt: Runtime, latest: Checkpoint) -> set[str]:
@@ -499,11 +486,8 @@ def _fail_parent(
         rt, parent_id, lambda latest: lifecycle.child_failed(latest, act_id, error, child_id)
     )
     if committed is not None:
-        ckpt = committed[0]
-        described = f"{type(error).__name__}: {error}"
-        emit(ckpt, ev.METHOD_FAILED, ckpt.step, error=described)
-        emit(ckpt, ev.FLOW_FAILED, None, error=described)
-        log.error("run %s failed at %s: %s", parent_id, act_id, described)
+        lifecycle.announce(committed[1])
+        log.error("run %s failed at %s: %s", parent_id, act_id, lifecycle.described(error))
 
 
 def _flow_class(rt: Runtime, name: str, path: str) -> Any:

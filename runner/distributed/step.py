@@ -27,8 +27,9 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from celery.exceptions import Ignore, Retry
 
@@ -52,7 +53,6 @@ from .engine import (
     Runtime,
     commit,
     dispatch_pending,
-    emit,
     fail_not_allowed,
     kwargs_repr,
     start_child,
@@ -62,6 +62,8 @@ from .engine import (
 from .recovery import quarantine
 
 log = logging.getLogger("runner.worker")
+
+T = TypeVar("T")
 
 DUPLICATE_EVENT = "task-duplicate"
 """Custom Celery event of an attempt that commits nothing (Flower shows state DUPLICATE)."""
@@ -192,7 +194,12 @@ def _run(
     flow, graph = flow_cls(), flow_cls.graph()
     if latest.meta.trigger_payload is not None:
         flow._bind_trigger_payload({TRIGGER_PAYLOAD: latest.meta.trigger_payload})
-    emit(latest, ev.METHOD_STARTED, act.method, flow._listeners, data={"attempt": attempt})
+    run_id, name, listeners = latest.run_id, str(latest.meta.name), flow._listeners
+    if attempt == 1 and act.id == latest.meta.opener:
+        ev.tell(ev.FLOW_STARTED, run_id, name, listeners)
+    ev.tell(
+        ev.METHOD_STARTED, run_id, name, listeners, method=act.method, data={"attempt": attempt}
+    )
     arg = orch.argument_for(graph, tr.record_of(latest), act)
     with deferring():  # starting a child run returns a ChildRun marker instead of blocking
         result = run_step(flow, graph, act, dict(latest.state), arg)
@@ -234,27 +241,14 @@ def _settle(
         _duplicate(task, run_id, act.id, "another attempt committed it", [])
     assert committed is not None
     ckpt, settled = committed
-    listeners = flow._listeners
-    if settled.outcome is Outcome.PAUSED:
-        emit(ckpt, ev.FLOW_PAUSED, act.method, listeners, data={"reason": result.paused})
-        return {"run_id": run_id, "step": act.id, "paused": result.paused}
+    lifecycle.announce(settled, flow._listeners, duration=result.duration)
     if settled.outcome is Outcome.FAILED:
-        return _failed(ckpt, settled, result, listeners)
+        _step_failed(ckpt, settled, result)
+    if settled.outcome is Outcome.PAUSED:
+        return {"run_id": run_id, "step": act.id, "paused": result.paused}
     lease.held = False  # the commit dropped it
-    for name in settled.transition.conflicts:
-        log.warning(
-            "run %s: state field %r written by parallel steps; last commit (%s) wins",
-            run_id,
-            name,
-            act.id,
-        )
-        emit(ckpt, ev.STATE_CONFLICT, act.method, listeners, data={"field": name})
-    emit(ckpt, ev.METHOD_FINISHED, act.method, listeners, duration=result.duration)
-    sent: list[str] = []
-    if ckpt.status is RunStatus.RUNNING:  # the commit sent them
-        sent = [a.id for a in settled.transition.ready]
-    elif ckpt.status is RunStatus.SUCCEEDED:
-        emit(ckpt, ev.FLOW_FINISHED, None, listeners)
+    # A running run's ready steps were sent by the commit.
+    sent = [a.id for a in settled.transition.ready] if ckpt.status is RunStatus.RUNNING else []
     return {"run_id": run_id, "step": act.id, "seq": ckpt.seq, "dispatched": sent}
 
 
@@ -286,7 +280,30 @@ def _commit_settled(
 
 
 def _retry(rt: Runtime, task: Any, spec: Any, result: StepResult, lease: Lease) -> None:
-    """Hand the next attempt to Celery's retry, with the real error.
+    """Hand the next attempt to Celery's retry, with the real error."""
+    kwargs = {**task.request.kwargs, "attempt": result.attempts + 1}
+    retry = _hand_on(
+        rt,
+        spec,
+        result,
+        lease,
+        lambda delay: task.retry(
+            exc=result.error,
+            kwargs=kwargs,
+            countdown=delay,
+            max_retries=None,
+            kwargsrepr=kwargs_repr(lease.run_id, result.activation.id, result.attempts + 1),
+            throw=False,
+        ),
+    )
+    raise retry
+
+
+def _hand_on(
+    rt: Runtime, spec: Any, result: StepResult, lease: Lease, publish: Callable[[float], T]
+) -> T:
+    """Hand a failed attempt's step on to its next attempt, which ``publish`` sends with the
+    retry delay; what ``publish`` returned.
 
     Until the retry is published this process holds the step as its sender (a soft
     lease: if it dies first, the lease lapses and recovery re-sends the step); then the
@@ -302,37 +319,25 @@ def _retry(rt: Runtime, task: Any, spec: Any, result: StepResult, lease: Lease) 
         lease.run_id,
         result.activation.id,
         attempt,
-        _described(result.error),
+        lifecycle.described(result.error),
         delay,
     )
-    retry = task.retry(
-        exc=result.error,
-        kwargs={**task.request.kwargs, "attempt": attempt + 1},
-        countdown=delay,
-        max_retries=None,
-        kwargsrepr=kwargs_repr(lease.run_id, result.activation.id, attempt + 1),
-        throw=False,
-    )
+    sent = publish(delay)
     handoff.let_go(rt.coord, lease.run_id, [lease.key])
-    raise retry
+    return sent
 
 
-def _failed(
-    ckpt: Checkpoint, settled: lifecycle.Settled, result: StepResult, listeners: Any
-) -> dict[str, Any]:
+def _step_failed(ckpt: Checkpoint, settled: lifecycle.Settled, result: StepResult) -> NoReturn:
     """The failure checkpoint is committed: end the task as FAILURE with the error."""
     error = settled.error
     assert error is not None
-    described = _described(error)
-    method = result.activation.method
-    emit(ckpt, ev.METHOD_FAILED, method, listeners, duration=result.duration, error=described)
-    emit(ckpt, ev.FLOW_FAILED, None, listeners, error=described)
+    act = result.activation.id
     # Celery logs this once, at ERROR, with the traceback of ``error`` (the cause).
     raise StepFailed(
-        f"run {ckpt.run_id} step {result.activation.id} failed after "
-        f"{result.attempts} attempt(s): {described}",
+        f"run {ckpt.run_id} step {act} failed after {result.attempts} attempt(s): "
+        f"{lifecycle.described(error)}",
         run_id=ckpt.run_id,
-        step=result.activation.id,
+        step=act,
         error_type=type(error).__name__,
         error_message=str(error),
     ) from error
@@ -365,10 +370,6 @@ def _hand_back(
     queue = (task.request.delivery_info or {}).get("routing_key") or rt.settings.queue
     task.retry(countdown=1, max_retries=None, queue=queue, throw=False)
     raise Ignore()
-
-
-def _described(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 def hard_time_limit(
@@ -411,24 +412,18 @@ def hard_time_limit(
         spec = graph.methods[act.method]
         result = StepResult(act, dict(latest.state), error=error, attempts=attempt)
         if lifecycle.decide(result, spec, rt.settings) is Outcome.RETRY:
-            delay = lifecycle.retry_delay(spec, rt.settings, attempt, random.random())
-            if rt.coord.take_over(run_id, key, token, handoff.sender_token()):
-                lease.held = False
-            rt.app.send_task(
-                task_name(flow_cls.flow_name(), act.method),
-                kwargs={**kwargs, "attempt": attempt + 1},
-                task_id=task_id(run_id, epoch, activation),
-                countdown=delay,
-                kwargsrepr=kwargs_repr(run_id, activation, attempt + 1),
-            )
-            handoff.let_go(rt.coord, run_id, [key])
-            log.warning(
-                "run %s step %s attempt %d killed at its hard time limit (%s); retrying in %.2fs",
-                run_id,
-                activation,
-                attempt,
-                _described(error),
-                delay,
+            _hand_on(
+                rt,
+                spec,
+                result,
+                lease,
+                lambda delay: rt.app.send_task(
+                    task_name(flow_cls.flow_name(), act.method),
+                    kwargs={**kwargs, "attempt": attempt + 1},
+                    task_id=task_id(run_id, epoch, activation),
+                    countdown=delay,
+                    kwargsrepr=kwargs_repr(run_id, activation, attempt + 1),
+                ),
             )
             return "retried"
         committed = _commit_settled(
@@ -436,15 +431,12 @@ def hard_time_limit(
         )
         if committed is None:
             return "another attempt committed the step"
-        ckpt = committed[0]
-        described = _described(error)
-        emit(ckpt, ev.METHOD_FAILED, act.method, error=described)
-        emit(ckpt, ev.FLOW_FAILED, None, error=described)
+        lifecycle.announce(committed[1])
         log.error(
             "run %s step %s failed after %d attempt(s): killed at its hard time limit (%s)",
             run_id,
             activation,
             attempt,
-            described,
+            lifecycle.described(error),
         )
         return "failed"

@@ -1,8 +1,16 @@
 """Flow events and the listener hooks that observe them.
 
-Events mirror CrewAI's names. A listener is any object with an ``on_event``
+Events mirror CrewAI's names (those a checkpoint also records are defined with the
+checkpoint, :mod:`runner.store.models`). A listener is any object with an ``on_event``
 method; :class:`EventListener` is the no-op base to subclass. A listener that
 raises is logged and ignored: observing a run never breaks it.
+
+Both executors tell the same events in the same order: ``flow_started``, then per
+attempt ``method_execution_started`` and per settled step ``method_execution_finished``
+(after any ``state_conflict``), ``method_execution_failed`` or ``flow_paused``, and
+``flow_finished`` or ``flow_failed`` once, when the run ends (see
+:func:`runner.flow.lifecycle.announce`). On workers each is told in the worker process
+that runs or commits the step, to the flow object's listeners and those registered there.
 """
 
 from __future__ import annotations
@@ -10,33 +18,43 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from runner.store.models import (
+    FLOW_FAILED,
+    FLOW_FINISHED,
+    FLOW_PAUSED,
+    FLOW_STARTED,
+    METHOD_FAILED,
+    METHOD_FINISHED,
+)
+
 log = logging.getLogger("runner.events")
 
-FLOW_STARTED = "flow_started"
 METHOD_STARTED = "method_execution_started"
-METHOD_FINISHED = "method_execution_finished"
-METHOD_FAILED = "method_execution_failed"
-FLOW_FINISHED = "flow_finished"
-FLOW_FAILED = "flow_failed"
-FLOW_PAUSED = "flow_paused"
 STATE_CONFLICT = "state_conflict"
+"""Two parallel steps wrote the same state field; the last commit won."""
 
-ALL_EVENTS = frozenset(
-    {
-        FLOW_STARTED,
-        METHOD_STARTED,
-        METHOD_FINISHED,
-        METHOD_FAILED,
-        FLOW_FINISHED,
-        FLOW_FAILED,
-        FLOW_PAUSED,
-        STATE_CONFLICT,
-    }
-)
+__all__ = [
+    "FLOW_FAILED",
+    "FLOW_FINISHED",
+    "FLOW_PAUSED",
+    "FLOW_STARTED",
+    "METHOD_FAILED",
+    "METHOD_FINISHED",
+    "METHOD_STARTED",
+    "STATE_CONFLICT",
+    "EventListener",
+    "FlowEvent",
+    "emit",
+    "register",
+    "tell",
+    "unregister",
+    "wanted",
+]
 
 
 class FlowEvent(BaseModel):
@@ -81,12 +99,25 @@ def unregister(listener: EventListener) -> None:
             _global.remove(listener)
 
 
-def wanted(listeners: list[EventListener] | tuple[EventListener, ...] = ()) -> bool:
+def wanted(listeners: Sequence[EventListener] = ()) -> bool:
     """Whether an event would reach anyone: ``listeners`` or a registered one."""
     return bool(listeners or _global)
 
 
-def emit(event: FlowEvent, listeners: list[EventListener] | tuple[EventListener, ...] = ()) -> None:
+def tell(
+    kind: str,
+    run_id: str,
+    flow: str,
+    listeners: Sequence[EventListener] = (),
+    **fields: Any,
+) -> None:
+    """Emit a ``kind`` event of run ``run_id`` of flow ``flow`` if anyone listens (an event
+    nobody hears is not even built)."""
+    if wanted(listeners):
+        emit(FlowEvent(type=kind, run_id=run_id, flow=flow, **fields), listeners)
+
+
+def emit(event: FlowEvent, listeners: Sequence[EventListener] = ()) -> None:
     """Deliver ``event`` to ``listeners`` and the global ones; never raises."""
     with _lock:
         targets = [*listeners, *_global]

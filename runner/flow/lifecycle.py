@@ -26,11 +26,14 @@ Outcomes:
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from runner.errors import CycleLimitExceeded, DefinitionError, RunnerError
+from runner.flow import events as ev
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.children import ChildRun, child_run_id
@@ -39,14 +42,12 @@ from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import Reducer, diff
 from runner.flow.steps import StepResult
 from runner.settings import RunnerSettings
-from runner.store.models import Checkpoint, ChildLink, RunStatus, StepError
+from runner.store.models import FLOW_FAILED, Checkpoint, ChildLink, RunStatus, StepError
+
+log = logging.getLogger("runner.lifecycle")
 
 CHILD_STARTED = "child_run_started"
 """Event of the parent checkpoint that links an activation to its child run."""
-
-FLOW_FAILED = "flow_failed"
-"""Event of a checkpoint that fails the whole run (not one step), e.g. a flow a worker may
-not run."""
 
 
 class Outcome(StrEnum):
@@ -192,6 +193,63 @@ def _failed(
     return Settled(Outcome.FAILED, step, error)
 
 
+def described(error: BaseException) -> str:
+    """An error as events and logs give it: ``Type: message``."""
+    return f"{type(error).__name__}: {error}"
+
+
+def announce(
+    settled: Settled,
+    listeners: Sequence[ev.EventListener] = (),
+    *,
+    duration: float | None = None,
+) -> None:
+    """Tell what a committed settle came to: the one path after a step's commit, in both
+    executors and for child runs.
+
+    ``method_execution_finished`` (after a ``state_conflict`` for each field parallel steps
+    both wrote, also logged), ``method_execution_failed`` or ``flow_paused``; then, if the
+    commit ended the run, ``flow_finished`` or ``flow_failed``, once per run, with the
+    run's duration. ``duration`` is the step's (its last attempt's), where known.
+    """
+    step = settled.transition
+    ckpt = step.checkpoint
+    for name in step.conflicts:
+        log.warning(
+            "run %s: state field %r written by parallel steps; last commit (%s) wins",
+            ckpt.run_id,
+            name,
+            ckpt.activation or ckpt.step,
+        )
+    if not ev.wanted(listeners):
+        return
+    run_id, flow = ckpt.run_id, str(ckpt.meta.name)
+    error = None if settled.error is None else described(settled.error)
+    if settled.outcome is Outcome.PAUSED:
+        data = {"reason": ckpt.meta.pause_reason}
+        ev.tell(ev.FLOW_PAUSED, run_id, flow, listeners, method=ckpt.step, data=data)
+    elif settled.outcome is Outcome.FAILED:
+        ev.tell(
+            ev.METHOD_FAILED,
+            run_id,
+            flow,
+            listeners,
+            method=ckpt.step,
+            duration=duration,
+            error=error,
+        )
+    else:
+        for name in step.conflicts:
+            data = {"field": name}
+            ev.tell(ev.STATE_CONFLICT, run_id, flow, listeners, method=ckpt.step, data=data)
+        ev.tell(ev.METHOD_FINISHED, run_id, flow, listeners, method=ckpt.step, duration=duration)
+    closing = step.closing
+    if closing is not None:
+        opened = closing.meta.opened_at
+        took = None if opened is None else max(closing.created_at - opened, 0.0)
+        ev.tell(closing.event, run_id, flow, listeners, duration=took, error=error)
+
+
 def run_failed(latest: Checkpoint, error: RunnerError) -> tr.Transition | None:
     """Fail a running run as a whole (its flow cannot run here); ``None`` if not running."""
     if latest.status is not RunStatus.RUNNING:
@@ -265,7 +323,7 @@ def child_finished(
     child_id: str,
     output: Any,
     reducers: dict[str, Reducer],
-) -> tr.Transition | None:
+) -> Settled | None:
     """Commit the parent's activation with its child's output (a finished step, with the
     state changes the method made before it started the child); ``None`` if the
     activation no longer waits on that child."""
@@ -287,12 +345,13 @@ def child_finished(
     )
     done = link.model_copy(update={"waiting": False, "before": {}, "after": {}})
     step.checkpoint.meta.children = {**latest.meta.children, activation_id: done}
-    return step
+    step.closing = tr.closing_of(latest, step.checkpoint)  # with the link as it is now
+    return Settled(Outcome.DONE, step)
 
 
 def child_failed(
     latest: Checkpoint, activation_id: str, error: BaseException, child_id: str | None
-) -> tr.Transition | None:
+) -> Settled | None:
     """Fail the parent's activation: its child ended badly (``child_id``) or could not
     be started (``None``); ``None`` if there is nothing to fail."""
     if latest.status is not RunStatus.RUNNING:
@@ -302,4 +361,4 @@ def child_failed(
         return None
     if child_id is not None and waiting_on(latest, activation_id) != child_id:
         return None
-    return _failed(latest, act, error, 1, None).transition
+    return _failed(latest, act, error, 1, None)

@@ -9,7 +9,6 @@ which writes it if persistence asks for it before any method it made ready start
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import socket
 import time
@@ -41,9 +40,7 @@ from runner.flow.state import reducers_for
 from runner.flow.steps import StepResult, run_step
 from runner.settings import get_settings
 from runner.store.base import CheckpointStore
-from runner.store.models import Checkpoint, Lineage, RunStatus
-
-log = logging.getLogger("runner.local")
+from runner.store.models import Checkpoint, Lineage
 
 WORKER = socket.gethostname()
 """What in-process checkpoints record as their ``worker``."""
@@ -196,7 +193,6 @@ class LocalRun:
     def run(self, first: tr.Transition) -> Any:
         """Drive the run to its end; raise the first failing method's exception."""
         self._advance(first)
-        began = time.perf_counter()
         self._emit(ev.FLOW_STARTED)
         done: SimpleQueue[Future[StepResult]] = SimpleQueue()
         try:
@@ -206,44 +202,32 @@ class LocalRun:
                     if self.failure is not None or self.paused is not None:
                         ready = []
                     if len(ready) == 1 and not running and self._inline(ready[0]):
-                        ready = self._commit(self._attempt(*self._call(ready[0])))
+                        ready = self._settle(self._attempt(*self._call(ready[0])))
                         continue
                     for act in ready:
                         pool.submit(self._attempt, *self._call(act)).add_done_callback(done.put)
                     running += len(ready)
                     ready = []
                     if running:
-                        ready = self._commit(done.get().result())
+                        ready = self._settle(done.get().result())
                         running -= 1
         finally:
             if self.latest is not None:
                 self.flow._set_state(self.latest.state)
-        return self._finish(time.perf_counter() - began)
-
-    def _finish(self, elapsed: float) -> Any:
-        assert self.latest is not None and self.record is not None
         if self.failure is not None:
             assert self.failure.error is not None
-            ended = tr.status_change(
-                self.latest, ev.FLOW_FAILED, RunStatus.FAILED, record=self.record
-            )
-            ended.error = self.latest.error
-            self.sink.write(ended)
-            self._emit(ev.FLOW_FAILED, duration=elapsed, error=_describe(self.failure.error))
             raise self.failure.error
         if self.paused is not None:
-            self._emit(ev.FLOW_PAUSED, method=self.paused.step, data={"reason": self.paused.reason})
             return self.paused
-        ended = tr.status_change(
-            self.latest, ev.FLOW_FINISHED, RunStatus.SUCCEEDED, record=self.record
-        )
-        self.sink.write(ended)
-        self._emit(ev.FLOW_FINISHED, duration=elapsed)
+        assert self.record is not None
         return orch.last_output(self.record)
 
     def _advance(self, step: tr.Transition) -> None:
-        """Write ``step``'s checkpoint (if the sink keeps it) and make it the latest."""
+        """Write ``step``'s checkpoint, and the run's closing one if it ends the run (each if
+        the sink keeps it); the last becomes the latest."""
         self.latest = self.sink.write(step.checkpoint)
+        if step.closing is not None:
+            self.latest = self.sink.write(step.closing)
         self.record = step.record if step.record is not None else tr.record_of(step.checkpoint)
 
     def _inline(self, act: Activation) -> bool:
@@ -269,7 +253,7 @@ class LocalRun:
             time.sleep(lifecycle.retry_delay(spec, self.settings, attempt, random.random()))
             attempt += 1
 
-    def _commit(self, result: StepResult) -> list[Activation]:
+    def _settle(self, result: StepResult) -> list[Activation]:
         """Turn a finished attempt into the next checkpoint; the activations it made ready."""
         assert self.latest is not None
         act = result.activation
@@ -286,32 +270,18 @@ class LocalRun:
         )
         assert settled is not None  # this thread is the run's only committer
         self._advance(settled.transition)
+        lifecycle.announce(settled, self.flow._listeners, duration=result.duration)
         if settled.outcome is Outcome.PAUSED:
             assert result.paused is not None
             self.paused = self.paused or Paused(self.run_id, act.method, result.paused)
             return []
         if settled.outcome is Outcome.FAILED:
-            assert settled.error is not None
             self.failure = self.failure or settled
-            self._emit(
-                ev.METHOD_FAILED,
-                method=act.method,
-                duration=result.duration,
-                error=_describe(settled.error),
-            )
             return []
-        for field in settled.transition.conflicts:
-            self._emit(ev.STATE_CONFLICT, method=act.method, data={"field": field})
-            log.warning("state field %r written by parallel steps; last commit wins", field)
-        self._emit(ev.METHOD_FINISHED, method=act.method, duration=result.duration)
         return settled.transition.ready
 
     def _emit(self, kind: str, **fields: Any) -> None:
-        if ev.wanted(self.flow._listeners):
-            event = ev.FlowEvent(
-                type=kind, run_id=self.run_id, flow=self.flow.flow_name(), **fields
-            )
-            ev.emit(event, self.flow._listeners)
+        ev.tell(kind, self.run_id, self.flow.flow_name(), self.flow._listeners, **fields)
 
 
 def _event_loop_running() -> bool:
@@ -320,7 +290,3 @@ def _event_loop_running() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

@@ -17,7 +17,22 @@ from runner.flow import orchestrator as orch
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import Reducer, apply_changes, diff
-from runner.store.models import Checkpoint, RunMeta, RunStatus, StepError
+from runner.store.models import (
+    FLOW_FAILED,
+    FLOW_FINISHED,
+    FLOW_PAUSED,
+    FLOW_RESUMED,
+    FLOW_STARTED,
+    METHOD_FAILED,
+    METHOD_FINISHED,
+    Checkpoint,
+    RunMeta,
+    RunStatus,
+    StepError,
+)
+
+OPENING = frozenset({FLOW_STARTED, FLOW_RESUMED})
+"""Events of a checkpoint that opens an epoch of a run (a start, restart, resume or fork)."""
 
 
 @dataclass
@@ -29,6 +44,9 @@ class Transition:
     conflicts: list[str] = field(default_factory=list)
     record: ExecutionRecord | None = None
     """The checkpoint's record (the same object as ``checkpoint.record``)."""
+    closing: Checkpoint | None = None
+    """When ``checkpoint`` ends the run: the run's closing checkpoint (``flow_finished`` or
+    ``flow_failed``), committed right after it (on workers in the same atomic write)."""
 
 
 def record_of(ckpt: Checkpoint) -> ExecutionRecord:
@@ -57,7 +75,12 @@ def with_record(ckpt: Checkpoint, record: ExecutionRecord, **update: Any) -> Che
     }
     fields.update(update)
     fields.setdefault("state", dict(ckpt.state))
-    fields.setdefault("meta", ckpt.meta.model_copy())
+    meta = fields.setdefault("meta", ckpt.meta.model_copy())
+    if fields.get("event", ckpt.event) in OPENING:  # the epoch's first ready step tells its start
+        opener = meta.ready[0] if meta.ready else None
+        fields["meta"] = meta.model_copy(
+            update={"opener": opener, "opened_at": fields["created_at"]}
+        )
     return ckpt.model_copy(update=fields)
 
 
@@ -68,7 +91,7 @@ def start(
     record, ready = orch.begin(graph, ExecutionRecord())
     base = Checkpoint(
         run_id=run_id,
-        event="flow_started",
+        event=FLOW_STARTED,
         state=state,
         flow=flow,
         fingerprint=graph.fingerprint,
@@ -84,7 +107,7 @@ def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Tran
     ckpt = with_record(
         latest,
         record,
-        event="flow_started",
+        event=FLOW_STARTED,
         step=None,
         state=state,
         status=RunStatus.RUNNING,
@@ -123,7 +146,7 @@ def step_done(
     ckpt = with_record(
         latest,
         record,
-        event="method_execution_finished",
+        event=METHOD_FINISHED,
         step=activation.method,
         activation=activation_key(latest, activation.id),
         attempt=attempt,
@@ -132,7 +155,7 @@ def step_done(
         error=latest.error if latest.status is RunStatus.FAILED else None,
         meta=meta,
     )
-    return Transition(ckpt, ready, conflicts, record)
+    return Transition(ckpt, ready, conflicts, record, closing_of(latest, ckpt))
 
 
 def activation_key(latest: Checkpoint, activation_id: str) -> str:
@@ -155,7 +178,26 @@ def step_failed(
     record: ExecutionRecord | None = None,
 ) -> Transition:
     """A failure checkpoint: the activation stays in flight so resume re-runs it."""
-    return _step_stopped(latest, activation, "method_execution_failed", status, record, error=error)
+    step = _step_stopped(latest, activation, METHOD_FAILED, status, record, error=error)
+    step.closing = closing_of(latest, step.checkpoint)
+    return step
+
+
+def closing_of(latest: Checkpoint, ckpt: Checkpoint) -> Checkpoint | None:
+    """The run's closing checkpoint when ``ckpt``, committed onto ``latest``, ends the run:
+    ``flow_finished`` if it succeeds it, ``flow_failed`` (the failing step and its error)
+    if it fails it; ``None`` otherwise (the run goes on, or had already stopped: a run
+    fails once, however many of its parallel steps fail)."""
+    if latest.status is not RunStatus.RUNNING:
+        return None
+    if ckpt.status is RunStatus.SUCCEEDED:
+        event, step = FLOW_FINISHED, None
+    elif ckpt.status is RunStatus.FAILED:
+        event, step = FLOW_FAILED, ckpt.step
+    else:
+        return None
+    meta = ckpt.meta.model_copy(update={"ready": []})
+    return with_record(ckpt, record_of(ckpt), event=event, step=step, error=ckpt.error, meta=meta)
 
 
 def step_paused(
@@ -167,7 +209,7 @@ def step_paused(
 ) -> Transition:
     """The run waits for a human; the step stays in flight and re-runs on resume."""
     return _step_stopped(
-        latest, activation, "flow_paused", RunStatus.PAUSED, record, pause_reason=reason
+        latest, activation, FLOW_PAUSED, RunStatus.PAUSED, record, pause_reason=reason
     )
 
 
@@ -207,7 +249,7 @@ def resumed(latest: Checkpoint, source: Checkpoint, state: dict[str, Any]) -> Tr
     ckpt = with_record(
         source,
         record,
-        event="flow_resumed",
+        event=FLOW_RESUMED,
         step=None,
         state=state,
         status=RunStatus.RUNNING,

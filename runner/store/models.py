@@ -14,6 +14,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runner import ids
 
+FLOW_STARTED = "flow_started"
+"""A run (or a restart of it) began: the checkpoint holding its start steps."""
+FLOW_RESUMED = "flow_resumed"
+"""A stopped run continues in a new epoch."""
+FLOW_CANCELLED = "flow_cancelled"
+FLOW_PAUSED = "flow_paused"
+"""A step paused the run for a human."""
+METHOD_FINISHED = "method_execution_finished"
+METHOD_FAILED = "method_execution_failed"
+FLOW_FINISHED = "flow_finished"
+"""The run succeeded: its closing checkpoint, right after the step that ended it."""
+FLOW_FAILED = "flow_failed"
+"""The run failed: its closing checkpoint, right after the step that failed it (``step``
+and ``error`` say which and why), or a run failed as a whole (its flow may not run)."""
+
 
 class RunStatus(StrEnum):
     """Where a run is in its life."""
@@ -119,6 +134,13 @@ class RunMeta(BaseModel):
     trigger_payload: Any = None
     """CrewAI's ``crewai_trigger_payload`` input of a run on workers (not state): handed to
     every attempt of a method declaring that parameter."""
+    opener: str | None = None
+    """The activation whose first attempt tells listeners the run started (``flow_started``,
+    on workers): the first one made ready by the checkpoint that started, restarted,
+    resumed or forked the run."""
+    opened_at: float | None = None
+    """When that checkpoint was made (what ``flow_finished`` and ``flow_failed`` measure
+    the run's duration from)."""
 
 
 def _split(activation_id: str) -> tuple[str, int]:

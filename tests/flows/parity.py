@@ -1,27 +1,17 @@
 """Flows the parity test runs through both executors (in process and on workers).
 
 Attempts are counted in Redis under the run's ``tag`` so that a flow that fails its first
-attempt does so once per run, whichever process runs it.
+attempt does so once per run, whichever process runs it. Every flow here tells its events
+to a recorder that keeps them in Redis by run, whichever process tells them
+(:mod:`tests.flows._recording`).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
-import redis
-
-from runner import Flow, FlowState, and_, append, listen, or_, router, start
-
-_client: redis.Redis | None = None
-
-
-def attempts(tag: str, step: str) -> int:
-    """Count one more attempt of ``step`` in the run tagged ``tag``; the count so far."""
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(os.environ["RUNNER_REDIS_URL"])
-    return int(_client.hincrby(f"parity-tests:{tag}", step, 1))
+from runner import FlowState, and_, append, listen, or_, router, start
+from tests.flows._recording import Recorded, after, attempts, meet
 
 
 class ParityState(FlowState):
@@ -31,7 +21,7 @@ class ParityState(FlowState):
     approved: str = ""
 
 
-class LinearParity(Flow[ParityState]):
+class LinearParity(Recorded[ParityState]):
     @start()
     def one(self) -> int:
         self.state.trail = [*self.state.trail, "one"]
@@ -48,7 +38,7 @@ class LinearParity(Flow[ParityState]):
         return value + 1
 
 
-class JoinParity(Flow[ParityState]):
+class JoinParity(Recorded[ParityState]):
     @start()
     def begin(self) -> str:
         return "go"
@@ -69,22 +59,27 @@ class JoinParity(Flow[ParityState]):
         return "joined"
 
 
-class OrParity(Flow[ParityState]):
+class OrParity(Recorded[ParityState]):
+    """``either`` fires once, on ``first``; ``second`` ends after it (so the run's commit
+    order is the same in both executors)."""
+
     @start()
     def first(self) -> str:
         return "a"
 
     @start()
     def second(self) -> str:
+        after(self.state.tag, "either-ran")
         return "b"
 
     @listen(or_(first, second))
     def either(self) -> str:
+        meet(self.state.tag, "either-ran", 1)
         self.state.count += 1
         return "either"
 
 
-class LoopParity(Flow[ParityState]):
+class LoopParity(Recorded[ParityState]):
     @start()
     def begin(self) -> None:
         self.state.count = 0
@@ -103,7 +98,7 @@ class LoopParity(Flow[ParityState]):
         return self.state.count
 
 
-class RunawayParity(Flow[ParityState]):
+class RunawayParity(Recorded[ParityState]):
     """Loops for ever; ``work`` may run 3 times, so the fourth time fails the run."""
 
     @start()
@@ -120,7 +115,7 @@ class RunawayParity(Flow[ParityState]):
         return "again"
 
 
-class RetryParity(Flow[ParityState]):
+class RetryParity(Recorded[ParityState]):
     @start()
     def begin(self) -> str:
         return "go"
@@ -133,7 +128,7 @@ class RetryParity(Flow[ParityState]):
         return "ok"
 
 
-class ExhaustedParity(Flow[ParityState]):
+class ExhaustedParity(Recorded[ParityState]):
     @start()
     def begin(self) -> str:
         return "go"
@@ -144,7 +139,7 @@ class ExhaustedParity(Flow[ParityState]):
         raise ValueError("always fails")
 
 
-class PauseParity(Flow[ParityState]):
+class PauseParity(Recorded[ParityState]):
     @start()
     def draft(self) -> str:
         return "draft"
@@ -158,3 +153,21 @@ class PauseParity(Flow[ParityState]):
     @listen(review)
     def publish(self, reviewed: str) -> str:
         return f"published: {reviewed}"
+
+
+class TwoFailParity(Recorded[ParityState]):
+    """Two parallel steps fail, both having started before either fails: one run failure."""
+
+    @start()
+    def begin(self) -> str:
+        return "go"
+
+    @listen(begin, retries=0)
+    def left(self) -> str:
+        meet(self.state.tag, "both-running", 2)
+        raise ValueError("left fails")
+
+    @listen(begin, retries=0)
+    def right(self) -> str:
+        meet(self.state.tag, "both-running", 2)
+        raise KeyError("right fails")
