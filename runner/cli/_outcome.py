@@ -10,11 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console, RenderableType
-from rich.live import Live
 
 from runner.distributed.client import RunHandle, failure
 from runner.distributed.engine import ended
@@ -23,8 +21,11 @@ from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
-from . import progress, refs, render
+from . import progress, refs
 from ._session import FAILED, OK, Reader, console, print_json
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
 
 POLL = 0.1
 """Seconds between status polls while waiting without a live view."""
@@ -68,6 +69,8 @@ def outcome(reader: Reader, run_id: str) -> dict[str, Any]:
 
 def progress_view(reader: Reader, run_id: str) -> tuple[RunInfo, RenderableType]:
     """The run now, and its live view (steps, child runs' steps, progress, last error)."""
+    from . import render  # rich: a view only (see render)
+
     info, latest = run_now(reader, run_id)
     rows = progress.step_rows(reader, run_id)
     shown = refs.short_ids([r.checkpoint for r in rows if r.checkpoint], refs.MIN_CHECKPOINT)
@@ -80,6 +83,8 @@ def watch_live(
     reader: Reader, run_id: str, out: Console, *, timeout: float | None, interval: float
 ) -> tuple[RunInfo, RenderableType]:
     """Redraw the run's view on ``out`` (a terminal) until it stops; the last view."""
+    from rich.live import Live
+
     deadline = None if timeout is None else time.monotonic() + timeout
     live = Live(console=out, auto_refresh=False) if out.is_terminal else None
     with live or contextlib.nullcontext():

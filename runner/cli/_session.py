@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 
 from runner.embedded import BadRedisUrl, shared_redis_url
 from runner.errors import (
@@ -43,7 +42,10 @@ from runner.errors import (
 from runner.settings import RunnerSettings, get_settings, reset_settings
 from runner.store.redis import RedisProvider
 
-if TYPE_CHECKING:  # the runtime carries the Celery app: imported when a command builds it
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    # The runtime carries the Celery app: imported when a command builds it.
     from runner.distributed.engine import Runtime
 
 OK, FAILED, USAGE = 0, 1, 2
@@ -185,6 +187,9 @@ def one_line(text: str) -> str:
 
 def console() -> Console:
     """A rich console on stdout; wide when piped, so ids are not wrapped."""
+    # rich takes ~30 ms to import: only output that is a view pays it, never --json.
+    from rich.console import Console
+
     out = Console(highlight=False)
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out = Console(highlight=False, width=200)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from runner.flow.loading import load_flow
-from runner.store.models import Checkpoint
+from runner.views import checkpoint_diff
 
-from . import progress, refs, render
+from . import progress, refs
 from ._app import app
 from ._session import FLAG, console, print_json, session
 
@@ -35,6 +35,8 @@ def checkpoints(
         print_json([c.model_dump(mode="json") for c in found])
         return
     every = [c.id for c in progress.history(reader, run_id)]
+    from . import render  # rich: a view only (see render)
+
     console().print(render.history_table(found, refs.short_ids(every, refs.MIN_CHECKPOINT)))
 
 
@@ -55,6 +57,8 @@ def steps(
         print_json([row.as_json() for row in rows])
         return
     ckpts = [row.checkpoint for row in rows if row.checkpoint]
+    from . import render  # rich: a view only (see render)
+
     console().print(render.steps_table(rows, refs.short_ids(ckpts, refs.MIN_CHECKPOINT)))
 
 
@@ -74,6 +78,8 @@ def show(
     if as_json:
         print_json(ckpt.model_dump(mode="json"))
     else:
+        from . import render  # rich: a view only (see render)
+
         console().print(render.checkpoint_view(ckpt))
 
 
@@ -96,6 +102,8 @@ def diff(
     if as_json:
         print_json({"a": first.id, "b": second.id, **found})
     else:
+        from . import render  # rich: a view only (see render)
+
         console().print(render.diff_view(first, second, found))
 
 
@@ -105,42 +113,3 @@ def graph(
 ) -> None:
     """Print a flow's graph as Mermaid text (paste into a Markdown mermaid block)."""
     typer.echo(load_flow(flow).graph().to_mermaid(), nl=False)
-
-
-# --- diffing --------------------------------------------------------------------------------
-
-
-def checkpoint_diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:
-    """State changes and completed-steps difference from ``a`` to ``b`` (JSON values)."""
-    added: dict[str, Any] = {}
-    removed: dict[str, Any] = {}
-    changed: dict[str, list[Any]] = {}
-    _walk(a.state, b.state, "", added, removed, changed)
-    in_a, in_b = set(a.completed), set(b.completed)
-    return {
-        "state": {"added": added, "removed": removed, "changed": changed},
-        "completed": {
-            "only_a": [act for act in a.completed if act not in in_b],
-            "only_b": [act for act in b.completed if act not in in_a],
-        },
-    }
-
-
-def _walk(
-    a: dict[str, Any],
-    b: dict[str, Any],
-    prefix: str,
-    added: dict[str, Any],
-    removed: dict[str, Any],
-    changed: dict[str, list[Any]],
-) -> None:
-    for key in [*a, *(k for k in b if k not in a)]:
-        path = f"{prefix}{key}"
-        if key not in b:
-            removed[path] = a[key]
-        elif key not in a:
-            added[path] = b[key]
-        elif isinstance(a[key], dict) and isinstance(b[key], dict):
-            _walk(a[key], b[key], f"{path}.", added, removed, changed)
-        elif a[key] != b[key]:
-            changed[path] = [a[key], b[key]]

@@ -1,4 +1,8 @@
-"""Rich views of runs and checkpoints (the ``--json`` forms are the models' own dumps)."""
+"""Rich views of runs and checkpoints (the ``--json`` forms are the models' own dumps).
+
+Commands import this module where they print a view, not at the top: rich takes ~30 ms to
+import, which a cold ``runner runs --json`` (a script's call) should not pay.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
+from runner.views import duration
 
 STATUS_STYLE = {
     RunStatus.PENDING: "dim",
@@ -32,21 +37,6 @@ def when(ts: float | None) -> str:
     if not ts:
         return "-"
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def duration(seconds: float | None) -> str:
-    """``0.42s``, ``4.2s``, ``3m 05s``, ``2h 10m`` (``-`` if unknown); the console's too."""
-    if seconds is None:
-        return "-"
-    if seconds < 1:
-        return f"{seconds:.2f}s"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m"
 
 
 def status_text(status: RunStatus) -> Text:

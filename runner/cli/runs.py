@@ -13,7 +13,7 @@ from runner.distributed import client
 from runner.errors import CorruptCheckpoint, RunTimeout
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
-from . import progress, refs, render
+from . import progress, refs
 from ._app import app
 from ._outcome import exit_code_of, follow, outcome, run_now, say, stopped, watch_live
 from ._session import FLAG, Reader, console, load_inputs, print_json, session
@@ -103,6 +103,8 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
             }
         )
     else:
+        from . import render  # rich: a view only (see render)
+
         console().print(render.status_view(info, latest, error, children))
 
 
@@ -209,7 +211,6 @@ def list_runs(
     """
     reader = session(ctx).reader
     found = _select_runs(reader.store, status, flow, limit, top_level=not flat)
-    nested = [(info, 0) for info in found] if flat else _nest(reader, found)
     if as_json:
         if flat:
             print_json([info.model_dump(mode="json") for info in found])
@@ -219,6 +220,9 @@ def list_runs(
     if not found:
         typer.echo("no runs" if status is None and flow is None else "no runs match")
         return
+    from . import render  # rich: a view only (see render)
+
+    nested = [(info, 0) for info in found] if flat else _nest(reader, found)
     shown = refs.short_runs(reader, [info.run_id for info, _depth in nested])
     console().print(render.runs_table(nested, shown))
 
