@@ -518,3 +518,26 @@ def test_runner_ui_without_the_console_libraries_says_how_to_install_them(
         "error: the console needs fastapi, jinja2, python-multipart and uvicorn (fastapi is "
         "missing); they come with celery-flows: pip install celery-flows"
     ]
+
+
+def test_an_open_page_still_acts_after_the_console_restarts(rt: Runtime) -> None:
+    # `runner dev` restarts the console when a flow module changes; a page opened before the
+    # restart keeps its CSRF token, which the new process must still accept.
+    failed_run = failed_review(rt)
+    before = snapshot(rt)
+    with serving(rt, token=TOKEN) as url, httpx.Client(base_url=url) as browser:
+        form = browser.get("/login").text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form)
+        assert csrf is not None
+        browser.post("/login", data={"token": TOKEN, "csrf": csrf.group(1)})
+        cookies = browser.cookies
+    with serving(rt, token=TOKEN) as url, httpx.Client(base_url=url, cookies=cookies) as page:
+        refused = page.post(
+            f"/api/runs/{failed_run}/cancel", headers={"X-CSRF-Token": csrf.group(1) + "x"}
+        )
+        assert error_of(refused, 403)["type"] == "CsrfFailed"
+        assert snapshot(rt) == before
+        resumed = page.post(
+            f"/api/runs/{failed_run}/resume", headers={"X-CSRF-Token": csrf.group(1)}
+        )
+        assert resumed.status_code < 400, resumed.text

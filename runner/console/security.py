@@ -34,8 +34,14 @@ class Guard:
 
     def __init__(self, token: str | None) -> None:
         self.token = token or None
-        self.csrf = secrets.token_urlsafe(32)
-        """Fresh per process: pages embed it, other sites cannot read it."""
+        self.csrf = (
+            hmac.new(self.token.encode(), b"runner-ui-csrf", hashlib.sha256).hexdigest()
+            if self.token
+            else secrets.token_urlsafe(32)
+        )
+        """Pages embed it; other sites cannot read it. Derived from the token, so a page left
+        open across a console restart (``runner dev`` reloading) still acts; without a token
+        nothing can act, and a fresh value serves."""
         self.session = (
             hmac.new(self.token.encode(), b"runner-ui-session", hashlib.sha256).hexdigest()
             if self.token
