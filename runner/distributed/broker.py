@@ -25,6 +25,8 @@ What the runner takes from them that is not their public API, and what it expect
   requests the pool runs (``active_requests``), prefetched ones (``reserved_requests``) and
   ones waiting for an ETA or a countdown (``scheduled_requests``).
 * **Routing** (:func:`queue_of`): ``app.amqp.router.route`` names the queue of a task.
+* **Log records** (:data:`CONNECTION_LOGGERS` and the messages after it): the worker turns
+  Celery's and kombu's records of a lost connection into one WARNING of its own.
 
 Each of the first three is checked before the process first relies on it, against what
 kombu itself does: :func:`outbox_ready` records one publish through a Redis client that
@@ -623,3 +625,22 @@ def held(request: Any) -> bool:
     return worker_state_readable() and (
         request in worker_state.reserved_requests or request in worker_state.scheduled_requests
     )
+
+
+# --- log records of a lost connection -------------------------------------------------------
+
+# Celery 5.7 / kombu 5.7 wording. Should it change, the worker logs their records as they
+# are (more lines during an outage); nothing else depends on it.
+CONNECTION_LOGGERS = ("celery.worker.consumer", "celery.backends", "kombu")
+"""Loggers whose records of a lost connection the worker folds into its own WARNING."""
+CONNECTION_LOST = (
+    "consumer: Cannot connect to",
+    "consumer: Connection to broker lost",
+    "Connection to Redis lost",
+)
+"""How those records begin (Celery's consumer, its Redis result backend)."""
+RECONNECTED = "Connected to"
+"""How Celery's consumer says it reconnected (``celery.worker.consumer``)."""
+CANCEL_ON_CONNECTION_LOSS = "worker_cancel_long_running_tasks_on_connection_loss"
+"""Named in the warning Celery 5 gives at every connection loss (Celery 6 will cancel
+running tasks instead; config/celeryconfig.py keeps them running)."""

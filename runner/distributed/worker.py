@@ -396,14 +396,9 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     TimeoutError,
 )
-_CONNECTION_LOGS = ("celery.worker.consumer", "celery.backends", "kombu", "runner.worker")
+_CONNECTION_LOGS = (*broker.CONNECTION_LOGGERS, "runner.worker")
 REPORTED_FOR = 60.0
 """Seconds after an outage ended in which Celery's own "Connected to" is left unsaid."""
-_CONNECTION_MESSAGES = (
-    "consumer: Cannot connect to",
-    "consumer: Connection to broker lost",
-    "Connection to Redis lost",
-)
 
 
 class _QuietReconnects(logging.Filter):
@@ -424,16 +419,16 @@ class _QuietReconnects(logging.Filter):
         if record.name == "py.warnings":
             # Running steps ride through a lost broker connection (config/celeryconfig.py);
             # Celery 5 warns at every loss that Celery 6 will cancel them instead.
-            return "worker_cancel_long_running_tasks_on_connection_loss" not in record.getMessage()
+            return broker.CANCEL_ON_CONNECTION_LOSS not in record.getMessage()
         if not record.name.startswith(_CONNECTION_LOGS):
             return True
         exc = record.exc_info[1] if record.exc_info else None
         message = record.getMessage()
-        if _is_connection_error(exc) or message.startswith(_CONNECTION_MESSAGES):
+        if _is_connection_error(exc) or message.startswith(broker.CONNECTION_LOST):
             if os.getpid() == self.main:
                 self.watch.lost(exc if exc is not None else message)
             return False
-        if message.startswith("Connected to") and record.name.startswith("celery.worker"):
+        if message.startswith(broker.RECONNECTED) and record.name.startswith("celery.worker"):
             # Celery's consumer reconnected: after an outage our INFO says it, once.
             self.watch.back()
             return time.monotonic() - self.watch.back_at > REPORTED_FOR
