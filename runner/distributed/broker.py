@@ -77,8 +77,8 @@ FALLBACKS = {
     OUTBOX: "steps are sent after their commit, under the sender's lease",
     UNACKED_VIEW: "recovery goes by leases only (a message a worker took and died with "
     "comes back after kombu's visibility timeout)",
-    WORKER_STATE: "messages a worker holds get no receiving worker's lease (recovery reads "
-    "the broker for them)",
+    WORKER_STATE: "messages a worker holds without running them get no receiving worker's "
+    "lease (should it die, RabbitMQ requeues them and recovery reads a Redis broker for them)",
 }
 """What the process does for its life when a capability is not as this module expects."""
 
