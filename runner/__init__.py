@@ -13,10 +13,11 @@ from typing import Any
 from runner.checkpointing import CheckpointConfig, persist
 from runner.crew import Agent, Crew, CrewOutput, Task, TaskOutput
 from runner.errors import DefinitionWarning, RunnerError
+from runner.flow import local
 from runner.flow.conditions import and_, or_
 from runner.flow.decorators import listen, router, start
 from runner.flow.events import EventListener, FlowEvent
-from runner.flow.flow import Flow
+from runner.flow.flow import EXECUTORS, Flow
 from runner.flow.state import FlowState, add, append, merge_dict
 from runner.store.jsondir import JsonProvider
 from runner.store.models import Checkpoint, RunInfo, RunStatus
@@ -32,6 +33,18 @@ _LAZY = {
     "submit": ("runner.distributed.client", "submit"),
     "RunHandle": ("runner.distributed.client", "RunHandle"),
 }
+
+
+def _submit(flow_cls: type[Flow[Any]], inputs: dict[str, Any] | None) -> Any:
+    from runner.distributed.client import submit
+
+    return submit(flow_cls, inputs)
+
+
+# The executors sit above the flow core; this package, which every import of a flow runs
+# first, plugs them into Flow.kickoff and Flow.submit (Celery is imported on first submit).
+EXECUTORS.in_process = local.kickoff
+EXECUTORS.on_workers = _submit
 
 
 def __getattr__(name: str) -> Any:

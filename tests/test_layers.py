@@ -1,7 +1,9 @@
-"""The package's shape: no import cycles in ``runner``, no private names across modules.
+"""The package's shape: layers, no import cycles in ``runner``, no private names across
+modules, and a public seam between the engine and ``Flow``.
 
-Layers import downward only (store -> flow core -> executors -> crews -> CLI/console);
-a cycle, even through a function-level import, means two modules decide one thing.
+Layers import downward only (store -> flow core -> executors -> crews -> console -> CLI,
+the package itself on top); a cycle, even through a function-level import, means two
+modules decide one thing.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ def _module(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path) -> list[tuple[str, list[str]]]:
-    """(module imported, names imported from it) for every import in the file, however deep."""
+def _imports(path: Path, type_only: bool = False) -> list[tuple[str, list[str]]]:
+    """(module imported, names imported from it) for every import in the file, however deep;
+    imports for type checking only if ``type_only``."""
     tree = ast.parse(path.read_text())
     here = _module(path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
@@ -28,7 +31,7 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
     typing_only = {
         id(inner)
         for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        if not type_only and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
         for stmt in node.body
         for inner in ast.walk(stmt)
     }
@@ -48,11 +51,11 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(type_only: bool = False) -> dict[str, set[str]]:
     modules = {_module(p): p for p in RUNNER.rglob("*.py")}
     edges: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for target, names in _imports(path):
+        for target, names in _imports(path, type_only):
             submodules = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]
             # ``from pkg import mod`` imports the module, not the package's other names.
             only_modules = names and len(submodules) == len(names)
@@ -91,6 +94,13 @@ def test_runner_has_no_import_cycle() -> None:
     assert _cycle(_graph()) is None, " -> ".join(_cycle(_graph()) or [])
 
 
+def test_no_two_modules_name_each_other_even_for_type_checking() -> None:
+    # Such a pair (a handle typed by the crew that makes it) is one concern split in two, or
+    # wants a protocol on the lower side.
+    cycle = _cycle(_graph(type_only=True))
+    assert cycle is None, " -> ".join(cycle or [])
+
+
 def test_no_module_imports_a_private_name_from_another_module() -> None:
     offenders = []
     for path in RUNNER.rglob("*.py"):
@@ -98,4 +108,111 @@ def test_no_module_imports_a_private_name_from_another_module() -> None:
             if target.startswith("runner"):
                 private = [n for n in names if n.startswith("_") and not n.startswith("__")]
                 offenders += [f"{_module(path)}: {target}.{n}" for n in private]
+    assert offenders == []
+
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "store",
+        (
+            "runner.errors",
+            "runner.ids",
+            "runner.settings",
+            "runner.embedded",
+            "runner.store",
+            "runner.checkpointing",
+            "runner.views",
+        ),
+    ),
+    ("flow core", ("runner.flow",)),
+    ("executors", ("runner.distributed", "runner.flow.local", "runner.worker")),
+    ("crews", ("runner.crew",)),
+    ("console", ("runner.console",)),
+    ("CLI", ("runner.cli",)),
+    ("package", ("runner", "runner.__main__")),
+)
+"""Each module's layer, lowest first: the longest prefix that names it (``runner`` names only
+the package's own ``__init__``). A module may import its own layer and those below."""
+
+
+def _layer(module: str) -> int | None:
+    found: tuple[int, int] | None = None
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            named = module == prefix or (prefix != "runner" and module.startswith(prefix + "."))
+            if named and (found is None or len(prefix) > found[1]):
+                found = (rank, len(prefix))
+    return None if found is None else found[0]
+
+
+def _imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The runner modules a file imports (module- or function-level, not type-checking only)."""
+    found = set()
+    for target, names in _imports(path):
+        submodules = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]
+        for candidate in submodules or [target]:
+            if candidate in modules:
+                found.add(candidate)
+    return found
+
+
+def test_every_module_of_runner_has_a_layer() -> None:
+    unplaced = [_module(p) for p in RUNNER.rglob("*.py") if _layer(_module(p)) is None]
+    assert unplaced == []
+
+
+def test_layers_import_downward_only() -> None:
+    modules = {_module(p): p for p in RUNNER.rglob("*.py")}
+    upward = []
+    for name, path in sorted(modules.items()):
+        here = _layer(name)
+        for target in sorted(_imported_modules(path, modules)):
+            there = _layer(target)
+            if here is not None and there is not None and there > here:
+                upward.append(f"{name} ({LAYERS[here][0]}) imports {target} ({LAYERS[there][0]})")
+    assert upward == []
+
+
+def _flow_private_members() -> set[str]:
+    from runner.flow.flow import Flow
+
+    names = {*vars(Flow), *vars(Flow())}
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def _flow_private_uses(tree: ast.AST, private: set[str]) -> list[str]:
+    """``x._member`` of a Flow private member outside a class, or inside one deriving from a
+    Flow (an override counts); in other classes ``self.``/``cls.`` are their own."""
+    found = []
+
+    def visit(node: ast.AST, own: bool) -> None:
+        if isinstance(node, ast.ClassDef):
+            own = not any("Flow" in ast.unparse(base) for base in node.bases)
+            if not own:
+                found.extend(
+                    f"def {item.name}"
+                    for item in node.body
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and item.name in private
+                )
+        elif isinstance(node, ast.Attribute) and node.attr in private:
+            of_self = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if not (own and of_self):
+                found.append(ast.unparse(node))
+        for child in ast.iter_child_nodes(node):
+            visit(child, own)
+
+    visit(tree, False)
+    return found
+
+
+def test_nothing_outside_runner_flow_uses_a_private_member_of_flow() -> None:
+    private = _flow_private_members()
+    assert {"_state", "_dump", "_sink", "_listeners"} <= private  # the check sees them
+    offenders = []
+    for path in RUNNER.rglob("*.py"):
+        if path.is_relative_to(RUNNER / "flow"):
+            continue
+        uses = _flow_private_uses(ast.parse(path.read_text()), private)
+        offenders += [f"{_module(path)}: {use}" for use in uses]
     assert offenders == []

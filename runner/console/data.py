@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
-from runner.cli.history import checkpoint_diff
 from runner.distributed.client import load_flow
 from runner.distributed.control import find_checkpoint
 from runner.distributed.engine import Runtime, task_id
@@ -23,6 +22,7 @@ from runner.flow import transition as tr
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
 from runner.store.redis import RedisProvider
+from runner.views import checkpoint_diff
 
 HISTORY_LIMIT = 500
 """Checkpoints of one run shown on its page (newest first)."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import jinja2
 
-from runner.cli.render import duration
+from runner.views import duration
 
 
 def when(ts: float | None) -> str:

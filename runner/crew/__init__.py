@@ -1,8 +1,8 @@
 """Crews: ordered tasks done by agents, run as flows of their tasks.
 
-* :mod:`runner.crew.task` -- ``Task``, ``TaskInput``, ``TaskOutput``.
+* :mod:`runner.crew.task` -- ``Task``, ``TaskInput``, ``TaskOutput``, ``CrewOutput``.
 * :mod:`runner.crew.agent` -- ``Agent`` around any LLM client.
-* :mod:`runner.crew.crew` -- ``Crew``, ``CrewOutput``: kickoff, submit, resume, fork.
+* :mod:`runner.crew.crew` -- ``Crew``: kickoff, submit, resume, fork.
 * :mod:`runner.crew.compile` -- the generated flow class (one method per task).
 """
 
@@ -10,8 +10,15 @@ from __future__ import annotations
 
 from runner.crew.agent import Agent
 from runner.crew.compile import CrewFlow, CrewState
-from runner.crew.crew import Crew, CrewOutput, Process
-from runner.crew.task import Task, TaskInput, TaskOutput, TaskOutputError, current_task
+from runner.crew.crew import Crew, Process
+from runner.crew.task import (
+    CrewOutput,
+    Task,
+    TaskInput,
+    TaskOutput,
+    TaskOutputError,
+    current_task,
+)
 from runner.errors import ChildRunFailed
 from runner.flow.children import ChildRun
 

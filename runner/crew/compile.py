@@ -153,14 +153,16 @@ class CrewFlow(Flow[CrewState]):
         """A finished run's result from its state: the :class:`CrewOutput`, as JSON."""
         return cls.crew.output(state).model_dump(mode="json")
 
-    def _sink(self) -> Sink:
-        config = resolve_config(self._checkpoint)
+    @classmethod
+    def checkpoint_sink(cls, checkpoint: CheckpointConfig | bool | None, persistence: Any) -> Sink:
+        """Crew checkpoints (:class:`CrewSink`); a crew has no ``@persist``."""
+        config = resolve_config(checkpoint)
         if config is None:
             return Sink()
-        crew = type(self).crew
+        crew = cls.crew
         # A config given to this run (a restore, a parent flow's store) covers the tasks
         # that have no say of their own; one an agent or task turned on covers only those.
-        default = config if self._checkpoint is not type(self).checkpoint else None
+        default = config if checkpoint is not cls.checkpoint else None
         task_events = {}
         for task in crew.tasks:
             own = crew.effective_checkpoint(task, default=default)

@@ -26,9 +26,10 @@ from pydantic import BaseModel
 from runner.checkpointing import CheckpointConfig, StoreSink, resolve_config
 from runner.crew.agent import Agent
 from runner.crew.compile import CrewFlow, compile_crew
-from runner.crew.task import Result, Task, TaskOutput
+from runner.crew.task import CrewOutput, Task, TaskOutput
 from runner.errors import DefinitionError, InvalidInputs
 from runner.flow.children import ChildRun, child_run_id, deferred
+from runner.flow.flow import checkpoint_store, state_json
 from runner.flow.loading import load_flow
 from runner.flow.local import load_restore_point
 from runner.flow.steps import current_activation
@@ -47,14 +48,6 @@ class Process(StrEnum):
 
     sequential = "sequential"
     hierarchical = "hierarchical"
-
-
-class CrewOutput(Result):
-    """What a crew produced (CrewAI's ``CrewOutput``): the last task's result (``raw``,
-    ``pydantic``, ``json_dict``) and every task's."""
-
-    tasks_output: list[TaskOutput] = []
-    """Every finished task's output, in task order."""
 
 
 class _ClassOrInstance:
@@ -187,7 +180,7 @@ class Crew:
             from_checkpoint=from_checkpoint,
             restore_from_state_id=restore_from_state_id,
         )
-        return self.output(flow._dump())
+        return self.output(state_json(flow))
 
     async def kickoff_async(
         self,
@@ -340,7 +333,7 @@ class Crew:
         own = self.as_flow().checkpoint
         if isinstance(own, CheckpointConfig):
             return own
-        store = flow._sink().store
+        store = checkpoint_store(flow)
         return None if store is None else CheckpointConfig(provider=store)
 
     def output(self, state: Mapping[str, Any]) -> CrewOutput:

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
+from runner.crew.task import CrewOutput
 from runner.distributed.client import RunHandle
 
-if TYPE_CHECKING:
-    from runner.crew.crew import Crew, CrewOutput
+
+class Outputs(Protocol):
+    """What a handle needs of its crew (a :class:`~runner.crew.crew.Crew`, which makes the
+    handles: a protocol, so this module does not import it)."""
+
+    def output(self, state: Mapping[str, Any]) -> CrewOutput:
+        """The crew's output from a run's state."""
+        ...
 
 
 class CrewRunHandle(RunHandle):
     """A submitted, resumed or forked crew run."""
 
-    def __init__(self, run_id: str, rt: Any = None, *, crew: Crew) -> None:
+    def __init__(self, run_id: str, rt: Any = None, *, crew: Outputs) -> None:
         super().__init__(run_id, rt)
         self.crew = crew
 

@@ -115,6 +115,14 @@ class TaskOutput(Result):
         return out
 
 
+class CrewOutput(Result):
+    """What a crew produced (CrewAI's ``CrewOutput``): the last task's result (``raw``,
+    ``pydantic``, ``json_dict``) and every task's."""
+
+    tasks_output: list[TaskOutput] = []
+    """Every finished task's output, in task order."""
+
+
 @dataclass(frozen=True)
 class TaskInput:
     """What a task's ``fn`` (or its agent) gets to work with."""

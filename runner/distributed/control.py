@@ -1,4 +1,4 @@
-"""Resume and fork runs on the workers (DESIGN.md section 6).
+"""Resume and fork runs on the workers.
 
 * ``resume(run_id)`` continues a run from its latest (or a named) checkpoint:
   only steps not completed there run, the failed or paused one included.
@@ -24,6 +24,7 @@ from runner.errors import (
 )
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
 from runner.flow.local import check_graph
 from runner.store.models import Checkpoint, RunStatus
@@ -208,6 +209,4 @@ def nested_edits(state: dict[str, Any], edits: dict[str, Any]) -> dict[str, Any]
 
 def _validated(flow_cls: Any, state: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
     check_fields(flow_cls, inputs)
-    flow = flow_cls()
-    flow._state = flow._apply_inputs(state, inputs)
-    return dict(flow._dump())
+    return apply_inputs(flow_cls(), inputs, state)

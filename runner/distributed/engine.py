@@ -39,6 +39,7 @@ from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.children import ChildRun, child_run_id
+from runner.flow.flow import apply_inputs
 from runner.flow.loading import load_flow
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
@@ -202,11 +203,11 @@ def first_checkpoint(flow_cls: Any, inputs: dict[str, Any]) -> tr.Transition:
     """A new run's first checkpoint and its start steps, ``inputs`` validated into the
     state (``InvalidInputs`` before anything is stored); the run id is the state's id."""
     instance = flow_cls()
-    instance._state = instance._apply_inputs(instance._dump(), inputs)
+    state = apply_inputs(instance, inputs)
     return tr.start(
         flow_cls.graph(),
         instance.flow_id,
-        instance._dump(),
+        state,
         flow=flow_cls.flow_path(),
         name=flow_cls.flow_name(),
     )

@@ -39,6 +39,7 @@ from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.children import ChildRun, deferring
+from runner.flow.flow import bind_trigger_payload, listeners_of
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation
@@ -193,8 +194,8 @@ def _run(
     """Run ``act``'s method once on a copy of ``latest``'s state."""
     flow, graph = flow_cls(), flow_cls.graph()
     if latest.meta.trigger_payload is not None:
-        flow._bind_trigger_payload({TRIGGER_PAYLOAD: latest.meta.trigger_payload})
-    run_id, name, listeners = latest.run_id, str(latest.meta.name), flow._listeners
+        bind_trigger_payload(flow, {TRIGGER_PAYLOAD: latest.meta.trigger_payload})
+    run_id, name, listeners = latest.run_id, str(latest.meta.name), listeners_of(flow)
     if attempt == 1 and act.id == latest.meta.opener:
         ev.tell(ev.FLOW_STARTED, run_id, name, listeners)
     ev.tell(
@@ -241,7 +242,7 @@ def _settle(
         _duplicate(task, run_id, act.id, "another attempt committed it", [])
     assert committed is not None
     ckpt, settled = committed
-    lifecycle.announce(settled, flow._listeners, duration=result.duration)
+    lifecycle.announce(settled, listeners_of(flow), duration=result.duration)
     if settled.outcome is Outcome.FAILED:
         _step_failed(ckpt, settled, result)
     if settled.outcome is Outcome.PAUSED:

@@ -2,7 +2,14 @@
 
 ``kickoff`` runs a flow in this process (see :mod:`runner.flow.local`);
 ``submit`` runs it on Celery workers (see :mod:`runner.distributed`). Both go through
-the same orchestrator and checkpoints, so either can resume the other's runs.
+the same orchestrator and checkpoints, so either can resume the other's runs. The
+executors sit above the flow core, which does not import them: the package plugs them in
+(:data:`EXECUTORS`, set by ``runner/__init__.py``, which any import of a flow runs first).
+
+The engine's seam: what the executors and crews do to a flow object goes through the
+functions at the end of this module (:func:`apply_inputs`, :func:`state_json`,
+:func:`listeners_of`, :func:`bind_trigger_payload`, :func:`checkpoint_store`) and the
+:meth:`Flow.checkpoint_sink` hook, never through its private members.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import copy
 import functools
 import threading
 import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
@@ -20,9 +29,11 @@ from pydantic import BaseModel, ValidationError
 
 from runner.checkpointing import CheckpointConfig, Sink, sink_for
 from runner.errors import DefinitionError, InvalidInputs
+from runner.flow.events import EventListener
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph, compile_graph, unknown_trigger
 from runner.flow.state import dump_state, with_id
 from runner.flow.steps import current_state, json_copy
+from runner.store.base import CheckpointStore
 
 StateT = TypeVar("StateT", bound=BaseModel | dict[str, Any])
 
@@ -30,6 +41,22 @@ _STATE_TYPE_ATTR = "__runner_state_type__"
 _STATE_PARAM_ATTR = "__runner_state_param__"
 _PARAMETRIZED_ATTR = "__runner_parametrized__"
 _UNKNOWN: Any = object()
+
+
+@dataclass
+class Executors:
+    """What runs a flow: :meth:`Flow.kickoff` in this process, :meth:`Flow.submit` on the
+    workers. Set once by the package (``runner/__init__.py``), which imports above the flow
+    core; these are the calls' signatures (see :func:`runner.flow.local.kickoff` and
+    :func:`runner.distributed.client.submit`)."""
+
+    in_process: Callable[..., Any] | None = None
+    """``(flow, inputs, restore, restore_from_state_id, strict) -> output``."""
+    on_workers: Callable[..., Any] | None = None
+    """``(flow_class, inputs) -> RunHandle``."""
+
+
+EXECUTORS = Executors()
 
 
 class Flow(Generic[StateT]):
@@ -67,7 +94,7 @@ class Flow(Generic[StateT]):
         self._persistence = persistence
         self._checkpoint = checkpoint if checkpoint is not None else type(self).checkpoint
         self._listeners = list(listeners or [])
-        self._restore: CheckpointConfig | str | None = None
+        self._pending_restore: CheckpointConfig | str | None = None
         self._state_json: dict[str, Any] | None = None
         self._state_obj: Any = None
         self._fresh_id = False
@@ -186,10 +213,6 @@ class Flow(Generic[StateT]):
         except ValidationError as exc:
             raise InvalidInputs(_one_line(exc), flow=type(self).__name__) from None
 
-    def _apply_inputs(self, base: dict[str, Any], inputs: dict[str, Any]) -> Any:
-        """``base`` state (JSON) with ``inputs`` on top, validated."""
-        return self._state_from_json({**base, **inputs})
-
     def _set_state(self, data: dict[str, Any]) -> None:
         """Make committed JSON ``data`` the flow's state (built into an object when read)."""
         self._state_json = data
@@ -205,7 +228,14 @@ class Flow(Generic[StateT]):
         return dump_state(state, strict=not self._transient)
 
     def _sink(self) -> Sink:
-        return sink_for(type(self), self._persistence, self._checkpoint)
+        return type(self).checkpoint_sink(self._checkpoint, self._persistence)
+
+    @classmethod
+    def checkpoint_sink(cls, checkpoint: CheckpointConfig | bool | None, persistence: Any) -> Sink:
+        """Where a run of this class writes its checkpoints: the flow object's ``checkpoint``
+        config (the one it was given, else the class's) and ``persistence``; a checkpoint
+        config wins over ``@persist``. Override it to write elsewhere (a crew's flow does)."""
+        return sink_for(cls, persistence, checkpoint)
 
     # -- what the methods returned -----------------------------------------------------------
 
@@ -217,20 +247,6 @@ class Flow(Generic[StateT]):
     def _record_output(self, method: str, output: Any) -> None:
         """Told by the in-process run each time ``method`` finished with ``output``."""
         self._method_outputs.append(output)
-
-    def _bind_trigger_payload(self, inputs: dict[str, Any]) -> None:
-        """Take ``crewai_trigger_payload`` out of ``inputs`` (it is not state) and hand it to
-        the methods declaring a parameter of that name, as CrewAI does; ``None`` otherwise."""
-        given = TRIGGER_PAYLOAD in inputs
-        payload = inputs.pop(TRIGGER_PAYLOAD, None)
-        for spec in type(self).graph().methods.values():
-            if not spec.trigger_payload:
-                continue
-            if given:
-                bound = getattr(type(self), spec.name).__get__(self)
-                self.__dict__[spec.name] = functools.partial(bound, **{TRIGGER_PAYLOAD: payload})
-            else:
-                self.__dict__.pop(spec.name, None)
 
     def run_crew(self, crew: Any, inputs: dict[str, Any] | None = None) -> Any:
         """Run ``crew`` as a child run of this method; return it as the method's output.
@@ -263,21 +279,24 @@ class Flow(Generic[StateT]):
         ``from_checkpoint`` is a :class:`CheckpointConfig`, a checkpoint file (or SQLite
         ``<file>#<id>``), or a checkpoint or run id in the flow's store.
         """
-        from runner.flow.local import kickoff
-
         if from_checkpoint is not None and restore_from_state_id is not None:
             raise ValueError(
                 "pass either from_checkpoint or restore_from_state_id, not both: "
                 "from_checkpoint resumes a checkpoint, restore_from_state_id forks a state"
             )
-        restore = _restore_point(from_checkpoint) if from_checkpoint is not None else self._restore
-        self._restore = None
+        restore = (
+            _restore_point(from_checkpoint)
+            if from_checkpoint is not None
+            else self._pending_restore
+        )
+        self._pending_restore = None
         inputs = dict(inputs or {})
-        self._bind_trigger_payload(inputs)
+        bind_trigger_payload(self, inputs)
         self._method_outputs = []
         self._transient = restore is None and not self._sink().persists
+        assert EXECUTORS.in_process is not None, "runner/__init__.py plugs in the executors"
         try:
-            return kickoff(self, inputs, restore, restore_from_state_id, strict)
+            return EXECUTORS.in_process(self, inputs, restore, restore_from_state_id, strict)
         finally:
             self._transient = False
 
@@ -298,9 +317,8 @@ class Flow(Generic[StateT]):
     @classmethod
     def submit(cls, inputs: dict[str, Any] | None = None) -> Any:
         """Run this flow on Celery workers; returns a :class:`RunHandle`."""
-        from runner.distributed.client import submit
-
-        return submit(cls, inputs)
+        assert EXECUTORS.on_workers is not None, "runner/__init__.py plugs in the executors"
+        return EXECUTORS.on_workers(cls, inputs)
 
     @classmethod
     def from_checkpoint(cls, config: CheckpointConfig | str | Path, **kwargs: Any) -> Flow[Any]:
@@ -309,7 +327,7 @@ class Flow(Generic[StateT]):
         restore = _restore_point(config)
         if isinstance(restore, CheckpointConfig) and flow._checkpoint is None:
             flow._checkpoint = restore
-        flow._restore = restore
+        flow._pending_restore = restore
         return flow
 
 
@@ -373,3 +391,48 @@ def _one_line(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err["loc"]) or "state"
         parts.append(f"{where}: {err['msg']}")
     return "invalid inputs: " + "; ".join(parts)
+
+
+# -- the engine's seam: what executors and crews do to a flow object --------------------------
+
+
+def apply_inputs(
+    flow: Flow[Any], inputs: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Make ``base`` (JSON; by default the flow's state) with ``inputs`` on top the flow's
+    state, validated by its model (:class:`~runner.errors.InvalidInputs`); return it as
+    JSON. The one way inputs reach a state: a kickoff, a resume, a submit, a fork."""
+    start = flow._dump() if base is None else base
+    flow._state = flow._state_from_json({**start, **inputs})
+    return flow._dump()
+
+
+def state_json(flow: Flow[Any]) -> dict[str, Any]:
+    """The flow's state as JSON (a copy)."""
+    return flow._dump()
+
+
+def listeners_of(flow: Flow[Any]) -> list[EventListener]:
+    """The event listeners the flow object was given."""
+    return flow._listeners
+
+
+def checkpoint_store(flow: Flow[Any]) -> CheckpointStore | None:
+    """The store the flow object's runs write full checkpoints to, or ``None``."""
+    return flow._sink().store
+
+
+def bind_trigger_payload(flow: Flow[Any], inputs: dict[str, Any]) -> None:
+    """Take ``crewai_trigger_payload`` out of ``inputs`` (it is not state) and hand it to
+    the flow's methods declaring a parameter of that name, as CrewAI does; ``None`` when
+    the inputs have none."""
+    given = TRIGGER_PAYLOAD in inputs
+    payload = inputs.pop(TRIGGER_PAYLOAD, None)
+    for spec in type(flow).graph().methods.values():
+        if not spec.trigger_payload:
+            continue
+        if given:
+            bound = getattr(type(flow), spec.name).__get__(flow)
+            flow.__dict__[spec.name] = functools.partial(bound, **{TRIGGER_PAYLOAD: payload})
+        else:
+            flow.__dict__.pop(spec.name, None)

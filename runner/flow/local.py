@@ -33,6 +33,7 @@ from runner.flow import events as ev
 from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
 from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation, ExecutionRecord
@@ -95,8 +96,7 @@ def kickoff(
             )
     elif "id" in inputs:
         base = sink.load_state(str(inputs["id"])) or base
-    flow._state = flow._apply_inputs(base, inputs)
-    state = flow._dump()
+    state = apply_inputs(flow, inputs, base)
     previous = sink.latest(flow.flow_id) if known_id else None
     if previous is not None:
         first = tr.restart(graph, previous, state)
@@ -116,12 +116,12 @@ def resume(
             f"inputs cannot change a resumed run's id ({ckpt.run_id}); fork it instead",
             run_id=ckpt.run_id,
         )
-    flow._state = flow._apply_inputs(ckpt.state, inputs)
+    state = apply_inputs(flow, inputs, ckpt.state)
     record = tr.record_of(ckpt)
     if not orch.pending(record):
         return orch.last_output(record)
     latest = sink.latest(ckpt.run_id) or ckpt
-    return LocalRun(flow, graph, sink).run(tr.resumed(latest, ckpt, flow._dump()))
+    return LocalRun(flow, graph, sink).run(tr.resumed(latest, ckpt, state))
 
 
 def check_graph(graph: FlowGraph, ckpt: Checkpoint) -> None:

@@ -1,0 +1,60 @@
+"""What the CLI and the console both show of runs, as plain values: a checkpoint diff and a
+duration. It sits with the store (it reads only checkpoints), below both front ends, so
+neither imports the other."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.store.models import Checkpoint
+
+
+def duration(seconds: float | None) -> str:
+    """``0.42s``, ``4.2s``, ``3m 05s``, ``2h 10m`` (``-`` if unknown)."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds:.2f}s"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+def checkpoint_diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:
+    """State changes and completed-steps difference from ``a`` to ``b`` (JSON values)."""
+    added: dict[str, Any] = {}
+    removed: dict[str, Any] = {}
+    changed: dict[str, list[Any]] = {}
+    _walk(a.state, b.state, "", added, removed, changed)
+    in_a, in_b = set(a.completed), set(b.completed)
+    return {
+        "state": {"added": added, "removed": removed, "changed": changed},
+        "completed": {
+            "only_a": [act for act in a.completed if act not in in_b],
+            "only_b": [act for act in b.completed if act not in in_a],
+        },
+    }
+
+
+def _walk(
+    a: dict[str, Any],
+    b: dict[str, Any],
+    prefix: str,
+    added: dict[str, Any],
+    removed: dict[str, Any],
+    changed: dict[str, list[Any]],
+) -> None:
+    for key in [*a, *(k for k in b if k not in a)]:
+        path = f"{prefix}{key}"
+        if key not in b:
+            removed[path] = a[key]
+        elif key not in a:
+            added[path] = b[key]
+        elif isinstance(a[key], dict) and isinstance(b[key], dict):
+            _walk(a[key], b[key], f"{path}.", added, removed, changed)
+        elif a[key] != b[key]:
+            changed[path] = [a[key], b[key]]
