@@ -33,11 +33,6 @@ def checkpoint_id(now_ms: int | None = None) -> str:
     return f"{ms:012x}{tail:016x}"
 
 
-def timestamp_ms(ident: str) -> int:
-    """Milliseconds since the epoch encoded in a checkpoint id."""
-    return int(ident[:12], 16)
-
-
 def run_id() -> str:
     """Return a fresh run id (a UUID4 string, as CrewAI's flow state ids)."""
     return str(uuid.uuid4())

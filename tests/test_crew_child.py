@@ -12,9 +12,9 @@ from typing import Any
 from runner.distributed import control, engine
 from runner.distributed.client import submit
 from runner.flow import transition as tr
+from runner.flow.attempt import StepResult
 from runner.flow.children import ChildRun, child_run_id
 from runner.flow.orchestrator import Activation
-from runner.flow.steps import StepResult
 from runner.store.models import ParentLink, RunStatus
 from tests._dist_support import history
 from tests.flows import crews

@@ -162,7 +162,7 @@ def _same_as_old(graph: FlowGraph, new: ExecutionRecord, old: dict[str, Any]) ->
 def test_bounded_records_replay_the_unbounded_ones_step_for_step(trace: dict[str, Any]) -> None:
     print(f"trace {trace['graph']} seed={trace['seed']}")
     graph = compile_graph(GRAPHS[trace["graph"]])
-    record, ready = orch.begin(graph, ExecutionRecord())
+    record, ready = orch.ready_starts(graph, ExecutionRecord())
     assert [a.id for a in ready] == trace["ready"]
     _same_as_old(graph, record, trace["begin"])
     previous = trace["begin"]
@@ -222,7 +222,7 @@ def test_records_written_before_they_were_bounded_still_load() -> None:
 def test_a_view_of_a_checkpoint_with_its_copies_reads_back_as_the_checkpoint() -> None:
     flow = LoopFlow()
     graph = flow.graph()
-    record, _ = orch.begin(graph, ExecutionRecord())
+    record, _ = orch.ready_starts(graph, ExecutionRecord())
     for act, label in (("begin#1", None), ("left#1", None), ("right#1", None)):
         record, _ = orch.complete(graph, record, act, 1, label)
     ckpt = tr.with_record(tr.start(graph, "r", {"id": "r"}, flow="f", name="n").checkpoint, record)
@@ -264,7 +264,7 @@ def test_fork_rerun_of_an_old_checkpoint_matches_a_new_one() -> None:
     raw = next(c for c in doc["failed_history"] if c["activation"] == "check#2")
     old = tr.record_of(Checkpoint.model_validate(raw))
     # The same point reached by the bounded code.
-    new, _ = orch.begin(graph, ExecutionRecord())
+    new, _ = orch.ready_starts(graph, ExecutionRecord())
     for act in raw["completed"]:
         label = raw["record"]["routes"].get("check") if act.startswith("check") else None
         new, _ = orch.complete(graph, new, act, raw["outputs"].get(act.split("#")[0]), label)

@@ -216,3 +216,33 @@ def test_nothing_outside_runner_flow_uses_a_private_member_of_flow() -> None:
         uses = _flow_private_uses(ast.parse(path.read_text()), private)
         offenders += [f"{_module(path)}: {use}" for use in uses]
     assert offenders == []
+
+
+def _defs(names: set[str]) -> list[tuple[str, str | None, str]]:
+    """(module, enclosing class or None, name) of every function defined with one of ``names``."""
+    found = []
+    for path in RUNNER.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        classes = {
+            id(f): c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in names:
+                found.append((_module(path), classes.get(id(node)), node.name))
+    return found
+
+
+def test_commit_means_writing_a_checkpoint_and_nothing_is_just_begin() -> None:
+    # A store's commit writes one checkpoint; the engine's compare-and-set loop, a step's
+    # settling and an attempt's start have names of their own.
+    defs = _defs({"commit", "_commit", "begin", "_begin", "_messages"})
+    assert defs, "the check sees the stores' commits"
+    others = [d for d in defs if not (d[0].startswith("runner.store.") and "commit" in d[2])]
+    assert others == []
+    assert all(cls is not None for _, cls, _ in defs)
+
+
+def test_no_two_modules_are_named_alike() -> None:
+    # ``steps`` beside ``step`` reads as one module in two places.
+    stems = {p.stem for p in RUNNER.rglob("*.py") if p.stem != "__init__"}
+    assert sorted(s for s in stems if f"{s}s" in stems) == []

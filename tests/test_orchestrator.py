@@ -20,7 +20,7 @@ class Runner:
     def __init__(self, flow: type, outputs: dict[str, Any] | None = None) -> None:
         self.graph: FlowGraph = compile_graph(flow)
         self.outputs = outputs or {}
-        self.record, self.ready = orch.begin(self.graph, ExecutionRecord())
+        self.record, self.ready = orch.ready_starts(self.graph, ExecutionRecord())
         self.runs: list[str] = []
 
     def finish(self, act_id: str, label: str | None = None) -> list[str]:
@@ -279,7 +279,7 @@ def test_complete_does_not_change_its_input_record() -> None:
 
 def test_activation_ids_are_deterministic_for_the_same_record() -> None:
     graph = compile_graph(Diamond)
-    record, _ = orch.begin(graph)
+    record, _ = orch.ready_starts(graph)
     again = ExecutionRecord.model_validate(record.model_dump(mode="json"))
     first = orch.complete(graph, record, "top#1", 1)
     second = orch.complete(graph, again, "top#1", 1)

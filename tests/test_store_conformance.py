@@ -438,21 +438,21 @@ def test_a_commit_marks_the_activations_it_dispatches_and_a_lost_commit_marks_no
 
 def test_begin_takes_the_lease_reports_a_live_holder_and_a_committed_step(coord_store):
     run = ids.run_id()
-    assert coord_store.begin(run, "plan#1", "t1", 30) == (None, BeginOutcome.NO_RUN, "")
+    assert coord_store.begin_attempt(run, "plan#1", "t1", 30) == (None, BeginOutcome.NO_RUN, "")
     first = coord_store.commit(ckpt(run, event="flow_started"))
 
     before = time.time()
-    begun = coord_store.begin(run, "plan#1", "t1", 30)
+    begun = coord_store.begin_attempt(run, "plan#1", "t1", 30)
     assert (begun.latest, begun.outcome) == (first, BeginOutcome.OK)
     assert before + 29 < coord_store.leases(run)["plan#1"] < time.time() + 31
 
-    held = coord_store.begin(run, "plan#1", "t2", 30)
+    held = coord_store.begin_attempt(run, "plan#1", "t2", 30)
     assert (held.latest, held.outcome, held.holder) == (first, BeginOutcome.HELD, "t1")
-    assert coord_store.begin(run, "plan#1", "t1", 30).outcome is BeginOutcome.OK
+    assert coord_store.begin_attempt(run, "plan#1", "t1", 30).outcome is BeginOutcome.OK
 
     coord_store.commit(ckpt(run, activation="plan#1", attempt="t1"))
     assert coord_store.leases(run) == {}  # the commit dropped the committing step's lease
-    done = coord_store.begin(run, "plan#1", "t3", 30)
+    done = coord_store.begin_attempt(run, "plan#1", "t3", 30)
     assert done.outcome is BeginOutcome.DONE
     assert coord_store.leases(run) == {}
 
@@ -460,8 +460,8 @@ def test_begin_takes_the_lease_reports_a_live_holder_and_a_committed_step(coord_
 def test_a_commit_drops_only_its_own_activations_lease(coord_store):
     run = ids.run_id()
     coord_store.commit(ckpt(run))
-    coord_store.begin(run, "left#1", "t-left", 30)
-    coord_store.begin(run, "right#1", "t-right", 30)
+    coord_store.begin_attempt(run, "left#1", "t-left", 30)
+    coord_store.begin_attempt(run, "right#1", "t-right", 30)
 
     coord_store.commit(ckpt(run, activation="left#1", attempt="t-left"))
 
@@ -474,9 +474,9 @@ def test_a_commit_drops_only_its_own_activations_lease(coord_store):
 def test_an_expired_lease_is_taken_by_the_next_attempt(coord_store):
     run = ids.run_id()
     coord_store.commit(ckpt(run))
-    coord_store.begin(run, "plan#1", "t1", -1)  # expired at once
+    coord_store.begin_attempt(run, "plan#1", "t1", -1)  # expired at once
 
-    assert coord_store.begin(run, "plan#1", "t2", 30).outcome is BeginOutcome.OK
+    assert coord_store.begin_attempt(run, "plan#1", "t2", 30).outcome is BeginOutcome.OK
     assert coord_store.release(run, "plan#1", "t1") is False
     assert coord_store.release(run, "plan#1", "t2") is True
     assert coord_store.leases(run) == {}
@@ -485,7 +485,7 @@ def test_an_expired_lease_is_taken_by_the_next_attempt(coord_store):
 def test_renew_take_over_and_release_act_only_for_the_holder(coord_store):
     run = ids.run_id()
     coord_store.commit(ckpt(run))
-    coord_store.begin(run, "plan#1", "t1", 1)
+    coord_store.begin_attempt(run, "plan#1", "t1", 1)
     expiry = coord_store.leases(run)["plan#1"]
 
     assert coord_store.renew(run, "plan#1", "t2", 60) is False
@@ -494,7 +494,7 @@ def test_renew_take_over_and_release_act_only_for_the_holder(coord_store):
 
     assert coord_store.take_over(run, "plan#1", "t-unknown", "t2", 60) is False
     assert coord_store.take_over(run, "plan#1", "t1", "t2", 60) is True
-    assert coord_store.begin(run, "plan#1", "t1", 60).holder == "t2"
+    assert coord_store.begin_attempt(run, "plan#1", "t1", 60).holder == "t2"
     assert coord_store.release(run, "plan#1", "t1") is False
     assert coord_store.release(run, "plan#1", "t2") is True
     assert coord_store.renew(run, "plan#1", "t2", 60) is False  # never re-creates a lease
@@ -510,8 +510,8 @@ def test_soft_leases_give_way_to_an_attempt_and_a_senders_to_a_receivers(coord_s
     assert coord_store.claim(run, ["a#1"], "~recv:r1", 30) == [BeginOutcome.OK]
     assert coord_store.claim(run, ["a#1"], "~send:s2", 30) == [BeginOutcome.HELD]
     assert coord_store.claim(run, ["a#1"], "~recv:r2", 30) == [BeginOutcome.HELD]
-    assert coord_store.begin(run, "a#1", "attempt-1", 30).outcome is BeginOutcome.OK
-    held = coord_store.begin(run, "a#1", "attempt-2", 30)
+    assert coord_store.begin_attempt(run, "a#1", "attempt-1", 30).outcome is BeginOutcome.OK
+    held = coord_store.begin_attempt(run, "a#1", "attempt-2", 30)
     assert (held.outcome, held.holder) == (BeginOutcome.HELD, "attempt-1")
     assert coord_store.claim(run, ["a#1"], "~recv:r1", 30) == [BeginOutcome.HELD]
 
@@ -521,15 +521,15 @@ def test_claim_takes_leases_by_begins_rule_without_a_run_it_takes_none(coord_sto
     assert coord_store.claim(run, ["a#1", "b#1"], "~send:s", 30) == [BeginOutcome.NO_RUN] * 2
     assert coord_store.leases(run) == {}  # nothing is written for a run that does not exist
     coord_store.commit(ckpt(run))
-    coord_store.begin(run, "b#1", "attempt", 30)
-    coord_store.begin(run, "c#1", "attempt-c", 30)
+    coord_store.begin_attempt(run, "b#1", "attempt", 30)
+    coord_store.begin_attempt(run, "c#1", "attempt-c", 30)
     coord_store.commit(ckpt(run, activation="c#1", attempt="attempt-c"))
 
     found = coord_store.claim(run, ["a#1", "b#1", "c#1"], "~send:s", 30)
 
     assert found == [BeginOutcome.OK, BeginOutcome.HELD, BeginOutcome.DONE]
     assert set(coord_store.leases(run)) == {"a#1", "b#1"}
-    assert coord_store.begin(run, "a#1", "other", 30).outcome is BeginOutcome.OK  # gave way
+    assert coord_store.begin_attempt(run, "a#1", "other", 30).outcome is BeginOutcome.OK  # gave way
 
 
 def test_release_all_drops_the_leases_their_tokens_still_hold(coord_store):
@@ -537,7 +537,7 @@ def test_release_all_drops_the_leases_their_tokens_still_hold(coord_store):
     for run in (one, two):
         coord_store.commit(ckpt(run))
         coord_store.claim(run, ["a#1", "b#1"], "~send:s", 30)
-    coord_store.begin(one, "b#1", "attempt", 30)  # taken over: no longer the sender's
+    coord_store.begin_attempt(one, "b#1", "attempt", 30)  # taken over: no longer the sender's
 
     coord_store.release_all(
         [(one, "a#1", "~send:s"), (one, "b#1", "~send:s"), (two, "a#1", "~send:s")]
@@ -555,8 +555,8 @@ def test_runs_to_check_are_quiet_ones_those_with_a_lapsed_lease_and_those_asked_
     busy, lapsed, asked, stopped = (ids.run_id() for _ in range(4))
     for run in (busy, lapsed, asked, stopped):
         coord_store.commit(ckpt(run))
-    coord_store.begin(busy, "a#1", "attempt", 30)
-    coord_store.begin(lapsed, "a#1", "attempt", -1)  # its holder died
+    coord_store.begin_attempt(busy, "a#1", "attempt", 30)
+    coord_store.begin_attempt(lapsed, "a#1", "attempt", -1)  # its holder died
     coord_store.commit(ckpt(stopped, status=RunStatus.SUCCEEDED))
     now = time.time()
 
@@ -605,7 +605,7 @@ def test_every_per_run_key_is_bounded_by_the_history_kept_and_removed_with_the_r
     k = coord_store.keys
     coord_store.commit(ckpt(run, event="flow_started"), dispatching=["s#0"])
     for i in range(steps):
-        coord_store.begin(run, f"s#{i}", f"t{i}", 30)
+        coord_store.begin_attempt(run, f"s#{i}", f"t{i}", 30)
         latest = coord_store.commit(
             ckpt(run, activation=f"s#{i}", attempt=f"t{i}", state={"i": i}),
             max_checkpoints=keep,
@@ -634,8 +634,8 @@ def test_every_per_run_key_is_bounded_by_the_history_kept_and_removed_with_the_r
     assert again.id == latest.id
     with pytest.raises(StaleAttempt):
         coord_store.commit(ckpt(run, activation=f"s#{steps - keep}", attempt="zombie"))
-    assert coord_store.begin(run, f"s#{steps - 1}", "late", 30).outcome is BeginOutcome.DONE
-    assert coord_store.begin(run, f"s#{steps}", "next", 30).outcome is BeginOutcome.OK
+    assert coord_store.begin_attempt(run, f"s#{steps - 1}", "late", 30).outcome is BeginOutcome.DONE
+    assert coord_store.begin_attempt(run, f"s#{steps}", "next", 30).outcome is BeginOutcome.OK
     assert coord_store.mark_dispatched(run, [f"s#{steps}"]) == [False]
     per_run = _run_keys(coord_store, run)
     assert len(per_run) <= 12, per_run
@@ -646,7 +646,7 @@ def test_every_per_run_key_is_bounded_by_the_history_kept_and_removed_with_the_r
     # A resume into a new epoch, or a run that stops, leaves no markers or leases behind.
     coord_store.commit(ckpt(run, meta={"epoch": 1}), dispatching=["1/s#300"])
     assert set(coord_store.markers(run)) == {"1/s#300"} and coord_store.leases(run) == {}
-    coord_store.begin(run, "1/s#300", "t-e1", 30)
+    coord_store.begin_attempt(run, "1/s#300", "t-e1", 30)
     coord_store.commit(ckpt(run, meta={"epoch": 1}, status=RunStatus.SUCCEEDED))
     assert coord_store.coordination(run).leases == coord_store.markers(run) == {}
 
@@ -683,7 +683,7 @@ def test_every_kept_checkpoint_reads_back_whole_while_steps_change_single_fields
         assert coord_store.get(checkpoint.id) == checkpoint
         assert list(coord_store.get(checkpoint.id).state) == list(checkpoint.state)  # order too
     assert coord_store.latest(run) == made[-1]
-    assert coord_store.begin(run, "s#1", "t", 30).latest == made[-1]
+    assert coord_store.begin_attempt(run, "s#1", "t", 30).latest == made[-1]
     fork = coord_store.fork(made[2].id, new_run_id=ids.run_id())
     assert fork.state == {**made[2].state, "id": fork.run_id}
     assert coord_store.latest(fork.run_id) == fork

@@ -23,10 +23,10 @@ from pydantic import BaseModel, Field, model_validator
 from runner.checkpointing import CheckpointConfig, Sink, StoreSink, persistable, resolve_config
 from runner.crew.task import Task, TaskInput, TaskOutput, TaskOutputError, current_task
 from runner.flow import events as ev
+from runner.flow.attempt import run_awaitable
 from runner.flow.decorators import listen, start
 from runner.flow.flow import Flow
 from runner.flow.state import FlowState
-from runner.flow.steps import run_awaitable
 from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint
 

@@ -28,11 +28,11 @@ from runner.crew.agent import Agent
 from runner.crew.compile import CrewFlow, compile_crew
 from runner.crew.task import CrewOutput, Task, TaskOutput
 from runner.errors import DefinitionError, InvalidInputs
+from runner.flow.attempt import current_activation
 from runner.flow.children import ChildRun, child_run_id, deferred
 from runner.flow.flow import checkpoint_store, state_json
 from runner.flow.loading import load_flow
 from runner.flow.local import load_restore_point
-from runner.flow.steps import current_activation
 from runner.store.models import RunStatus
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from runner.flow.local import check_graph
 from runner.store.models import Checkpoint, RunStatus
 
 from .client import RunHandle, check_fields, load_flow, runtime
-from .engine import Runtime, commit, dispatch
+from .engine import Runtime, commit_on_latest, dispatch
 
 
 class ForkChangesNothing(InvalidInputs):
@@ -104,7 +104,7 @@ def resume(
             )
         return tr.resumed(latest, source, state)
 
-    done = commit(rt, run_id, build)
+    done = commit_on_latest(rt, run_id, build)
     assert done is not None
     ckpt, step = done
     dispatch(rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready)

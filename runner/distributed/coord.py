@@ -12,7 +12,7 @@ adds what belongs to a worker process:
 A **dispatch marker** (one per activation key) makes every ready activation sent to the
 broker once, however often the commit that made it ready is redelivered; its value is when
 it was (last) sent, or when a retry is due. A **lease** says an attempt is running a step:
-:meth:`Coordinator.begin` reads the run's latest checkpoint and takes it in one round trip,
+:meth:`Coordinator.begin_attempt` reads the run's latest checkpoint and takes it in one round trip,
 the store's commit drops it atomically with the step's checkpoint, and the recovery pass
 re-dispatches in-flight activations whose lease expired, so a worker killed with SIGKILL
 never strands a run. A **stop notice** wakes
@@ -37,7 +37,8 @@ from runner.store.models import Checkpoint, RunStatus
 log = logging.getLogger("runner.worker")
 
 OK, HELD, DONE = BeginOutcome.OK, BeginOutcome.HELD, BeginOutcome.DONE
-"""Outcomes of :meth:`Coordinator.begin`: lease taken, held by a live attempt, step committed."""
+"""Outcomes of :meth:`Coordinator.begin_attempt`: lease taken, held by a live attempt, step
+committed."""
 RECOVER_LOCK = "recover"
 """Name of the lock of the periodic recovery pass."""
 
@@ -99,17 +100,17 @@ class Coordinator:
 
     # -- reading a run and taking a step's lease: one round trip ---------------------------
 
-    def begin(self, run_id: str, key: str, token: str) -> Begun:
+    def begin_attempt(self, run_id: str, key: str, token: str) -> Begun:
         """The run's latest checkpoint and whether ``token`` now holds ``key``'s lease.
 
         The outcome is :data:`OK` (lease taken or renewed), :data:`HELD` (a live
         attempt holds it), :data:`DONE` (``key`` is committed; no lease taken) or
         :attr:`~runner.store.base.BeginOutcome.NO_RUN`.
         """
-        return self.store.begin(run_id, key, token, self.lease_seconds)
+        return self.store.begin_attempt(run_id, key, token, self.lease_seconds)
 
     def claim(self, run_id: str, keys: Sequence[str], token: str) -> list[BeginOutcome]:
-        """Take ``keys``' leases for ``token`` by :meth:`begin`'s rule, without reading the
+        """Take ``keys``' leases for ``token`` by :meth:`begin_attempt`'s rule, without reading the
         run (soft leases, :mod:`runner.distributed.handoff`): one round trip."""
         return self.store.claim(run_id, keys, token, self.lease_seconds) if keys else []
 
@@ -199,7 +200,7 @@ class _Heartbeats:
 
     Started lazily (and again in a forked pool child, where the parent's thread does
     not exist), so a step pays no thread start; a lease is renewed every third of
-    its length, so a short step finishes on the lease :meth:`Coordinator.begin` took.
+    its length, so a short step finishes on the lease :meth:`Coordinator.begin_attempt` took.
     """
 
     def __init__(self, coord: Coordinator) -> None:

@@ -2,7 +2,7 @@
 
 * :func:`dispatch` sends each ready activation once: a dispatch marker (``HSETNX``)
   per activation and epoch, and a deterministic Celery task id.
-* :func:`commit` turns a checkpoint builder into a committed checkpoint with
+* :func:`commit_on_latest` turns a checkpoint builder into a committed checkpoint with
   compare-and-set on the run's sequence, rebuilding on the newest checkpoint after a
   conflict. A commit that stops a child run reports to its parent. The steps a commit
   makes ready are sent by :func:`commit_and_send`: inside the commit's own script when
@@ -38,12 +38,12 @@ from runner.errors import (
 from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow.attempt import StepResult
 from runner.flow.children import ChildRun, child_run_id
 from runner.flow.flow import apply_inputs
 from runner.flow.loading import load_flow
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
-from runner.flow.steps import StepResult
 from runner.settings import RunnerSettings, get_settings
 from runner.store.models import Checkpoint, ParentLink, RunStatus
 from runner.store.redis import RedisProvider
@@ -216,7 +216,7 @@ def first_checkpoint(flow_cls: Any, inputs: dict[str, Any]) -> tr.Transition:
 # --- commits --------------------------------------------------------------------------------
 
 
-def commit(
+def commit_on_latest(
     rt: Runtime,
     run_id: str,
     build: Callable[[Checkpoint], Any],
@@ -277,7 +277,9 @@ def commit_and_send(
     epoch, run_id, name = checkpoint.meta.epoch, checkpoint.run_id, str(checkpoint.meta.name)
     if ready and checkpoint.status is RunStatus.RUNNING:
         marks = [tr.activation_key_in(epoch, a.id) for a in ready]
-    messages = _messages(rt, name, run_id, epoch, ready) if marks and rt.sends_in_commit else None
+    messages = (
+        outbox_commands(rt, name, run_id, epoch, ready) if marks and rt.sends_in_commit else None
+    )
     ckpt = rt.store.commit(
         checkpoint,
         expected_seq=expected_seq,
@@ -291,7 +293,7 @@ def commit_and_send(
     return ckpt
 
 
-def _messages(
+def outbox_commands(
     rt: Runtime, flow_name: str, run_id: str, epoch: int, acts: list[Activation]
 ) -> list[outbox.Command] | None:
     """The Redis commands that would send ``acts``, unsent (``None``: the outbox is off
@@ -308,7 +310,9 @@ def commit_status(
     rt: Runtime, run_id: str, event: str, status: RunStatus, **meta: Any
 ) -> Checkpoint:
     """Commit a status-only checkpoint (cancel, pause) with compare-and-set."""
-    done = commit(rt, run_id, lambda c: tr.Transition(tr.status_change(c, event, status, **meta)))
+    done = commit_on_latest(
+        rt, run_id, lambda c: tr.Transition(tr.status_change(c, event, status, **meta))
+    )
     assert done is not None
     return done[0]
 
@@ -336,7 +340,7 @@ def fail_not_allowed(rt: Runtime, run_id: str, detail: str = "") -> FlowNotAllow
         run_id=run_id,
         flow=latest.flow,
     )
-    if commit(rt, run_id, lambda c: lifecycle.run_failed(c, err)) is None:
+    if commit_on_latest(rt, run_id, lambda c: lifecycle.run_failed(c, err)) is None:
         return None
     log.error("run %s failed: %s", run_id, err)
     return err
@@ -383,7 +387,9 @@ def start_child(
         _fail_parent(rt, parent_run_id, act.id, exc, None)
         return {**reply, "failed": type(exc).__name__}
     link = lifecycle.child_link(child, child_id, result)
-    commit(rt, parent_run_id, lambda latest: lifecycle.child_linked(latest, epoch, act.id, link))
+    commit_on_latest(
+        rt, parent_run_id, lambda latest: lifecycle.child_linked(latest, epoch, act.id, link)
+    )
     parent = rt.store.latest(parent_run_id)
     if parent is None or parent.meta.epoch != epoch or lifecycle.waiting_on(parent, act.id) is None:
         return {**reply, "skipped": "the activation is no longer waiting"}
@@ -397,7 +403,7 @@ def start_child(
         return {**reply, "dispatched": on_child_finished(rt, existing)}
     elif existing.status in (RunStatus.FAILED, RunStatus.CANCELLED):
         # The parent is being resumed: so is its child, at its first unfinished task.
-        resumed = commit(rt, child_id, _resume_stopped)
+        resumed = commit_on_latest(rt, child_id, _resume_stopped)
         if resumed is not None:
             ckpt, step = resumed
             dispatch(rt, child.name, child_id, ckpt.meta.epoch, step.ready)
@@ -434,7 +440,7 @@ def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
         result_of(child.state) if callable(result_of) else orch.last_output(tr.record_of(child))
     )
     graph, reducers = parent_cls.graph(), reducers_for(parent_cls.state_type())
-    committed = commit(
+    committed = commit_on_latest(
         rt,
         link.run_id,
         lambda latest: lifecycle.child_finished(
@@ -483,7 +489,7 @@ def _fail_parent(
     rt: Runtime, parent_id: str, act_id: str, error: BaseException, child_id: str | None
 ) -> None:
     """Fail the parent's activation: its child ended badly, or could not be started."""
-    committed = commit(
+    committed = commit_on_latest(
         rt, parent_id, lambda latest: lifecycle.child_failed(latest, act_id, error, child_id)
     )
     if committed is not None:

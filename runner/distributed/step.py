@@ -1,6 +1,6 @@
 """A step's life on a worker: begin, run the method, settle, commit, send.
 
-1. **begin** (one Lua call): read the run's latest checkpoint and take the
+1. **begin** the attempt (one Lua call): read the run's latest checkpoint and take the
    activation's lease. A step whose run is unknown, stopped or in another epoch is
    skipped (a WARNING says why); one already committed is a duplicate (a redelivery:
    it sends only what nobody marked dispatched, normally nothing); one whose lease a
@@ -9,7 +9,7 @@
    the lease meanwhile.
 3. **settle**: :mod:`runner.flow.lifecycle` decides the outcome (done, paused, retry,
    failed, child run) and builds the checkpoint.
-4. **commit** it with compare-and-set (:func:`runner.distributed.engine.commit`); the
+4. **commit** it with compare-and-set (:func:`runner.distributed.engine.commit_on_latest`); the
    commit drops the lease, fences late duplicates and marks the steps it made ready
    dispatched;
 5. **send** those steps: with a Redis broker, the commit's own script writes their
@@ -38,13 +38,13 @@ from runner.flow import events as ev
 from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow.attempt import StepResult, run_step
 from runner.flow.children import ChildRun, deferring
 from runner.flow.flow import bind_trigger_payload, listeners_of
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
-from runner.flow.steps import StepResult, run_step
 from runner.store.models import Checkpoint, RunStatus
 
 from . import handoff
@@ -52,7 +52,7 @@ from .coord import DONE, HELD, OK, attempt_token, holder_is_dead
 from .engine import (
     FlowNotAllowed,
     Runtime,
-    commit,
+    commit_on_latest,
     dispatch_pending,
     fail_not_allowed,
     kwargs_repr,
@@ -123,14 +123,14 @@ def execute(
         return _hand_back(rt, task, run_id, activation, deployment)
     key, token = tr.activation_key_in(epoch, activation), attempt_token()
     try:
-        latest, found, holder = rt.coord.begin(run_id, key, token)
+        latest, found, holder = rt.coord.begin_attempt(run_id, key, token)
     except CorruptCheckpoint as exc:
         quarantine(rt, run_id, str(exc))
         return {"run_id": run_id, "step": activation, "skipped": "its run is corrupt"}
     if found == HELD and _take_over(rt, run_id, key, holder, token):
         found = OK
     with Lease(rt, run_id, key, token, held=found == OK) as lease:
-        act = _begin(rt, task, flow_cls, latest, run_id, activation, epoch, found)
+        act = _runnable(rt, task, flow_cls, latest, run_id, activation, epoch, found)
         if isinstance(act, dict):
             return act
         assert latest is not None
@@ -154,7 +154,7 @@ def _take_over(rt: Runtime, run_id: str, key: str, holder: str, token: str) -> b
     return False
 
 
-def _begin(
+def _runnable(
     rt: Runtime,
     task: Any,
     flow_cls: Any,
@@ -269,7 +269,7 @@ def _commit_settled(
     makes ready: an attempt's own end and one killed at the hard time limit both commit
     this way. ``None`` when another attempt committed the step."""
     graph, reducers = flow_cls.graph(), reducers_for(flow_cls.state_type())
-    return commit(
+    return commit_on_latest(
         rt,
         run_id,
         lambda c: lifecycle.settle(
@@ -391,7 +391,7 @@ def hard_time_limit(
     run_id, activation = str(kwargs["run_id"]), str(kwargs["activation"])
     epoch, attempt = int(kwargs.get("epoch", 0)), int(kwargs.get("attempt", 1))
     key, token = tr.activation_key_in(epoch, activation), attempt_token()
-    latest, found, holder = rt.coord.begin(run_id, key, token)
+    latest, found, holder = rt.coord.begin_attempt(run_id, key, token)
     if found == HELD:
         # The pool kills the attempt right after telling us; give it a moment to be gone.
         deadline = time.monotonic() + 2 * rt.settings.lease_seconds

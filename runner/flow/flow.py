@@ -29,10 +29,10 @@ from pydantic import BaseModel, ValidationError
 
 from runner.checkpointing import CheckpointConfig, Sink, sink_for
 from runner.errors import DefinitionError, InvalidInputs
+from runner.flow.attempt import current_state, json_copy
 from runner.flow.events import EventListener
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph, compile_graph, unknown_trigger
 from runner.flow.state import dump_state, with_id
-from runner.flow.steps import current_state, json_copy
 from runner.store.base import CheckpointStore
 
 StateT = TypeVar("StateT", bound=BaseModel | dict[str, Any])

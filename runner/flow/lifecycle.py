@@ -36,11 +36,11 @@ from runner.errors import CycleLimitExceeded, DefinitionError, RunnerError
 from runner.flow import events as ev
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow.attempt import StepResult
 from runner.flow.children import ChildRun, child_run_id
 from runner.flow.graph import FlowGraph, MethodSpec
 from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import Reducer, diff
-from runner.flow.steps import StepResult
 from runner.settings import RunnerSettings
 from runner.store.models import FLOW_FAILED, Checkpoint, ChildLink, RunStatus, StepError
 

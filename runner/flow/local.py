@@ -33,12 +33,12 @@ from runner.flow import events as ev
 from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow.attempt import StepResult, run_step
 from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
 from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import reducers_for
-from runner.flow.steps import StepResult, run_step
 from runner.settings import get_settings
 from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint, Lineage

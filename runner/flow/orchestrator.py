@@ -180,7 +180,7 @@ def _emit(graph: FlowGraph, rec: ExecutionRecord, event: str, source: str) -> li
     return ready
 
 
-def begin(
+def ready_starts(
     graph: FlowGraph, record: ExecutionRecord | None = None
 ) -> tuple[ExecutionRecord, list[Activation]]:
     """Make the kickoff steps ready: the unconditional starts, or all starts if none."""

@@ -88,7 +88,7 @@ def start(
     graph: FlowGraph, run_id: str, state: dict[str, Any], *, flow: str, name: str, **extra: Any
 ) -> Transition:
     """The first checkpoint of a fresh run and its start activations."""
-    record, ready = orch.begin(graph, ExecutionRecord())
+    record, ready = orch.ready_starts(graph, ExecutionRecord())
     base = Checkpoint(
         run_id=run_id,
         event=FLOW_STARTED,
@@ -103,7 +103,7 @@ def start(
 
 def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Transition:
     """Re-run a known run from its starts (CrewAI's ``inputs={"id": X}``)."""
-    record, ready = orch.begin(graph, ExecutionRecord())
+    record, ready = orch.ready_starts(graph, ExecutionRecord())
     ckpt = with_record(
         latest,
         record,

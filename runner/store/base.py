@@ -105,7 +105,7 @@ class CheckpointStore(Protocol):
 
 
 class BeginOutcome(StrEnum):
-    """What :meth:`CoordinatedStore.begin` found for an activation."""
+    """What :meth:`CoordinatedStore.begin_attempt` found for an activation."""
 
     OK = "ok"
     """The caller now holds the activation's lease."""
@@ -120,7 +120,8 @@ class BeginOutcome(StrEnum):
 
 
 class Begun(NamedTuple):
-    """The result of :meth:`CoordinatedStore.begin`: the run's latest checkpoint and the lease."""
+    """The result of :meth:`CoordinatedStore.begin_attempt`: the run's latest checkpoint and
+    the lease."""
 
     latest: Checkpoint | None
     """The run's latest checkpoint (``None``: no such run)."""
@@ -177,7 +178,7 @@ class CoordinatedStore(CheckpointStore, Protocol):
         ``sender_lease`` seconds, unless a live lease is held), atomically."""
         ...
 
-    def begin(self, run_id: str, key: str, token: str, lease_seconds: float) -> Begun:
+    def begin_attempt(self, run_id: str, key: str, token: str, lease_seconds: float) -> Begun:
         """The run's latest checkpoint and, unless ``key`` is committed or another live
         attempt holds it, its lease for ``token`` (for ``lease_seconds``): one round trip."""
         ...
@@ -185,7 +186,7 @@ class CoordinatedStore(CheckpointStore, Protocol):
     def claim(
         self, run_id: str, keys: Sequence[str], token: str, lease_seconds: float
     ) -> list[BeginOutcome]:
-        """:meth:`begin`'s lease rule for each of ``keys`` (``OK``, ``HELD`` or ``DONE``;
+        """:meth:`begin_attempt`'s lease rule for each of ``keys`` (``OK``, ``HELD`` or ``DONE``;
         ``NO_RUN`` for all when the run does not exist), without reading the run: one
         round trip for soft leases (:mod:`runner.distributed.handoff`)."""
         ...

@@ -418,7 +418,7 @@ class RedisProvider:
 
     # -- coordination: dispatch markers, leases, locks, stop notices --------------------------
 
-    def begin(self, run_id: str, key: str, token: str, lease_seconds: float) -> Begun:
+    def begin_attempt(self, run_id: str, key: str, token: str, lease_seconds: float) -> Begun:
         """The run's latest checkpoint and ``key``'s lease for ``token``, in one round trip."""
         now = time.time()
         return self._begin_script(run_id, [key, token, repr(now + lease_seconds), repr(now)])
@@ -426,7 +426,7 @@ class RedisProvider:
     def claim(
         self, run_id: str, keys: Sequence[str], token: str, lease_seconds: float
     ) -> list[BeginOutcome]:
-        """:meth:`begin`'s lease rule for each of ``keys``, without reading the run."""
+        """:meth:`begin_attempt`'s lease rule for each of ``keys``, without reading the run."""
         now = time.time()
         k = self.keys
         names = [k.history(run_id), k.attempts(run_id), k.leases(run_id), k.owners(run_id)]

@@ -1,4 +1,5 @@
-"""Running one flow method: the part both executors share.
+"""One attempt of a step: running its flow method once, the part both executors share
+(what happens to the attempt on a worker is :mod:`runner.distributed.step`).
 
 A step runs against its own copy of the state (made from the JSON snapshot it
 started from), so parallel branches never see each other's half-done writes; the
