@@ -1,8 +1,9 @@
 """The ``runner`` command line: a thin shell over the Python API.
 
-Each command builds a producer runtime from the settings (``RUNNER_REDIS_URL``,
-``RUNNER_PREFIX``, ``RUNNER_QUEUE``; ``--redis-url`` overrides the URL), calls one
-function of :mod:`runner.distributed.client` / :mod:`runner.distributed.control` /
+Each command reads its settings (``RUNNER_REDIS_URL``, ``RUNNER_PREFIX``, ``RUNNER_QUEUE``;
+``--redis-url`` overrides the URL), builds the deployment's store alone when it only reads
+(no Celery app: see :mod:`runner.cli._session`) or the producer runtime when it sends,
+calls one function of :mod:`runner.distributed.client` / :mod:`runner.distributed.control` /
 the store, and prints a rich view or, with ``--json``, the models' JSON dumps.
 Errors are one ``error:`` line on stderr; exit codes are in :mod:`runner.cli._session`.
 """
