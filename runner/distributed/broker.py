@@ -62,7 +62,7 @@ from kombu import Exchange, Producer, Queue
 from kombu.exceptions import BatchPublishError, OperationalError
 from kombu.transport.redis import Channel as RedisChannel
 
-from runner.store.redis import OUTBOX_COMMANDS, OutboxCommand
+from runner.store.base import OUTBOX_COMMANDS, OutboxCommand
 
 log = logging.getLogger("runner.broker")
 
@@ -276,7 +276,8 @@ def _refusing(make_client: Callable[..., Any]) -> Callable[..., Any]:
 
 def _probe_outbox(app: Celery) -> str | None:
     """Record one ``send_task`` to a private queue; ``None`` if kombu handed the session
-    exactly the expected commands and ran none itself, else what differed."""
+    exactly the expected commands and ran none itself, else what differed. (Celery's
+    publish signals fire for it, as for any send: its task is ``runner.probe.task``.)"""
     queue = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
     if not isinstance(getattr(Producer, "supports_batch_publish", None), property):
         return "kombu's Producer has no supports_batch_publish"
