@@ -27,6 +27,7 @@ from runner.distributed.broker import QUEUE_READ_LIMIT, BrokerView
 from runner.distributed.engine import Runtime, first_checkpoint, task_id
 from runner.distributed.recovery import recover
 from runner.settings import RunnerSettings
+from runner.store.base import CommitRequest
 from tests.flows.parity import LinearParity
 
 pytestmark = pytest.mark.broker  # part of the broker conformance suite (make test-latest)
@@ -58,7 +59,7 @@ def _view(rt: Runtime) -> BrokerView:
 def _marked_sent(rt: Runtime) -> str:
     """A new run whose first step is marked sent by its commit, and sent nowhere."""
     first = first_checkpoint(LinearParity, {"tag": uuid.uuid4().hex})
-    rt.store.commit(first.checkpoint, expected_seq=0, dispatching=["one#1"])
+    rt.store.commit_request(CommitRequest(first.checkpoint, expected_seq=0, dispatching=["one#1"]))
     return first.checkpoint.run_id
 
 

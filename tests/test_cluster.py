@@ -28,6 +28,7 @@ from runner.distributed.app import make_app
 from runner.distributed.client import submit
 from runner.errors import StoreError, StoreUnavailable
 from runner.settings import RunnerSettings
+from runner.store.base import CommitRequest
 from runner.store.keys import CLUSTER_SHARDS
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
@@ -141,7 +142,8 @@ def test_flows_run_on_workers_with_their_checkpoints_on_the_cluster(
         assert fanout.wait(timeout=60) is RunStatus.SUCCEEDED
         assert linear.latest().state["counter"] == 20
         assert fanout.latest().state["summary"] == "10 notes"
-        assert len(rt.store.history(linear.run_id, limit=100)) == 21
+        # flow_started, one per step, and the run's closing flow_finished
+        assert len(rt.store.history(linear.run_id, limit=100)) == 22
         for handle in (linear, fanout):
             assert rt.coord.leases(handle.run_id) == {}
             assert rt.coord.dispatched(handle.run_id) == {}
@@ -151,10 +153,12 @@ def test_flows_run_on_workers_with_their_checkpoints_on_the_cluster(
 def test_a_commit_on_a_cluster_takes_no_outbox_and_writes_nothing(store):
     first = store.commit(Checkpoint(run_id="r", event="flow_started"))
     with pytest.raises(StoreError, match="Cluster"):
-        store.commit(
-            Checkpoint(run_id="r", event="x"),
-            expected_seq=first.seq,
-            outbox=[("lpush", "queue", "message")],
+        store.commit_request(
+            CommitRequest(
+                Checkpoint(run_id="r", event="x"),
+                expected_seq=first.seq,
+                outbox=[("lpush", "queue", "message")],
+            )
         )
     assert store.latest("r") == first
 

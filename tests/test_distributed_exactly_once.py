@@ -12,6 +12,7 @@ from runner.distributed.client import RunHandle
 from runner.distributed.engine import Runtime, task_id
 from runner.flow import transition as tr
 from runner.flow.state import reducers_for
+from runner.store.base import CommitRequest
 from runner.store.models import RunStatus
 from tests._dist_support import events_of, eventually, finished, history
 from tests.flows import dist
@@ -156,7 +157,9 @@ def test_commit_whose_committer_died_before_sending_is_completed_by_recovery(
         attempt="dead-attempt",
     )
     handoff.hold(rt.coord, run, ["shout#1"])  # a committer holds it as sender, then dies
-    rt.store.commit(done.checkpoint, expected_seq=started.seq, dispatching=["shout#1"])
+    rt.store.commit_request(
+        CommitRequest(done.checkpoint, expected_seq=started.seq, dispatching=["shout#1"])
+    )
     handle = RunHandle(run, rt)
     assert handle.result(timeout=20) == 10
     assert executions(redis_client, run, "hello") == 0

@@ -1,11 +1,13 @@
 """Parity: the same flows through both executors give the same checkpoints, state, status
 and events.
 
-Each flow runs in this process (``kickoff``, checkpoints to Redis) and on real subprocess
-workers (``submit``); both settle every step through :mod:`runner.flow.lifecycle`. The
-checkpoint events are compared as stored by default (a flow's default checkpoint events);
-parallel branches commit in either order, so events are compared as ordered lists after
-the first parallel step, per step name.
+Each flow runs in this process (``kickoff``, every checkpoint to Redis) and on real
+subprocess workers (``submit``); both settle every step through
+:mod:`runner.flow.lifecycle`. The checkpoints are compared as a whole (parallel branches
+commit in either order): the same events, the same first (``flow_started``) and the same
+final checkpoint's event and status (the run's closing ``flow_finished``/``flow_failed``
+where the run ended with the step that ended it), state and steps. A child run's link
+(``child_run_started``) is the workers' alone.
 
 The events told to the flow's listeners are compared too (the parity flows record them in
 Redis, from whichever process tells them): the same events, each step's in the same order,
@@ -22,10 +24,10 @@ from typing import Any
 import pytest
 
 from runner import CheckpointConfig
-from runner.checkpointing import FLOW_DEFAULT_EVENTS
 from runner.distributed import control
 from runner.distributed.client import submit
 from runner.errors import CycleLimitExceeded
+from runner.flow import orchestrator as orch
 from runner.flow.local import Paused
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
@@ -38,11 +40,15 @@ RUN_EVENTS = frozenset({"flow_started", "flow_paused", "flow_finished", "flow_fa
 
 
 def _events(ckpts: list[Checkpoint]) -> list[tuple[str, str | None]]:
-    return [(c.event, c.step) for c in ckpts if c.event in FLOW_DEFAULT_EVENTS]
+    return [(c.event, c.step) for c in ckpts if c.event != "child_run_started"]
+
+
+def _every_checkpoint(store: RedisProvider) -> CheckpointConfig:
+    return CheckpointConfig(provider=store, on_events=["*"])
 
 
 def _in_process(flow_cls: Any, store: RedisProvider, inputs: dict[str, Any]) -> tuple[Any, str]:
-    flow = flow_cls(checkpoint=CheckpointConfig(provider=store))
+    flow = flow_cls(checkpoint=_every_checkpoint(store))
     try:
         out = flow.kickoff(inputs=inputs)
     except Exception as exc:  # the run failed: the flow raises its step's error
@@ -73,7 +79,7 @@ def _same(
     assert Counter(_events(here)) == Counter(_events(there))
     assert _events(here)[0] == _events(there)[0] == ("flow_started", None)
     last_here, last_there = here[-1], there[-1]
-    assert last_here.status is last_there.status
+    assert (last_here.event, last_here.status) == (last_there.event, last_there.status)
     drop = {"id", "tag"}
 
     def settled(state: dict[str, Any]) -> dict[str, Any]:
@@ -130,8 +136,8 @@ def test_successful_flows_settle_the_same_in_process_and_on_workers(
     out, local_id = _in_process(flow_cls, local, mine)
     worker_id = _on_workers(rt, flow_cls, theirs)
     there = _same(local, rt, local_id, worker_id, any_order)
-    assert there[-1].status is RunStatus.SUCCEEDED
-    assert out == there[-1].outputs[there[-1].step]
+    assert (there[-1].event, there[-1].status) == ("flow_finished", RunStatus.SUCCEEDED)
+    assert out == orch.last_output(there[-1].record)
     told = _told_alike(local_id, worker_id)
     assert (told[0], told[-1]) == (("flow_started", None), ("flow_finished", None))
 
@@ -145,9 +151,9 @@ def test_a_loop_past_max_calls_fails_the_run_with_cycle_limit_exceeded_in_both(
     worker_id = _on_workers(rt, parity.RunawayParity, theirs)
     there = _same(local, rt, local_id, worker_id)
     failed = there[-1]
-    assert failed.status is RunStatus.FAILED
-    assert failed.event == "method_execution_failed"
+    assert (failed.event, failed.step, failed.status) == ("flow_failed", "check", RunStatus.FAILED)
     assert failed.error is not None and failed.error.type == "CycleLimitExceeded"
+    assert there[-2].event == "method_execution_failed" and there[-2].error == failed.error
     told = _told_alike(local_id, worker_id)
     assert told[-2:] == [("method_execution_failed", "check"), ("flow_failed", None)]
 
@@ -159,8 +165,8 @@ def test_retry_then_success_and_retries_exhausted_settle_the_same(
     _out, local_id = _in_process(parity.RetryParity, local, mine)
     worker_id = _on_workers(rt, parity.RetryParity, theirs)
     there = _same(local, rt, local_id, worker_id)
-    assert there[-1].status is RunStatus.SUCCEEDED
-    assert there[-1].attempts == 2
+    assert (there[-1].event, there[-1].status) == ("flow_finished", RunStatus.SUCCEEDED)
+    assert [(c.step, c.attempts) for c in there if c.step == "flaky"] == [("flaky", 2)]
     told = _told_alike(local_id, worker_id)
     assert [e for e in told if e[1] == "flaky"] == [
         ("method_execution_started", "flaky"),
@@ -173,7 +179,11 @@ def test_retry_then_success_and_retries_exhausted_settle_the_same(
     assert isinstance(out, ValueError)
     worker_id = _on_workers(rt, parity.ExhaustedParity, theirs)
     there = _same(local, rt, local_id, worker_id)
-    assert there[-1].status is RunStatus.FAILED
+    assert (there[-1].event, there[-1].step, there[-1].status) == (
+        "flow_failed",
+        "broken",
+        RunStatus.FAILED,
+    )
     assert there[-1].error is not None and there[-1].error.attempts == 2
     assert there[-1].error.type == "ValueError"
     told = _told_alike(local_id, worker_id)
@@ -186,19 +196,22 @@ def test_retry_then_success_and_retries_exhausted_settle_the_same(
 
 def test_pause_and_resume_settle_the_same(rt: Any, local: RedisProvider) -> None:
     mine, theirs = _tags()
-    flow = parity.PauseParity(checkpoint=CheckpointConfig(provider=local))
+    flow = parity.PauseParity(checkpoint=_every_checkpoint(local))
     assert isinstance(flow.kickoff(inputs=mine), Paused)
     latest = local.latest(flow.state.id)
     assert latest is not None and latest.status is RunStatus.PAUSED
-    again = parity.PauseParity(checkpoint=CheckpointConfig(provider=local))
+    again = parity.PauseParity(checkpoint=_every_checkpoint(local))
     again.kickoff(inputs={"approved": "ann"}, from_checkpoint=latest.id)
 
     handle = submit(parity.PauseParity, theirs, rt=rt)
     assert handle.wait(timeout=30) is RunStatus.PAUSED
     eventually(lambda: ("flow_paused", "review") in recorded(handle.run_id))
     control.resume(handle.run_id, inputs={"approved": "ann"}, rt=rt).wait(timeout=30)
+    paused = [c for c in history(rt, handle.run_id) if c.status is RunStatus.PAUSED]
+    assert [(c.event, c.step) for c in paused] == [("flow_paused", "review")]
     there = _same(local, rt, flow.state.id, handle.run_id)
     assert there[-1].outputs["publish"] == "published: draft approved by ann"
+    assert there[-1].event == "flow_finished"
     told = _told_alike(flow.state.id, handle.run_id)
     assert [e[0] for e in told if e[0] in RUN_EVENTS] == [
         "flow_started",
@@ -219,6 +232,7 @@ def test_two_parallel_failures_fail_the_run_once_in_both(rt: Any, local: RedisPr
         "left",
         "right",
     ]
+    assert [c.event for c in there].count("flow_failed") == 1
     told = _told_alike(local_id, worker_id)
     assert [e[0] for e in told].count("flow_failed") == 1
     assert [e[0] for e in told].count("method_execution_failed") == 2
@@ -230,5 +244,5 @@ def test_a_crew_child_run_settles_the_same(rt: Any, local: RedisProvider) -> Non
     _out, local_id = _in_process(crews.HostFlow, local, mine)
     worker_id = _on_workers(rt, crews.HostFlow, theirs)
     there = _same(local, rt, local_id, worker_id)
-    assert there[-1].status is RunStatus.SUCCEEDED
+    assert (there[-1].event, there[-1].status) == ("flow_finished", RunStatus.SUCCEEDED)
     assert there[-1].state["summary"] == "a3(a2(a1(bees)))"

@@ -25,7 +25,7 @@ from runner.errors import (
     StaleAttempt,
     StoreError,
 )
-from runner.store.base import BeginOutcome, CheckpointStore, CoordinatedStore
+from runner.store.base import BeginOutcome, CheckpointStore, CommitRequest, CoordinatedStore
 from runner.store.jsondir import JsonProvider
 from runner.store.models import Checkpoint, Lineage, RunStatus, StepError
 from runner.store.redis import RedisProvider
@@ -425,11 +425,13 @@ def test_dispatch_markers_are_set_once_and_re_dated_by_stamp(coord_store):
 
 def test_a_commit_marks_the_activations_it_dispatches_and_a_lost_commit_marks_none(coord_store):
     run = ids.run_id()
-    first = coord_store.commit(ckpt(run), dispatching=["plan#1"])
+    first = coord_store.commit_request(CommitRequest(ckpt(run), dispatching=["plan#1"]))
     assert set(coord_store.markers(run)) == {"plan#1"}
 
     with pytest.raises(CommitConflict):
-        coord_store.commit(ckpt(run), expected_seq=0, dispatching=["write#1"])
+        coord_store.commit_request(
+            CommitRequest(ckpt(run), expected_seq=0, dispatching=["write#1"])
+        )
     assert set(coord_store.markers(run)) == {"plan#1"}
     # The marker set by the commit is not set again by a later dispatch.
     assert coord_store.mark_dispatched(run, ["plan#1"]) == [False]
@@ -501,10 +503,55 @@ def test_renew_take_over_and_release_act_only_for_the_holder(coord_store):
     assert coord_store.leases(run) == {}
 
 
+@pytest.mark.parametrize("size", [10, 40_000], ids=["inline", "by-field"])
+def test_a_commit_that_ends_the_run_writes_its_closing_checkpoint_in_the_same_write(
+    coord_store, size
+):
+    run = ids.run_id()
+    first = coord_store.commit(ckpt(run, event="flow_started", state={"id": run, "n": 0}))
+    state = {"id": run, "n": 1, "doc": "x" * size}
+    step = ckpt(run, event="method_execution_finished", step="a", activation="a#1")
+    step = step.model_copy(update={"attempt": "t1", "state": state, "status": RunStatus.SUCCEEDED})
+    closing = ckpt(run, event="flow_finished", status=RunStatus.SUCCEEDED, state=dict(state))
+
+    with pytest.raises(CommitConflict):  # nothing of a commit that does not land
+        coord_store.commit_request(CommitRequest(step, expected_seq=0, closing=closing))
+    assert [c.id for c in coord_store.history(run)] == [first.id]
+
+    done = coord_store.commit_request(CommitRequest(step, expected_seq=first.seq, closing=closing))
+    assert done.seq == 2
+    kept = coord_store.history(run)
+    assert [(c.seq, c.event, c.id) for c in kept] == [
+        (3, "flow_finished", closing.id),
+        (2, "method_execution_finished", step.id),
+        (1, "flow_started", first.id),
+    ]
+    assert kept[0].state == kept[1].state == state
+    assert coord_store.get(closing.id) == kept[0]
+    info = coord_store.run(run)
+    assert info is not None
+    assert (info.seq, info.latest, info.event, info.status) == (
+        3,
+        closing.id,
+        "flow_finished",
+        "succeeded",
+    )
+
+    # The same attempt again is a duplicate: no second closing checkpoint.
+    again = closing.model_copy(update={"id": "another-closing"})
+    assert coord_store.commit_request(CommitRequest(step, closing=again)).id == step.id
+    assert len(coord_store.history(run)) == 3
+    # A later commit builds on the closing checkpoint (the run's latest).
+    later = coord_store.commit(ckpt(run, event="flow_resumed", state={**state, "n": 2}))
+    assert later.seq == 4 and coord_store.latest(run) == later
+
+
 def test_soft_leases_give_way_to_an_attempt_and_a_senders_to_a_receivers(coord_store):
     run = ids.run_id()
     coord_store.commit(ckpt(run))
-    coord_store.commit(ckpt(run), dispatching=["a#1"], sender="~send:s1", sender_lease=30)
+    coord_store.commit_request(
+        CommitRequest(ckpt(run), dispatching=["a#1"], sender="~send:s1", sender_lease=30)
+    )
     # A sender's live lease gives way to a receiving worker's, which keeps off other senders
     # and workers, and gives way to an attempt, which keeps off everyone.
     assert coord_store.claim(run, ["a#1"], "~recv:r1", 30) == [BeginOutcome.OK]
@@ -603,13 +650,15 @@ def _run_keys(coord_store: Any, run: str) -> dict[str, str]:
 def test_every_per_run_key_is_bounded_by_the_history_kept_and_removed_with_the_run(coord_store):
     run, keep, steps = ids.run_id(), 5, 300
     k = coord_store.keys
-    coord_store.commit(ckpt(run, event="flow_started"), dispatching=["s#0"])
+    coord_store.commit_request(CommitRequest(ckpt(run, event="flow_started"), dispatching=["s#0"]))
     for i in range(steps):
         coord_store.begin_attempt(run, f"s#{i}", f"t{i}", 30)
-        latest = coord_store.commit(
-            ckpt(run, activation=f"s#{i}", attempt=f"t{i}", state={"i": i}),
-            max_checkpoints=keep,
-            dispatching=[f"s#{i + 1}"],
+        latest = coord_store.commit_request(
+            CommitRequest(
+                ckpt(run, activation=f"s#{i}", attempt=f"t{i}", state={"i": i}),
+                max_checkpoints=keep,
+                dispatching=[f"s#{i + 1}"],
+            )
         )
     client = coord_store.client
     sizes = {
@@ -644,7 +693,7 @@ def test_every_per_run_key_is_bounded_by_the_history_kept_and_removed_with_the_r
     assert len(coord_store.markers(run)) == 3
 
     # A resume into a new epoch, or a run that stops, leaves no markers or leases behind.
-    coord_store.commit(ckpt(run, meta={"epoch": 1}), dispatching=["1/s#300"])
+    coord_store.commit_request(CommitRequest(ckpt(run, meta={"epoch": 1}), dispatching=["1/s#300"]))
     assert set(coord_store.markers(run)) == {"1/s#300"} and coord_store.leases(run) == {}
     coord_store.begin_attempt(run, "1/s#300", "t-e1", 30)
     coord_store.commit(ckpt(run, meta={"epoch": 1}, status=RunStatus.SUCCEEDED))

@@ -18,6 +18,7 @@ from runner.errors import (
     StoreError,
     StoreUnavailable,
 )
+from runner.store.base import CommitRequest
 from runner.store.models import Checkpoint
 from runner.store.redis import RedisProvider
 
@@ -189,20 +190,25 @@ def test_a_commits_outbox_is_written_only_when_the_commit_lands(store: RedisProv
 
     step = Checkpoint(run_id="r", event="method_finished", state={"id": "r"}, activation="a")
     with pytest.raises(CommitConflict):  # not on a conflict
-        store.commit(step.model_copy(update={"attempt": "t1"}), expected_seq=0, outbox=outbox)
+        store.commit_request(
+            CommitRequest(step.model_copy(update={"attempt": "t1"}), expected_seq=0, outbox=outbox)
+        )
     assert store.client.llen(queue) == 0
     assert sub.get_message(timeout=0.2) is None
 
     landed = step.model_copy(update={"attempt": "t1"})
-    store.commit(landed, expected_seq=first.seq, dispatching=["b"], outbox=outbox)
+    store.commit_request(
+        CommitRequest(landed, expected_seq=first.seq, dispatching=["b"], outbox=outbox)
+    )
     assert store.client.lrange(queue, 0, -1) == [b"message-1"]
     got = sub.get_message(timeout=2)
     assert got is not None and got["data"] == b"sent-1"
 
     again = [("lpush", queue, "message-2")]
-    store.commit(landed, outbox=again)  # the same attempt again: a duplicate, sends nothing
+    # The same attempt again: a duplicate, sends nothing.
+    store.commit_request(CommitRequest(landed, outbox=again))
     with pytest.raises(StaleAttempt):  # another attempt of the committed step: nothing either
-        store.commit(step.model_copy(update={"attempt": "t2"}), outbox=again)
+        store.commit_request(CommitRequest(step.model_copy(update={"attempt": "t2"}), outbox=again))
     assert store.client.lrange(queue, 0, -1) == [b"message-1"]
     sub.close()
 
@@ -212,10 +218,12 @@ def test_an_outbox_with_another_command_is_refused_and_nothing_is_written(
 ) -> None:
     first = store.commit(Checkpoint(run_id="r", event="flow_started", state={"id": "r"}))
     with pytest.raises(StoreError, match="'del'"):
-        store.commit(
-            Checkpoint(run_id="r", event="x", state={"id": "r"}),
-            expected_seq=first.seq,
-            outbox=[("del", f"{store.keys.prefix}:meta", "")],
+        store.commit_request(
+            CommitRequest(
+                Checkpoint(run_id="r", event="x", state={"id": "r"}),
+                expected_seq=first.seq,
+                outbox=[("del", f"{store.keys.prefix}:meta", "")],
+            )
         )
     latest = store.latest("r")
     assert latest is not None and latest.seq == first.seq

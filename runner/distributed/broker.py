@@ -62,7 +62,7 @@ from kombu import Exchange, Producer, Queue
 from kombu.exceptions import BatchPublishError, OperationalError
 from kombu.transport.redis import Channel as RedisChannel
 
-from runner.store.redis import OUTBOX_COMMANDS, OutboxCommand
+from runner.store.base import OUTBOX_COMMANDS, OutboxCommand
 
 log = logging.getLogger("runner.broker")
 

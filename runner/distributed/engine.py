@@ -45,6 +45,7 @@ from runner.flow.loading import load_flow
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
 from runner.settings import RunnerSettings, get_settings
+from runner.store.base import CommitRequest
 from runner.store.models import Checkpoint, ParentLink, RunStatus
 from runner.store.redis import RedisProvider
 
@@ -246,7 +247,7 @@ def commit_on_latest(
         step = built.transition if isinstance(built, lifecycle.Settled) else built
         try:
             ready = step.ready if send_ready else []
-            ckpt = commit_and_send(rt, step.checkpoint, latest.seq, ready)
+            ckpt = commit_and_send(rt, step.checkpoint, latest.seq, ready, closing=step.closing)
         except CommitConflict:
             latest = None
             time.sleep(random.random() / 1000)
@@ -262,9 +263,15 @@ def commit_on_latest(
 
 
 def commit_and_send(
-    rt: Runtime, checkpoint: Checkpoint, expected_seq: int, ready: list[Activation]
+    rt: Runtime,
+    checkpoint: Checkpoint,
+    expected_seq: int,
+    ready: list[Activation],
+    *,
+    closing: Checkpoint | None = None,
 ) -> Checkpoint:
-    """Commit ``checkpoint`` (compare-and-set on ``expected_seq``) and send ``ready``, the
+    """Commit ``checkpoint`` (compare-and-set on ``expected_seq``), and the run's
+    ``closing`` checkpoint after it if it ends the run, and send ``ready``, the
     activations it makes ready, if the run goes on running.
 
     The same atomic commit marks them dispatched, so they are sent once. Where the broker
@@ -280,13 +287,16 @@ def commit_and_send(
     messages = (
         outbox_commands(rt, name, run_id, epoch, ready) if marks and rt.sends_in_commit else None
     )
-    ckpt = rt.store.commit(
-        checkpoint,
-        expected_seq=expected_seq,
-        dispatching=marks,
-        sender=handoff.sender_token() if marks and messages is None else "",
-        sender_lease=rt.settings.lease_seconds,
-        outbox=messages or (),
+    ckpt = rt.store.commit_request(
+        CommitRequest(
+            checkpoint,
+            expected_seq=expected_seq,
+            closing=closing,
+            dispatching=marks,
+            sender=handoff.sender_token() if marks and messages is None else "",
+            sender_lease=rt.settings.lease_seconds,
+            outbox=messages or (),
+        )
     )
     if marks and messages is None:
         send(rt, name, run_id, epoch, ready)

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from runner.store.redis import OutboxCommand as Command
+from runner.store.base import OutboxCommand as Command
 
 if TYPE_CHECKING:
     from celery import Celery

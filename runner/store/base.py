@@ -130,6 +130,39 @@ class Begun(NamedTuple):
     """The attempt token holding the lease, when :attr:`BeginOutcome.HELD`."""
 
 
+OutboxCommand = tuple[str, str, Any]
+"""One Redis command a commit publishes with: ``(command, key or channel, value)``."""
+OUTBOX_COMMANDS = {"lpush": True, "pexpire": True, "publish": False}
+"""The commands an outbox may hold, and whether each names a key (a channel is not)."""
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """One commit of a :class:`CoordinatedStore`: a checkpoint and what is written with it."""
+
+    checkpoint: Checkpoint
+    """The run's next checkpoint; with an ``activation`` and ``attempt`` it commits that
+    step once, dropping its lease."""
+    expected_seq: int | None = None
+    """Compare-and-set: the run's sequence number the checkpoint follows (``None``: any);
+    another raises :class:`~runner.errors.CommitConflict`."""
+    max_checkpoints: int | None = None
+    """History kept for the run (``None``: the store's default)."""
+    closing: Checkpoint | None = None
+    """The run's closing checkpoint (``flow_finished``/``flow_failed``) when ``checkpoint``
+    ends the run: written right after it, in the same write, with its state (the same)."""
+    dispatching: Sequence[str] = ()
+    """Activation keys the caller sends next, marked dispatched (once, ever)."""
+    sender: str = ""
+    """The sender's soft-lease token: each of ``dispatching`` is held by it for
+    ``sender_lease`` seconds (unless a live lease holds it), until the broker has it."""
+    sender_lease: float = 0.0
+    outbox: Sequence[OutboxCommand] = ()
+    """Redis commands that publish the messages of ``dispatching`` on the store's own
+    Redis (see :data:`OUTBOX_COMMANDS`), run only if the commit lands: not on a conflict,
+    nor when the attempt's commit is a duplicate or stale."""
+
+
 @dataclass(frozen=True)
 class Coordination:
     """A run's leases and dispatch markers, read together (what the recovery pass needs)."""
@@ -156,26 +189,21 @@ class CoordinatedStore(CheckpointStore, Protocol):
     conformance suite checks for every provider implementing this:
 
     * a commit naming an ``activation`` and an ``attempt`` drops that activation's lease;
-      ``dispatching`` marks activations dispatched in the same atomic write;
+      a :class:`CommitRequest`'s ``dispatching`` marks activations dispatched, and its
+      ``closing`` checkpoint is written, in the same atomic write;
     * a marker is set once (:meth:`mark_dispatched` returns ``False`` for one already set)
       and re-dated by :meth:`stamp`;
     * a lease is held by one attempt token at a time until it expires, is released, or is
       taken over from a dead holder.
     """
 
-    def commit(
-        self,
-        checkpoint: Checkpoint,
-        *,
-        expected_seq: int | None = None,
-        max_checkpoints: int | None = None,
-        dispatching: Sequence[str] = (),
-        sender: str = "",
-        sender_lease: float = 0.0,
-    ) -> Checkpoint:
-        """:meth:`CheckpointStore.commit`, also dropping the step's lease and marking
-        ``dispatching`` dispatched (each under the ``sender``'s soft lease for
-        ``sender_lease`` seconds, unless a live lease is held), atomically."""
+    def commit_request(self, request: CommitRequest) -> Checkpoint:
+        """:meth:`CheckpointStore.commit` of ``request.checkpoint`` with all the request
+        says, in one atomic write: the step's lease dropped, its ``closing`` checkpoint
+        written after it, ``dispatching`` marked (under the ``sender``'s soft lease), the
+        ``outbox`` run. Returns the checkpoint with ``seq`` set (a duplicate attempt's
+        first commit; nothing else written). A provider that cannot run an outbox raises
+        :class:`~runner.errors.StoreError` for a request holding one, writing nothing."""
         ...
 
     def begin_attempt(self, run_id: str, key: str, token: str, lease_seconds: float) -> Begun:

@@ -2,8 +2,10 @@
 
 It implements :class:`~runner.store.base.CoordinatedStore`: beside the history it keeps
 the dispatch markers and step leases of the engine on workers. A commit is one EVALSHA
-of :data:`~runner.store.scripts.COMMIT`: one round trip, atomic, idempotent per
-activation, dropping the step's lease and marking the next steps dispatched.
+of :data:`~runner.store.scripts.COMMIT` (its arguments a
+:class:`~runner.store.base.CommitRequest`): one round trip, atomic, idempotent per
+activation, dropping the step's lease, marking the next steps dispatched, publishing their
+messages (the outbox) and, when the step ends the run, writing the run's closing checkpoint.
 
 A checkpoint costs what its step changed: the state of a checkpoint over
 :data:`INLINE_BYTES` is stored by top-level field, each value once per version, and each
@@ -63,7 +65,14 @@ from runner.store._common import (
     run_info_after,
     run_info_updated,
 )
-from runner.store.base import BeginOutcome, Begun, Coordination
+from runner.store.base import (
+    OUTBOX_COMMANDS,
+    BeginOutcome,
+    Begun,
+    CommitRequest,
+    Coordination,
+    OutboxCommand,
+)
 from runner.store.keys import CLUSTER_SHARDS, Keys
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
@@ -160,118 +169,70 @@ class RedisProvider:
         *,
         expected_seq: int | None = None,
         max_checkpoints: int | None = None,
-        dispatching: Sequence[str] = (),
-        sender: str = "",
-        sender_lease: float = 0.0,
-        outbox: Sequence[OutboxCommand] = (),
     ) -> Checkpoint:
-        """Write ``checkpoint`` as the run's next one in one atomic round trip.
+        """Write ``checkpoint`` as the run's next one (:meth:`commit_request` of it alone)."""
+        return self.commit_request(CommitRequest(checkpoint, expected_seq, max_checkpoints))
 
-        The same round trip drops the lease of ``checkpoint.activation`` and marks
-        ``dispatching`` (activations the caller sends next) in the run's dispatch
-        markers, so a redelivered commit never sends them again; with a ``sender``
-        token each of them also gets that soft lease for ``sender_lease`` seconds
-        (unless a live lease is held), dropped by the sender once the broker has it.
-        ``outbox``: Redis commands that publish messages on this same Redis (``lpush``
-        or ``pexpire`` of a key, ``publish`` on a channel: (command, key or channel,
-        value)), run by the same script only if the commit lands (not on a conflict,
-        nor when the attempt's commit is a duplicate or stale). Not on a Cluster.
-        """
-        keys_out = _outbox_keys(outbox, self.cluster)
-        k, run = self.keys, checkpoint.run_id
-        keep = self.max_checkpoints if max_checkpoints is None else max_checkpoints
-        keep = max(keep, 0)
+    def commit_request(self, request: CommitRequest) -> Checkpoint:
+        """Write ``request.checkpoint`` and all the request says in one atomic round trip (one
+        EVALSHA of :data:`~runner.store.scripts.COMMIT`): the step's lease dropped, its
+        ``dispatching`` marked (so a redelivered commit never sends them again), each under
+        the ``sender``'s soft lease until the broker has it, the ``outbox``'s messages
+        published, and the run's ``closing`` checkpoint written next. An outbox runs on this
+        same Redis only, so never on a Cluster (:class:`StoreError`)."""
+        ckpt, run = request.checkpoint, request.checkpoint.run_id
+        keys = [*self._commit_keys(run), *_outbox_keys(request.outbox, self.cluster)]
         now = time.time()
-        always, once = _meta_fields(checkpoint, now)
         base = self._base(run)
-        inline, values, digests, names = False, {}, {}, ""
-        if base is None:  # a run seen by field goes on by field
-            body = _dump(checkpoint, _EXCLUDE_SEQ)[1:]
-            inline = len(body) < INLINE_BYTES  # the state stays inside the snapshot
-        if not inline:
-            body = _dump(checkpoint, _EXCLUDE)[1:]
-            values = _encode_state(checkpoint)
-            digests = {name: _digest(value) for name, value in values.items()}
-            names = json.dumps(list(values))
+        state = _State.of(ckpt, by_field=base is not None)  # a run seen by field goes on so
+        closing = "" if request.closing is None else _dump(request.closing, state.exclude)[1:]
         for whole in (base is None, True):
-            if inline:
-                base_id, changed, versions = "", set(), []
-            elif whole or base is None:
-                base_id, changed, versions = "", set(values), [-1] * len(values)
-            else:
-                base_id = base.checkpoint_id
-                changed = {n for n, d in digests.items() if base.digests.get(n) != d}
-                versions = [-1 if n in changed else base.versions[n] for n in values]
-            reply = self._call(
-                self._commit,
-                [
-                    k.meta(run),
-                    k.history(run),
-                    k.snapshots(run),
-                    k.attempts(run),
-                    k.acts(run),
-                    k.pins(run),
-                    k.leases(run),
-                    k.owners(run),
-                    k.dispatched(run),
-                    k.runs_of(run),
-                    k.checkpoints_of(run),
-                    k.active_of(run),
-                    k.values(run),
-                    k.refs(run),
-                    *keys_out,
-                ],
-                [
-                    checkpoint.id,
-                    body,
-                    checkpoint.activation or "",
-                    checkpoint.attempt or "",
-                    "" if expected_seq is None else expected_seq,
-                    keep,
-                    repr(now),
-                    run,
-                    checkpoint.status.value,
-                    checkpoint.meta.epoch,
-                    len(always),
-                    len(once),
-                    len(dispatching),
-                    base_id,
-                    names,
-                    json.dumps(versions, separators=(",", ":")),
-                    len(changed),
-                    sender,
-                    repr(now + sender_lease),
-                    len(outbox),
-                    *_pairs(always),
-                    *_pairs(once),
-                    *dispatching,
-                    *(item for name in values if name in changed for item in (name, values[name])),
-                    *(item for command in outbox for item in command),
-                ],
-            )
+            delta = state.delta(None if whole else base)
+            args = _commit_args(request, now, self.max_checkpoints, state, delta, closing)
+            reply = self._call(self._commit, keys, args)
             if reply[0] != b"rebase":
                 break
         outcome, value = reply[0].decode(), reply[1].decode()
         if outcome == "ok":
             seq = int(value)
-            if inline:
+            if state.inline:
                 self._forget(run)
-            else:
-                made = {n: seq if v == -1 else v for n, v in zip(values, versions, strict=True)}
-                self._remember(run, checkpoint.id, digests, made)
-            return checkpoint.model_copy(update={"seq": int(value)})
+            else:  # the run's latest is now the closing checkpoint, if any, of the same state
+                made = [seq if v == -1 else v for v in delta.versions]
+                versions = dict(zip(state.values, made, strict=True))
+                self._remember(run, (request.closing or ckpt).id, state.digests, versions)
+            return ckpt.model_copy(update={"seq": seq})
         if outcome == "dup":
-            return self._get_in_run(run, value, default=checkpoint)
+            return self._get_in_run(run, value, default=ckpt)
         if outcome == "stale":
             raise StaleAttempt(
-                f"step {checkpoint.activation} of run {run} was already committed "
+                f"step {ckpt.activation} of run {run} was already committed "
                 f"by another attempt (checkpoint {value})",
                 run_id=run,
-                activation=checkpoint.activation,
+                activation=ckpt.activation,
                 checkpoint_id=value,
             )
-        assert expected_seq is not None
-        raise conflict(run, expected_seq, int(value))
+        assert request.expected_seq is not None
+        raise conflict(run, request.expected_seq, int(value))
+
+    def _commit_keys(self, run: str) -> list[str]:
+        k = self.keys
+        return [
+            k.meta(run),
+            k.history(run),
+            k.snapshots(run),
+            k.attempts(run),
+            k.acts(run),
+            k.pins(run),
+            k.leases(run),
+            k.owners(run),
+            k.dispatched(run),
+            k.runs_of(run),
+            k.checkpoints_of(run),
+            k.active_of(run),
+            k.values(run),
+            k.refs(run),
+        ]
 
     def update_run(self, run_id: str, **fields: Any) -> RunInfo:
         """Set metadata fields of an existing run (``RunNotFound`` if none)."""
@@ -757,12 +718,6 @@ def _pairs(fields: dict[str, str]) -> list[str]:
     return [item for pair in fields.items() for item in pair]
 
 
-OutboxCommand = tuple[str, str, Any]
-"""One Redis command a commit publishes with: (command, key or channel, value)."""
-OUTBOX_COMMANDS = {"lpush": True, "pexpire": True, "publish": False}
-"""The commands a commit's outbox may hold, and whether each names a key (a channel is not)."""
-
-
 def _outbox_keys(outbox: Sequence[OutboxCommand], cluster: bool) -> list[str]:
     """The keys ``outbox`` writes, in order, for the script's KEYS (``StoreError`` if it
     holds another command, or on a Cluster, whose slots the messages' keys are not in)."""
@@ -784,6 +739,104 @@ class _Base:
     checkpoint_id: str
     digests: dict[str, bytes]
     versions: dict[str, int]
+
+
+@dataclass(frozen=True)
+class _State:
+    """How a checkpoint's state is written: inside its snapshot (``inline``) or by field
+    (``values``, each field's JSON, and their ``digests``); ``body`` is the snapshot."""
+
+    inline: bool
+    body: str
+    values: dict[str, bytes]
+    digests: dict[str, bytes]
+
+    @property
+    def exclude(self) -> set[str]:
+        """What a snapshot of this run leaves out."""
+        return _EXCLUDE_SEQ if self.inline else _EXCLUDE
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint, *, by_field: bool) -> _State:
+        """``checkpoint``'s state inline if its snapshot is small (and ``by_field`` is not
+        asked), else by field."""
+        if not by_field:
+            body = _dump(checkpoint, _EXCLUDE_SEQ)[1:]
+            if len(body) < INLINE_BYTES:
+                return cls(True, body, {}, {})
+        values = _encode_state(checkpoint)
+        digests = {name: _digest(value) for name, value in values.items()}
+        return cls(False, _dump(checkpoint, _EXCLUDE)[1:], values, digests)
+
+    def delta(self, base: _Base | None) -> _Delta:
+        """What a commit writes of the state: the fields changed since ``base`` (the run's
+        latest checkpoint as this provider last saw it), or all of them."""
+        if self.inline:
+            return _Delta("", [], [])
+        if base is None:
+            return _Delta("", list(self.values), [-1] * len(self.values))
+        changed = [n for n, d in self.digests.items() if base.digests.get(n) != d]
+        fresh = set(changed)
+        versions = [-1 if n in fresh else base.versions[n] for n in self.values]
+        return _Delta(base.checkpoint_id, changed, versions)
+
+
+@dataclass(frozen=True)
+class _Delta:
+    """The state a commit writes: changed fields, the others' versions (``-1``: written now),
+    based on checkpoint ``base`` (``""``: the whole state)."""
+
+    base: str
+    changed: list[str]
+    versions: list[int]
+
+
+def _commit_args(
+    request: CommitRequest,
+    now: float,
+    default_keep: int,
+    state: _State,
+    delta: _Delta,
+    closing: str,
+) -> list[Any]:
+    """The COMMIT script's ARGV for ``request`` (see its header)."""
+    ckpt = request.checkpoint
+    always, once = _meta_fields(ckpt, now)
+    keep = default_keep if request.max_checkpoints is None else request.max_checkpoints
+    header: dict[str, Any] = {
+        "id": ckpt.id,
+        "run": ckpt.run_id,
+        "status": ckpt.status.value,
+        "epoch": str(ckpt.meta.epoch),
+        "activation": ckpt.activation or "",
+        "attempt": ckpt.attempt or "",
+        "expected": "" if request.expected_seq is None else str(request.expected_seq),
+        "keep": max(keep, 0),
+        "now": repr(now),
+        "always": _pairs(always),
+        "once": _pairs(once),
+        "dispatching": list(request.dispatching),
+        "base": delta.base,
+        "names": "" if state.inline else json.dumps(list(state.values)),
+        "versions": json.dumps(delta.versions, separators=(",", ":")),
+        "changed": delta.changed,
+        "sender": request.sender,
+        "sender_until": repr(now + request.sender_lease),
+        "outbox": [[command, target] for command, target, _ in request.outbox],
+        "closing": "",
+    }
+    if request.closing is not None:
+        header["closing"] = {
+            "id": request.closing.id,
+            "always": _pairs(_meta_fields(request.closing, now)[0]),
+        }
+    return [
+        json.dumps(header, ensure_ascii=False, separators=(",", ":")),
+        state.body,
+        closing,
+        *(state.values[name] for name in delta.changed),
+        *(value for _, _, value in request.outbox),
+    ]
 
 
 def _dump(checkpoint: Checkpoint, exclude: set[str]) -> str:

@@ -125,60 +125,75 @@ COMMIT = (
     _FORGET_CHECKPOINT
     + _LEASE
     + """
--- Commit one checkpoint: idempotent per activation, gapless sequence, pruning.
+-- Commit a checkpoint (and the run's closing one after it): idempotent per activation,
+-- gapless sequence, pruning.
 -- KEYS[1] meta hash        KEYS[2] history zset      KEYS[3] snapshots hash
 -- KEYS[4] attempts hash    KEYS[5] acts hash         KEYS[6] pins set
 -- KEYS[7] leases zset      KEYS[8] lease owners hash KEYS[9] dispatch markers hash
 -- KEYS[10] run index (shard)  KEYS[11] checkpoint lookup (shard)  KEYS[12] active runs (shard)
 -- KEYS[13] field values hash   KEYS[14] refs hash
--- KEYS[15...] the keys the E outbox commands write (below), in order
--- ARGV[1] checkpoint id
--- ARGV[2] snapshot JSON without its opening '{', without seq and without state
--- ARGV[3] activation ('' = none)   ARGV[4] attempt token
--- ARGV[5] expected seq ('' = any)  ARGV[6] max checkpoints (0 = keep all)
--- ARGV[7] now (unix seconds)       ARGV[8] run id
--- ARGV[9] run status               ARGV[10] epoch
--- ARGV[11] A = meta field pairs set every commit, ARGV[12] B = pairs set on a new run,
--- ARGV[13] C = activations the caller dispatches next (marked sent now);
--- ARGV[14] the checkpoint the state is a change of ('' = the whole state is given),
--- ARGV[15] the state's field names (JSON array, in order; '' = the state is inside the
--- snapshot), ARGV[16] their versions (JSON array, -1 = written by this commit),
--- ARGV[17] D = changed fields (name, JSON);
--- ARGV[18] the sender's soft-lease token ('' = none), ARGV[19] its lease expiry: each of the
--- C activations gets the sender's lease by take_lease's rule (a sender dying before it
--- sends leaves leases that lapse, so recovery re-sends);
--- ARGV[20] E = outbox commands, run once the commit is written: the ready steps' messages
--- published on this Redis in the same atomic write ('lpush'/'pexpire' key value, the key
--- being the next of KEYS[15...]; 'publish' channel value);
--- then A pairs, B pairs, C activations, D pairs and E (command, key or channel, value).
+-- KEYS[15...] the keys the outbox commands write (below), in order
+-- ARGV[1] the request, JSON:
+--   id, run, status, epoch    the checkpoint's id, run id, run status and epoch (a string)
+--   activation, attempt       its activation ('' = none) and the attempt's token
+--   expected                  the run's seq the commit follows ('' = any)
+--   keep                      checkpoints kept (0 = all)
+--   now                       unix seconds (a string)
+--   always, once              meta field pairs [k, v, ...] set by every commit / a new run's
+--   dispatching               activations the caller sends next (marked sent now)
+--   base                      the checkpoint the state is a change of ('' = the whole state)
+--   names, versions           the state's field names and their versions (JSON array texts;
+--                             -1 = written by this commit; names '' = the state is inside
+--                             the snapshot)
+--   changed                   the fields written now (their values follow in ARGV)
+--   sender, sender_until      the sender's soft-lease token ('' = none) and its expiry: each
+--                             dispatching activation gets it by take_lease's rule (a sender
+--                             dying before it sends leaves leases that lapse)
+--   outbox                    [command, key or channel] run once the commit is written: the
+--                             ready steps' messages published in the same atomic write
+--                             ('lpush'/'pexpire' a key, the next of KEYS[15...]; 'publish')
+--   closing                   '' or {id, always}: the run's closing checkpoint, next in seq
+-- ARGV[2] snapshot JSON without its opening '{', without seq (and state, when by field)
+-- ARGV[3] the closing checkpoint's snapshot, likewise ('' = none)
+-- ARGV[4...] the changed fields' values (JSON), then the outbox commands' values
 -- Returns {'ok', seq} | {'dup', checkpoint id} | {'stale', checkpoint id}
 --       | {'conflict', current seq} | {'rebase', latest id} (the change's base is not the
 --       latest checkpoint: send the whole state)
-local activation = ARGV[3]
+local h = cjson.decode(ARGV[1])
+local activation = h.activation
 if activation ~= '' then
   local prev = redis.call('HGET', KEYS[4], activation)
   if prev then
     local sep = string.find(prev, '|', 1, true)
     local cid = string.sub(prev, sep + 1)
-    if string.sub(prev, 1, sep - 1) == ARGV[4] then return {'dup', cid} end
+    if string.sub(prev, 1, sep - 1) == h.attempt then return {'dup', cid} end
     return {'stale', cid}
   end
 end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
-if ARGV[5] ~= '' and tonumber(ARGV[5]) ~= cur then return {'conflict', tostring(cur)} end
-local base = ARGV[14]
-if base ~= '' then
+if h.expected ~= '' and tonumber(h.expected) ~= cur then return {'conflict', tostring(cur)} end
+if h.base ~= '' then
   local latest = redis.call('HGET', KEYS[1], 'latest')
-  if latest ~= base then return {'rebase', latest or ''} end
+  if latest ~= h.base then return {'rebase', latest or ''} end
 end
 local seq = cur + 1
-local id, now, run, status = ARGV[1], ARGV[7], ARGV[8], ARGV[9]
-redis.call('HSET', KEYS[3], id, '{"seq":' .. seq .. ',' .. ARGV[2])
-redis.call('ZADD', KEYS[2], seq, id)
+local now, run, status = h.now, h.run, h.status
+local refs = false
+if h.names ~= '' then
+  refs = '[' .. h.names .. ',' .. (string.gsub(h.versions, '%-1', tostring(seq))) .. ']'
+end
+-- A snapshot at `at`, in the history, the lookup and (by field) with its field list.
+local function write(at, id, body)
+  redis.call('HSET', KEYS[3], id, '{"seq":' .. at .. ',' .. body)
+  redis.call('ZADD', KEYS[2], at, id)
+  redis.call('HSET', KEYS[11], id, run)
+  if refs then redis.call('HSET', KEYS[14], id, refs) end
+end
+write(seq, h.id, ARGV[2])
 if activation ~= '' then
-  redis.call('HSET', KEYS[4], activation, ARGV[4] .. '|' .. id)
-  redis.call('HSET', KEYS[5], id, activation)
-  if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[4], activation, h.attempt .. '|' .. h.id)
+  redis.call('HSET', KEYS[5], h.id, activation)
+  if h.attempt ~= '' then
     -- A committed step needs no lease; dropping it here leaves none behind if the
     -- committer dies right after the commit. (In-process steps have no token, no lease.)
     redis.call('ZREM', KEYS[7], activation)
@@ -189,59 +204,55 @@ end
 -- into a new epoch, leaves none behind (old-epoch messages and attempts are skipped,
 -- and a resume dispatches every pending step again).
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if status ~= 'running' or (epoch and epoch ~= ARGV[10]) then
+if status ~= 'running' or (epoch and epoch ~= h.epoch) then
   redis.call('DEL', KEYS[7], KEYS[8], KEYS[9])
 end
-local i = 21
-local fields = {'seq', seq, 'latest', id, 'updated_at', now, 'status', status, 'epoch', ARGV[10]}
-for j = i, i + 2 * tonumber(ARGV[11]) - 1 do fields[#fields + 1] = ARGV[j] end
+local fields = {'seq', seq, 'latest', h.id, 'updated_at', now, 'status', status, 'epoch', h.epoch}
+for _, item in ipairs(h.always) do fields[#fields + 1] = item end
 redis.call('HSET', KEYS[1], unpack(fields))
-i = i + 2 * tonumber(ARGV[11])
 if cur == 0 then
   redis.call('HSETNX', KEYS[1], 'created_at', now)
   redis.call('HSETNX', KEYS[1], 'run_id', run)
-  for j = i, i + 2 * tonumber(ARGV[12]) - 1, 2 do
-    redis.call('HSETNX', KEYS[1], ARGV[j], ARGV[j + 1])
-  end
+  for j = 1, #h.once, 2 do redis.call('HSETNX', KEYS[1], h.once[j], h.once[j + 1]) end
 end
-i = i + 2 * tonumber(ARGV[12])
-for j = i, i + tonumber(ARGV[13]) - 1 do
-  local key = ARGV[j]
+for _, key in ipairs(h.dispatching) do
   redis.call('HSETNX', KEYS[9], key, now)
-  if ARGV[18] ~= '' and status == 'running' then
-    take_lease(KEYS[4], KEYS[7], KEYS[8], key, ARGV[18], ARGV[19], now)
+  if h.sender ~= '' and status == 'running' then
+    take_lease(KEYS[4], KEYS[7], KEYS[8], key, h.sender, h.sender_until, now)
   end
 end
-i = i + tonumber(ARGV[13])
--- The state: changed fields written at this seq, the checkpoint's field list recorded.
-for j = i, i + 2 * tonumber(ARGV[17]) - 1, 2 do
-  redis.call('HSET', KEYS[13], seq .. ':' .. ARGV[j], ARGV[j + 1])
+-- The state: changed fields written at this seq (the field list is in the snapshot's refs).
+for j, name in ipairs(h.changed) do
+  redis.call('HSET', KEYS[13], seq .. ':' .. name, ARGV[3 + j])
 end
-if ARGV[15] ~= '' then
-  local versions = string.gsub(ARGV[16], '%-1', tostring(seq))
-  redis.call('HSET', KEYS[14], id, '[' .. ARGV[15] .. ',' .. versions .. ']')
-end
-i = i + 2 * tonumber(ARGV[17])
-local key_of = 14
-for j = i, i + 3 * tonumber(ARGV[20]) - 1, 3 do
-  if ARGV[j] == 'publish' then
-    redis.call('PUBLISH', ARGV[j + 1], ARGV[j + 2])
+local value, key_of = 3 + #h.changed, 14
+for _, command in ipairs(h.outbox) do
+  value = value + 1
+  if command[1] == 'publish' then
+    redis.call('PUBLISH', command[2], ARGV[value])
   else
     key_of = key_of + 1
-    redis.call(ARGV[j], KEYS[key_of], ARGV[j + 2])
+    redis.call(command[1], KEYS[key_of], ARGV[value])
   end
 end
+local last = seq
+if h.closing ~= '' then
+  -- The run ended: its closing checkpoint follows, with the same state.
+  last = seq + 1
+  write(last, h.closing.id, ARGV[3])
+  local closing = {'seq', last, 'latest', h.closing.id}
+  for _, item in ipairs(h.closing.always) do closing[#closing + 1] = item end
+  redis.call('HSET', KEYS[1], unpack(closing))
+end
 redis.call('ZADD', KEYS[10], now, run)
-redis.call('HSET', KEYS[11], id, run)
 if status == 'running' then
   redis.call('ZADD', KEYS[12], now, run)
 else
   redis.call('ZREM', KEYS[12], run)
 end
-local keep = tonumber(ARGV[6])
-if keep > 0 and seq > keep then
+if h.keep > 0 and last > h.keep then
   local k = {KEYS[2], KEYS[3], KEYS[11], KEYS[5], KEYS[4], KEYS[9], KEYS[14], KEYS[13]}
-  for _, old in ipairs(prunable(KEYS[2], KEYS[6], keep)) do forget_checkpoint(k, old) end
+  for _, old in ipairs(prunable(KEYS[2], KEYS[6], h.keep)) do forget_checkpoint(k, old) end
 end
 return {'ok', tostring(seq)}
 """
