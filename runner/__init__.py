@@ -8,53 +8,86 @@ imports::
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from runner.checkpointing import CheckpointConfig, persist
-from runner.crew import Agent, Crew, CrewOutput, Task, TaskOutput
-from runner.errors import DefinitionWarning, RunnerError
-from runner.flow import local
-from runner.flow.conditions import and_, or_
-from runner.flow.decorators import listen, router, start
-from runner.flow.events import EventListener, FlowEvent
-from runner.flow.flow import EXECUTORS, Flow
-from runner.flow.state import FlowState, add, append, merge_dict
-from runner.store.jsondir import JsonProvider
-from runner.store.models import Checkpoint, RunInfo, RunStatus
-from runner.store.persistence import (
-    FlowPersistence,
-    RedisFlowPersistence,
-    SQLiteFlowPersistence,
-)
-from runner.store.sqlite import SqliteProvider
+from runner.flow.executors import EXECUTORS
 
-_LAZY = {
-    "RedisProvider": ("runner.store.redis", "RedisProvider"),
-    "submit": ("runner.distributed.client", "submit"),
-    "RunHandle": ("runner.distributed.client", "RunHandle"),
+if TYPE_CHECKING:
+    from runner.checkpointing import CheckpointConfig, persist
+    from runner.crew import Agent, Crew, CrewOutput, Task, TaskOutput
+    from runner.distributed.client import RunHandle, submit
+    from runner.errors import DefinitionWarning, RunnerError
+    from runner.flow.conditions import and_, or_
+    from runner.flow.decorators import listen, router, start
+    from runner.flow.events import EventListener, FlowEvent
+    from runner.flow.flow import Flow
+    from runner.flow.state import FlowState, add, append, merge_dict
+    from runner.store.jsondir import JsonProvider
+    from runner.store.models import Checkpoint, RunInfo, RunStatus
+    from runner.store.persistence import (
+        FlowPersistence,
+        RedisFlowPersistence,
+        SQLiteFlowPersistence,
+    )
+    from runner.store.redis import RedisProvider
+    from runner.store.sqlite import SqliteProvider
+
+# Every public name is imported on first use (PEP 562): `import runner.cli` (a cold
+# `runner runs`) then loads the store alone, not the flow core, crews and Celery.
+_HOMES = {
+    "runner.checkpointing": ("CheckpointConfig", "persist"),
+    "runner.crew": ("Agent", "Crew", "CrewOutput", "Task", "TaskOutput"),
+    "runner.distributed.client": ("RunHandle", "submit"),
+    "runner.errors": ("DefinitionWarning", "RunnerError"),
+    "runner.flow.conditions": ("and_", "or_"),
+    "runner.flow.decorators": ("listen", "router", "start"),
+    "runner.flow.events": ("EventListener", "FlowEvent"),
+    "runner.flow.flow": ("Flow",),
+    "runner.flow.state": ("FlowState", "add", "append", "merge_dict"),
+    "runner.store.jsondir": ("JsonProvider",),
+    "runner.store.models": ("Checkpoint", "RunInfo", "RunStatus"),
+    "runner.store.persistence": (
+        "FlowPersistence",
+        "RedisFlowPersistence",
+        "SQLiteFlowPersistence",
+    ),
+    "runner.store.redis": ("RedisProvider",),
+    "runner.store.sqlite": ("SqliteProvider",),
 }
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 
-def _submit(flow_cls: type[Flow[Any]], inputs: dict[str, Any] | None) -> Any:
+def _kickoff(*args: Any) -> Any:
+    from runner.flow.local import kickoff
+
+    return kickoff(*args)
+
+
+def _submit(flow_cls: Any, inputs: dict[str, Any] | None) -> Any:
     from runner.distributed.client import submit
 
     return submit(flow_cls, inputs)
 
 
 # The executors sit above the flow core; this package, which every import of a flow runs
-# first, plugs them into Flow.kickoff and Flow.submit (Celery is imported on first submit).
-EXECUTORS.in_process = local.kickoff
+# first, plugs them into Flow.kickoff and Flow.submit (each imported on its first call).
+EXECUTORS.in_process = _kickoff
 EXECUTORS.on_workers = _submit
 
 
 def __getattr__(name: str) -> Any:
-    """Import the Redis and Celery parts only when used."""
-    if name in _LAZY:
-        import importlib
+    """Import a public name's module when the name is first used."""
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
-    raise AttributeError(f"module 'runner' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 __all__ = [

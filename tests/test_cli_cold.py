@@ -95,3 +95,24 @@ def test_the_probe_sees_celery_once_a_command_sends(
     found = probe([["runs", "--json"], sending], worker_env)
     assert [f["code"] for f in found] == [0, 0]
     assert found[0]["loaded"] == [] and found[1]["loaded"] == ["celery", "kombu"]
+
+
+def test_the_cli_does_not_load_the_authoring_api_of_crews(
+    redis_client: redis.Redis,
+) -> None:
+    # `import runner` resolves its public names on first use (`from runner import Crew` loads
+    # crews); importing the package for the CLI's sake loads none of them.
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, runner.cli; "
+            "print(sorted(m for m in ('runner.crew', 'runner.crew.crew') if m in sys.modules))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert found.stdout.strip() == "[]"

@@ -4,7 +4,8 @@
 ``submit`` runs it on Celery workers (see :mod:`runner.distributed`). Both go through
 the same orchestrator and checkpoints, so either can resume the other's runs. The
 executors sit above the flow core, which does not import them: the package plugs them in
-(:data:`EXECUTORS`, set by ``runner/__init__.py``, which any import of a flow runs first).
+(:data:`runner.flow.executors.EXECUTORS`, set by ``runner/__init__.py``, which any import of
+a flow runs first).
 
 The engine's seam: what the executors and crews do to a flow object goes through the
 functions at the end of this module (:func:`apply_inputs`, :func:`state_json`,
@@ -20,8 +21,7 @@ import copy
 import functools
 import threading
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
@@ -31,6 +31,7 @@ from runner.checkpointing import CheckpointConfig, Sink, sink_for
 from runner.errors import DefinitionError, InvalidInputs
 from runner.flow.attempt import current_state, json_copy
 from runner.flow.events import EventListener
+from runner.flow.executors import EXECUTORS
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph, compile_graph, unknown_trigger
 from runner.flow.state import dump_state, with_id
 from runner.store.base import CheckpointStore
@@ -41,22 +42,6 @@ _STATE_TYPE_ATTR = "__runner_state_type__"
 _STATE_PARAM_ATTR = "__runner_state_param__"
 _PARAMETRIZED_ATTR = "__runner_parametrized__"
 _UNKNOWN: Any = object()
-
-
-@dataclass
-class Executors:
-    """What runs a flow: :meth:`Flow.kickoff` in this process, :meth:`Flow.submit` on the
-    workers. Set once by the package (``runner/__init__.py``), which imports above the flow
-    core; these are the calls' signatures (see :func:`runner.flow.local.kickoff` and
-    :func:`runner.distributed.client.submit`)."""
-
-    in_process: Callable[..., Any] | None = None
-    """``(flow, inputs, restore, restore_from_state_id, strict) -> output``."""
-    on_workers: Callable[..., Any] | None = None
-    """``(flow_class, inputs) -> RunHandle``."""
-
-
-EXECUTORS = Executors()
 
 
 class Flow(Generic[StateT]):
