@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -69,6 +69,22 @@ class RunnerSettings(BaseSettings):
     ui_port: int = Field(default=8765, ge=1, le=65535, description="Port of the console.")
     ui_flower_url: str | None = Field(
         default="http://127.0.0.1:5555", description="Flower, linked from the console's steps."
+    )
+    otel: bool = Field(
+        default=False,
+        description="OpenTelemetry traces of runs and steps (the `otel` extra; OTEL_* variables "
+        "choose the exporter).",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Port of each worker's Prometheus /metrics; unset = no metrics server.",
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Worker log lines: text, or one JSON object a line carrying the step's "
+        "run id, flow, step and attempt.",
     )
     dev_dir: str = Field(
         default=".runner",

@@ -125,7 +125,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("flow core", ("runner.flow",)),
-    ("executors", ("runner.distributed", "runner.flow.local", "runner.worker")),
+    ("executors", ("runner.distributed", "runner.flow.local", "runner.observe", "runner.worker")),
     ("crews", ("runner.crew",)),
     ("console", ("runner.console",)),
     ("CLI", ("runner.cli",)),

@@ -1,5 +1,6 @@
 """The console's FastAPI app: the JSON API (:mod:`.api`), the pages (:mod:`.pages`), the
-guard (:mod:`.security`) and one place where errors become responses."""
+guard (:mod:`.security`), Prometheus' ``/metrics`` and one place where errors become
+responses."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from runner.distributed.engine import Runtime
 from runner.errors import (
     RunnerError,
 )
+from runner.observe import metrics
 from runner.settings import RunnerSettings, get_settings
 
 from . import api, formatting, pages
@@ -86,6 +88,7 @@ def build_app(
     )
     app.include_router(api.router)
     app.include_router(pages.router)
+    _serve_metrics(app, runtime, settings)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     _install_errors(app)
     app.middleware("http")(_guarded)
@@ -94,6 +97,18 @@ def build_app(
         # own pointing at 127.0.0.1 (DNS rebinding); such requests carry that name as Host.
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS)
     return app
+
+
+def _serve_metrics(app: FastAPI, runtime: Runtime, settings: RunnerSettings) -> None:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    registry = metrics.console_registry(runtime.app, runtime.store, [settings.queue])
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus_metrics() -> Response:
+        """Prometheus' scrape (behind the token, like every page): runs by status and the
+        queue depth, read when scraped (:mod:`runner.observe.metrics`)."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def _install_errors(app: FastAPI) -> None:
@@ -159,7 +174,7 @@ def _unauthenticated(request: Request) -> Response:
         "message": "this console needs its token: send 'Authorization: Bearer <RUNNER_UI_TOKEN>' "
         "or log in at /login",
     }
-    if request.url.path.startswith("/api"):
+    if request.url.path.startswith("/api") or request.url.path == "/metrics":  # machines
         return JSONResponse(
             {"error": body}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
         )

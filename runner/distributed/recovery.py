@@ -43,6 +43,7 @@ from runner.errors import CorruptCheckpoint, RunNotFound, StoreUnavailable
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.orchestrator import Activation
+from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus
 
 from .engine import (
@@ -101,6 +102,7 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
             continue
         if sent:
             resent[run_id] = sent
+    metrics.recovered(sum(len(sent) for sent in resent.values()))
     return resent
 
 
@@ -120,6 +122,7 @@ def quarantine(rt: Runtime, run_id: str, reason: str) -> bool:
         log.error("run %s is in the running set but has no metadata: %s", run_id, reason)
         return False
     log.error("run %s quarantined (status corrupt), its data cannot be read: %s", run_id, reason)
+    metrics.quarantined()
     return True
 
 

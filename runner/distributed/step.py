@@ -45,6 +45,7 @@ from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
+from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus
 
 from . import handoff
@@ -150,6 +151,7 @@ def _take_over(rt: Runtime, run_id: str, key: str, holder: str, token: str) -> b
     lease, see :mod:`~runner.distributed.handoff`, gave way to this attempt in begin.)"""
     if holder_is_dead(holder) and rt.coord.take_over(run_id, key, holder, token):
         log.warning("run %s step %s: took over from dead attempt %s", run_id, key, holder)
+        metrics.took_over()
         return True
     return False
 
@@ -246,11 +248,17 @@ def _settle(
     if settled.outcome is Outcome.FAILED:
         _step_failed(ckpt, settled, result)
     if settled.outcome is Outcome.PAUSED:
-        return {"run_id": run_id, "step": act.id, "paused": result.paused}
+        return {"run_id": run_id, "step": act.id, "paused": result.paused, "checkpoint": ckpt.id}
     lease.held = False  # the commit dropped it
     # A running run's ready steps were sent by the commit.
     sent = [a.id for a in settled.transition.ready] if ckpt.status is RunStatus.RUNNING else []
-    return {"run_id": run_id, "step": act.id, "seq": ckpt.seq, "dispatched": sent}
+    return {
+        "run_id": run_id,
+        "step": act.id,
+        "seq": ckpt.seq,
+        "checkpoint": ckpt.id,
+        "dispatched": sent,
+    }
 
 
 def _commit_settled(
@@ -339,6 +347,7 @@ def _step_failed(ckpt: Checkpoint, settled: lifecycle.Settled, result: StepResul
         f"{lifecycle.described(error)}",
         run_id=ckpt.run_id,
         step=act,
+        checkpoint=ckpt.id,
         error_type=type(error).__name__,
         error_message=str(error),
     ) from error

@@ -37,6 +37,7 @@ from kombu.exceptions import OperationalError
 from runner.embedded import mask_url
 from runner.errors import DefinitionError, FlowImportError, RunnerError, StoreUnavailable
 from runner.flow import transition as tr
+from runner.observe import hooks as observe
 from runner.settings import RunnerSettings, get_settings
 
 from . import broker, handoff
@@ -65,6 +66,8 @@ def install(
     for name in settings.flow_modules if modules is None else modules:
         for flow_cls in flows_in(name):
             register_flow(app, rt, flow_cls)
+    # After the flow modules: a tracer provider one of them set up is used as it is.
+    observe.install(app, settings)
     watch = ConnectionWatch(f"Redis at {mask_url(rt.store.url)}")
     _check_broker_at_start(app, rt)
     _start_recovery_on_ready(app, rt, watch)
@@ -125,7 +128,10 @@ def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
             attempt: int = 1,
             deployment: str | None = None,
         ) -> dict[str, Any]:
-            return execute(rt, task, flow_cls, run_id, activation, epoch, attempt, deployment)
+            with observe.Attempt(task, run_id, activation, epoch, attempt) as seen:
+                return seen.done(
+                    execute(rt, task, flow_cls, run_id, activation, epoch, attempt, deployment)
+                )
 
         body.__name__ = body.__qualname__ = f"{name}__{method}"
         app.task(

@@ -210,7 +210,9 @@ def announce(
     ``method_execution_finished`` (after a ``state_conflict`` for each field parallel steps
     both wrote, also logged), ``method_execution_failed`` or ``flow_paused``; then, if the
     commit ended the run, ``flow_finished`` or ``flow_failed``, once per run, with the
-    run's duration. ``duration`` is the step's (its last attempt's), where known.
+    duration of the run's part that ended (from its start, or its latest resume) and, in
+    ``data``, that part's ``epoch`` and ``opened_at``. ``duration`` is the step's (its last
+    attempt's), where known.
     """
     step = settled.transition
     ckpt = step.checkpoint
@@ -247,7 +249,9 @@ def announce(
     if closing is not None:
         opened = closing.meta.opened_at
         took = None if opened is None else max(closing.created_at - opened, 0.0)
-        ev.tell(closing.event, run_id, flow, listeners, duration=took, error=error)
+        # The part of the run that ended: its epoch (a resume opens the next) and its start.
+        part = {"epoch": closing.meta.epoch, "opened_at": opened}
+        ev.tell(closing.event, run_id, flow, listeners, duration=took, error=error, data=part)
 
 
 def run_failed(latest: Checkpoint, error: RunnerError) -> tr.Transition | None:

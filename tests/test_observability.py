@@ -1,0 +1,368 @@
+"""Traces, metrics and logs of real workers: a worker's /metrics scraped over HTTP under the
+prefork pool, the console's /metrics, spans a worker's pool processes sent to the SDK's
+in-memory exporter (tests/telemetry_probe.py), the console exporter chosen by
+OTEL_TRACES_EXPORTER, and JSON log lines carrying the step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from examples.fanout import FanoutFlow
+from examples.linear import LinearFlow
+from runner.distributed import control
+from runner.distributed.client import submit
+from runner.distributed.engine import Runtime
+from runner.distributed.processes import WorkerProcess
+from runner.observe.traces import run_span_id, trace_id_of
+from runner.store.models import RunStatus
+from tests._dist_support import eventually, history, private_pool
+from tests.chaos_support import free_port
+from tests.console_support import serving
+from tests.flows.dist import DistFlaky
+from tests.telemetry_probe import KEY_ENV, gate
+
+FANOUT_STEPS = ["plan", *(f"branch_{i}" for i in range(10)), "join"]
+
+
+def _scrape(url: str, token: str | None = None) -> dict[tuple[str, frozenset[Any]], float]:
+    """Sample (name, labels) -> value of a /metrics page."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.get(url, headers=headers, timeout=10)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def _value(samples: dict[tuple[str, frozenset[Any]], float], name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def _pool_pids(worker: WorkerProcess) -> set[int]:
+    return set(worker.children())
+
+
+# --- off by default ------------------------------------------------------------------------
+
+
+def test_a_worker_sets_up_no_telemetry_unless_asked(redis_url: str) -> None:
+    code = (
+        "import sys, runner.worker\n"
+        "from runner.observe import metrics\n"
+        "assert metrics.recording() is None\n"
+        "loaded = [m for m in ('runner.observe.traces', 'opentelemetry.instrumentation.celery')"
+        " if m in sys.modules]\n"
+        "print(loaded)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "OTEL_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "RUNNER_REDIS_URL": redis_url, "RUNNER_FLOW_MODULES": "examples.linear"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_worker_asked_for_an_exporter_that_is_not_installed_refuses_in_one_line(
+    redis_url: str,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "OTEL_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "runner.worker", "worker", "-P", "solo"],
+        env={
+            **env,
+            "RUNNER_REDIS_URL": redis_url,
+            "RUNNER_OTEL": "true",
+            "OTEL_TRACES_EXPORTER": "otlp",
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: OTEL_TRACES_EXPORTER names the span exporter 'otlp', which is not installed: "
+        "install opentelemetry-exporter-otlp, or set OTEL_TRACES_EXPORTER=console (or none)"
+    ]
+    assert "Traceback" not in done.stderr
+
+
+# --- metrics -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_worker_serves_exact_step_counts_over_http_across_its_pool_processes(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    with private_pool(worker_env, str(tmp_path), RUNNER_METRICS_PORT=str(port)) as (
+        pool,
+        rt,
+        env,
+    ):
+        pool.start(concurrency=2)
+        worker = pool.workers[0]
+        assert submit(FanoutFlow, {}, rt=rt).result(timeout=30) == "10 notes"
+        assert submit(DistFlaky, {}, rt=rt).result(timeout=30) == "after 3 attempts"
+        # Every pool process is killed and replaced: the counts they made stay.
+        killed = _pool_pids(worker)
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        eventually(lambda: len(_pool_pids(worker) - killed) == 2, timeout=30)
+        assert submit(FanoutFlow, {}, rt=rt).result(timeout=30) == "10 notes"
+
+        samples = _scrape(url)
+        for method in FANOUT_STEPS:
+            labels = {"flow": "FanoutFlow", "method": method}
+            assert _value(samples, "runner_steps_total", **labels, outcome="done") == 2, method
+            assert _value(samples, "runner_step_duration_seconds_count", **labels) == 2
+            assert _value(samples, "runner_steps_running", **labels) == 0
+        flaky = {"flow": "DistFlaky", "method": "flaky"}
+        assert _value(samples, "runner_steps_total", **flaky, outcome="retry") == 2
+        assert _value(samples, "runner_steps_total", **flaky, outcome="done") == 1
+        assert _value(samples, "runner_step_duration_seconds_count", **flaky) == 3
+        assert _value(samples, "runner_step_duration_seconds_bucket", **flaky, le="+Inf") == 3
+        steps = sum(v for (name, _), v in samples.items() if name == "runner_steps_total")
+        assert steps == 2 * len(FANOUT_STEPS) + 4  # and no other outcome of any step
+        for name in ("recovered_steps", "takeovers", "quarantined_runs"):
+            assert (f"runner_{name}_total", frozenset()) in samples
+            assert _value(samples, f"runner_{name}_total") == 0
+        assert _value(samples, "runner_queue_depth", queue=env["RUNNER_QUEUE"]) == 0
+
+        # The console's /metrics: every run of the deployment by status.
+        token = uuid.uuid4().hex
+        with serving(rt, token=token) as base:
+            console = _scrape(f"{base}/metrics", token)
+            assert httpx.get(f"{base}/metrics", timeout=10).status_code == 401
+        assert _value(console, "runner_runs", status="succeeded") == 3
+        assert _value(console, "runner_runs", status="running") == 0
+        assert _value(console, "runner_queue_depth", queue=env["RUNNER_QUEUE"]) == 0
+        directory = _metrics_dir(worker)
+    assert not directory.exists()  # the worker removed it when it stopped
+
+
+def _metrics_dir(worker: WorkerProcess) -> Path:
+    assert worker.proc is not None
+    found = list(Path("/tmp").glob(f"runner-metrics-{worker.proc.pid}-*"))
+    assert len(found) == 1
+    return found[0]
+
+
+def test_the_console_counts_runs_by_status_and_waiting_messages(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    # No worker consumes this deployment's queue: its runs stay running, their starts queued.
+    with private_pool(worker_env, str(tmp_path)) as (_pool, rt, env), serving(rt) as base:
+        for _ in range(3):
+            submit(LinearFlow, {}, rt=rt)
+        samples = _scrape(f"{base}/metrics")
+    assert _value(samples, "runner_runs", status="running") == 3
+    assert _value(samples, "runner_runs", status="succeeded") == 0
+    statuses = {dict(labels)["status"] for name, labels in samples if name == "runner_runs"}
+    assert statuses == {status.value for status in RunStatus}
+    assert _value(samples, "runner_queue_depth", queue=env["RUNNER_QUEUE"]) == 3
+
+
+# --- traces --------------------------------------------------------------------------------
+
+
+def _spans(client: redis.Redis, key: str) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in client.lrange(key, 0, -1)]
+
+
+def _of_run(spans: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    return [s for s in spans if s["attributes"].get("runner.run_id") == run_id]
+
+
+def _hex(number: int, width: int) -> str:
+    return f"0x{number:0{width}x}"
+
+
+@pytest.mark.slow
+def test_a_run_is_one_trace_with_a_span_per_step_attempt_under_its_run_span(
+    worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    key = f"telemetry-probe:{uuid.uuid4().hex}"
+    modules = f"{worker_env['RUNNER_FLOW_MODULES']},tests.telemetry_probe"
+    overrides = {"RUNNER_OTEL": "true", KEY_ENV: key, "RUNNER_FLOW_MODULES": modules}
+    with private_pool(worker_env, str(tmp_path), **overrides) as (pool, rt, _env):
+        pool.start(concurrency=2)
+        fan = submit(FanoutFlow, {}, rt=rt)
+        assert fan.result(timeout=30) == "10 notes"
+        flaky = submit(DistFlaky, {}, rt=rt)
+        assert flaky.result(timeout=30) == "after 3 attempts"
+        gated = submit("tests.telemetry_probe:Gated", {}, rt=rt)
+        assert gated.wait(timeout=30) is RunStatus.FAILED
+        redis_client.set(gate(gated.run_id), 1)
+        assert control.resume(gated.run_id, rt=rt).wait(timeout=30) is RunStatus.SUCCEEDED
+
+        def run_spans(run_id: str, count: int) -> list[dict[str, Any]]:
+            found = _of_run(_spans(redis_client, key), run_id)
+            return found if len(found) >= count else []
+
+        fan_spans = eventually(lambda: run_spans(fan.run_id, 13), timeout=20)
+        flaky_spans = eventually(lambda: run_spans(flaky.run_id, 5), timeout=20)
+        gated_spans = eventually(lambda: run_spans(gated.run_id, 5), timeout=20)
+        everything = _spans(redis_client, key)
+        _fanout_is_one_trace(rt, fan.run_id, fan_spans, everything)
+        _retries_join_the_trace(flaky.run_id, flaky_spans)
+        _resumes_join_the_trace(rt, gated.run_id, gated_spans)
+
+
+def _fanout_is_one_trace(
+    rt: Runtime, run_id: str, spans: list[dict[str, Any]], everything: list[dict[str, Any]]
+) -> None:
+    trace_id = _hex(trace_id_of(run_id), 32)
+    assert {s["context"]["trace_id"] for s in spans} == {trace_id}
+    [root] = [s for s in spans if s["name"] == "run FanoutFlow"]
+    assert root["parent_id"] is None
+    assert root["context"]["span_id"] == _hex(run_span_id(run_id, 0), 16)
+    assert root["status"]["status_code"] == "UNSET"
+    steps = [s for s in spans if s is not root]
+    assert sorted(s["attributes"]["runner.step"] for s in steps) == sorted(
+        f"{m}#1" for m in FANOUT_STEPS
+    )
+    committed = {c.activation: c.id for c in history(rt, run_id) if c.activation}
+    for span in steps:
+        attrs = span["attributes"]
+        assert span["name"] == f"FanoutFlow.{attrs['runner.method']}"
+        assert span["parent_id"] == root["context"]["span_id"]
+        assert attrs["runner.flow"] == "FanoutFlow"
+        assert (attrs["runner.attempt"], attrs["runner.epoch"]) == (1, 0)
+        assert attrs["runner.outcome"] == "done"
+        assert attrs["runner.checkpoint_id"] == committed[attrs["runner.step"]]
+        # The run span ends with the commit of the join; the join's span just after it.
+        assert root["start_time"] <= span["start_time"] <= root["end_time"]
+    # Each step span links to Celery's consume span of its message. The messages of the
+    # branches and the join were published (by Celery, so traced) under the span of the
+    # step whose commit sent them: Celery's spans are in the run's trace too.
+    by_id = {s["context"]["span_id"]: s for s in everything}
+    for span in steps:
+        [link] = span["links"]
+        consumed = by_id[link["context"]["span_id"]]
+        assert consumed["name"] == f"run/{span['name']}"
+        assert consumed["kind"] == "SpanKind.CONSUMER"
+        method = span["attributes"]["runner.method"]
+        if method == "plan":
+            continue  # sent by the test process, which traces nothing
+        published = by_id[consumed["parent_id"]]
+        assert published["name"] == f"apply_async/{span['name']}"
+        assert consumed["context"]["trace_id"] == published["context"]["trace_id"] == trace_id
+        sender = by_id[published["parent_id"]]["attributes"]["runner.method"]
+        assert sender == "plan" if method != "join" else sender.startswith("branch_")
+
+
+def _retries_join_the_trace(run_id: str, spans: list[dict[str, Any]]) -> None:
+    flaky = sorted(
+        (s for s in spans if s["name"] == "DistFlaky.flaky"),
+        key=lambda s: s["attributes"]["runner.attempt"],
+    )
+    assert [s["attributes"]["runner.attempt"] for s in flaky] == [1, 2, 3]
+    assert [s["attributes"]["runner.outcome"] for s in flaky] == ["retry", "retry", "done"]
+    for span, n in zip(flaky[:2], (1, 2), strict=True):
+        assert span["status"] == {
+            "status_code": "ERROR",
+            "description": f"RuntimeError: flaky attempt {n}",
+        }
+        [event] = span["events"]
+        assert event["name"] == "exception"
+        assert event["attributes"]["exception.message"] == f"flaky attempt {n}"
+    assert {s["context"]["trace_id"] for s in spans} == {_hex(trace_id_of(run_id), 32)}
+    assert {s["parent_id"] for s in flaky} == {_hex(run_span_id(run_id, 0), 16)}
+
+
+def _resumes_join_the_trace(rt: Runtime, run_id: str, spans: list[dict[str, Any]]) -> None:
+    assert {s["context"]["trace_id"] for s in spans} == {_hex(trace_id_of(run_id), 32)}
+    runs = {s["attributes"]["runner.epoch"]: s for s in spans if s["name"] == "run Gated"}
+    assert sorted(runs) == [0, 1]
+    assert runs[0]["status"]["status_code"] == "ERROR"
+    assert "RuntimeError: the gate is closed" in runs[0]["status"]["description"]
+    assert runs[1]["status"]["status_code"] == "UNSET"
+    checks = {s["attributes"]["runner.epoch"]: s for s in spans if s["name"] == "Gated.check"}
+    assert checks[0]["attributes"]["runner.outcome"] == "failed"
+    assert checks[0]["parent_id"] == runs[0]["context"]["span_id"]
+    assert checks[0]["events"][0]["attributes"]["exception.type"] == "RuntimeError"
+    failure = next(c for c in history(rt, run_id) if c.error is not None)
+    assert checks[0]["attributes"]["runner.checkpoint_id"] == failure.id
+    assert checks[1]["attributes"]["runner.outcome"] == "done"
+    assert checks[1]["parent_id"] == runs[1]["context"]["span_id"]
+    assert runs[1]["context"]["span_id"] == _hex(run_span_id(run_id, 1), 16)
+
+
+@pytest.mark.slow
+def test_otel_traces_exporter_console_prints_a_runs_spans_in_the_worker_log(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    overrides = {
+        "RUNNER_OTEL": "true",
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_SERVICE_NAME": "observability-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+    }
+    with private_pool(worker_env, str(tmp_path), **overrides) as (pool, rt, _env):
+        pool.start(concurrency=2)
+        handle = submit(LinearFlow, {}, rt=rt)
+        handle.result(timeout=30)
+        log = Path(tmp_path) / "worker-0.log"
+        trace_id = _hex(trace_id_of(handle.run_id), 32)
+        printed = eventually(lambda: log.read_text().count(f'"trace_id": "{trace_id}"') >= 4)
+    assert printed
+    text = log.read_text()
+    assert '"name": "run LinearFlow"' in text
+    assert '"service.name": "observability-test"' in text
+
+
+# --- logs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_json_worker_logs_carry_the_run_flow_step_and_attempt_of_every_line_about_a_step(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+    with private_pool(worker_env, str(tmp_path)) as (_pool, rt, env):
+        worker = WorkerProcess({**env, "RUNNER_LOG_FORMAT": "json"}, log=log, loglevel="info")
+        worker.start(rt.app)
+        try:
+            handle = submit(DistFlaky, {}, rt=rt)
+            assert handle.result(timeout=30) == "after 3 attempts"
+            succeeded = f"DistFlaky.flaky[{handle.run_id}:0:flaky#1] succeeded"
+            eventually(lambda: succeeded in log.read_text())
+        finally:
+            worker.stop()
+    # Every line naming the run is one JSON object (Celery prints its banner as text).
+    about = [json.loads(line) for line in log.read_text().splitlines() if handle.run_id in line]
+    assert len(about) >= 10
+    for record in about:
+        assert record["run_id"] == handle.run_id, record
+        assert record["flow"] == "DistFlaky", record
+        assert record["step"] in ("setup#1", "flaky#1"), record
+        assert {"time", "level", "logger", "process"} <= set(record)
+    retrying = [r for r in about if "retrying in" in r["message"]]
+    assert [(r["level"], r["attempt"]) for r in retrying] == [("WARNING", 1), ("WARNING", 2)]
+    received = [r for r in about if r["message"].endswith("received") and r["step"] == "flaky#1"]
+    assert [r["attempt"] for r in received] == [1, 2, 3]
+    [done] = [r for r in about if succeeded in r["message"]]
+    # Logged by a pool process; "received" by the worker's main process.
+    assert done["attempt"] == 3 and done["process"] != received[0]["process"]
