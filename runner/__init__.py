@@ -64,10 +64,10 @@ def _kickoff(*args: Any) -> Any:
     return kickoff(*args)
 
 
-def _submit(flow_cls: Any, inputs: dict[str, Any] | None) -> Any:
+def _submit(flow_cls: Any, inputs: dict[str, Any] | None, **options: Any) -> Any:
     from runner.distributed.client import submit
 
-    return submit(flow_cls, inputs)
+    return submit(flow_cls, inputs, **options)
 
 
 # The executors sit above the flow core; this package, which every import of a flow runs

@@ -110,6 +110,10 @@ class RunStateError(RunnerError):
     """A run is not in a state that allows the requested operation."""
 
 
+class RunExists(RunStateError):
+    """A submit named a run that exists and is not this submission's (or was told to reject)."""
+
+
 class GraphChanged(RunStateError):
     """The flow's graph changed and completed steps no longer exist."""
 

@@ -57,6 +57,23 @@ def submit(
             help="A JSON object of inputs; --input values override it.",
         ),
     ] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--id",
+            metavar="RUN",
+            help="Name the run: submitting an id again hands back its run (see --if-exists).",
+        ),
+    ] = None,
+    if_exists: Annotated[
+        str,
+        typer.Option(
+            "--if-exists",
+            metavar="return|reject",
+            help="A run of --id exists: print it if its flow and inputs match (return), or "
+            "refuse (reject).",
+        ),
+    ] = "return",
     wait: WaitOpt = False,
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
@@ -75,7 +92,7 @@ def submit(
     client.check_importable(flow_cls)
     client.check_fields(flow_cls, client.split_trigger_payload(values)[0])
     rt = session(ctx).rt
-    handle = client.submit(flow_cls, values, rt=rt)
+    handle = client.submit(flow_cls, values, id=run_id, if_exists=if_exists, rt=rt)
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
 
 

@@ -225,16 +225,17 @@ class Crew:
         return self._kickoff(inputs, own, from_checkpoint=started.id)
 
     def submit(
-        self, inputs: dict[str, Any] | None = None, *, rt: Runtime | None = None
+        self, inputs: dict[str, Any] | None = None, *, rt: Runtime | None = None, **options: Any
     ) -> CrewRunHandle:
-        """Run the crew on Celery workers; each task is the Celery task ``<crew>.<task>``."""
+        """Run the crew on Celery workers; each task is the Celery task ``<crew>.<task>``.
+        ``options`` are :func:`runner.submit`'s (``id``, ``if_exists``)."""
         from runner.crew.handle import CrewRunHandle
         from runner.distributed.client import submit
 
         self.require_importable()
         inputs = dict(inputs or {})
         self.check_inputs(inputs)
-        handle = submit(self.as_flow(), inputs, rt=rt)
+        handle = submit(self.as_flow(), inputs, rt=rt, **options)
         return CrewRunHandle(handle.run_id, handle.rt, crew=self)
 
     def resume(

@@ -9,6 +9,7 @@ list (:func:`allow_list`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Any
@@ -19,6 +20,7 @@ from runner.errors import (
     FlowImportError,
     InvalidInputs,
     RunCancelled,
+    RunExists,
     RunFailed,
     RunNotFound,
     RunStateError,
@@ -32,6 +34,7 @@ from runner.flow.loading import load_flow
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.redis import RedisProvider
 
+from . import routing
 from .engine import (
     FlowNotAllowed,
     Runtime,
@@ -158,18 +161,53 @@ def split_trigger_payload(inputs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     return rest, payload
 
 
+IF_EXISTS = ("return", "reject")
+"""What ``submit`` does when a run with the given id exists: hand back that run (when its
+flow and inputs are the ones submitted), or refuse."""
+
+
 def submit(
-    flow: str | type, inputs: dict[str, Any] | None = None, *, rt: Runtime | None = None
+    flow: str | type,
+    inputs: dict[str, Any] | None = None,
+    *,
+    id: str | None = None,
+    if_exists: str = "return",
+    rt: Runtime | None = None,
 ) -> RunHandle:
-    """Validate ``inputs``, create the run, and enqueue its start on the workers."""
+    """Validate ``inputs``, create the run, and enqueue its start on the workers.
+
+    ``id`` names the run (else the state's ``id``, or a new one). A run of that id that
+    exists already is handed back when it was submitted with the same flow and inputs
+    (``if_exists="return"``, the default: a producer retrying a submission starts one run),
+    and refused otherwise, or always with ``if_exists="reject"`` (:class:`RunExists`). The
+    run is created by one create-only commit, so of many concurrent submits of one id
+    exactly one creates it.
+    """
+    if if_exists not in IF_EXISTS:
+        raise InvalidInputs(
+            f"if_exists must be one of {', '.join(IF_EXISTS)}, not {if_exists!r}",
+            if_exists=if_exists,
+        )
     flow_cls: Any = load_flow(flow) if isinstance(flow, str) else flow
     check_importable(flow_cls)
     inputs, payload = split_trigger_payload(dict(inputs or {}))
+    if id is not None:
+        if not id:
+            raise InvalidInputs("the run id is empty", run_id=id)
+        if "id" in inputs and str(inputs["id"]) != id:
+            raise InvalidInputs(
+                f"id={id!r} and the input id={inputs['id']!r} differ: give one",
+                run_id=id,
+            )
+        inputs["id"] = id
     check_fields(flow_cls, inputs)
     rt = rt or runtime()
     check_allowed(flow_cls, rt)
     first = first_checkpoint(flow_cls, inputs)
     first.checkpoint.meta.trigger_payload = payload
+    routing.learn(rt.app, flow_cls)
+    digest = submission_digest(flow_cls.flow_path(), inputs, payload)
+    first.checkpoint.meta.submitted = digest
     run_id = first.checkpoint.run_id
     try:
         # Created only if new (seq 0), its starts sent once (see commit_and_send). They go
@@ -177,10 +215,36 @@ def submit(
         # registered the flow (an allow-list unknown here) fails the run with FlowNotAllowed.
         commit_and_send(rt, first.checkpoint, 0, first.ready)
     except CommitConflict:
-        raise RunStateError(
-            f"run {run_id} already exists; resume or fork it", run_id=run_id
+        existing = rt.coord.read(run_id)
+        if if_exists == "return" and existing is not None and existing.meta.submitted == digest:
+            return RunHandle(run_id, rt)
+        why = (
+            "if_exists=reject"
+            if if_exists == "reject"
+            else "it was not submitted with this flow and these inputs"
+        )
+        raise RunExists(
+            f"run {run_id} already exists ({why}); resume or fork it, or submit another id",
+            run_id=run_id,
         ) from None
     return RunHandle(run_id, rt)
+
+
+def submission_digest(flow_path: str, inputs: dict[str, Any], payload: Any) -> str:
+    """What identifies a submission: its flow and inputs (a hash of their JSON, keys sorted),
+    so a retried submit finds the run it made."""
+    text = json.dumps(
+        # Without the id: the run id names the run already, whether given as id= or an input.
+        {
+            "flow": flow_path,
+            "inputs": {k: v for k, v in inputs.items() if k != "id"},
+            "payload": payload,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        default=str,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class RunHandle:

@@ -23,7 +23,7 @@ class Executors:
     in_process: Callable[..., Any] | None = None
     """``(flow, inputs, restore, restore_from_state_id, strict) -> output``."""
     on_workers: Callable[..., Any] | None = None
-    """``(flow_class, inputs) -> RunHandle``."""
+    """``(flow_class, inputs, **options) -> RunHandle``."""
 
 
 EXECUTORS = Executors()

@@ -300,10 +300,11 @@ class Flow(Generic[StateT]):
     akickoff = kickoff_async
 
     @classmethod
-    def submit(cls, inputs: dict[str, Any] | None = None) -> Any:
-        """Run this flow on Celery workers; returns a :class:`RunHandle`."""
+    def submit(cls, inputs: dict[str, Any] | None = None, **options: Any) -> Any:
+        """Run this flow on Celery workers; returns a :class:`RunHandle`. ``options`` are
+        :func:`runner.submit`'s (``id``, ``if_exists``)."""
         assert EXECUTORS.on_workers is not None, "runner/__init__.py plugs in the executors"
-        return EXECUTORS.on_workers(cls, inputs)
+        return EXECUTORS.on_workers(cls, inputs, **options)
 
     @classmethod
     def from_checkpoint(cls, config: CheckpointConfig | str | Path, **kwargs: Any) -> Flow[Any]:

@@ -134,6 +134,9 @@ class RunMeta(BaseModel):
     trigger_payload: Any = None
     """CrewAI's ``crewai_trigger_payload`` input of a run on workers (not state): handed to
     every attempt of a method declaring that parameter."""
+    submitted: str | None = None
+    """The hash of the flow and inputs the run was submitted with: a second submit of its id
+    with the same hands back this run (``submit(id=...)``)."""
     opener: str | None = None
     """The activation whose first attempt tells listeners the run started (``flow_started``,
     on workers): the first one made ready by the checkpoint that started, restarted,

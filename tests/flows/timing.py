@@ -1,0 +1,44 @@
+"""Flows of the time-and-identity tests (idempotent submits, delayed starts, deadlines); the
+test workers import this module (allow-list). Each method counts its executions with
+:func:`tests.flows.dist.executed`."""
+
+from __future__ import annotations
+
+import time
+
+from runner import Flow, FlowState, listen, start
+
+from .dist import executed
+
+
+class Order(FlowState):
+    """An order to greet: who, and how long the slow step takes."""
+
+    customer: str = ""
+    seconds: float = 0.0
+
+
+class GreetFlow(Flow[Order]):
+    """Two steps: a greeting, then its length."""
+
+    @start()
+    def greet(self) -> str:
+        executed(self.state.id, "greet")
+        return f"hello {self.state.customer}"
+
+    @listen(greet)
+    def measure(self, greeting: str) -> int:
+        executed(self.state.id, "measure")
+        return len(greeting)
+
+
+class SlowFlow(Flow[Order]):
+    """One step that takes ``seconds`` (in short sleeps, so a cancel can stop it)."""
+
+    @start()
+    def crawl(self) -> str:
+        executed(self.state.id, "crawl")
+        end = time.monotonic() + self.state.seconds
+        while time.monotonic() < end:
+            time.sleep(0.1)
+        return "crawled"
