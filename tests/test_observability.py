@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -366,3 +368,67 @@ def test_json_worker_logs_carry_the_run_flow_step_and_attempt_of_every_line_abou
     [done] = [r for r in about if succeeded in r["message"]]
     # Logged by a pool process; "received" by the worker's main process.
     assert done["attempt"] == 3 and done["process"] != received[0]["process"]
+
+
+# --- deploy/ -------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _metric_names() -> set[str]:
+    """Every series name the workers and the console serve."""
+    from prometheus_client import CollectorRegistry
+
+    from runner.observe.metrics import Instruments
+
+    registry = CollectorRegistry()
+    Instruments(registry)
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "gauge": [""]}
+    names = {f.name + end for f in registry.collect() for end in suffixes[f.type]}
+    return {*names, "runner_queue_depth", "runner_runs"}
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_runner_serves() -> None:
+    dashboard = json.loads((ROOT / "deploy" / "grafana-dashboard.json").read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {name for query in queries for name in re.findall(r"\brunner_\w+", query)}
+    assert used <= _metric_names()
+    # Every metric has a panel (the histogram through its buckets).
+    assert {name.removesuffix("_bucket") for name in used} >= {
+        "runner_steps_total",
+        "runner_step_duration_seconds",
+        "runner_steps_running",
+        "runner_recovered_steps_total",
+        "runner_takeovers_total",
+        "runner_quarantined_runs_total",
+        "runner_queue_depth",
+        "runner_runs",
+    }
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_compose_scrapes_every_worker_and_the_console_only_under_the_metrics_profile() -> None:
+    secrets = {"REDIS_PASSWORD": "x1", "FLOWER_BASIC_AUTH": "a:b", "RUNNER_UI_TOKEN": "t0ken"}
+
+    def compose(*args: str) -> str:
+        done = subprocess.run(
+            ["docker-compose", "--project-directory", str(ROOT), "-f", "compose.yaml", *args],
+            cwd=ROOT,
+            env={**os.environ, **secrets},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout
+
+    resolved = compose("config")
+    worker = resolved.split("\n  worker:\n", 1)[1]
+    port = re.search(r"RUNNER_METRICS_PORT: '?(\d+)'?", worker)
+    assert port is not None
+    scrape = (ROOT / "deploy" / "prometheus.yml").read_text()
+    assert f"port: {port.group(1)}" in scrape  # the port the workers serve
+    assert 'targets: ["ui:8765"]' in scrape and "credentials_file: /tmp/ui-token" in scrape
+    prometheus = resolved.split("\n  prometheus:\n", 1)[1].split("\n  redis:\n", 1)[0]
+    assert "profiles:\n    - metrics\n" in prometheus  # plain `docker compose up` leaves it
+    assert "/tmp/ui-token" in prometheus and "RUNNER_UI_TOKEN: t0ken" in prometheus
+    assert "127.0.0.1:9090:9090" in prometheus  # Prometheus asks no password: loopback only

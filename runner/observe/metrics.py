@@ -80,35 +80,48 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class Instruments:
-    """The worker's counters, gauge and histogram (made once multiprocess mode is on)."""
+    """The worker's counters, gauge and histogram (made once multiprocess mode is on).
 
-    def __init__(self) -> None:
+    ``registry``: where they are registered; none on a worker, whose ``/metrics`` reads the
+    values every process wrote to its directory, not a registry of one process.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
         labels = ("flow", "method")
         self.steps = Counter(
-            "runner_steps_total", "Step attempts on workers by outcome.", [*labels, "outcome"]
+            "runner_steps_total",
+            "Step attempts on workers by outcome.",
+            [*labels, "outcome"],
+            registry=registry,
         )
         self.duration = Histogram(
             "runner_step_duration_seconds",
             "Duration of step attempts that ran their method.",
             labels,
             buckets=DURATION_BUCKETS,
+            registry=registry,
         )
         self.running = Gauge(
             "runner_steps_running",
             "Step attempts running now.",
             labels,
             multiprocess_mode="livesum",
+            registry=registry,
         )
         self.recovered = Counter(
-            "runner_recovered_steps_total", "Steps the recovery pass sent again."
+            "runner_recovered_steps_total", "Steps the recovery pass sent again.", registry=registry
         )
         self.takeovers = Counter(
-            "runner_takeovers_total", "Attempts that took over the lease of a dead attempt."
+            "runner_takeovers_total",
+            "Attempts that took over the lease of a dead attempt.",
+            registry=registry,
         )
         self.quarantined = Counter(
-            "runner_quarantined_runs_total", "Runs marked corrupt (their data cannot be read)."
+            "runner_quarantined_runs_total",
+            "Runs marked corrupt (their data cannot be read).",
+            registry=registry,
         )
 
 
