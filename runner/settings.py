@@ -54,6 +54,16 @@ class RunnerSettings(BaseSettings):
         default="",
         description="Celery queue of the steps; unset = `runner.<prefix>`, one per deployment.",
     )
+    worker_queues: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["default"],
+        description="Comma-separated queues a worker consumes, by name (`default`: the "
+        "deployment's queue; `gpu`: the queue of steps with queue=\"gpu\").",
+    )
+    limits: str = Field(
+        default="",
+        description="Named rate limits shared by the methods that name them, e.g. "
+        "`openai=500/m,search=5/s` (`runner.set_limit` sets one for the whole deployment).",
+    )
     task_results: bool = Field(
         default=False,
         description="Store each step task's result in Celery's result backend (checkpoints "
@@ -91,7 +101,7 @@ class RunnerSettings(BaseSettings):
         description="Folder of `runner dev` (its Redis data and URL file), found from the cwd up.",
     )
 
-    @field_validator("flow_modules", mode="before")
+    @field_validator("flow_modules", "worker_queues", mode="before")
     @classmethod
     def _split_modules(cls, value: object) -> object:
         if isinstance(value, str):

@@ -217,12 +217,15 @@ def compile_crew(crew: Crewlike) -> type[CrewFlow]:
     previous: Callable[..., Any] | None = None
     for index, task in enumerate(crew.tasks):
         method = _task_method(index, task.name, crew.name)
-        retries, backoff, limit = task.retries, task.retry_backoff, task.time_limit
-        decorate = (
-            start(retries=retries, retry_backoff=backoff, time_limit=limit)
-            if previous is None
-            else listen(previous, retries=retries, retry_backoff=backoff, time_limit=limit)
-        )
+        options: dict[str, Any] = {
+            "retries": task.retries,
+            "retry_backoff": task.retry_backoff,
+            "time_limit": task.time_limit,
+            "queue": task.queue,
+            "concurrency": task.concurrency,
+            "rate_limit": task.rate_limit,
+        }
+        decorate = start(**options) if previous is None else listen(previous, **options)
         namespace[task.name] = previous = decorate(method)
     return type(crew.name, (CrewFlow,), namespace)
 

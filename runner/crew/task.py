@@ -187,6 +187,9 @@ class Task:
         retries: int | None = None,
         retry_backoff: float | None = None,
         time_limit: float | None = None,
+        queue: str | None = None,
+        concurrency: int | None = None,
+        rate_limit: str | None = None,
     ) -> None:
         if not isinstance(description, str) or not description.strip():
             raise DefinitionError("a task needs a non-empty description")
@@ -212,6 +215,12 @@ class Task:
         """First retry delay in seconds (``None``: the settings default)."""
         self.time_limit = time_limit
         """Soft time limit of one attempt in seconds (``None``: the settings default)."""
+        self.queue = queue
+        """The deployment's queue this task runs on, by name (``None``: the default queue)."""
+        self.concurrency = concurrency
+        """Attempts of this task running at once across the deployment (``None``: no limit)."""
+        self.rate_limit = rate_limit
+        """How often this task may start across the deployment, e.g. ``"60/m"``."""
 
     def __repr__(self) -> str:
         return f"Task(name={self.name!r})"

@@ -27,6 +27,8 @@ from runner.embedded import mask_url, shared_redis_url
 from runner.errors import StoreUnavailable
 from runner.settings import RunnerSettings, get_settings
 
+from . import routing
+
 REQUIRED: dict[str, Any] = {
     "task_serializer": "json",
     "result_serializer": "json",
@@ -85,6 +87,7 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
     conf["task_default_queue"] = settings.queue
     app.conf.update(conf)
     app.conf.runner_redis_url = url
+    routing.install(app, settings)  # before any send: every step goes to its method's queue
     return app
 
 

@@ -34,6 +34,7 @@ from runner.flow.loading import load_flow
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.redis import RedisProvider
 
+from . import routing
 from .engine import (
     FlowNotAllowed,
     Runtime,
@@ -204,6 +205,7 @@ def submit(
     check_allowed(flow_cls, rt)
     first = first_checkpoint(flow_cls, inputs)
     first.checkpoint.meta.trigger_payload = payload
+    routing.learn(rt.app, flow_cls)
     digest = submission_digest(flow_cls.flow_path(), inputs, payload)
     first.checkpoint.meta.submitted = digest
     run_id = first.checkpoint.run_id

@@ -29,6 +29,7 @@ from runner.flow.graph import FlowGraph
 from runner.flow.local import check_graph
 from runner.store.models import Checkpoint, RunStatus
 
+from . import routing
 from .client import RunHandle, check_fields, load_flow, runtime
 from .engine import Runtime, commit_on_latest, dispatch
 
@@ -107,6 +108,7 @@ def resume(
     done = commit_on_latest(rt, run_id, build)
     assert done is not None
     ckpt, step = done
+    routing.learn(rt.app, flow_cls)
     dispatch(rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready)
     return RunHandle(run_id, rt)
 
@@ -164,6 +166,7 @@ def fork(
         ),
     )
     rt.store.commit(start, expected_seq=first.seq)
+    routing.learn(rt.app, flow_cls)
     dispatch(rt, flow_cls.flow_name(), new_id, 0, pending)
     return RunHandle(new_id, rt)
 

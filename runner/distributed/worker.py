@@ -40,7 +40,7 @@ from runner.flow import transition as tr
 from runner.observe import hooks as observe
 from runner.settings import RunnerSettings, get_settings
 
-from . import broker, handoff
+from . import broker, handoff, routing
 from .coord import OK
 from .engine import RECOVER_TASK, Runtime, fail_not_allowed, task_name
 from .recovery import recover
@@ -63,6 +63,7 @@ def install(
     # and recovery sends them.
     app.conf.task_publish_retry_policy = PATIENT_PUBLISH
     _register_builtins(app, rt)
+    routing.serve(app, rt.store.client, rt.store.keys, settings)
     for name in settings.flow_modules if modules is None else modules:
         for flow_cls in flows_in(name):
             register_flow(app, rt, flow_cls)
@@ -116,6 +117,7 @@ def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
             flow=name,
         )
     rt.flows[name] = flow_cls
+    routing.learn(app, flow_cls)
     names = []
     for method, spec in flow_cls.graph().methods.items():
         limit = spec.time_limit or rt.settings.step_time_limit

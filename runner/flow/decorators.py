@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from runner.errors import DefinitionError
 from runner.flow.conditions import Cond, normalize, or_
+from runner.flow.rates import Rate, check_name, parse_rate
 
 STEP_ATTR = "__runner_step__"
 """The attribute under which a decorated function carries its :class:`StepDecl`."""
@@ -27,6 +28,19 @@ DEFAULT_MAX_CALLS = 100
 """How many times one method may run in one run when ``max_calls`` is not given."""
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+FIELDS = (
+    "retries",
+    "retry_backoff",
+    "time_limit",
+    "max_calls",
+    "queue",
+    "concurrency",
+    "rate",
+    "limits",
+    "limit_key",
+)
+"""The options of :class:`StepOptions`, in order."""
 
 
 @dataclass(frozen=True)
@@ -41,11 +55,21 @@ class StepOptions:
     """Soft time limit of one attempt, in seconds."""
     max_calls: int | None = None
     """Activations of the method allowed per run (guards loops); default 100."""
+    queue: str | None = None
+    """Name of the deployment's queue its steps go to (``None``: the default queue)."""
+    concurrency: int | None = None
+    """Attempts of the method running at once across the deployment (``None``: no limit)."""
+    rate: Rate | None = None
+    """How often the method may start across the deployment (``None``: no limit)."""
+    limits: tuple[str, ...] | None = None
+    """Named limits (``RUNNER_LIMITS``, :func:`runner.set_limit`) the method counts against."""
+    limit_key: Callable[[Any], object] | None = None
+    """Computes a key from the run's state: the rate and concurrency hold per key."""
 
     def merged(self, other: StepOptions) -> StepOptions:
         """Options set on either; the same option set differently on both is an error."""
         values: dict[str, Any] = {}
-        for name in ("retries", "retry_backoff", "time_limit", "max_calls"):
+        for name in FIELDS:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine is not None and theirs is not None and mine != theirs:
                 raise DefinitionError(f"option {name} is given twice ({mine!r}, {theirs!r})")
@@ -90,7 +114,42 @@ def _check_options(opts: StepOptions) -> StepOptions:
         raise bad("time_limit", opts.time_limit, "> 0")
     if opts.max_calls is not None and (isinstance(opts.max_calls, bool) or opts.max_calls < 1):
         raise bad("max_calls", opts.max_calls, "an int >= 1")
+    if opts.queue is not None:
+        check_name(opts.queue, "queue")
+    if opts.concurrency is not None and (
+        isinstance(opts.concurrency, bool)
+        or not isinstance(opts.concurrency, int)
+        or opts.concurrency < 1
+    ):
+        raise bad("concurrency", opts.concurrency, "an int >= 1")
+    for name in opts.limits or ():
+        check_name(name, "limits")
+    if opts.limit_key is not None and not callable(opts.limit_key):
+        raise bad("limit_key", opts.limit_key, "a function of the state")
     return opts
+
+
+def control(
+    queue: str | None = None,
+    concurrency: int | None = None,
+    rate_limit: str | None = None,
+    burst: int | None = None,
+    limits: list[str] | tuple[str, ...] | None = None,
+    limit_key: Callable[[Any], object] | None = None,
+) -> dict[str, Any]:
+    """The flow-control options of a decorator (or a crew's task) as :class:`StepOptions`
+    fields; ``burst`` without ``rate_limit`` is an error."""
+    if burst is not None and rate_limit is None:
+        raise DefinitionError("burst= needs a rate_limit=", option="burst")
+    if isinstance(limits, str):
+        raise DefinitionError(f"limits= takes a list of names, not the string {limits!r}")
+    return {
+        "queue": queue,
+        "concurrency": concurrency,
+        "rate": None if rate_limit is None else parse_rate(rate_limit, burst),
+        "limits": None if limits is None else tuple(limits),
+        "limit_key": limit_key,
+    }
 
 
 def _trigger(condition: object, more: tuple[object, ...]) -> Cond:
@@ -158,13 +217,28 @@ def start(
     retry_backoff: float | None = None,
     time_limit: float | None = None,
     max_calls: int | None = None,
+    queue: str | None = None,
+    concurrency: int | None = None,
+    rate_limit: str | None = None,
+    burst: int | None = None,
+    limits: list[str] | tuple[str, ...] | None = None,
+    limit_key: Callable[[Any], object] | None = None,
 ) -> Callable[[F], F]:
     """Mark a method that runs at kickoff.
 
     With a ``condition`` it is a *conditional start*: it also runs whenever the condition
     fires, like a listener, and runs at kickoff only if the flow has no unconditional start.
+
+    Every decorator takes the flow-control options too: ``queue=`` (the deployment's queue
+    its steps go to), ``concurrency=`` (attempts at once across all workers),
+    ``rate_limit="60/m"`` with ``burst=`` (starts per second, minute or hour across all
+    workers), ``limits=[...]`` (named limits shared with other methods) and
+    ``limit_key=lambda state: ...`` (the limits hold per key); see the README's Flow control.
     """
-    opts = _check_options(StepOptions(retries, retry_backoff, time_limit, max_calls))
+    flow_control = control(queue, concurrency, rate_limit, burst, limits, limit_key)
+    opts = _check_options(
+        StepOptions(retries, retry_backoff, time_limit, max_calls, **flow_control)
+    )
     cond = None if condition is None else normalize(condition)
     return _mark(StepDecl(True, False, cond, None, opts))
 
@@ -176,13 +250,22 @@ def listen(
     retry_backoff: float | None = None,
     time_limit: float | None = None,
     max_calls: int | None = None,
+    queue: str | None = None,
+    concurrency: int | None = None,
+    rate_limit: str | None = None,
+    burst: int | None = None,
+    limits: list[str] | tuple[str, ...] | None = None,
+    limit_key: Callable[[Any], object] | None = None,
 ) -> Callable[[F], F]:
     """Mark a method that runs when ``condition`` (or any of ``condition, *more``) fires.
 
     If the method takes an argument besides ``self`` it receives the output of the
     method (or router) whose event fired it.
     """
-    opts = _check_options(StepOptions(retries, retry_backoff, time_limit, max_calls))
+    flow_control = control(queue, concurrency, rate_limit, burst, limits, limit_key)
+    opts = _check_options(
+        StepOptions(retries, retry_backoff, time_limit, max_calls, **flow_control)
+    )
     return _mark(StepDecl(False, False, _trigger(condition, more), None, opts))
 
 
@@ -195,6 +278,12 @@ def router(
     retry_backoff: float | None = None,
     time_limit: float | None = None,
     max_calls: int | None = None,
+    queue: str | None = None,
+    concurrency: int | None = None,
+    rate_limit: str | None = None,
+    burst: int | None = None,
+    limits: list[str] | tuple[str, ...] | None = None,
+    limit_key: Callable[[Any], object] | None = None,
 ) -> Callable[[F], F]:
     """Mark a method whose return value (a string or Enum member) is a label to emit.
 
@@ -203,7 +292,10 @@ def router(
     ``return`` statements. A router needs a trigger unless it is stacked with ``@start()``
     or ``@listen(...)``, which then give it.
     """
-    opts = _check_options(StepOptions(retries, retry_backoff, time_limit, max_calls))
+    flow_control = control(queue, concurrency, rate_limit, burst, limits, limit_key)
+    opts = _check_options(
+        StepOptions(retries, retry_backoff, time_limit, max_calls, **flow_control)
+    )
     cond = None if condition is None and not more else _trigger(condition, more)
     if emit is not None and labels is not None:
         raise DefinitionError("give emit= or its other name labels=, not both")

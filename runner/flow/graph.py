@@ -31,6 +31,7 @@ from runner.errors import (
 )
 from runner.flow.conditions import Cond, describe, has_and, leaves, to_json
 from runner.flow.decorators import DEFAULT_MAX_CALLS, STEP_ATTR, StepDecl
+from runner.flow.rates import Rate
 
 _CACHE_ATTR = "__runner_graph__"
 
@@ -68,6 +69,21 @@ class MethodSpec:
     """A start with a trigger (stacked ``@start()`` and ``@listen``) that also runs at kickoff."""
     trigger_payload: bool = False
     """Declares a ``crewai_trigger_payload`` parameter (given from the kickoff inputs)."""
+    queue: str | None = None
+    """The deployment's queue its steps go to, by name (``None``: the default queue)."""
+    concurrency: int | None = None
+    """Attempts running at once across the deployment (``None``: no limit)."""
+    rate: Rate | None = None
+    """Starts allowed across the deployment (``None``: no limit)."""
+    limits: tuple[str, ...] = ()
+    """Named limits it counts against."""
+    limit_key: Callable[[Any], object] | None = None
+    """Computes the key its limits hold per, from the run's state."""
+
+    @property
+    def limited(self) -> bool:
+        """Whether a step of it must be admitted before it starts."""
+        return bool(self.concurrency or self.rate or self.limits)
 
 
 @dataclass(frozen=True)
@@ -272,6 +288,11 @@ def _spec(name: str, fn: Callable[..., Any], decl: StepDecl, owner: type) -> Met
         max_calls=opts.max_calls if opts.max_calls is not None else DEFAULT_MAX_CALLS,
         at_kickoff=decl.at_kickoff,
         trigger_payload=any(p.name == TRIGGER_PAYLOAD for p in _params(fn)),
+        queue=opts.queue,
+        concurrency=opts.concurrency,
+        rate=opts.rate,
+        limits=opts.limits or (),
+        limit_key=opts.limit_key,
     )
 
 

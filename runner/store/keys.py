@@ -21,7 +21,15 @@ key                        type    holds
 ``P:[{S}:]runs``           zset    run ids scored by last update (the run index)
 ``P:[{S}:]ckpts``          hash    checkpoint id -> run id (lookup by checkpoint id)
 ``P:[{S}:]active``         zset    run ids whose status is ``running`` (recovery scans it)
+``P:{time}:deadlines``     zset    run ids scored by their deadline (recovery cancels them)
+``P:{time}:starts``        zset    run ids scored by their delayed start (recovery sends them)
 ``P:<name>-lock``          string  a deployment-wide lock (``recover``: the recovery pass)
+``P:{flow}:rates``         hash    named limit -> its rate (``runner.set_limit``)
+``P:{flow}:rate:<L>``      string  limit ``L``'s theoretical arrival time (GCRA), in ms
+``P:{flow}:slots:<L>``     zset    attempt tokens holding a slot of ``L`` by lease expiry
+``P:{flow}:limited``       zset    every limit ``L`` in use, scored by when last used
+``P:{flow}:waiting:<L>``   zset    ``run|step`` deferred by ``L``, scored by when it may go
+``P:{flow}:queue:<Q>``     zset    workers consuming queue ``Q``, scored by when that lapses
 =========================  ======  ===========================================================
 
 On a single Redis (``shards=0``) the tag ``{T}`` is the run id (``P:{R}:meta``) and the
@@ -120,6 +128,38 @@ class Keys:
     def lock(self, name: str) -> str:
         """A deployment-wide lock (``recover``: the periodic recovery pass)."""
         return f"{self.prefix}:{name}-lock"
+
+    # -- flow control: one hash tag for all, so one script checks every limit of a step -------
+
+    def rates(self) -> str:
+        """Named limits set for the whole deployment (``runner.set_limit``)."""
+        return f"{self.prefix}:{{flow}}:rates"
+
+    def rate(self, limit: str) -> str:
+        """A rate limit's theoretical arrival time (GCRA)."""
+        return f"{self.prefix}:{{flow}}:rate:{limit}"
+
+    def slots(self, limit: str) -> str:
+        """A concurrency limit's slots: attempt tokens scored by lease expiry."""
+        return f"{self.prefix}:{{flow}}:slots:{limit}"
+
+    def limited(self) -> str:
+        """Every limit in use, scored by when it was last used (``runner limits`` reads it)."""
+        return f"{self.prefix}:{{flow}}:limited"
+
+    def waiting(self, limit: str) -> str:
+        """Steps a limit deferred (``run|step``), scored by when they may start."""
+        return f"{self.prefix}:{{flow}}:waiting:{limit}"
+
+    def consumers(self, queue: str) -> str:
+        """Workers consuming ``queue``, scored by when that lapses unless renewed."""
+        return f"{self.prefix}:{{flow}}:queue:{queue}"
+
+    # -- time: run timers, one hash tag for all (read by the recovery pass) -------------------
+
+    def timers(self, kind: str) -> str:
+        """Run ids scored by when the recovery pass must act on them (``deadlines``, ``starts``)."""
+        return f"{self.prefix}:{{time}}:{kind}"
 
     # -- indexes: one key each on a single Redis, one per shard on Redis Cluster ---------------
 

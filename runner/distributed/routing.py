@@ -1,0 +1,157 @@
+"""Routing: the queue each step goes to, and the queues a worker consumes.
+
+A method with ``queue="gpu"`` sends its steps to the deployment's queue of that name,
+``<RUNNER_QUEUE>.gpu`` (the default queue is ``RUNNER_QUEUE``, ``runner.<prefix>``), so two
+deployments never take each other's steps. One Celery router (:class:`Routes`, the first of
+the app's ``task_routes``) decides it for every send: a step's first send (through the
+outbox or after its commit), recovery's re-send, a retry, a resume. A worker consumes
+``RUNNER_WORKER_QUEUES`` (``default`` names the default queue) and says so in Redis every
+recovery interval, so ``runner status`` can tell a step that waits for a queue no live worker
+consumes (:func:`unconsumed`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from runner.flow.rates import check_name
+from runner.settings import RunnerSettings
+from runner.store.keys import Keys
+
+if TYPE_CHECKING:
+    import redis
+    from celery import Celery
+
+log = logging.getLogger("runner.worker")
+
+DEFAULT = "default"
+"""The name of a deployment's default queue in ``RUNNER_WORKER_QUEUES`` and ``queue=``."""
+
+
+def queue_name(settings: RunnerSettings, name: str | None) -> str:
+    """The broker queue of the queue ``name`` of this deployment."""
+    return settings.queue if name in (None, DEFAULT) else f"{settings.queue}.{name}"
+
+
+def consumed(settings: RunnerSettings) -> list[str]:
+    """The broker queues a worker with these settings consumes."""
+    return [
+        queue_name(settings, check_name(n, "RUNNER_WORKER_QUEUES")) for n in settings.worker_queues
+    ]
+
+
+class Routes:
+    """A Celery router: task ``<Flow>.<method>`` -> the queue its method names."""
+
+    def __init__(self, settings: RunnerSettings) -> None:
+        self.settings = settings
+        self.queues: dict[str, str] = {}
+
+    def learn(self, flow_cls: Any) -> None:
+        """Route the tasks of ``flow_cls``'s methods that name a queue."""
+        name = flow_cls.flow_name()
+        for method, spec in flow_cls.graph().methods.items():
+            if spec.queue is not None:
+                self.queues[f"{name}.{method}"] = queue_name(self.settings, spec.queue)
+
+    def __call__(self, name: str, *_: Any, **__: Any) -> dict[str, str] | None:
+        queue = self.queues.get(name)
+        return None if queue is None else {"queue": queue}
+
+
+def install(app: Celery, settings: RunnerSettings) -> Routes:
+    """Make a new :class:`Routes` the first router of ``app`` (before any send)."""
+    routes = Routes(settings)
+    theirs = app.conf.task_routes
+    more = [] if theirs is None else list(theirs) if isinstance(theirs, list | tuple) else [theirs]
+    app.conf.task_routes = (routes, *more)
+    return routes
+
+
+def routes_of(app: Celery) -> Routes:
+    """``app``'s :class:`Routes` (apps from :func:`runner.distributed.app.make_app` have one)."""
+    found = (app.conf.task_routes or (None,))[0]
+    if not isinstance(found, Routes):
+        raise TypeError("this Celery app was not made by runner.distributed.app.make_app")
+    return found
+
+
+def learn(app: Celery, flow_cls: Any) -> None:
+    """Route ``flow_cls``'s steps on ``app`` (call before sending any of them)."""
+    routes_of(app).learn(flow_cls)
+
+
+def task_queue(app: Celery, task: str) -> str:
+    """The queue a task of this deployment is sent to."""
+    routes = routes_of(app)
+    return routes.queues.get(task, routes.settings.queue)
+
+
+# --- who consumes what ----------------------------------------------------------------------
+
+
+def announce(client: redis.Redis, keys: Keys, queues: list[str], worker: str, ttl: float) -> None:
+    """Say that ``worker`` consumes ``queues`` for the next ``ttl`` seconds."""
+    until = time.time() + ttl
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.zadd(keys.consumers(queue), {worker: until})
+        pipe.expire(keys.consumers(queue), max(1, int(ttl * 4)))
+    pipe.execute()
+
+
+def retire(client: redis.Redis, keys: Keys, queues: list[str], worker: str) -> None:
+    """``worker`` stops consuming ``queues`` (a warm shutdown)."""
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.zrem(keys.consumers(queue), worker)
+    pipe.execute()
+
+
+def live_consumers(client: redis.Redis, keys: Keys, queue: str) -> list[str]:
+    """Workers that said they consume ``queue`` and whose word has not lapsed."""
+    found = client.zrangebyscore(keys.consumers(queue), time.time(), "+inf")
+    return sorted(w.decode() if isinstance(w, bytes) else str(w) for w in found)
+
+
+def unconsumed(client: redis.Redis, keys: Keys, settings: RunnerSettings, name: str | None) -> bool:
+    """Whether the queue ``name`` (a method's ``queue=``) has no live consumer."""
+    return not live_consumers(client, keys, queue_name(settings, name))
+
+
+def serve(app: Celery, client: redis.Redis, keys: Keys, settings: RunnerSettings) -> list[str]:
+    """In a worker: consume the queues of ``RUNNER_WORKER_QUEUES`` (unless the command line
+    names queues with ``-Q``, which Celery applies after this) and, once the worker is ready,
+    say so in Redis every recovery interval until it shuts down. Returns the queues."""
+    import threading
+
+    from celery import signals
+
+    queues = consumed(settings)
+    app.amqp.queues.select(queues)
+    stop = threading.Event()
+    ttl = max(3 * settings.recovery_interval, 2.0)
+
+    def announcing(worker: str, mine: list[str]) -> None:
+        while not stop.wait(settings.recovery_interval):
+            try:
+                announce(client, keys, mine, worker, ttl)
+            except Exception as exc:  # Redis away: the word lapses, said again on return
+                log.debug("could not announce the queues of %s: %s", worker, exc)
+
+    def ready(sender: Any = None, **_: Any) -> None:
+        worker = str(getattr(sender, "hostname", "") or "worker")
+        mine = sorted(str(q) for q in app.amqp.queues.consume_from)
+        announce(client, keys, mine, worker, ttl)
+        threading.Thread(target=announcing, args=(worker, mine), name="queues", daemon=True).start()
+
+        def shutdown(**_: Any) -> None:
+            stop.set()
+            retire(client, keys, mine, worker)
+
+        signals.worker_shutdown.connect(shutdown, weak=False)
+
+    signals.worker_ready.connect(ready, weak=False)
+    return queues

@@ -1,0 +1,42 @@
+"""``queue=`` on a method: its steps go to the deployment's queue of that name, run only on
+workers that consume it (``RUNNER_WORKER_QUEUES``), and wait, visibly, while none does."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from runner.distributed import routing
+from runner.distributed.client import RunHandle, submit
+from runner.store.models import RunStatus
+from tests._dist_support import eventually, private_pool
+from tests.flows.flow_control import RoutedFlow
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_gpu_step_waits_for_a_gpu_worker_and_runs_only_there(
+    worker_env: dict[str, str], tmp_path: str
+) -> None:
+    with private_pool(worker_env, str(tmp_path)) as (pool, rt, env):
+        pool.start()  # consumes the default queue only
+        run = submit(RoutedFlow, {"group": "g"}, rt=rt)
+        eventually(lambda: "prepare#1" in rt.coord.read(run.run_id).completed, timeout=20)
+        gpu = routing.queue_name(rt.settings, "gpu")
+        assert gpu == f"{env['RUNNER_QUEUE']}.gpu"
+        assert routing.unconsumed(rt.store.client, rt.store.keys, rt.settings, "gpu")
+        assert not routing.unconsumed(rt.store.client, rt.store.keys, rt.settings, None)
+        # Nobody consumes gpu: the step stays queued there, the run keeps running.
+        time.sleep(3)
+        assert RunHandle(run.run_id, rt).status() is RunStatus.RUNNING
+        assert rt.store.client.llen(gpu) == 1
+
+        pool.env["RUNNER_WORKER_QUEUES"] = "gpu"
+        pool.start()
+        gpu_worker = pool.workers[-1].name
+        assert RunHandle(run.run_id, rt).wait(timeout=30) is RunStatus.SUCCEEDED
+        state = rt.coord.read(run.run_id).state
+        assert state["embedded_on"] == gpu_worker
+        assert state["prepared_on"] == pool.workers[0].name
+        assert not routing.unconsumed(rt.store.client, rt.store.keys, rt.settings, "gpu")
