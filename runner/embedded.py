@@ -37,6 +37,7 @@ from redis.retry import Retry
 
 from runner.errors import StoreError, StoreUnavailable
 from runner.settings import get_settings
+from runner.store import connection
 
 PING_TIMEOUT = 1.0
 """Seconds a configured Redis gets to answer PING."""
@@ -62,7 +63,7 @@ def mask_url(url: str) -> str:
 def _client(url: str, timeout: float) -> redis.Redis:
     # No retries: a probe must answer at once, and SHUTDOWN ends in the error it expects.
     # A Redis Cluster URL (`redis+cluster://`) is probed at the node it names.
-    return redis.Redis.from_url(
+    return connection.client(
         url.replace("+cluster://", "://", 1),
         socket_timeout=timeout,
         socket_connect_timeout=timeout,

@@ -29,6 +29,35 @@ class RunnerSettings(BaseSettings):
         description="Celery broker of the steps (redis:// or amqp://); unset = the Redis URL.",
     )
     prefix: str = Field(default="runner", description="Key prefix of this deployment.")
+    redis_username: str | None = Field(
+        default=None, description="ACL user of the Redis connections; unset = `default`."
+    )
+    redis_password: str | None = Field(
+        default=None, description="Password of the Redis connections (a URL's own wins)."
+    )
+    redis_password_file: str | None = Field(
+        default=None, description="File whose first line is the Redis password."
+    )
+    redis_ssl_ca_certs: str | None = Field(
+        default=None, description="CA bundle a `rediss://` server certificate is checked against."
+    )
+    redis_ssl_certfile: str | None = Field(
+        default=None, description="Client certificate for `rediss://` (mutual TLS)."
+    )
+    redis_ssl_keyfile: str | None = Field(
+        default=None, description="Private key of the client certificate."
+    )
+    redis_ssl_cert_reqs: Literal["required", "optional", "none"] = Field(
+        default="required", description="Whether the `rediss://` server certificate is checked."
+    )
+    redis_wait_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Replicas a commit waits for (WAIT); unset = 1 with Sentinel, else 0.",
+    )
+    redis_wait_timeout: float = Field(
+        default=2.0, gt=0, description="Seconds a commit waits for its replicas."
+    )
     max_checkpoints: int = Field(
         default=200, ge=0, description="Checkpoints kept per run (0 = keep all)."
     )

@@ -26,6 +26,7 @@ from celery import Celery
 from runner.embedded import mask_url, shared_redis_url
 from runner.errors import StoreUnavailable
 from runner.settings import RunnerSettings, get_settings
+from runner.store import connection
 
 from . import routing
 
@@ -74,9 +75,11 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
             "set RUNNER_BROKER_URL (a plain Redis or RabbitMQ)"
         )
     app = Celery(main, set_as_current=False)
+    # TLS options, ACL credentials and kombu's Sentinel transport: connection's to decide.
     conf: dict[str, Any] = {
-        "broker_url": settings.broker_url or url,
-        "result_backend": _result_backend(url, settings.broker_url),
+        **connection.celery_conf(
+            settings.broker_url or url, _result_backend(url, settings.broker_url), settings
+        ),
         "control_exchange": f"celery.{settings.prefix}",
         "event_exchange": f"celeryev.{settings.prefix}",
         # Checkpoints are the record of a step; results cost a backend write per task.

@@ -62,6 +62,7 @@ from kombu import Exchange, Producer, Queue
 from kombu.exceptions import BatchPublishError, OperationalError
 from kombu.transport.redis import Channel as RedisChannel
 
+from runner.store import connection
 from runner.store.base import OUTBOX_COMMANDS, OutboxCommand
 
 log = logging.getLogger("runner.broker")
@@ -576,7 +577,7 @@ def broker_client(app: Celery) -> redis.Redis:
     url = str(app.conf.broker_url)
     client = _broker_clients.get(url)
     if client is None:
-        client = _broker_clients[url] = redis.Redis.from_url(url)
+        client = _broker_clients[url] = connection.client(url)  # TLS and ACL as configured
     return client
 
 

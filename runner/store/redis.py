@@ -43,6 +43,7 @@ from pydantic_core import to_json
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
+from redis.sentinel import SentinelConnectionPool
 
 from runner.embedded import mask_url
 from runner.errors import (
@@ -54,7 +55,7 @@ from runner.errors import (
     StoreError,
     StoreUnavailable,
 )
-from runner.store import scripts
+from runner.store import connection, scripts
 from runner.store._common import (
     SERIALIZATION_ERRORS,
     conflict,
@@ -104,8 +105,6 @@ _EVERY_COMMIT = ("event", "step", "error", "flow")
 """Metadata set by every commit besides what the script sets (seq, latest, status, updated_at)."""
 _NEW_RUN = ("name", "parent_run_id", "parent_checkpoint_id", "branch")
 """Metadata set when a commit creates the run besides the script's (run_id, created_at)."""
-CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
-"""URL schemes of a Redis Cluster (``redis+cluster://host:port``: any node of it)."""
 
 
 class RedisProvider:
@@ -144,6 +143,10 @@ class RedisProvider:
         self.max_checkpoints = (
             settings.max_checkpoints if max_checkpoints is None else max_checkpoints
         )
+        wait, sentinel = settings.redis_wait_replicas, connection.is_sentinel(self.url)
+        self.wait_replicas = (1 if sentinel else 0) if wait is None else wait
+        """Replicas each commit waits for (``WAIT``) before it counts as done."""
+        self.wait_timeout = settings.redis_wait_timeout
         self._commit = client.register_script(scripts.COMMIT)
         self._prune = client.register_script(scripts.PRUNE)
         self._update = client.register_script(scripts.UPDATE_RUN)
@@ -193,6 +196,8 @@ class RedisProvider:
             if reply[0] != b"rebase":
                 break
         outcome, value = reply[0].decode(), reply[1].decode()
+        if outcome in ("ok", "dup") and self.wait_replicas:
+            self._replicated(run)
         if outcome == "ok":
             seq = int(value)
             if state.inline:
@@ -214,6 +219,19 @@ class RedisProvider:
             )
         assert request.expected_seq is not None
         raise conflict(run, request.expected_seq, int(value))
+
+    def _replicated(self, run: str) -> None:
+        """Wait until :attr:`wait_replicas` replicas have every write so far (the commit's
+        included), so a failover to one of them cannot lose it; :class:`StoreUnavailable`
+        if they do not within :attr:`wait_timeout` (the commit, idempotent, is sent again)."""
+        want, ms = self.wait_replicas, int(self.wait_timeout * 1000)
+        got = int(self._guard(lambda: self.client.execute_command("WAIT", want, ms)))
+        if got < want:
+            raise StoreUnavailable(
+                f"a commit of run {run} reached {got} of {want} Redis replicas in "
+                f"{self.wait_timeout} s (RUNNER_REDIS_WAIT_REPLICAS): not yet durable",
+                url=mask_url(self.url),
+            )
 
     def _commit_keys(self, run: str) -> list[str]:
         k = self.keys
@@ -691,12 +709,8 @@ class RedisProvider:
 
 
 def _connect(url: str, patient: bool) -> Any:
-    """A client for ``url``: a :class:`RedisCluster` for the ``redis+cluster`` schemes."""
-    for scheme in CLUSTER_SCHEMES:
-        if url.startswith(scheme):
-            plain = url.replace("+cluster", "", 1)
-            return RedisCluster.from_url(plain, retry=_retry(patient))
-    return redis.Redis.from_url(url, retry=_retry(patient))
+    """A client for ``url``: :func:`runner.store.connection.client` (Cluster, Sentinel, TLS)."""
+    return connection.client(url, retry=_retry(patient))
 
 
 def _retry(patient: bool) -> Retry:
@@ -939,8 +953,20 @@ def _fresh_pool(provider: RedisProvider | None) -> None:
     pool = getattr(provider.client, "connection_pool", None)
     if pool is None:
         return
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
+    if isinstance(pool, SentinelConnectionPool):  # the same group's primary, found afresh
+        provider.client.connection_pool = SentinelConnectionPool(
+            pool.service_name,
+            pool.sentinel_manager,
+            is_master=pool.is_master,
+            check_connection=pool.check_connection,
+            connection_class=pool.connection_class,
+            max_connections=pool.max_connections,
+            **kwargs,
+        )
+        return
     provider.client.connection_pool = type(pool)(
         connection_class=pool.connection_class,
         max_connections=pool.max_connections,
-        **pool.connection_kwargs,
+        **kwargs,
     )

@@ -1,0 +1,124 @@
+"""Private ``redis-server`` processes of the production-Redis tests (TLS, ACL, Sentinel).
+
+Each runs on a free loopback port with no persistence, its log in the test's folder, and is
+stopped (by its own pid) when the test ends: the shared Redis on 6379 is never reconfigured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.embedded import find_redis_server
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class RedisProcess:
+    """A running ``redis-server`` (or sentinel) on ``port``."""
+
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def kill(self) -> None:
+        """SIGKILL it (a crash) and wait for it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def redis_server(folder: Path, *args: str, port: int | None = None) -> Iterator[RedisProcess]:
+    """A ``redis-server`` with ``args`` (``--port`` is added unless ``port`` is 0: then the
+    caller names its ``--tls-port``); waits until it listens, kills it on exit."""
+    port = free_port() if port is None else port
+    listen = port
+    extra = ["--port", str(port)]
+    if port == 0:
+        listen = int(args[args.index("--tls-port") + 1])
+        extra = ["--port", "0"]
+    log = folder / f"redis-{listen}.log"
+    command = [
+        find_redis_server(),
+        *extra,
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(folder),
+        "--logfile",
+        str(log),
+        *args,
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = RedisProcess(listen, proc, log)
+    try:
+        deadline = time.monotonic() + 10
+        while not _listening(listen):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield server
+    finally:
+        server.kill()
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_certificates(folder: Path) -> Certificates:
+    """Make a throwaway CA and the certificates it signs with ``openssl``."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    run(
+        *("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"),
+        *("-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.crt"),
+    )
+    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name, ext in (("server", ["-extfile", "san.ext"]), ("client", [])):
+        run(
+            *("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}"),
+            *("-keyout", f"{name}.key", "-out", f"{name}.csr"),
+        )
+        run(
+            *("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key"),
+            *("-CAcreateserial", "-days", "2", "-out", f"{name}.crt", *ext),
+        )
+    return Certificates(
+        folder / "ca.crt",
+        folder / "server.crt",
+        folder / "server.key",
+        folder / "client.crt",
+        folder / "client.key",
+    )
