@@ -27,7 +27,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
@@ -48,7 +49,7 @@ from runner.flow.state import reducers_for
 from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus
 
-from . import handoff
+from . import handoff, limits
 from .coord import DONE, HELD, OK, attempt_token, holder_is_dead
 from .engine import (
     FlowNotAllowed,
@@ -141,9 +142,63 @@ def execute(
                 max_retries=None,
                 kwargsrepr=kwargs_repr(run_id, activation, attempt),
             )
-        with rt.coord.heartbeat(run_id, key, token):
+        with (
+            _admitted(rt, task, flow_cls, latest, act, lease, attempt),
+            rt.coord.heartbeat(run_id, key, token),
+        ):
             flow, result = _run(flow_cls, latest, act, attempt)
             return _settle(rt, task, flow_cls, flow, latest, result, lease)
+
+
+@contextmanager
+def _admitted(
+    rt: Runtime,
+    task: Any,
+    flow_cls: Any,
+    latest: Checkpoint,
+    act: Activation,
+    lease: Lease,
+    attempt: int,
+) -> Iterator[None]:
+    """Run the block under the step's rate and concurrency limits (:mod:`.limits`), or
+    defer the step while a limit holds it back."""
+    with limits.admission(
+        rt.store.client,
+        rt.store.keys,
+        rt.settings,
+        flow_cls,
+        flow_cls.graph().methods[act.method],
+        latest.state,
+        f"{lease.run_id}|{act.id}",
+        lease.token,
+    ) as waiting:
+        if waiting is not None:
+            _defer(rt, task, lease, waiting, attempt)
+        yield
+
+
+def _defer(rt: Runtime, task: Any, lease: Lease, waiting: limits.Waiting, attempt: int) -> NoReturn:
+    """Hand a step a limit holds back to a message due when it may start, freeing the
+    pool slot now. As with a retry, this process holds the step as its sender (a soft
+    lease) until the message is published; then it is queued, or held by the worker that
+    received it (its receiving lease), so it is never lost while it waits."""
+    if rt.coord.take_over(lease.run_id, lease.key, lease.token, handoff.sender_token()):
+        lease.held = False
+    log.info(
+        "run %s step %s waits %.2fs for limit %s",
+        lease.run_id,
+        lease.key,
+        waiting.seconds,
+        waiting.limit,
+    )
+    sent = task.retry(
+        countdown=waiting.seconds,
+        max_retries=None,
+        kwargsrepr=kwargs_repr(lease.run_id, task.request.kwargs.get("activation", ""), attempt),
+        throw=False,
+    )
+    handoff.let_go(rt.coord, lease.run_id, [lease.key])
+    raise sent
 
 
 def _take_over(rt: Runtime, run_id: str, key: str, holder: str, token: str) -> bool:

@@ -326,6 +326,76 @@ end
 return 0
 """
 
+ADMIT = """
+-- Admit a step under every limit it counts against, in one call: each rate limit (GCRA:
+-- a start is allowed while the theoretical arrival time is at most burst-1 intervals
+-- ahead) and each concurrency limit (slots: attempt tokens scored by lease expiry, the
+-- lapsed ones trimmed first, so a killed worker's slot comes back with its lease). Either
+-- all admit it (the rates advance, a slot is taken) or none changes and the step is noted
+-- as waiting on the limit that holds it longest.
+-- KEYS[1] limited zset (limit -> last used)   KEYS[2..1+R] rate keys
+-- KEYS[2+R..1+R+C] slot zsets                 KEYS[2+R+C..] waiting zsets, one per limit
+-- ARGV[1] JSON {token, member, lease_ms, poll_ms, rates: [[interval_ms, burst, name]],
+--               slots: [[count, name]]}
+-- Returns {1, 0, ''} (admitted) or {0, wait_ms, limit name}.
+local h = cjson.decode(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local R, C = #h.rates, #h.slots
+local wait, holder, tats = 0, '', {}
+for i = 1, R do
+  local interval, burst = h.rates[i][1], h.rates[i][2]
+  local tat = math.max(tonumber(redis.call('GET', KEYS[1 + i]) or '0'), now)
+  local over = tat - now - (burst - 1) * interval
+  if over > wait then wait, holder = over, h.rates[i][3] end
+  tats[i] = tat
+end
+for j = 1, C do
+  local key = KEYS[1 + R + j]
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if not redis.call('ZSCORE', key, h.token) and redis.call('ZCARD', key) >= h.slots[j][1] then
+    if wait < h.poll_ms then wait, holder = h.poll_ms, h.slots[j][2] end
+  end
+end
+local names = {}
+for i = 1, R do names[#names + 1] = h.rates[i][3] end
+for j = 1, C do names[#names + 1] = h.slots[j][2] end
+for k = 1, #names do
+  redis.call('ZADD', KEYS[1], now, names[k])
+  local waiting = KEYS[1 + R + C + k]
+  redis.call('ZREMRANGEBYSCORE', waiting, '-inf', now - 60000)
+  if wait > 0 and names[k] == holder then
+    redis.call('ZADD', waiting, now + wait, h.member)
+  else
+    redis.call('ZREM', waiting, h.member)
+  end
+end
+if wait > 0 then return {0, wait, holder} end
+for i = 1, R do
+  local tat = tats[i] + h.rates[i][1]
+  redis.call('SET', KEYS[1 + i], tat, 'PX', tat - now + 1000)
+end
+for j = 1, C do
+  local key = KEYS[1 + R + j]
+  redis.call('ZADD', key, now + h.lease_ms, h.token)
+  redis.call('PEXPIRE', key, 2 * h.lease_ms + 1000)
+end
+return {1, 0, ''}
+"""
+
+RENEW_SLOTS = """
+-- Renew the concurrency slots a process's running attempts hold (a lapsed one stays gone).
+-- KEYS[1..N] slot zsets   ARGV[1] lease in ms   ARGV[2..N+1] the token held in each
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  redis.call('ZADD', KEYS[i], 'XX', now + lease, ARGV[i + 1])
+  redis.call('PEXPIRE', KEYS[i], 2 * lease + 1000)
+end
+return #KEYS
+"""
+
 BEGIN_STEP = (
     _STATE
     + _LEASE

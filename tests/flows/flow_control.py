@@ -5,6 +5,7 @@ list shared by the runs of one ``group``, read back by the tests."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from celery import current_task
@@ -25,7 +26,8 @@ class Job(FlowState):
 
 def note(group: str, what: str, **data: object) -> None:
     """Append an event of ``group`` (a JSON line) to its list."""
-    client().rpush(f"fc-test:{group}:{what}", json.dumps({**data, "at": time.time()}))
+    event = {**data, "pid": os.getpid(), "at": time.time()}
+    client().rpush(f"fc-test:{group}:{what}", json.dumps(event))
 
 
 def notes(group: str, what: str) -> list[dict[str, object]]:

@@ -1,0 +1,244 @@
+"""Rate and concurrency limits that hold across every worker of a deployment.
+
+A method's own limits (``rate_limit="5/s"``, ``concurrency=2``) and the named limits it
+counts against (``limits=["openai"]``, rates from :func:`set_limit` or ``RUNNER_LIMITS``),
+each per key when ``limit_key`` computes one from the run's state, are checked in one Redis
+script call (:data:`runner.store.scripts.ADMIT`) when an attempt begins, after it took the
+step's lease and before it runs anything:
+
+* **rates** by GCRA: at most ``burst`` starts at once (one period's worth unless
+  ``burst=`` says otherwise), then one per interval; so any one period holds at most the
+  burst plus the limit;
+* **concurrency** by slots: the attempt's token scored by lease expiry, renewed with the
+  lease by this process's ``limit-slots`` thread, dropped when the attempt ends in any way;
+  a killed worker's slot lapses with its lease, trimmed by the next admission.
+
+A step a limit holds back is **deferred**: the attempt hands its step to a message with a
+countdown (when the limit will let it start; a short poll for a concurrency slot) and frees
+its pool slot at once, under the same lease rules as a retry (see ``docs/delivery.md``).
+It is noted in the limit's waiting set, which ``runner limits`` and the console show.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from runner.flow.graph import MethodSpec
+from runner.flow.rates import Rate, check_name, parse_limits, parse_rate
+from runner.settings import RunnerSettings
+from runner.store import scripts
+from runner.store.keys import Keys
+
+log = logging.getLogger("runner.worker")
+
+POLL_SECONDS = 0.25
+"""How long a step waiting for a concurrency slot waits before it asks again (plus jitter)."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A step a limit holds back: ``limit`` lets it start in about ``seconds``."""
+
+    limit: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits one step counts against, by the names they are kept under."""
+
+    rates: tuple[tuple[str, Rate], ...]
+    slots: tuple[tuple[str, int], ...]
+
+    def names(self) -> list[str]:
+        """Every limit's name, rates first (the order of the script's waiting keys)."""
+        return [n for n, _ in self.rates] + [n for n, _ in self.slots]
+
+
+def set_limit(name: str, rate: str, *, burst: int | None = None, client: Any = None) -> Rate:
+    """Set the named limit ``name`` to ``rate`` (``"500/m"``) for the whole deployment:
+    every worker uses it from the next step on, over ``RUNNER_LIMITS``."""
+    from runner.distributed.client import runtime
+
+    parsed = parse_rate(rate, burst, what=f"limit {check_name(name, 'limit name')}")
+    store = runtime().store if client is None else client
+    store.client.hset(store.keys.rates(), name, json.dumps([rate, parsed.burst]))
+    return parsed
+
+
+def named_rates(client: redis.Redis, keys: Keys, settings: RunnerSettings) -> dict[str, Rate]:
+    """The named limits: ``RUNNER_LIMITS``, overridden by those set with :func:`set_limit`."""
+    found = parse_limits(settings.limits)
+    for name, raw in client.hgetall(keys.rates()).items():
+        rate, burst = json.loads(raw)
+        found[name.decode() if isinstance(name, bytes) else str(name)] = parse_rate(rate, burst)
+    return found
+
+
+_warned: set[str] = set()
+
+
+def limits_of(spec: MethodSpec, flow_name: str, state: Any, named: dict[str, Rate]) -> Limits:
+    """The limits of a step of ``spec`` (of flow ``flow_name``) on the run's ``state``."""
+    suffix = ""
+    if spec.limit_key is not None:
+        try:
+            suffix = f"[{spec.limit_key(state)}]"
+        except Exception as exc:
+            # The step still counts against the limit, under a key of its own kind.
+            log.error(
+                "limit_key of %s.%s raised %r: limiting it under key '?'", flow_name, spec.name, exc
+            )
+            suffix = "[?]"
+    own = f"{flow_name}.{spec.name}{suffix}"
+    rates = [(own, spec.rate)] if spec.rate is not None else []
+    for name in spec.limits:
+        rate = named.get(name)
+        if rate is None:
+            if name not in _warned:
+                _warned.add(name)
+                log.warning(
+                    "limit %r of %s.%s is not set (RUNNER_LIMITS or runner.set_limit): "
+                    "not limiting it",
+                    name,
+                    flow_name,
+                    spec.name,
+                )
+            continue
+        rates.append((f"{name}{suffix}", rate))
+    slots = [(own, spec.concurrency)] if spec.concurrency else []
+    return Limits(tuple(rates), tuple(slots))
+
+
+def state_of(flow_cls: Any, state: dict[str, Any]) -> Any:
+    """The run's state as its methods see it (the model, or the dict), for ``limit_key``."""
+    model = flow_cls.state_type()
+    return state if model is None else model.model_validate(state)
+
+
+class Gate:
+    """Admits this process's steps under their limits and keeps their slots."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, lease_seconds: float) -> None:
+        self.client, self.keys, self.lease_seconds = client, keys, lease_seconds
+        self._admit = client.register_script(scripts.ADMIT)
+        self._renew = client.register_script(scripts.RENEW_SLOTS)
+        self._held: dict[tuple[str, str], None] = {}
+        self._lock = threading.Lock()
+        self._pid = 0
+
+    def admit(self, limits: Limits, token: str, member: str) -> Waiting | None:
+        """Take ``limits`` for the attempt ``token`` of ``member`` (``run|step``), or say how
+        long it waits."""
+        names = limits.names()
+        header = {
+            "token": token,
+            "member": member,
+            "lease_ms": int(self.lease_seconds * 1000),
+            "poll_ms": int(POLL_SECONDS * 1000),
+            "rates": [[r.interval * 1000, r.burst, n] for n, r in limits.rates],
+            "slots": [[count, n] for n, count in limits.slots],
+        }
+        keys = [
+            self.keys.limited(),
+            *(self.keys.rate(n) for n, _ in limits.rates),
+            *(self.keys.slots(n) for n, _ in limits.slots),
+            *(self.keys.waiting(n) for n in names),
+        ]
+        admitted, wait_ms, limit = self._admit(keys=keys, args=[json.dumps(header)])
+        if not admitted:
+            jitter = random.uniform(0, POLL_SECONDS) if limits.slots else 0.0
+            holder = limit.decode() if isinstance(limit, bytes) else str(limit)
+            return Waiting(holder, float(wait_ms) / 1000 + jitter)
+        with self._lock:
+            for name, _ in limits.slots:
+                self._held[(self.keys.slots(name), token)] = None
+        if limits.slots:
+            self._keep_renewing()
+        return None
+
+    def release(self, limits: Limits, token: str) -> None:
+        """Give back the slots the attempt ``token`` holds (it ended, whatever the way)."""
+        if not limits.slots:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        with self._lock:
+            for name, _ in limits.slots:
+                key = self.keys.slots(name)
+                self._held.pop((key, token), None)
+                pipe.zrem(key, token)
+        pipe.execute()
+
+    def renew(self) -> None:
+        """Renew every slot this process's attempts hold (one script call)."""
+        with self._lock:
+            held = list(self._held)
+        if held:
+            self._renew(
+                keys=[k for k, _ in held],
+                args=[int(self.lease_seconds * 1000), *(t for _, t in held)],
+            )
+
+    def _keep_renewing(self) -> None:
+        # One thread per process, started on first use (a pool child starts its own).
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+        threading.Thread(target=self._renewing, name="limit-slots", daemon=True).start()
+
+    def _renewing(self) -> None:
+        stop = threading.Event()
+        while not stop.wait(self.lease_seconds / 3):
+            try:
+                self.renew()
+            except redis.RedisError as exc:  # the slot lapses with the lease if this lasts
+                log.warning("could not renew concurrency slots: %s", exc)
+
+
+_gates: dict[tuple[int, str], Gate] = {}
+
+
+def gate_of(client: redis.Redis, keys: Keys, lease_seconds: float) -> Gate:
+    """This process's gate on ``client`` and ``keys``."""
+    found = _gates.get((id(client), keys.prefix))
+    if found is None:
+        found = _gates[(id(client), keys.prefix)] = Gate(client, keys, lease_seconds)
+    return found
+
+
+@contextmanager
+def admission(
+    client: redis.Redis,
+    keys: Keys,
+    settings: RunnerSettings,
+    flow_cls: Any,
+    spec: MethodSpec,
+    state: dict[str, Any],
+    member: str,
+    token: str,
+) -> Iterator[Waiting | None]:
+    """Admit a step under its limits for the block (``None``), or yield how it waits.
+    Slots taken are given back when the block ends, however it ends."""
+    if not spec.limited:
+        yield None
+        return
+    named = named_rates(client, keys, settings) if spec.limits else {}
+    limits = limits_of(spec, flow_cls.flow_name(), state_of(flow_cls, state), named)
+    gate = gate_of(client, keys, settings.lease_seconds)
+    waiting = gate.admit(limits, token, member)
+    try:
+        yield waiting
+    finally:
+        if waiting is None:
+            gate.release(limits, token)
