@@ -1,12 +1,13 @@
-"""What the CLI and the console both show of runs, as plain values: a checkpoint diff and a
-duration. It sits with the store (it reads only checkpoints), below both front ends, so
-neither imports the other."""
+"""What the CLI and the console both show of runs, as plain values: a checkpoint diff, a
+duration, when a delayed run starts. It sits with the store (it reads only checkpoints),
+below both front ends, so neither imports the other."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from runner.store.models import Checkpoint
+from runner.store.models import Checkpoint, RunStatus
 
 
 def duration(seconds: float | None) -> str:
@@ -22,6 +23,15 @@ def duration(seconds: float | None) -> str:
         return f"{minutes}m {secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h {minutes:02d}m"
+
+
+def scheduled_until(latest: Checkpoint) -> float | None:
+    """When a delayed run (``submit(countdown=...)``) starts, while it waits for that: it
+    shows as ``scheduled``."""
+    not_before = latest.meta.not_before
+    if latest.status is RunStatus.RUNNING and not_before is not None and not_before > time.time():
+        return not_before
+    return None
 
 
 def checkpoint_diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
-from runner.views import duration
+from runner.views import duration, scheduled_until
 
 STATUS_STYLE = {
     RunStatus.PENDING: "dim",
@@ -159,7 +159,11 @@ def status_view(
     grid = _grid()
     grid.add_row("run", info.run_id)
     grid.add_row("flow", f"{info.flow or '-'}" + (f"  ({info.name})" if info.name else ""))
-    grid.add_row("status", status_text(info.status))
+    waiting = scheduled_until(latest)
+    if waiting is not None:
+        grid.add_row("status", Text(f"scheduled, starts at {when(waiting)}", style="cyan"))
+    else:
+        grid.add_row("status", status_text(info.status))
     grid.add_row("step", info.step or "-")
     grid.add_row("event", info.event or "-")
     grid.add_row("seq", f"{info.seq}  (checkpoint {info.latest or latest.id})")
@@ -172,6 +176,10 @@ def status_view(
         grid.add_row("lineage", lineage + (f" (branch {info.branch})" if info.branch else ""))
     if info.status is RunStatus.PAUSED and latest.meta.pause_reason:
         grid.add_row("paused", latest.meta.pause_reason)
+    if latest.meta.deadline is not None:
+        grid.add_row("deadline", when(latest.meta.deadline))
+    if info.status is RunStatus.CANCELLED and latest.meta.cancel_reason:
+        grid.add_row("cancelled", latest.meta.cancel_reason)
     if error is not None:
         grid.add_row("error", Text(error_line(error), style="red"))
     parent = latest.meta.parent

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from runner.distributed import client
-from runner.errors import CorruptCheckpoint, RunTimeout
+from runner.errors import CorruptCheckpoint, InvalidInputs, RunTimeout
 from runner.store.models import Checkpoint, RunInfo, RunStatus
+from runner.views import scheduled_until
 
 from . import progress, refs
 from ._app import app
@@ -74,6 +76,29 @@ def submit(
             "refuse (reject).",
         ),
     ] = "return",
+    countdown: Annotated[
+        float | None,
+        typer.Option(
+            "--countdown", min=0, metavar="SECONDS", help="Start the run this much later."
+        ),
+    ] = None,
+    eta: Annotated[
+        str | None,
+        typer.Option(
+            "--eta",
+            metavar="TIME",
+            help="Start the run at this ISO time with its zone (2026-01-02T03:00:00+00:00).",
+        ),
+    ] = None,
+    deadline: Annotated[
+        float | None,
+        typer.Option(
+            "--deadline",
+            min=0,
+            metavar="SECONDS",
+            help="Cancel the run if it has not finished this long after now.",
+        ),
+    ] = None,
     wait: WaitOpt = False,
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
@@ -91,9 +116,28 @@ def submit(
     flow_cls = client.load_flow(flow)
     client.check_importable(flow_cls)
     client.check_fields(flow_cls, client.split_trigger_payload(values)[0])
+    start = None if eta is None else client.start_time(time.time(), countdown, _instant(eta))
     rt = session(ctx).rt
-    handle = client.submit(flow_cls, values, id=run_id, if_exists=if_exists, rt=rt)
+    handle = client.submit(
+        flow_cls,
+        values,
+        id=run_id,
+        if_exists=if_exists,
+        countdown=countdown,
+        eta=start,
+        deadline=deadline,
+        rt=rt,
+    )
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
+
+
+def _instant(text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInputs(
+            f"--eta {text!r} is not an ISO time (2026-01-02T03:00:00+00:00)"
+        ) from None
 
 
 @app.command()
@@ -114,6 +158,11 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                 "last_error": error.model_dump(mode="json") if error else None,
                 "pause_reason": latest.meta.pause_reason
                 if info.status is RunStatus.PAUSED
+                else None,
+                "scheduled_until": scheduled_until(latest),
+                "deadline": latest.meta.deadline,
+                "cancel_reason": latest.meta.cancel_reason
+                if info.status is RunStatus.CANCELLED
                 else None,
                 "parent": latest.meta.parent.model_dump() if latest.meta.parent else None,
                 "children": children,

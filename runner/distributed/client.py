@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from datetime import datetime
 from typing import Any
 
 from runner.embedded import find_dev
@@ -33,6 +34,7 @@ from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.loading import load_flow
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.redis import RedisProvider
+from runner.store.timers import DEADLINES, STARTS, Timers
 
 from . import routing
 from .engine import (
@@ -172,6 +174,9 @@ def submit(
     *,
     id: str | None = None,
     if_exists: str = "return",
+    countdown: float | None = None,
+    eta: datetime | float | None = None,
+    deadline: float | None = None,
     rt: Runtime | None = None,
 ) -> RunHandle:
     """Validate ``inputs``, create the run, and enqueue its start on the workers.
@@ -182,6 +187,13 @@ def submit(
     and refused otherwise, or always with ``if_exists="reject"`` (:class:`RunExists`). The
     run is created by one create-only commit, so of many concurrent submits of one id
     exactly one creates it.
+
+    ``countdown`` (seconds) or ``eta`` (an aware datetime or epoch seconds) delays the
+    start: the run is stored at once with no step sent, and shows as scheduled until a
+    worker's recovery pass sends its starts after that time (see :mod:`.recovery`); nothing
+    of it waits in the broker. ``deadline`` (seconds from now, else the flow's
+    ``run_deadline``) cancels the run if it has not finished by then, as ``runner cancel``
+    does.
     """
     if if_exists not in IF_EXISTS:
         raise InvalidInputs(
@@ -201,6 +213,11 @@ def submit(
             )
         inputs["id"] = id
     check_fields(flow_cls, inputs)
+    now = time.time()
+    not_before = start_time(now, countdown, eta)
+    seconds = flow_cls.run_deadline if deadline is None else deadline
+    if seconds is not None and not seconds > 0:
+        raise InvalidInputs(f"deadline must be a positive number of seconds, not {seconds!r}")
     rt = rt or runtime()
     check_allowed(flow_cls, rt)
     first = first_checkpoint(flow_cls, inputs)
@@ -208,12 +225,21 @@ def submit(
     routing.learn(rt.app, flow_cls)
     digest = submission_digest(flow_cls.flow_path(), inputs, payload)
     first.checkpoint.meta.submitted = digest
+    first.checkpoint.meta.not_before = not_before
+    first.checkpoint.meta.deadline = None if seconds is None else now + seconds
     run_id = first.checkpoint.run_id
+    # Timers set before the commit, so no run lacks one; a timer left for a run another
+    # submit created is checked against that run's own checkpoint.
+    if seconds is not None:
+        Timers(rt.store, DEADLINES).set(run_id, now + seconds)
+    if not_before is not None:
+        Timers(rt.store, STARTS).set(run_id, not_before)
     try:
         # Created only if new (seq 0), its starts sent once (see commit_and_send). They go
         # straight to their tasks (no hop through a start task): a worker that has not
         # registered the flow (an allow-list unknown here) fails the run with FlowNotAllowed.
-        commit_and_send(rt, first.checkpoint, 0, first.ready)
+        # A delayed run's starts are sent by recovery once due.
+        commit_and_send(rt, first.checkpoint, 0, first.ready if not_before is None else [])
     except CommitConflict:
         existing = rt.coord.read(run_id)
         if if_exists == "return" and existing is not None and existing.meta.submitted == digest:
@@ -228,6 +254,22 @@ def submit(
             run_id=run_id,
         ) from None
     return RunHandle(run_id, rt)
+
+
+def start_time(now: float, countdown: float | None, eta: datetime | float | None) -> float | None:
+    """When a run submitted at ``now`` may start, or ``None`` for at once (``InvalidInputs``
+    for both options, a negative countdown, or a naive datetime)."""
+    if countdown is not None and eta is not None:
+        raise InvalidInputs("give countdown or eta, not both")
+    if countdown is not None:
+        if not countdown >= 0:
+            raise InvalidInputs(f"countdown must be seconds >= 0, not {countdown!r}")
+        return now + countdown if countdown else None
+    if isinstance(eta, datetime):
+        if eta.tzinfo is None:
+            raise InvalidInputs(f"eta {eta.isoformat()} has no time zone (give one, e.g. UTC)")
+        return eta.timestamp()
+    return None if eta is None else float(eta)
 
 
 def submission_digest(flow_path: str, inputs: dict[str, Any], payload: Any) -> str:

@@ -22,6 +22,12 @@ Run by every worker every ``recovery_interval`` (one at a time, by a lock) and b
   goes by leases only.
 * **never sent**: no marker and no lease (a resume or fork whose caller died before
   dispatching): re-sent ``lease_seconds`` after the run's latest checkpoint.
+* **not due**: a run whose ``not_before`` is still ahead (a delayed start) has its steps
+  never sent on purpose; once that time passed they are sent at once, as never sent. Its
+  start timer (:mod:`runner.store.timers`) brings it into the pass then, however recently it
+  committed, and is dropped only after the pass sent them.
+
+Before all that, the pass cancels the runs whose deadline passed (:func:`enforce_deadlines`).
 
 So a pass reads only the runs where one of these can show (:meth:`Coordinator.runs_to_check
 <runner.distributed.coord.Coordinator.runs_to_check>`, and those with a message a dead worker
@@ -45,10 +51,12 @@ from runner.flow import transition as tr
 from runner.flow.orchestrator import Activation
 from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus
+from runner.store.timers import DEADLINES, STARTS, Timers
 
 from .engine import (
     Runtime,
     allowed_flow,
+    commit_on_latest,
     dispatch,
     run_of_task,
     task_id,
@@ -87,8 +95,12 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
     # lease (a step never sent, or whose message was lost, shows only then), or a message
     # taken by a dead worker. A busy deployment's runs commit all the time and cost the
     # pass one pipeline.
+    now = time.time()
+    enforce_deadlines(rt, now)
+    starts = Timers(rt.store, STARTS)
+    due = set(starts.due(now))
     held_by_dead = {run_of_task(task) for task in broker.taken_long_ago()}
-    for run_id in rt.coord.runs_to_check(time.time(), held_by_dead):
+    for run_id in rt.coord.runs_to_check(now, held_by_dead | due):
         try:
             sent = _recover_run(rt, run_id, broker)
         except StoreUnavailable:
@@ -102,6 +114,8 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
             continue
         if sent:
             resent[run_id] = sent
+    for run_id in due:
+        starts.done(run_id, now)  # sent above (or not running): not needed again
     metrics.recovered(sum(len(sent) for sent in resent.values()))
     return resent
 
@@ -132,6 +146,8 @@ def _recover_run(rt: Runtime, run_id: str, broker: BrokerView) -> list[str]:
         raise Unreadable(f"run {run_id} is running but its latest checkpoint is missing")
     if latest.status is not RunStatus.RUNNING:
         return []
+    if latest.meta.not_before is not None and latest.meta.not_before > time.time():
+        return []  # a delayed start, not due: its timer brings it back then
     if not latest.meta.name or not latest.flow:
         raise Unreadable(f"checkpoint {latest.id} of run {run_id} names no flow")
     flow_cls = allowed_flow(rt, latest)
@@ -165,8 +181,8 @@ def _stale(
             if expiry <= now:
                 stale.append(act)  # lost: its holder died
         elif key not in marked:
-            if now - latest.created_at >= rt.settings.lease_seconds:
-                stale.append(act)  # never sent
+            if now - latest.created_at >= rt.settings.lease_seconds or due_start(latest, now):
+                stale.append(act)  # never sent (or held back until now)
         elif marked[key] <= broker.taken_long_ago().get(task, 0.0):
             # Taken off the queue by a worker that died before recording it, and not
             # re-sent since (a re-send stamps the marker later than that delivery).
@@ -176,3 +192,54 @@ def _stale(
         ):
             stale.append(act)  # sent a lease ago and in nobody's hands: lost in the hand-off
     return stale
+
+
+def due_start(latest: Checkpoint, now: float) -> bool:
+    """``latest``'s run was held back until a time that has passed (a delayed start)."""
+    return latest.meta.not_before is not None and latest.meta.not_before <= now
+
+
+DEADLINE_PASSED = "its deadline passed"
+
+
+def enforce_deadlines(rt: Runtime, now: float) -> list[str]:
+    """Cancel every unfinished run whose deadline is not after ``now``, as ``runner cancel``
+    does, with the reason recorded (``RunMeta.cancel_reason``); the ids cancelled.
+
+    Read from the deadline timers, so a run is cancelled even if no worker ran it then
+    (every worker was down: the first pass after decides); the run's own checkpoint says
+    whether its deadline passed. A timer is dropped once its run is dealt with.
+    """
+    timers = Timers(rt.store, DEADLINES)
+    cancelled = []
+    for run_id in timers.due(now):
+        try:
+            latest = rt.coord.read(run_id)
+            deadline = None if latest is None else latest.meta.deadline
+            if latest is not None and deadline is not None and deadline > now:
+                timers.set(run_id, deadline)  # set by a submit that lost the run to another
+                continue
+            if latest is not None and deadline is not None and _cancel_late(rt, run_id, now):
+                cancelled.append(run_id)
+                log.warning("run %s cancelled: %s", run_id, DEADLINE_PASSED)
+        except (CorruptCheckpoint, RunNotFound):
+            pass  # nothing to cancel: recovery quarantines what it cannot read
+        timers.done(run_id, now)
+    return cancelled
+
+
+def _cancel_late(rt: Runtime, run_id: str, now: float) -> bool:
+    def build(latest: Checkpoint) -> tr.Transition | None:
+        if latest.status.finished:
+            return None
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(latest.meta.deadline or now))
+        return tr.Transition(
+            tr.status_change(
+                latest,
+                "flow_cancelled",
+                RunStatus.CANCELLED,
+                cancel_reason=f"{DEADLINE_PASSED} ({at})",
+            )
+        )
+
+    return commit_on_latest(rt, run_id, build) is not None

@@ -57,6 +57,9 @@ class Flow(Generic[StateT]):
     name: ClassVar[str | None] = None
     checkpoint: ClassVar[CheckpointConfig | bool | None] = None
     strict: ClassVar[bool] = False
+    run_deadline: ClassVar[float | None] = None
+    """Seconds a run on workers may take before it is cancelled (``submit(deadline=)``
+    overrides it); ``None``: no deadline."""
     """Refuse (rather than warn about) a listener of a trigger nothing emits."""
 
     def __class_getitem__(cls, item: Any) -> Any:

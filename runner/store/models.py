@@ -137,6 +137,13 @@ class RunMeta(BaseModel):
     submitted: str | None = None
     """The hash of the flow and inputs the run was submitted with: a second submit of its id
     with the same hands back this run (``submit(id=...)``)."""
+    not_before: float | None = None
+    """No step of the run is sent before this time (epoch seconds): a delayed start
+    (``submit(countdown=...)``); recovery sends them once it has passed."""
+    deadline: float | None = None
+    """When the run is cancelled if it has not finished (``submit(deadline=...)``)."""
+    cancel_reason: str | None = None
+    """Why the run was cancelled, when not by hand (its deadline passed)."""
     opener: str | None = None
     """The activation whose first attempt tells listeners the run started (``flow_started``,
     on workers): the first one made ready by the checkpoint that started, restarted,

@@ -480,3 +480,13 @@ for j = 2, #KEYS do
 end
 return moved
 """
+
+TIMER_DONE = """
+-- KEYS[1]: a timer sorted set (run id -> when to act). ARGV[1]: the run id, ARGV[2]: now.
+-- Drop the run's timer only if it is not later than now: a later one set since stays.
+local at = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if at and tonumber(at) <= tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+"""

@@ -33,7 +33,7 @@ class GreetFlow(Flow[Order]):
 
 
 class SlowFlow(Flow[Order]):
-    """One step that takes ``seconds`` (in short sleeps, so a cancel can stop it)."""
+    """A step that takes ``seconds``, then a report."""
 
     @start()
     def crawl(self) -> str:
@@ -42,3 +42,22 @@ class SlowFlow(Flow[Order]):
         while time.monotonic() < end:
             time.sleep(0.1)
         return "crawled"
+
+    @listen(crawl)
+    def report(self, crawled: str) -> str:
+        executed(self.state.id, "report")
+        return crawled
+
+
+class HastyFlow(Flow[Order]):
+    """A flow whose runs have a deadline of their own: 1.5 s."""
+
+    run_deadline = 1.5
+
+    @start()
+    def dawdle(self) -> str:
+        executed(self.state.id, "dawdle")
+        end = time.monotonic() + self.state.seconds
+        while time.monotonic() < end:
+            time.sleep(0.1)
+        return "late"
