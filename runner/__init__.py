@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from runner.checkpointing import CheckpointConfig, persist
     from runner.crew import Agent, Crew, CrewOutput, Task, TaskOutput
     from runner.distributed.client import RunHandle, submit
+    from runner.distributed.limits import set_limit
     from runner.errors import DefinitionWarning, RunnerError
     from runner.flow.conditions import and_, or_
     from runner.flow.decorators import listen, router, start
@@ -39,6 +40,7 @@ _HOMES = {
     "runner.checkpointing": ("CheckpointConfig", "persist"),
     "runner.crew": ("Agent", "Crew", "CrewOutput", "Task", "TaskOutput"),
     "runner.distributed.client": ("RunHandle", "submit"),
+    "runner.distributed.limits": ("set_limit",),
     "runner.errors": ("DefinitionWarning", "RunnerError"),
     "runner.flow.conditions": ("and_", "or_"),
     "runner.flow.decorators": ("listen", "router", "start"),
@@ -121,6 +123,7 @@ __all__ = [
     "or_",
     "persist",
     "router",
+    "set_limit",
     "start",
     "submit",
 ]

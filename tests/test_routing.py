@@ -3,10 +3,13 @@ workers that consume it (``RUNNER_WORKER_QUEUES``), and wait, visibly, while non
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
+from typer.testing import CliRunner
 
+from runner.cli import app
 from runner.distributed import routing
 from runner.distributed.client import RunHandle, submit
 from runner.store.models import RunStatus
@@ -31,6 +34,14 @@ def test_a_gpu_step_waits_for_a_gpu_worker_and_runs_only_there(
         time.sleep(3)
         assert RunHandle(run.run_id, rt).status() is RunStatus.RUNNING
         assert rt.store.client.llen(gpu) == 1
+        # ... and says so: `runner status` and `runner steps` name the queue it waits for.
+        shown = CliRunner().invoke(app, ["status", run.run_id], env=env)
+        assert shown.exit_code == 0, shown.output
+        assert f"embed#1 waits for queue gpu ({gpu}): no live worker consumes it" in shown.output
+        steps = CliRunner().invoke(app, ["steps", run.run_id, "--json"], env=env)
+        rows = {row["step"]: row for row in json.loads(steps.output)}
+        assert rows["embed#1"]["outcome"] == "waiting"
+        assert "queue gpu" in rows["embed#1"]["waits_for"]
 
         pool.env["RUNNER_WORKER_QUEUES"] = "gpu"
         pool.start()
@@ -40,3 +51,5 @@ def test_a_gpu_step_waits_for_a_gpu_worker_and_runs_only_there(
         assert state["embedded_on"] == gpu_worker
         assert state["prepared_on"] == pool.workers[0].name
         assert not routing.unconsumed(rt.store.client, rt.store.keys, rt.settings, "gpu")
+        steps = CliRunner().invoke(app, ["steps", run.run_id, "--json"], env=env)
+        assert [row["outcome"] for row in json.loads(steps.output)] == ["done", "done"]

@@ -26,6 +26,7 @@ from . import history  # noqa: F401
 from . import dev  # noqa: F401
 from . import worker  # noqa: F401
 from . import ui  # noqa: F401
+from . import limits  # noqa: F401
 
 # isort: on
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from runner.distributed.waiting import waits_of
 from runner.errors import DefinitionError
 from runner.flow import events as ev
 from runner.flow.loading import load_flow
+from runner.settings import get_settings
 from runner.store.models import Checkpoint, RunStatus
 
 from ._session import Reader
@@ -24,6 +26,7 @@ HISTORY_LIMIT = 10_000
 """Checkpoints read per run (a run keeps at most ``RUNNER_MAX_CHECKPOINTS``)."""
 
 DONE, FAILED, PAUSED, RUNNING, PENDING = "done", "failed", "paused", "running", "pending"
+WAITING = "waiting"
 
 
 @dataclass
@@ -36,7 +39,9 @@ class StepRow:
     step: str
     """The activation (``write#1``), or the method when a checkpoint names only that."""
     outcome: str
-    """``done``, ``failed``, ``paused``, ``running`` or ``pending`` (in flight, run stopped)."""
+    """``done``, ``failed``, ``paused``, ``running``, ``waiting`` (in flight, held back by a
+    limit or a queue nobody consumes: :attr:`waits_for`) or ``pending`` (in flight, run
+    stopped)."""
     attempts: int | None = None
     worker: str | None = None
     started: float | None = None
@@ -45,6 +50,8 @@ class StepRow:
     error: str | None = None
     child_run: str | None = None
     """The child run this activation started, if any."""
+    waits_for: str | None = None
+    """What a waiting step waits for (a limit, or a queue no live worker consumes)."""
 
     def as_json(self) -> dict[str, Any]:
         """The row as JSON values."""
@@ -78,9 +85,12 @@ def step_rows(reader: Reader, run_id: str, depth: int = 0) -> list[StepRow]:
     # by its failure or pause row if it has one.
     running = latest.status is RunStatus.RUNNING
     stopped = {row.step for row in rows if row.outcome in (FAILED, PAUSED)}
+    held = waits(reader, latest)
     for act in latest.in_flight:
         if running or bare(act) not in stopped:
-            rows.append(StepRow(run_id, depth, bare(act), RUNNING if running else PENDING))
+            why = held.get(bare(act))
+            outcome = (WAITING if why else RUNNING) if running else PENDING
+            rows.append(StepRow(run_id, depth, bare(act), outcome, waits_for=why))
     out: list[StepRow] = []
     links = {bare(act): link.run_id for act, link in latest.meta.children.items()}
     for i, row in enumerate(rows):
@@ -91,6 +101,11 @@ def step_rows(reader: Reader, run_id: str, depth: int = 0) -> list[StepRow]:
             row.child_run = child
             out += step_rows(reader, child, depth + 1)
     return out
+
+
+def waits(reader: Reader, latest: Checkpoint) -> dict[str, str]:
+    """In-flight step -> what it waits for (a limit, a queue nobody consumes)."""
+    return waits_of(reader.store.client, reader.store.keys, get_settings(), latest)
 
 
 def _row(run_id: str, depth: int, ckpt: Checkpoint) -> StepRow | None:

@@ -147,6 +147,7 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     info, latest = run_now(reader, refs.resolve_run(reader, run))
     error = client.failure(reader.store, latest).error
     children = _children(reader, latest)
+    waits = progress.waits(reader, latest)
     if as_json:
         print_json(
             {
@@ -166,12 +167,15 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                 else None,
                 "parent": latest.meta.parent.model_dump() if latest.meta.parent else None,
                 "children": children,
+                "waiting": waits,
             }
         )
     else:
         from . import render  # rich: a view only (see render)
 
         console().print(render.status_view(info, latest, error, children))
+        for step, why in waits.items():
+            console().print(f"waiting: {step} waits for {why}")
 
 
 @app.command()

@@ -65,13 +65,14 @@ class Limits:
         return [n for n, _ in self.rates] + [n for n, _ in self.slots]
 
 
-def set_limit(name: str, rate: str, *, burst: int | None = None, client: Any = None) -> Rate:
+def set_limit(name: str, rate: str, *, burst: int | None = None, store: Any = None) -> Rate:
     """Set the named limit ``name`` to ``rate`` (``"500/m"``) for the whole deployment:
-    every worker uses it from the next step on, over ``RUNNER_LIMITS``."""
+    every worker uses it from the next step on, over ``RUNNER_LIMITS``. ``store``: the
+    deployment's store (default: the producer runtime's)."""
     from runner.distributed.client import runtime
 
     parsed = parse_rate(rate, burst, what=f"limit {check_name(name, 'limit name')}")
-    store = runtime().store if client is None else client
+    store = runtime().store if store is None else store
     store.client.hset(store.keys.rates(), name, json.dumps([rate, parsed.burst]))
     return parsed
 
@@ -148,12 +149,15 @@ class Gate:
             "poll_ms": int(POLL_SECONDS * 1000),
             "rates": [[r.interval * 1000, r.burst, n] for n, r in limits.rates],
             "slots": [[count, n] for n, count in limits.slots],
+            "specs": [[n, f"rate:{r}"] for n, r in limits.rates]
+            + [[n, f"concurrency:{count}"] for n, count in limits.slots],
         }
         keys = [
             self.keys.limited(),
             *(self.keys.rate(n) for n, _ in limits.rates),
             *(self.keys.slots(n) for n, _ in limits.slots),
             *(self.keys.waiting(n) for n in names),
+            self.keys.limit_specs(),
         ]
         admitted, wait_ms, limit = self._admit(keys=keys, args=[json.dumps(header)])
         if not admitted:

@@ -23,11 +23,14 @@ key                        type    holds
 ``P:[{S}:]active``         zset    run ids whose status is ``running`` (recovery scans it)
 ``P:{time}:deadlines``     zset    run ids scored by their deadline (recovery cancels them)
 ``P:{time}:starts``        zset    run ids scored by their delayed start (recovery sends them)
+``P:{time}:schedules``     hash    schedule name -> its definition (JSON: flow, inputs, cron)
+``P:{time}:ticks``         hash    schedule name -> the time of its next tick not yet fired
 ``P:<name>-lock``          string  a deployment-wide lock (``recover``: the recovery pass)
 ``P:{flow}:rates``         hash    named limit -> its rate (``runner.set_limit``)
 ``P:{flow}:rate:<L>``      string  limit ``L``'s theoretical arrival time (GCRA), in ms
 ``P:{flow}:slots:<L>``     zset    attempt tokens holding a slot of ``L`` by lease expiry
 ``P:{flow}:limited``       zset    every limit ``L`` in use, scored by when last used
+``P:{flow}:limit-specs``   hash    limit ``L`` -> ``rate:5/s`` or ``concurrency:2``
 ``P:{flow}:waiting:<L>``   zset    ``run|step`` deferred by ``L``, scored by when it may go
 ``P:{flow}:queue:<Q>``     zset    workers consuming queue ``Q``, scored by when that lapses
 =========================  ======  ===========================================================
@@ -147,6 +150,10 @@ class Keys:
         """Every limit in use, scored by when it was last used (``runner limits`` reads it)."""
         return f"{self.prefix}:{{flow}}:limited"
 
+    def limit_specs(self) -> str:
+        """Each limit in use -> ``rate:5/s`` or ``concurrency:2`` (what it was last set to)."""
+        return f"{self.prefix}:{{flow}}:limit-specs"
+
     def waiting(self, limit: str) -> str:
         """Steps a limit deferred (``run|step``), scored by when they may start."""
         return f"{self.prefix}:{{flow}}:waiting:{limit}"
@@ -160,6 +167,14 @@ class Keys:
     def timers(self, kind: str) -> str:
         """Run ids scored by when the recovery pass must act on them (``deadlines``, ``starts``)."""
         return f"{self.prefix}:{{time}}:{kind}"
+
+    def schedules(self) -> str:
+        """Schedule name -> its definition (JSON)."""
+        return f"{self.prefix}:{{time}}:schedules"
+
+    def ticks(self) -> str:
+        """Schedule name -> the time of its next tick not yet fired."""
+        return f"{self.prefix}:{{time}}:ticks"
 
     # -- indexes: one key each on a single Redis, one per shard on Redis Cluster ---------------
 

@@ -335,8 +335,9 @@ ADMIT = """
 -- as waiting on the limit that holds it longest.
 -- KEYS[1] limited zset (limit -> last used)   KEYS[2..1+R] rate keys
 -- KEYS[2+R..1+R+C] slot zsets                 KEYS[2+R+C..] waiting zsets, one per limit
+-- KEYS[#KEYS] limit-specs hash
 -- ARGV[1] JSON {token, member, lease_ms, poll_ms, rates: [[interval_ms, burst, name]],
---               slots: [[count, name]]}
+--               slots: [[count, name]], specs: [[name, "rate:5/s" or "concurrency:2"]]}
 -- Returns {1, 0, ''} (admitted) or {0, wait_ms, limit name}.
 local h = cjson.decode(ARGV[1])
 local t = redis.call('TIME')
@@ -360,6 +361,9 @@ end
 local names = {}
 for i = 1, R do names[#names + 1] = h.rates[i][3] end
 for j = 1, C do names[#names + 1] = h.slots[j][2] end
+for k = 1, #h.specs do
+  redis.call('HSET', KEYS[#KEYS], h.specs[k][1], h.specs[k][2])
+end
 for k = 1, #names do
   redis.call('ZADD', KEYS[1], now, names[k])
   local waiting = KEYS[1 + R + C + k]
