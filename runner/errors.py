@@ -142,6 +142,10 @@ class InvalidInputs(RunnerError):
     """Inputs do not validate against the flow's state model."""
 
 
+class InvalidSettings(RunnerError):
+    """A ``RUNNER_*`` variable (or the env file) holds a value the settings reject."""
+
+
 class PauseRun(RunnerError):
     """Raised by a step (or ``self.pause(reason)``) to pause the run for a human.
 

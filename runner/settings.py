@@ -11,8 +11,10 @@ import os
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from runner.errors import InvalidSettings
 
 
 class RunnerSettings(BaseSettings):
@@ -86,7 +88,7 @@ class RunnerSettings(BaseSettings):
     worker_queues: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["default"],
         description="Comma-separated queues a worker consumes, by name (`default`: the "
-        "deployment's queue; `gpu`: the queue of steps with queue=\"gpu\").",
+        'deployment\'s queue; `gpu`: the queue of steps with queue="gpu").',
     )
     limits: str = Field(
         default="",
@@ -152,11 +154,18 @@ def default_queue(prefix: str) -> str:
 
 @lru_cache(maxsize=1)
 def get_settings() -> RunnerSettings:
-    """Settings from the environment (and ``RUNNER_ENV_FILE`` if set), cached."""
+    """Settings from the environment (and ``RUNNER_ENV_FILE`` if set), cached.
+
+    A value they reject is one :class:`InvalidSettings` naming the variable, here for every
+    process (CLI, worker, console), rather than pydantic's report of the whole model.
+    """
     env_file = os.environ.get("RUNNER_ENV_FILE")
-    if env_file:
-        return RunnerSettings(_env_file=env_file)
-    return RunnerSettings()
+    try:
+        return RunnerSettings(_env_file=env_file) if env_file else RunnerSettings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = "RUNNER_" + "_".join(str(p) for p in err["loc"]).upper()
+        raise InvalidSettings(f"bad setting {name}: {err['msg']}") from None
 
 
 def reset_settings() -> None:

@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import typer
-from pydantic import ValidationError
 
 from runner.embedded import BadRedisUrl, shared_redis_url
 from runner.errors import (
     CheckpointNotFound,
     DefinitionError,
     InvalidInputs,
+    InvalidSettings,
     RunnerError,
     RunNotFound,
 )
@@ -65,6 +65,7 @@ BAD_INPUT: tuple[type[RunnerError], ...] = (
     CheckpointNotFound,
     DefinitionError,
     InvalidInputs,
+    InvalidSettings,
 )
 """Errors caused by what the user typed: exit code 2. Every other error exits 1."""
 
@@ -108,10 +109,7 @@ class Session:
         """Settings read from the environment at first use, with ``--redis-url`` applied."""
         if self._settings is None:
             reset_settings()  # the environment may differ from the last invocation's (tests)
-            try:
-                settings = get_settings()
-            except ValidationError as exc:
-                raise BadUsage(f"bad setting {_first_error(exc)}") from None
+            settings = get_settings()
             if self.redis_url:
                 settings = settings.model_copy(update={"redis_url": self.redis_url})
             self._settings = settings
@@ -256,9 +254,3 @@ def usage_line(exc: Any) -> str:
     """A click usage error as one line naming the command's ``--help``."""
     where = exc.ctx.command_path if exc.ctx is not None else "runner"
     return f"error: {one_line(exc.format_message())} (see '{where} --help')"
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = "_".join(str(p) for p in err["loc"]).upper() or "?"
-    return f"RUNNER_{where}: {err['msg']}"

@@ -44,6 +44,7 @@ from runner.embedded import (
     write_dev,
 )
 from runner.errors import FlowImportError, RunnerError, StoreUnavailable
+from runner.flow.rates import check_name
 from runner.settings import RunnerSettings, default_queue
 
 from ._app import app
@@ -55,6 +56,9 @@ SUPERVISE_EVERY = 1.0
 """Seconds between checks that the workers still run (a dead one is restarted)."""
 FLOWER_START_TIMEOUT = 20.0
 """Seconds Flower (and the console) get to open their port."""
+POOLS = ("prefork", "threads")
+"""Worker pools `runner dev --pool` starts: processes for CPU-bound steps, threads for
+I/O-bound ones (and async methods)."""
 STOP_GRACE = 15.0
 """Seconds a running step gets to finish when a worker is stopped (a restart, Ctrl-C); then
 the worker is killed and recovery hands the step to another through its lease."""
@@ -78,8 +82,32 @@ def dev(
         int, typer.Option("--workers", "-n", min=0, metavar="N", help="Celery workers to start.")
     ] = 1,
     concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", min=1, metavar="N", help="Processes per worker.")
+        int,
+        typer.Option(
+            "--concurrency", "-c", min=1, metavar="N", help="Processes (or threads) per worker."
+        ),
     ] = 2,
+    pool_kind: Annotated[
+        str,
+        typer.Option(
+            "--pool",
+            "-P",
+            metavar="prefork|threads",
+            help="Worker pool: prefork (CPU-bound steps) or threads (I/O-bound steps, e.g. "
+            "--pool threads --concurrency 50).",
+        ),
+    ] = "prefork",
+    queues: Annotated[
+        str | None,
+        typer.Option(
+            "--queues",
+            "-Q",
+            metavar="NAME,...",
+            help="Queues the workers consume, by name (`default`, `gpu`, ...); default: "
+            "RUNNER_WORKER_QUEUES, else the default queue.",
+            show_default=False,
+        ),
+    ] = None,
     port: Annotated[
         int | None,
         typer.Option(
@@ -139,6 +167,10 @@ def dev(
     to start afresh).
     """
     settings = session(ctx).settings()
+    if pool_kind not in POOLS:
+        raise BadUsage(f"--pool {pool_kind!r}: must be one of {', '.join(POOLS)}")
+    for queue in queues.split(",") if queues is not None else ():
+        check_name(queue.strip(), "--queues")
     names = _allow_list(modules or settings.flow_modules)
     home = Path.cwd() / settings.dev_dir
     with contextlib.ExitStack() as stack:
@@ -146,9 +178,11 @@ def dev(
         url = _redis(stack, settings, home, port)
         publish_flow_modules(home, names)  # producers here refuse other flows up front
         env = _child_env(settings, url, names)
+        if queues is not None:
+            env["RUNNER_WORKER_QUEUES"] = queues
         watch = Watch(names, Path.cwd(), env) if reload else None
         app_settings = settings.model_copy(update={"redis_url": url})
-        pool = [_worker(env, home, i, concurrency) for i in range(workers)]
+        pool = [_worker(env, home, i, concurrency, pool_kind) for i in range(workers)]
         for worker in pool:
             stack.callback(worker.stop)
         _wait_ready(pool, app_settings)
@@ -261,11 +295,13 @@ def _export_line(settings: RunnerSettings, url: str) -> str:
     return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in values.items())
 
 
-def _worker(env: dict[str, str], home: Path, index: int, concurrency: int) -> WorkerProcess:
+def _worker(
+    env: dict[str, str], home: Path, index: int, concurrency: int, pool: str = "prefork"
+) -> WorkerProcess:
     home.mkdir(parents=True, exist_ok=True)
     log = home / f"worker-{index + 1}.log"
     return WorkerProcess(
-        env, concurrency=concurrency, log=log, cwd=Path.cwd(), stop_timeout=STOP_GRACE
+        env, concurrency=concurrency, pool=pool, log=log, cwd=Path.cwd(), stop_timeout=STOP_GRACE
     )
 
 
