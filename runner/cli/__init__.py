@@ -27,6 +27,7 @@ from . import dev  # noqa: F401
 from . import worker  # noqa: F401
 from . import ui  # noqa: F401
 from . import limits  # noqa: F401
+from . import schedules  # noqa: F401
 
 # isort: on
 

@@ -27,7 +27,8 @@ Run by every worker every ``recovery_interval`` (one at a time, by a lock) and b
   start timer (:mod:`runner.store.timers`) brings it into the pass then, however recently it
   committed, and is dropped only after the pass sent them.
 
-Before all that, the pass cancels the runs whose deadline passed (:func:`enforce_deadlines`).
+Before all that, the pass cancels the runs whose deadline passed (:func:`enforce_deadlines`)
+and starts the runs of the schedules' due ticks (:mod:`.schedules`).
 
 So a pass reads only the runs where one of these can show (:meth:`Coordinator.runs_to_check
 <runner.distributed.coord.Coordinator.runs_to_check>`, and those with a message a dead worker
@@ -63,6 +64,7 @@ from .engine import (
     task_name,
     waiting_children,
 )
+from .schedules import fire_due
 
 if TYPE_CHECKING:
     # Imported where a pass runs: a process that only reads runs never imports kombu.
@@ -97,6 +99,7 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
     # pass one pipeline.
     now = time.time()
     enforce_deadlines(rt, now)
+    fire_due(rt, now)
     starts = Timers(rt.store, STARTS)
     due = set(starts.due(now))
     held_by_dead = {run_of_task(task) for task in broker.taken_long_ago()}

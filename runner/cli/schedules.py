@@ -1,0 +1,118 @@
+"""``runner schedule add|list|pause|resume|remove``: flows started on a cron expression or
+every N seconds by the workers (see :mod:`runner.distributed.schedules`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from runner.distributed import client
+from runner.store.schedules import ScheduleBook, make_schedule
+
+from ._app import app
+from ._session import FLAG, console, load_inputs, parse_duration, print_json, session
+
+schedule_app = typer.Typer(
+    help="Start a flow on a cron expression or every N seconds (fired by the workers).",
+    no_args_is_help=True,
+)
+app.add_typer(schedule_app, name="schedule")
+
+NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The schedule's name.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.", metavar=FLAG)]
+
+
+@schedule_app.command("add")
+def add(
+    ctx: typer.Context,
+    name: NameArg,
+    flow: Annotated[str, typer.Argument(metavar="FLOW", help="pkg.mod:FlowClass")],
+    cron: Annotated[
+        str | None,
+        typer.Option("--cron", metavar="EXPR", help='Five cron fields, in UTC: "0 3 * * *".'),
+    ] = None,
+    every: Annotated[
+        str | None, typer.Option("--every", metavar="PERIOD", help="30s, 5m, 2h, 1d.")
+    ] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option("--input", "-i", metavar="KEY=VALUE", help="A state field (repeatable)."),
+    ] = None,
+    catch_up: Annotated[
+        bool,
+        typer.Option(
+            "--catch-up",
+            help="Fire every tick missed while no worker ran (else only the latest).",
+            metavar=FLAG,
+        ),
+    ] = False,
+) -> None:
+    """Add schedule NAME: start FLOW at each tick; each tick's run is NAME-<UTC time>."""
+    values = load_inputs(inputs, None)
+    flow_cls = client.load_flow(flow)
+    client.check_importable(flow_cls)
+    client.check_fields(flow_cls, values)
+    period = None if every is None else parse_duration(every)
+    schedule = make_schedule(
+        name, flow_cls.flow_path(), values, cron=cron, every=period, catch_up=catch_up
+    )
+    book = ScheduleBook(session(ctx).reader.store)
+    book.add(schedule)
+    typer.echo(f"added schedule {name} ({schedule.describe()}), next tick {_next(book, name)}")
+
+
+@schedule_app.command("list")
+def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List the schedules: flow, when, next tick, paused."""
+    book = ScheduleBook(session(ctx).reader.store)
+    found = book.all()
+    if as_json:
+        print_json([book.as_json(s) for s in found])
+        return
+    if not found:
+        typer.echo("no schedules")
+        return
+    from rich.table import Table  # a view only
+
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    for column in ("name", "flow", "when", "next tick", "catch-up", "state"):
+        table.add_column(column, overflow="fold")
+    for s in found:
+        table.add_row(
+            s.name,
+            s.flow,
+            s.describe(),
+            _next(book, s.name),
+            "yes" if s.catch_up else "no",
+            "paused" if s.paused else "active",
+        )
+    console().print(table)
+
+
+@schedule_app.command("pause")
+def pause(ctx: typer.Context, name: NameArg) -> None:
+    """Stop firing NAME until it is resumed."""
+    ScheduleBook(session(ctx).reader.store).set_paused(name, True)
+    typer.echo(f"paused schedule {name}")
+
+
+@schedule_app.command("resume")
+def resume(ctx: typer.Context, name: NameArg) -> None:
+    """Fire NAME again, from its next tick (or every tick missed, with --catch-up)."""
+    book = ScheduleBook(session(ctx).reader.store)
+    book.set_paused(name, False)
+    typer.echo(f"resumed schedule {name}, next tick {_next(book, name)}")
+
+
+@schedule_app.command("remove")
+def remove(ctx: typer.Context, name: NameArg) -> None:
+    """Delete NAME; the runs it started stay."""
+    ScheduleBook(session(ctx).reader.store).remove(name)
+    typer.echo(f"removed schedule {name}")
+
+
+def _next(book: ScheduleBook, name: str) -> str:
+    from .render import when  # rich: printed views only
+
+    return when(book.next_tick(name))
