@@ -87,7 +87,8 @@ def test_runner_limits_lists_use_and_waiting_steps(store: RedisProvider, redis_u
     )
     assert shown.exit_code == 0, shown.output
     (use,) = json.loads(shown.output)
-    assert (use["name"], use["kind"], use["spec"], use["in_use"]) == ("openai", "rate", "1/m", 1)
+    # One start, and the turn the waiting step reserved.
+    assert (use["name"], use["kind"], use["spec"], use["in_use"]) == ("openai", "rate", "1/m", 2)
     assert [(w["run"], w["step"]) for w in use["waiting"]] == [("r2", "ask#1")]
 
 

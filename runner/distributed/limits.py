@@ -45,11 +45,17 @@ POLL_SECONDS = 0.25
 """How long a step waiting for a concurrency slot waits before it asks again (plus jitter)."""
 
 
+RATE, CONCURRENCY = "rate", "concurrency"
+"""The kinds of limit; a limit is kept in Redis as ``<kind>:<name>``."""
+
+
 @dataclass(frozen=True)
 class Waiting:
-    """A step a limit holds back: ``limit`` lets it start in about ``seconds``."""
+    """A step a limit holds back: ``limit`` (a ``kind`` of limit) lets it start in about
+    ``seconds``."""
 
     limit: str
+    kind: str
     seconds: float
 
 
@@ -59,10 +65,6 @@ class Limits:
 
     rates: tuple[tuple[str, Rate], ...]
     slots: tuple[tuple[str, int], ...]
-
-    def names(self) -> list[str]:
-        """Every limit's name, rates first (the order of the script's waiting keys)."""
-        return [n for n, _ in self.rates] + [n for n, _ in self.slots]
 
 
 def set_limit(name: str, rate: str, *, burst: int | None = None, store: Any = None) -> Rate:
@@ -141,29 +143,31 @@ class Gate:
     def admit(self, limits: Limits, token: str, member: str) -> Waiting | None:
         """Take ``limits`` for the attempt ``token`` of ``member`` (``run|step``), or say how
         long it waits."""
-        names = limits.names()
+        rates = [(f"{RATE}:{n}", n, r) for n, r in limits.rates]
+        slots = [(f"{CONCURRENCY}:{n}", n, count) for n, count in limits.slots]
         header = {
             "token": token,
             "member": member,
             "lease_ms": int(self.lease_seconds * 1000),
             "poll_ms": int(POLL_SECONDS * 1000),
-            "rates": [[r.interval * 1000, r.burst, n] for n, r in limits.rates],
-            "slots": [[count, n] for n, count in limits.slots],
-            "specs": [[n, f"rate:{r}"] for n, r in limits.rates]
-            + [[n, f"concurrency:{count}"] for n, count in limits.slots],
+            "rates": [[r.interval * 1000, r.burst, named, str(r)] for named, _, r in rates],
+            "slots": [[count, named] for named, _, count in slots],
         }
         keys = [
             self.keys.limited(),
-            *(self.keys.rate(n) for n, _ in limits.rates),
-            *(self.keys.slots(n) for n, _ in limits.slots),
-            *(self.keys.waiting(n) for n in names),
+            *(self.keys.rate(n) for _, n, _ in rates),
+            *(self.keys.slots(n) for _, n, _ in slots),
+            *(self.keys.waiting(named) for named, _, _ in rates),
+            *(self.keys.waiting(named) for named, _, _ in slots),
             self.keys.limit_specs(),
         ]
         admitted, wait_ms, limit = self._admit(keys=keys, args=[json.dumps(header)])
         if not admitted:
-            jitter = random.uniform(0, POLL_SECONDS) if limits.slots else 0.0
             holder = limit.decode() if isinstance(limit, bytes) else str(limit)
-            return Waiting(holder, float(wait_ms) / 1000 + jitter)
+            kind, _, name = holder.partition(":")
+            # Slots free up when attempts end, unknown when: polls are spread out.
+            jitter = random.uniform(0, POLL_SECONDS) if kind == CONCURRENCY else 0.0
+            return Waiting(name, kind, float(wait_ms) / 1000 + jitter)
         with self._lock:
             for name, _ in limits.slots:
                 self._held[(self.keys.slots(name), token)] = None

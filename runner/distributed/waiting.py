@@ -60,11 +60,12 @@ def now_of(client: redis.Redis) -> float:
 def limit_uses(client: redis.Redis, keys: Keys) -> list[LimitUse]:
     """Every limit in use, with its use now and the steps waiting on it."""
     now = now_of(client)
-    names = [_text(n) for n in client.zrange(keys.limited(), 0, -1)]
+    limited = [_text(n) for n in client.zrange(keys.limited(), 0, -1)]
     specs = {_text(k): _text(v) for k, v in client.hgetall(keys.limit_specs()).items()}
     found = []
-    for name in sorted(names):
-        kind, _, spec = specs.get(name, "rate:?").partition(":")
+    for limit in sorted(limited, key=lambda n: n.partition(":")[::-1]):
+        kind, _, name = limit.partition(":")
+        spec = specs.get(limit, "?")
         if kind == "concurrency":
             used = int(client.zcount(keys.slots(name), now * 1000, "+inf"))
         else:
@@ -74,7 +75,7 @@ def limit_uses(client: redis.Redis, keys: Keys) -> list[LimitUse]:
             used = max(0, int(-(-ahead // interval))) if interval else 0
         waiting: list[tuple[str, str, float]] = []
         entries: Any = client.zrangebyscore(
-            keys.waiting(name), (now - RECENT) * 1000, "+inf", withscores=True
+            keys.waiting(limit), (now - RECENT) * 1000, "+inf", withscores=True
         )
         for member, score in entries:
             run, _, step = _text(member).partition("|")

@@ -330,59 +330,72 @@ ADMIT = """
 -- Admit a step under every limit it counts against, in one call: each rate limit (GCRA:
 -- a start is allowed while the theoretical arrival time is at most burst-1 intervals
 -- ahead) and each concurrency limit (slots: attempt tokens scored by lease expiry, the
--- lapsed ones trimmed first, so a killed worker's slot comes back with its lease). Either
--- all admit it (the rates advance, a slot is taken) or none changes and the step is noted
--- as waiting on the limit that holds it longest.
+-- lapsed ones trimmed first, so a killed worker's slot comes back with its lease).
+-- A step over a rate reserves its turn: the rate advances and the step is noted in the
+-- limit's waiting set, scored by its turn; back at its turn it passes that limit without
+-- advancing it again (so deferred steps come back one at a time, not all at once). A step
+-- that finds the slots taken is noted there to poll again. Admitted, it takes its slots,
+-- advances the rates it had not reserved, and leaves the waiting sets.
+-- Limits are named "rate:<name>" or "concurrency:<name>".
 -- KEYS[1] limited zset (limit -> last used)   KEYS[2..1+R] rate keys
--- KEYS[2+R..1+R+C] slot zsets                 KEYS[2+R+C..] waiting zsets, one per limit
--- KEYS[#KEYS] limit-specs hash
--- ARGV[1] JSON {token, member, lease_ms, poll_ms, rates: [[interval_ms, burst, name]],
---               slots: [[count, name]], specs: [[name, "rate:5/s" or "concurrency:2"]]}
--- Returns {1, 0, ''} (admitted) or {0, wait_ms, limit name}.
+-- KEYS[2+R..1+R+C] slot zsets                 KEYS[2+R+C..1+2R+2C] waiting zsets (rates, slots)
+-- KEYS[#KEYS] limit-specs hash (limit -> "5/s" or "2")
+-- ARGV[1] JSON {token, member, lease_ms, poll_ms, rates: [[interval_ms, burst, name, spec]],
+--               slots: [[count, name]]}
+-- Returns {1, 0, ''} (admitted) or {0, wait_ms, name of the limit that holds it longest}.
 local h = cjson.decode(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local R, C = #h.rates, #h.slots
-local wait, holder, tats = 0, '', {}
+local wait, holder, fresh = 0, '', {}
 for i = 1, R do
-  local interval, burst = h.rates[i][1], h.rates[i][2]
-  local tat = math.max(tonumber(redis.call('GET', KEYS[1 + i]) or '0'), now)
-  local over = tat - now - (burst - 1) * interval
-  if over > wait then wait, holder = over, h.rates[i][3] end
-  tats[i] = tat
+  local interval, burst, name = h.rates[i][1], h.rates[i][2], h.rates[i][3]
+  local waiting = KEYS[1 + R + C + i]
+  redis.call('ZREMRANGEBYSCORE', waiting, '-inf', now - 60000)
+  redis.call('HSET', KEYS[#KEYS], name, h.rates[i][4])
+  redis.call('ZADD', KEYS[1], now, name)
+  local turn = redis.call('ZSCORE', waiting, h.member)
+  local over = 0
+  if turn then
+    over = tonumber(turn) - now
+  else
+    local tat = math.max(tonumber(redis.call('GET', KEYS[1 + i]) or '0'), now)
+    over = tat - now - (burst - 1) * interval
+    if over > 0 then
+      redis.call('SET', KEYS[1 + i], tat + interval, 'PX', math.ceil(tat + interval - now) + 1000)
+      redis.call('ZADD', waiting, now + over, h.member)
+    else
+      fresh[i] = tat
+    end
+  end
+  if over > wait then wait, holder = over, name end
 end
 for j = 1, C do
-  local key = KEYS[1 + R + j]
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  if not redis.call('ZSCORE', key, h.token) and redis.call('ZCARD', key) >= h.slots[j][1] then
-    if wait < h.poll_ms then wait, holder = h.poll_ms, h.slots[j][2] end
-  end
-end
-local names = {}
-for i = 1, R do names[#names + 1] = h.rates[i][3] end
-for j = 1, C do names[#names + 1] = h.slots[j][2] end
-for k = 1, #h.specs do
-  redis.call('HSET', KEYS[#KEYS], h.specs[k][1], h.specs[k][2])
-end
-for k = 1, #names do
-  redis.call('ZADD', KEYS[1], now, names[k])
-  local waiting = KEYS[1 + R + C + k]
+  local key, name = KEYS[1 + R + j], h.slots[j][2]
+  local waiting = KEYS[1 + 2 * R + C + j]
   redis.call('ZREMRANGEBYSCORE', waiting, '-inf', now - 60000)
-  if wait > 0 and names[k] == holder then
-    redis.call('ZADD', waiting, now + wait, h.member)
-  else
-    redis.call('ZREM', waiting, h.member)
+  redis.call('HSET', KEYS[#KEYS], name, tostring(h.slots[j][1]))
+  redis.call('ZADD', KEYS[1], now, name)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local full = not redis.call('ZSCORE', key, h.token) and redis.call('ZCARD', key) >= h.slots[j][1]
+  if full then
+    redis.call('ZADD', waiting, now + h.poll_ms, h.member)
+    if wait < h.poll_ms then wait, holder = h.poll_ms, name end
   end
 end
-if wait > 0 then return {0, wait, holder} end
+if wait > 0 then return {0, math.ceil(wait), holder} end
 for i = 1, R do
-  local tat = tats[i] + h.rates[i][1]
-  redis.call('SET', KEYS[1 + i], tat, 'PX', tat - now + 1000)
+  if fresh[i] then
+    local tat = fresh[i] + h.rates[i][1]
+    redis.call('SET', KEYS[1 + i], tat, 'PX', math.ceil(tat - now) + 1000)
+  end
+  redis.call('ZREM', KEYS[1 + R + C + i], h.member)
 end
 for j = 1, C do
   local key = KEYS[1 + R + j]
   redis.call('ZADD', key, now + h.lease_ms, h.token)
   redis.call('PEXPIRE', key, 2 * h.lease_ms + 1000)
+  redis.call('ZREM', KEYS[1 + 2 * R + C + j], h.member)
 end
 return {1, 0, ''}
 """
