@@ -65,6 +65,9 @@ def redis_server(folder: Path, *args: str, port: int | None = None) -> Iterator[
         "",
         "--appendonly",
         "no",
+        # A replica attaching (a test's failover) is served at once, not after 5 s.
+        "--repl-diskless-sync-delay",
+        "0",
         "--dir",
         str(folder),
         "--logfile",
@@ -122,3 +125,37 @@ def make_certificates(folder: Path) -> Certificates:
         folder / "client.crt",
         folder / "client.key",
     )
+
+
+SERVICE = "runner-primary"
+"""The service name the test sentinels monitor."""
+
+
+@contextlib.contextmanager
+def sentinel(folder: Path, primary_port: int, quorum: int = 2) -> Iterator[RedisProcess]:
+    """A ``redis-server --sentinel`` watching the primary on ``primary_port`` as
+    :data:`SERVICE`: down after 1 s without an answer, failover retried after 5 s."""
+    port = free_port()
+    conf = folder / f"sentinel-{port}.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
+        f"logfile {folder / f'sentinel-{port}.log'}\n"
+        f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} {quorum}\n"
+        f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+        f"sentinel failover-timeout {SERVICE} 5000\n"
+    )
+    proc = subprocess.Popen(
+        [find_redis_server(), str(conf), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    server = RedisProcess(port, proc, folder / f"sentinel-{port}.log")
+    try:
+        deadline = time.monotonic() + 10
+        while not _listening(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sentinel did not start: {server.log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield server
+    finally:
+        server.kill()

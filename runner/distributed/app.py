@@ -76,16 +76,20 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
         )
     app = Celery(main, set_as_current=False)
     # TLS options, ACL credentials and kombu's Sentinel transport: connection's to decide.
+    reach = connection.celery_conf(
+        settings.broker_url or url, _result_backend(url, settings.broker_url), settings
+    )
     conf: dict[str, Any] = {
-        **connection.celery_conf(
-            settings.broker_url or url, _result_backend(url, settings.broker_url), settings
-        ),
+        **reach,
         "control_exchange": f"celery.{settings.prefix}",
         "event_exchange": f"celeryev.{settings.prefix}",
         # Checkpoints are the record of a step; results cost a backend write per task.
         "task_ignore_result": not settings.task_results,
     }
     conf.update(load_config_module())
+    for key in connection.TRANSPORT_OPTIONS:  # a config file's (visibility_timeout) kept
+        if key in reach:
+            conf[key] = {**(conf.get(key) or {}), **reach[key]}
     conf.update(REQUIRED)
     conf["task_default_queue"] = settings.queue
     app.conf.update(conf)

@@ -30,6 +30,8 @@ SENTINEL_SCHEME = "redis+sentinel://"
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 """URL schemes of a Redis Cluster (``redis+cluster://host:port``: any node of it)."""
 _TLS_SCHEMES = ("rediss://", "rediss+cluster://")
+TRANSPORT_OPTIONS = ("broker_transport_options", "result_backend_transport_options")
+"""The Celery settings :func:`celery_conf` may give that merge with a config file's own."""
 
 
 class BadRedisSettings(StoreError):

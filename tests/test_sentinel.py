@@ -1,0 +1,141 @@
+"""Redis Sentinel: ``redis+sentinel://`` for store and broker, failover without a lost commit.
+
+On loopback: a primary, a replica and three sentinels (``redis-server --sentinel``), all
+private to the test. The store follows the group's primary through redis-py's Sentinel, the
+broker through kombu's ``sentinel://`` transport on the same group, and every commit waits
+for one replica (``WAIT``) so a checkpoint a step reported survives the primary's death.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from runner.distributed.client import submit
+from runner.errors import StoreUnavailable
+from runner.settings import reset_settings
+from runner.store.models import Checkpoint, RunStatus
+from runner.store.redis import RedisProvider
+from tests._dist_support import finished, private_pool
+from tests.flows.production import Split
+from tests.redis_servers import SERVICE, RedisProcess, redis_server, sentinel
+
+
+@contextlib.contextmanager
+def sentinel_group(folder: Path) -> Iterator[tuple[RedisProcess, list[RedisProcess]]]:
+    """A primary, a replica in sync with it, and three sentinels that all see both."""
+    with contextlib.ExitStack() as stack:
+        primary = stack.enter_context(redis_server(folder))
+        replica = stack.enter_context(
+            redis_server(folder, "--replicaof", "127.0.0.1", str(primary.port))
+        )
+        sentinels = [stack.enter_context(sentinel(folder, primary.port)) for _ in range(3)]
+        deadline = time.monotonic() + 15
+        while not _ready(replica, sentinels):
+            assert time.monotonic() < deadline, "the Sentinel group did not settle"
+            time.sleep(0.1)
+        yield primary, sentinels
+
+
+def _ready(replica: RedisProcess, sentinels: list[RedisProcess]) -> bool:
+    if redis.Redis(port=replica.port).info("replication")["master_link_status"] != "up":
+        return False
+    for node in sentinels:
+        master = redis.Redis(port=node.port).sentinel_master(SERVICE)
+        if master["num-slaves"] < 1 or master["num-other-sentinels"] < 2:
+            return False
+    return True
+
+
+def sentinel_url(sentinels: list[RedisProcess]) -> str:
+    hosts = ",".join(f"127.0.0.1:{node.port}" for node in sentinels)
+    return f"redis+sentinel://{hosts}/{SERVICE}/0"
+
+
+def primary_port(sentinels: list[RedisProcess]) -> int:
+    """The port of the primary the sentinels name now."""
+    _host, port = redis.Redis(port=sentinels[0].port).sentinel_get_master_addr_by_name(SERVICE)
+    return int(port)
+
+
+@pytest.fixture
+def fresh_settings() -> Iterator[None]:
+    reset_settings()
+    yield
+    reset_settings()
+
+
+def test_a_commit_waits_for_a_replica_and_is_refused_without_one_until_one_is_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_settings: None
+) -> None:
+    monkeypatch.setenv("RUNNER_REDIS_WAIT_REPLICAS", "1")
+    monkeypatch.setenv("RUNNER_REDIS_WAIT_TIMEOUT", "0.3")
+    reset_settings()
+    with redis_server(tmp_path) as primary:
+        store = RedisProvider(f"redis://127.0.0.1:{primary.port}/0", prefix="wait-test")
+        first = Checkpoint(
+            run_id="r1",
+            event="method_execution_finished",
+            step="root",
+            activation="root#1",
+            attempt="attempt-1",
+            state={"n": 1},
+        )
+        with pytest.raises(StoreUnavailable, match="reached 0 of 1 Redis replicas"):
+            store.commit(first)  # written on the primary, but no replica confirms it
+        with redis_server(tmp_path, "--replicaof", "127.0.0.1", str(primary.port)):
+            deadline = time.monotonic() + 10
+            while True:  # the same commit again (idempotent) until the replica confirms it
+                try:
+                    done = store.commit(first)
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() < deadline
+            # Committed once, however often it was sent: the step's activation is its key.
+            assert done.seq == 1 and [c.id for c in store.history("r1")] == [first.id]
+        store.close()
+
+
+@pytest.mark.slow
+def test_a_stream_of_runs_survives_the_primary_dying_mid_run(
+    worker_env: dict[str, str], tmp_path: Path, fresh_settings: None
+) -> None:
+    with sentinel_group(tmp_path) as (primary, sentinels), contextlib.ExitStack() as stack:
+        url = sentinel_url(sentinels)
+        with private_pool(worker_env, str(tmp_path), RUNNER_REDIS_URL=url) as (pool, rt, _):
+            assert rt.app.conf.broker_url.startswith("sentinel://127.0.0.1:")
+            assert rt.store.wait_replicas == 1  # on by default with Sentinel
+            # kombu may reach another primary than the store's commit script during a
+            # failover: steps are sent after their commit, never inside it.
+            assert not rt.sends_in_commit
+            pool.start(concurrency=2)
+            handles = [submit(Split, {"pause": 0.15}, rt=rt) for _ in range(12)]
+            time.sleep(2.0)  # some runs done, others mid-step
+            running = [h for h in handles if h.status() is RunStatus.RUNNING]
+            primary.kill()
+            print(f"primary killed with {len(running)} of {len(handles)} runs running")
+            assert running
+            deadline = time.monotonic() + 20
+            while primary_port(sentinels) == primary.port:
+                assert time.monotonic() < deadline, "Sentinel did not promote the replica"
+                time.sleep(0.1)
+            # The dead primary's machine comes back as a replica of the new one, so commits
+            # have a replica to wait for again.
+            stack.enter_context(
+                redis_server(
+                    tmp_path,
+                    *("--replicaof", "127.0.0.1", str(primary_port(sentinels))),
+                    port=primary.port,
+                )
+            )
+            for handle in handles:
+                assert handle.result(timeout=40) == ["a", "b", "c"]
+            for handle in handles:
+                commits = Counter(c.step for c in finished(rt, handle.run_id))
+                assert commits == dict.fromkeys(("root", "a", "b", "c", "join"), 1)
