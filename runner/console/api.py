@@ -85,6 +85,13 @@ def get_run(request: Request, run_id: str) -> dict[str, Any]:
     return data.run_detail(console.rt, run_id, console.flower_url)
 
 
+@router.get("/limits", summary="Rate and concurrency limits in use")
+def get_limits(request: Request) -> dict[str, Any]:
+    """Each limit in use (`runner limits`): kind, setting, use now, and the steps waiting on
+    it with the seconds until they try again."""
+    return {"limits": data.limits(console_of(request).rt.store)}
+
+
 @router.get("/checkpoints/{ref}", summary="One checkpoint in full")
 def get_checkpoint(request: Request, ref: str) -> dict[str, Any]:
     """A checkpoint by id (or a run id: its latest): state, outputs, record, error."""

@@ -16,6 +16,7 @@ from urllib.parse import quote
 from runner.distributed.client import load_flow
 from runner.distributed.control import find_checkpoint
 from runner.distributed.engine import Runtime, task_id
+from runner.distributed.waiting import limit_uses, waits_of
 from runner.errors import CorruptCheckpoint, RunnerError, RunNotFound
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
@@ -340,6 +341,11 @@ def result_of(status: RunStatus, latest: Checkpoint) -> Any:
     return orch.last_output(tr.record_of(latest)) if status is RunStatus.SUCCEEDED else None
 
 
+def limits(store: RedisProvider) -> list[dict[str, Any]]:
+    """Each rate and concurrency limit in use: its setting, use now, steps waiting on it."""
+    return [use.as_json() for use in limit_uses(store.client, store.keys)]
+
+
 def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, Any]:
     """Everything the run page shows: summary, inputs, result, graph, timeline, error,
     children, lineage."""
@@ -358,6 +364,8 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "checkpoint": latest.id,
         "completed": latest.completed,
         "in_flight": latest.in_flight,
+        # In-flight step -> what it waits for (a limit, a queue no live worker consumes).
+        "waiting": waits_of(rt.store.client, rt.store.keys, rt.settings, latest),
         "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
         "inputs": inputs_of(first_checkpoint(rt.store, run_id, history)),
         "result": result_of(info.status, latest),

@@ -68,6 +68,13 @@ def runs_rows(
     return console.page(request, "_runs_rows.html", rows=rows)
 
 
+@router.get("/limits")
+def limits_page(request: Request) -> Response:
+    """Each rate and concurrency limit in use, its use now and the steps waiting on it."""
+    console = console_of(request)
+    return console.page(request, "limits.html", limits=data.limits(console.rt.store))
+
+
 # --- one run ---------------------------------------------------------------------------------
 
 
