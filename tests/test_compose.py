@@ -102,7 +102,7 @@ def test_redis_worker_flower_and_ui_have_healthchecks(services: dict[str, str]) 
 @needs_compose
 def test_every_service_on_the_image_can_build_it(services: dict[str, str]) -> None:
     on_image = [name for name, block in services.items() if "image: runner:latest" in block]
-    assert set(on_image) == {"worker", "flower", "producer", "ui"}
+    assert set(on_image) == {"worker", "flower", "producer", "ui", "worker-ha"}
     for name in on_image:
         assert "build:" in services[name], name
     assert "replicas: 2" in services["worker"]

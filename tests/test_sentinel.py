@@ -9,6 +9,10 @@ for one replica (``WAIT``) so a checkpoint a step reported survives the primary'
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import shutil
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -17,9 +21,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from runner.distributed import broker
 from runner.distributed.client import submit
 from runner.errors import StoreUnavailable
 from runner.settings import reset_settings
+from runner.store.connection import SentinelGroup
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
 from tests._dist_support import finished, private_pool
@@ -139,3 +145,53 @@ def test_a_stream_of_runs_survives_the_primary_dying_mid_run(
             for handle in handles:
                 commits = Counter(c.step for c in finished(rt, handle.run_id))
                 assert commits == dict.fromkeys(("root", "a", "b", "c", "join"), 1)
+
+
+@pytest.mark.slow
+def test_a_step_message_a_failover_lost_is_sent_again_by_recovery(
+    worker_env: dict[str, str], tmp_path: Path, fresh_settings: None
+) -> None:
+    with sentinel_group(tmp_path) as (_primary, sentinels):
+        url = sentinel_url(sentinels)
+        with private_pool(worker_env, str(tmp_path), RUNNER_REDIS_URL=url) as (pool, rt, _):
+            handle = submit(Split, rt=rt)  # committed (and replicated), then queued
+            queue = broker.Layout.of(rt.app).queue_keys(rt.settings.queue)
+            client = broker.broker_client(rt.app)
+            assert client.llen(queue[0]) == 1
+            # What a failover loses: a message pushed to the old primary that never reached
+            # the replica Sentinel promotes. Its step stays marked sent, with no lease.
+            client.delete(*queue)
+            pool.start()
+            # Recovery reads kombu's queues and unacked messages on the group's primary.
+            assert handle.result(timeout=30) == ["a", "b", "c"]
+            commits = Counter(c.step for c in finished(rt, handle.run_id))
+            assert commits == dict.fromkeys(("root", "a", "b", "c", "join"), 1)
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_the_compose_sentinel_profile_resolves_to_a_group_the_workers_reach() -> None:
+    root = Path(__file__).resolve().parents[1]
+    secrets = {"REDIS_PASSWORD": "0123abcd", "FLOWER_BASIC_AUTH": "a:b", "RUNNER_UI_TOKEN": "t"}
+    resolved = subprocess.run(
+        ["docker-compose", "--project-directory", str(root), "-f", "compose.yaml", "config"],
+        cwd=root,
+        env={**os.environ, **secrets},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    body = ("\n" + resolved).split("\nservices:\n", 1)[1].split("\nvolumes:\n", 1)[0]
+    blocks = re.split(r"^  (\w[\w-]*):\n", "\n" + body, flags=re.M)[1:]
+    services = dict(zip(blocks[::2], blocks[1::2], strict=True))
+    members = ("redis-replica", "sentinel-1", "sentinel-2", "sentinel-3", "worker-ha")
+    for name in members:
+        assert "- sentinel" in services[name], name  # in the profile only
+    assert "--replicaof redis 6379" in services["redis-replica"]
+    url = re.search(r"RUNNER_REDIS_URL: (\S+)", services["worker-ha"])
+    assert url is not None
+    group = SentinelGroup.parse(url.group(1))
+    assert group.service == "runner-primary" and len(group.sentinels) == 3
+    assert {host for host, _ in group.sentinels} == {"sentinel-1", "sentinel-2", "sentinel-3"}
+    # The password reaches the workers as a setting, never inside the URL.
+    assert "0123abcd" not in url.group(1)
+    assert "RUNNER_REDIS_PASSWORD: 0123abcd" in services["worker-ha"]

@@ -160,7 +160,9 @@ checks = Checks()
 
 def redis_broker(app: Celery) -> bool:
     """Whether ``app``'s broker is a Redis (the transport whose internals are used)."""
-    return str(app.conf.broker_url or "").startswith(("redis://", "rediss://", "unix://"))
+    # kombu's Sentinel transport is its Redis transport on the group's primary: same keys.
+    schemes = ("redis://", "rediss://", "unix://", "sentinel://")
+    return str(app.conf.broker_url or "").startswith(schemes)
 
 
 # --- publish recording (the outbox) ---------------------------------------------------------
@@ -573,8 +575,9 @@ _broker_clients: dict[str, redis.Redis] = {}
 
 
 def broker_client(app: Celery) -> redis.Redis:
-    """A plain client on ``app``'s Redis broker (one per URL and process)."""
-    url = str(app.conf.broker_url)
+    """A plain client on ``app``'s Redis broker (one per URL and process); on a Sentinel
+    group's current primary for kombu's ``sentinel://`` form."""
+    url = str(app.conf.get(connection.BROKER_REDIS_URL) or app.conf.broker_url)
     client = _broker_clients.get(url)
     if client is None:
         client = _broker_clients[url] = connection.client(url)  # TLS and ACL as configured

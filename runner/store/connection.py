@@ -30,6 +30,9 @@ SENTINEL_SCHEME = "redis+sentinel://"
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 """URL schemes of a Redis Cluster (``redis+cluster://host:port``: any node of it)."""
 _TLS_SCHEMES = ("rediss://", "rediss+cluster://")
+BROKER_REDIS_URL = "runner_broker_redis_url"
+"""The Celery setting :func:`celery_conf` keeps a Sentinel broker's ``redis+sentinel://`` URL
+in (``broker_url`` holds kombu's form of it), for :func:`client`."""
 TRANSPORT_OPTIONS = ("broker_transport_options", "result_backend_transport_options")
 """The Celery settings :func:`celery_conf` may give that merge with a config file's own."""
 
@@ -163,6 +166,7 @@ def celery_conf(
                 f"sentinel://{host}:{port}/{group.db}" for host, port in group.sentinels
             )
             conf["broker_transport_options"] = {"master_name": group.service}
+            conf[BROKER_REDIS_URL] = broker_url
     if backend_url and backend_url.startswith("redis"):
         if is_sentinel(backend_url):
             group = SentinelGroup.parse(backend_url)
