@@ -4,6 +4,9 @@ admitted through the real Redis script (no worker needed)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -114,3 +117,26 @@ def test_a_bad_rate_in_set_limit_is_refused(store: RedisProvider) -> None:
     with pytest.raises(DefinitionError, match="limit openai"):
         set_limit("openai", "lots", store=store)
     assert store.client.hlen(store.keys.rates()) == 0
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("RUNNER_LIMITS", "openai=lots", "error: RUNNER_LIMITS openai='lots': must be a count"),
+        ("RUNNER_WORKER_QUEUES", "gpu,no way", "error: RUNNER_WORKER_QUEUES='no way': must be"),
+    ],
+)
+def test_a_worker_refuses_a_bad_limit_or_queue_setting_in_one_line(
+    worker_env: dict[str, str], variable: str, value: str, message: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "runner.worker", "worker", "-l", "warning"],
+        env={**os.environ, **worker_env, variable: value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(message), done.stderr

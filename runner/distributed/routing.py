@@ -16,7 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from runner.flow.rates import check_name
+from runner.flow.rates import check_name, parse_limits
 from runner.settings import RunnerSettings
 from runner.store.keys import Keys
 
@@ -122,14 +122,16 @@ def unconsumed(client: redis.Redis, keys: Keys, settings: RunnerSettings, name: 
 
 
 def serve(app: Celery, client: redis.Redis, keys: Keys, settings: RunnerSettings) -> list[str]:
-    """In a worker: consume the queues of ``RUNNER_WORKER_QUEUES`` (unless the command line
-    names queues with ``-Q``, which Celery applies after this) and, once the worker is ready,
-    say so in Redis every recovery interval until it shuts down. Returns the queues."""
+    """In a worker: check ``RUNNER_LIMITS``, consume the queues of ``RUNNER_WORKER_QUEUES``
+    (unless the command line names queues with ``-Q``, which Celery applies after this) and,
+    once the worker is ready, say so in Redis every recovery interval until it shuts down.
+    Returns the queues."""
     import threading
 
     from celery import signals
 
     queues = consumed(settings)
+    parse_limits(settings.limits)  # a bad RUNNER_LIMITS stops the worker here, in one line
     app.amqp.queues.select(queues)
     stop = threading.Event()
     ttl = max(3 * settings.recovery_interval, 2.0)

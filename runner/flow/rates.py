@@ -70,5 +70,6 @@ def parse_limits(text: str) -> dict[str, Rate]:
         name, sep, rate = part.partition("=")
         if not sep:
             raise DefinitionError(f"RUNNER_LIMITS: {part!r} must read NAME=RATE, e.g. openai=500/m")
-        found[check_name(name.strip(), "limit name")] = parse_rate(rate, what=f"limit {name}")
+        name = check_name(name.strip(), "RUNNER_LIMITS name")
+        found[name] = parse_rate(rate, what=f"RUNNER_LIMITS {name}")
     return found
