@@ -153,6 +153,16 @@ class PauseRun(RunnerError):
     """
 
 
+class SleepRun(RunnerError):
+    """Raised by ``self.sleep(seconds)`` in a step on workers: the step commits its state so
+    far and the run wakes it at ``wake_at`` (its ``index``-th sleep in the method)."""
+
+    def __init__(self, wake_at: float, index: int) -> None:
+        super().__init__(f"sleep #{index} until {wake_at}", wake_at=wake_at, index=index)
+        self.wake_at = wake_at
+        self.index = index
+
+
 # --- step outcomes as Celery sees them -----------------------------------------------------
 
 

@@ -34,6 +34,22 @@ def scheduled_until(latest: Checkpoint) -> float | None:
     return None
 
 
+def woken_at(latest: Checkpoint, activation_id: str) -> float | None:
+    """When the latest durable sleep (``self.sleep``) of ``activation_id`` ends (or ended),
+    if its method reached one."""
+    recorded = latest.meta.sleeps.get(activation_id)
+    return recorded[-1] if recorded else None
+
+
+def asleep(latest: Checkpoint, activation_id: str) -> str | None:
+    """``sleeping until <UTC time>`` for an in-flight step of a running run whose durable
+    sleep has not ended, else ``None``."""
+    wake = woken_at(latest, activation_id)
+    if latest.status is not RunStatus.RUNNING or wake is None or wake <= time.time():
+        return None
+    return f"sleeping until {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(wake))}"
+
+
 def checkpoint_diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:
     """State changes and completed-steps difference from ``a`` to ``b`` (JSON values)."""
     added: dict[str, Any] = {}

@@ -19,6 +19,7 @@ from runner.flow import events as ev
 from runner.flow.loading import load_flow
 from runner.settings import get_settings
 from runner.store.models import Checkpoint, RunStatus
+from runner.views import asleep
 
 from ._session import Reader
 
@@ -88,7 +89,7 @@ def step_rows(reader: Reader, run_id: str, depth: int = 0) -> list[StepRow]:
     held = waits(reader, latest)
     for act in latest.in_flight:
         if running or bare(act) not in stopped:
-            why = held.get(bare(act))
+            why = held.get(bare(act)) or asleep(latest, bare(act))
             outcome = (WAITING if why else RUNNING) if running else PENDING
             rows.append(StepRow(run_id, depth, bare(act), outcome, waits_for=why))
     out: list[StepRow] = []

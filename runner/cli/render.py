@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
-from runner.views import duration, scheduled_until
+from runner.views import asleep, duration, scheduled_until
 
 STATUS_STYLE = {
     RunStatus.PENDING: "dim",
@@ -178,6 +178,9 @@ def status_view(
         grid.add_row("paused", latest.meta.pause_reason)
     if latest.meta.deadline is not None:
         grid.add_row("deadline", when(latest.meta.deadline))
+    sleeping = [f"{act}: {why}" for act in latest.in_flight if (why := asleep(latest, act))]
+    if sleeping:
+        grid.add_row("sleeping", "\n".join(sleeping))
     if info.status is RunStatus.CANCELLED and latest.meta.cancel_reason:
         grid.add_row("cancelled", latest.meta.cancel_reason)
     if error is not None:

@@ -13,7 +13,7 @@ import typer
 from runner.distributed import client
 from runner.errors import CorruptCheckpoint, InvalidInputs, RunTimeout
 from runner.store.models import Checkpoint, RunInfo, RunStatus
-from runner.views import scheduled_until
+from runner.views import asleep, scheduled_until, woken_at
 
 from . import progress, refs
 from ._app import app
@@ -161,6 +161,9 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                 if info.status is RunStatus.PAUSED
                 else None,
                 "scheduled_until": scheduled_until(latest),
+                "sleeping": {
+                    act: woken_at(latest, act) for act in latest.in_flight if asleep(latest, act)
+                },
                 "deadline": latest.meta.deadline,
                 "cancel_reason": latest.meta.cancel_reason
                 if info.status is RunStatus.CANCELLED

@@ -22,6 +22,9 @@ Run by every worker every ``recovery_interval`` (one at a time, by a lock) and b
   goes by leases only.
 * **never sent**: no marker and no lease (a resume or fork whose caller died before
   dispatching): re-sent ``lease_seconds`` after the run's latest checkpoint.
+* **asleep**: a step that reached a durable sleep (``self.sleep``) committed and let go of
+  its lease; it is sent again once its wake-up time passed (its start timer brings the run
+  into the pass then), and only if not sent since it fell asleep.
 * **not due**: a run whose ``not_before`` is still ahead (a delayed start) has its steps
   never sent on purpose; once that time passed they are sent at once, as never sent. Its
   start timer (:mod:`runner.store.timers`) brings it into the pass then, however recently it
@@ -53,6 +56,7 @@ from runner.flow.orchestrator import Activation
 from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.timers import DEADLINES, STARTS, Timers
+from runner.views import woken_at
 
 from .engine import (
     Runtime,
@@ -180,6 +184,13 @@ def _stale(
     for act in pending:
         key, task = tr.activation_key_in(epoch, act.id), task_id(latest.run_id, epoch, act.id)
         expiry = leases.get(key)
+        wake = woken_at(latest, act.id)
+        if wake is not None and marked.get(key, 0.0) < wake:
+            # Asleep (not sent since it fell asleep): woken once its time has come and no
+            # attempt holds it any more; the re-send stamps its marker past the wake-up.
+            if wake <= now and (expiry is None or expiry <= now):
+                stale.append(act)
+            continue
         if expiry is not None:
             if expiry <= now:
                 stale.append(act)  # lost: its holder died

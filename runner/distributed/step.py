@@ -39,7 +39,7 @@ from runner.flow import events as ev
 from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
-from runner.flow.attempt import StepResult, run_step
+from runner.flow.attempt import Sleeps, StepResult, current_sleeps, run_step
 from runner.flow.children import ChildRun, deferring
 from runner.flow.flow import bind_trigger_payload, listeners_of
 from runner.flow.graph import TRIGGER_PAYLOAD
@@ -48,6 +48,7 @@ from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
 from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus
+from runner.store.timers import STARTS, Timers
 
 from . import handoff, limits
 from .coord import DONE, HELD, OK, attempt_token, holder_is_dead
@@ -259,8 +260,13 @@ def _run(
         ev.METHOD_STARTED, run_id, name, listeners, method=act.method, data={"attempt": attempt}
     )
     arg = orch.argument_for(graph, tr.record_of(latest), act)
-    with deferring():  # starting a child run returns a ChildRun marker instead of blocking
-        result = run_step(flow, graph, act, dict(latest.state), arg)
+    # The sleeps earlier attempts reached: ``self.sleep`` passes those whose time has come.
+    sleeps = current_sleeps.set(Sleeps(list(latest.meta.sleeps.get(act.id, []))))
+    try:
+        with deferring():  # starting a child run returns a ChildRun marker instead of blocking
+            result = run_step(flow, graph, act, dict(latest.state), arg)
+    finally:
+        current_sleeps.reset(sleeps)
     result.attempts = attempt
     return flow, result
 
@@ -299,6 +305,8 @@ def _settle(
         _duplicate(task, run_id, act.id, "another attempt committed it", [])
     assert committed is not None
     ckpt, settled = committed
+    if settled.outcome is Outcome.SLEEPING:
+        return _asleep(rt, ckpt, result)
     lifecycle.announce(settled, listeners_of(flow), duration=result.duration)
     if settled.outcome is Outcome.FAILED:
         _step_failed(ckpt, settled, result)
@@ -314,6 +322,17 @@ def _settle(
         "checkpoint": ckpt.id,
         "dispatched": sent,
     }
+
+
+def _asleep(rt: Runtime, ckpt: Checkpoint, result: StepResult) -> dict[str, Any]:
+    """The step committed its durable sleep: the recovery pass wakes it (its start timer
+    brings the run in then); this attempt ends, its lease released on the way out."""
+    assert result.sleep is not None
+    wake_at = result.sleep.wake_at
+    Timers(rt.store, STARTS).set(ckpt.run_id, wake_at)
+    act = result.activation.id
+    log.info("run %s step %s sleeps until %s", ckpt.run_id, act, time.ctime(wake_at))
+    return {"run_id": ckpt.run_id, "step": act, "sleeping_until": wake_at, "checkpoint": ckpt.id}
 
 
 def _commit_settled(

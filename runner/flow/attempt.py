@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from runner.errors import NotSerializable, PauseRun
+from runner.errors import NotSerializable, PauseRun, SleepRun
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation
 
@@ -34,6 +34,21 @@ derive their id from it)."""
 
 
 @dataclass
+class Sleeps:
+    """The durable sleeps of the step running on a worker: the wake-up times recorded by its
+    earlier attempts, and how many sleep calls this attempt made so far."""
+
+    recorded: list[float]
+    calls: int = 0
+
+
+current_sleeps: contextvars.ContextVar[Sleeps | None] = contextvars.ContextVar(
+    "runner_step_sleeps", default=None
+)
+"""Set while a step runs on a worker: ``Flow.sleep`` is then durable (see :class:`Sleeps`)."""
+
+
+@dataclass
 class StepResult:
     """What one attempt of a step produced."""
 
@@ -45,6 +60,8 @@ class StepResult:
     error: BaseException | None = None
     paused: str | None = None
     """The reason, when the step paused the run."""
+    sleep: SleepRun | None = None
+    """The durable sleep the step stopped at (on workers)."""
     duration: float = 0.0
     attempts: int = 1
 
@@ -72,6 +89,9 @@ def run_step(
         result.new_state = flow._dump_state(state_obj)
     except PauseRun as pause:
         result.paused = pause.message
+    except SleepRun as sleep:
+        result.sleep = sleep
+        result.new_state = flow._dump_state(state_obj)  # the state so far, committed with it
     except Exception as exc:
         result.error = exc
     finally:

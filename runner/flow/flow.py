@@ -20,6 +20,7 @@ import contextlib
 import copy
 import functools
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from runner.checkpointing import CheckpointConfig, Sink, sink_for
 from runner.errors import DefinitionError, InvalidInputs
-from runner.flow.attempt import current_state, json_copy
+from runner.flow.attempt import current_sleeps, current_state, json_copy
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph, compile_graph, unknown_trigger
@@ -246,6 +247,43 @@ class Flow(Generic[StateT]):
         if not callable(run_as_child):
             raise DefinitionError(f"run_crew takes a Crew, not {crew!r}")
         return run_as_child(self, inputs)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``; on workers, durably and holding no worker.
+
+        On workers the step commits its state so far and stops; the run records the
+        wake-up time, and after it the step runs again on whichever worker is alive,
+        **from the start of the method**, this call (the method's same, N-th, sleep) now
+        returning at once. So the code before a sleep runs again after it: keep it
+        idempotent, or sleep first. In process (``kickoff``) it simply sleeps.
+        """
+        wake_at = self._wake_time(seconds)
+        if wake_at is not None:
+            time.sleep(max(wake_at - time.time(), 0.0))
+
+    async def asleep(self, seconds: float) -> None:
+        """``sleep`` for async methods: durable on workers, ``asyncio.sleep`` in process."""
+        wake_at = self._wake_time(seconds)
+        if wake_at is not None:
+            await asyncio.sleep(max(wake_at - time.time(), 0.0))
+
+    def _wake_time(self, seconds: float) -> float | None:
+        """When an in-process sleep ends; on workers, ``None`` for a sleep already over,
+        else :class:`~runner.errors.SleepRun` (the step stops here)."""
+        from runner.errors import SleepRun
+
+        if not seconds >= 0:
+            raise ValueError(f"sleep takes seconds >= 0, not {seconds!r}")
+        sleeps = current_sleeps.get()
+        if sleeps is None:
+            return time.time() + seconds
+        index = sleeps.calls
+        sleeps.calls += 1
+        if index < len(sleeps.recorded):
+            if sleeps.recorded[index] <= time.time():
+                return None
+            raise SleepRun(sleeps.recorded[index], index)  # woken early: sleep on till then
+        raise SleepRun(time.time() + seconds, index)
 
     def pause(self, reason: str = "waiting for input") -> None:
         """Pause the run here; ``resume`` with inputs re-runs this method."""

@@ -55,6 +55,7 @@ class Outcome(StrEnum):
 
     DONE = "done"
     PAUSED = "paused"
+    SLEEPING = "sleeping"
     RETRY = "retry"
     FAILED = "failed"
     CHILD = "child"
@@ -92,6 +93,8 @@ def decide(result: StepResult, spec: MethodSpec, settings: RunnerSettings) -> Ou
     the attempt's number): whether it is retried is decided here, once."""
     if result.paused is not None:
         return Outcome.PAUSED
+    if result.sleep is not None:
+        return Outcome.SLEEPING
     if result.error is None:
         return Outcome.CHILD if ChildRun.from_output(result.output) else Outcome.DONE
     if isinstance(result.error, UNRETRYABLE) or result.attempts > retries_for(spec, settings):
@@ -131,8 +134,8 @@ def settle(
     ``None`` when the activation is no longer in flight in ``epoch`` (another attempt
     committed it, or a resume began a new epoch): the attempt commits nothing.
     ``token`` is the attempt's fencing token; ``record`` is ``latest``'s record if the
-    caller has it. ``outcome`` is ``DONE``, ``PAUSED`` or ``FAILED`` (a retry and a
-    child start commit nothing here).
+    caller has it. ``outcome`` is ``DONE``, ``PAUSED``, ``SLEEPING`` or ``FAILED`` (a retry
+    and a child start commit nothing here); a sleep already recorded also gives ``None``.
     """
     act = result.activation
     if not in_flight(latest, epoch, act.id, record):
@@ -141,6 +144,22 @@ def settle(
     if outcome is Outcome.PAUSED:
         assert result.paused is not None
         settled = Settled(outcome, tr.step_paused(latest, act, result.paused, record=record))
+    elif outcome is Outcome.SLEEPING:
+        assert result.sleep is not None and result.new_state is not None
+        sleeping = tr.step_sleeping(
+            latest,
+            act,
+            base_state=result.base_state,
+            new_state=result.new_state,
+            wake_at=result.sleep.wake_at,
+            index=result.sleep.index,
+            reducers=reducers,
+            attempt=token,
+            record=record,
+        )
+        if sleeping is None:
+            return None
+        settled = Settled(outcome, sleeping)
     elif outcome is Outcome.DONE:
         try:
             settled = Settled(outcome, _done(graph, latest, result, reducers, token, record))
@@ -150,7 +169,7 @@ def settle(
         assert result.error is not None
         settled = _failed(latest, act, result.error, result.attempts, record)
     else:
-        raise ValueError(f"settle() takes done, paused or failed, not {outcome}")
+        raise ValueError(f"settle() takes done, paused, sleeping or failed, not {outcome}")
     ckpt = settled.transition.checkpoint
     ckpt.worker, ckpt.duration, ckpt.attempts = worker, result.duration, result.attempts
     return settled

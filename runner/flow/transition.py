@@ -200,6 +200,54 @@ def closing_of(latest: Checkpoint, ckpt: Checkpoint) -> Checkpoint | None:
     return with_record(ckpt, record_of(ckpt), event=event, step=step, error=ckpt.error, meta=meta)
 
 
+def step_sleeping(
+    latest: Checkpoint,
+    activation: Activation,
+    *,
+    base_state: dict[str, Any],
+    new_state: dict[str, Any],
+    wake_at: float,
+    index: int,
+    reducers: dict[str, Reducer],
+    attempt: str | None = None,
+    record: ExecutionRecord | None = None,
+) -> Transition | None:
+    """The step reached its ``index``-th durable sleep: its state so far applied onto
+    ``latest``, the wake-up time recorded, the step still in flight. ``None`` when that
+    sleep is recorded already (another attempt got there first). Committed under an
+    idempotency key of its own (:func:`sleep_key`), so the attempt after the wake-up can
+    commit the step."""
+    recorded = latest.meta.sleeps.get(activation.id, [])
+    if len(recorded) != index:
+        return None
+    merged, conflicts = apply_changes(
+        latest.state, base_state, diff(base_state, new_state), reducers
+    )
+    record = record_of(latest) if record is None else record
+    sleeps = {**latest.meta.sleeps, activation.id: [*recorded, wake_at]}
+    ckpt = with_record(
+        latest,
+        record,
+        event=STEP_SLEEPING,
+        step=activation.method,
+        activation=sleep_key(activation_key(latest, activation.id), index),
+        attempt=attempt,
+        state=merged,
+        meta=latest.meta.model_copy(update={"ready": [], "conflicts": conflicts, "sleeps": sleeps}),
+    )
+    return Transition(ckpt, [], conflicts, record)
+
+
+STEP_SLEEPING = "step_sleeping"
+"""Event of the checkpoint a step commits when it reaches a durable sleep."""
+
+
+def sleep_key(key: str, index: int) -> str:
+    """The idempotency key of an activation's ``index``-th sleep (its activation key is
+    kept for the commit that completes it)."""
+    return f"{key}~sleep{index}"
+
+
 def step_paused(
     latest: Checkpoint,
     activation: Activation,

@@ -144,6 +144,9 @@ class RunMeta(BaseModel):
     """When the run is cancelled if it has not finished (``submit(deadline=...)``)."""
     cancel_reason: str | None = None
     """Why the run was cancelled, when not by hand (its deadline passed)."""
+    sleeps: dict[str, list[float]] = Field(default_factory=dict)
+    """Activation id -> the wake-up times of the durable sleeps (``self.sleep``) its method
+    reached, in order; a step re-run after its wake-up passes the sleeps already recorded."""
     opener: str | None = None
     """The activation whose first attempt tells listeners the run started (``flow_started``,
     on workers): the first one made ready by the checkpoint that started, restarted,

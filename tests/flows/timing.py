@@ -1,6 +1,6 @@
-"""Flows of the time-and-identity tests (idempotent submits, delayed starts, deadlines); the
-test workers import this module (allow-list). Each method counts its executions with
-:func:`tests.flows.dist.executed`."""
+"""Flows of the time-and-identity tests (idempotent submits, delayed starts, deadlines,
+durable sleeps); the test workers import this module (allow-list). Each method counts its
+executions with :func:`tests.flows.dist.executed`."""
 
 from __future__ import annotations
 
@@ -61,3 +61,40 @@ class HastyFlow(Flow[Order]):
         while time.monotonic() < end:
             time.sleep(0.1)
         return "late"
+
+
+class Nap(FlowState):
+    """How long to sleep, and a field the step sets before its sleep."""
+
+    seconds: float = 5.0
+    before: int = 0
+
+
+class NapFlow(Flow[Nap]):
+    """A step that sets a field, sleeps durably, then goes on; a step after it."""
+
+    @start()
+    def nap(self) -> str:
+        executed(self.state.id, "nap")
+        self.state.before = 1  # idempotent: the method runs again from here after the sleep
+        self.sleep(self.state.seconds)
+        executed(self.state.id, "woke")
+        return "rested"
+
+    @listen(nap)
+    def after(self, rested: str) -> str:
+        executed(self.state.id, "after")
+        return f"{rested} after {self.state.before}"
+
+
+class AsyncNapFlow(Flow[Nap]):
+    """An async step that sleeps twice."""
+
+    @start()
+    async def nap(self) -> str:
+        executed(self.state.id, "nap")
+        await self.asleep(self.state.seconds)
+        executed(self.state.id, "half")
+        await self.asleep(self.state.seconds)
+        executed(self.state.id, "woke")
+        return "rested twice"
