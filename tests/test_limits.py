@@ -60,7 +60,7 @@ def test_a_rate_limit_holds_across_two_workers_and_unlimited_runs_keep_their_pac
         )
         assert busiest <= 10
         assert starts[-1] - starts[0] >= 4.0
-        assert loaded <= unloaded + 0.5
+        assert loaded <= 2 * unloaded + 0.05
 
 
 def test_concurrency_two_never_runs_three_attempts_at_once(

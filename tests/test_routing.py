@@ -14,6 +14,7 @@ from runner.distributed import routing
 from runner.distributed.client import RunHandle, submit
 from runner.store.models import RunStatus
 from tests._dist_support import eventually, private_pool
+from tests.conftest import capture_events
 from tests.flows.flow_control import RoutedFlow
 
 pytestmark = pytest.mark.slow
@@ -23,11 +24,15 @@ def test_a_gpu_step_waits_for_a_gpu_worker_and_runs_only_there(
     worker_env: dict[str, str], tmp_path: str
 ) -> None:
     with private_pool(worker_env, str(tmp_path)) as (pool, rt, env):
-        pool.start()  # consumes the default queue only
-        run = submit(RoutedFlow, {"group": "g"}, rt=rt)
-        eventually(lambda: "prepare#1" in rt.coord.read(run.run_id).completed, timeout=20)
         gpu = routing.queue_name(rt.settings, "gpu")
         assert gpu == f"{env['RUNNER_QUEUE']}.gpu"
+        pool.start()  # consumes the default queue only
+        with capture_events(rt.app) as events:  # what Flower reads
+            run = submit(RoutedFlow, {"group": "g"}, rt=rt)
+            eventually(lambda: [e for e in events if e.get("queue", "").endswith(".gpu")])
+        sent = {e["name"]: e["queue"] for e in events if e["type"] == "task-sent"}
+        assert sent == {"RoutedFlow.prepare": env["RUNNER_QUEUE"], "RoutedFlow.embed": gpu}
+        eventually(lambda: "prepare#1" in rt.coord.read(run.run_id).completed, timeout=20)
         assert routing.unconsumed(rt.store.client, rt.store.keys, rt.settings, "gpu")
         assert not routing.unconsumed(rt.store.client, rt.store.keys, rt.settings, None)
         # Nobody consumes gpu: the step stays queued there, the run keeps running.
