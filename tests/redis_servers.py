@@ -132,9 +132,12 @@ SERVICE = "runner-primary"
 
 
 @contextlib.contextmanager
-def sentinel(folder: Path, primary_port: int, quorum: int = 2) -> Iterator[RedisProcess]:
+def sentinel(
+    folder: Path, primary_port: int, quorum: int = 2, password: str | None = None
+) -> Iterator[RedisProcess]:
     """A ``redis-server --sentinel`` watching the primary on ``primary_port`` as
-    :data:`SERVICE`: down after 1 s without an answer, failover retried after 5 s."""
+    :data:`SERVICE` (logging in with ``password``): down after 1 s without an answer,
+    failover retried after 5 s."""
     port = free_port()
     conf = folder / f"sentinel-{port}.conf"
     conf.write_text(
@@ -143,6 +146,7 @@ def sentinel(folder: Path, primary_port: int, quorum: int = 2) -> Iterator[Redis
         f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} {quorum}\n"
         f"sentinel down-after-milliseconds {SERVICE} 1000\n"
         f"sentinel failover-timeout {SERVICE} 5000\n"
+        + (f"sentinel auth-pass {SERVICE} {password}\n" if password else "")
     )
     proc = subprocess.Popen(
         [find_redis_server(), str(conf), "--sentinel"],

@@ -23,6 +23,7 @@ import redis
 
 from runner.distributed import broker
 from runner.distributed.client import submit
+from runner.embedded import ping
 from runner.errors import StoreUnavailable
 from runner.settings import reset_settings
 from runner.store.connection import SentinelGroup
@@ -34,23 +35,30 @@ from tests.redis_servers import SERVICE, RedisProcess, redis_server, sentinel
 
 
 @contextlib.contextmanager
-def sentinel_group(folder: Path) -> Iterator[tuple[RedisProcess, list[RedisProcess]]]:
-    """A primary, a replica in sync with it, and three sentinels that all see both."""
+def sentinel_group(
+    folder: Path, password: str | None = None
+) -> Iterator[tuple[RedisProcess, list[RedisProcess]]]:
+    """A primary, a replica in sync with it, and three sentinels that all see both; with a
+    ``password``, the data nodes require it (the sentinels themselves do not)."""
+    auth = ["--requirepass", password, "--masterauth", password] if password else []
     with contextlib.ExitStack() as stack:
-        primary = stack.enter_context(redis_server(folder))
+        primary = stack.enter_context(redis_server(folder, *auth))
         replica = stack.enter_context(
-            redis_server(folder, "--replicaof", "127.0.0.1", str(primary.port))
+            redis_server(folder, *auth, "--replicaof", "127.0.0.1", str(primary.port))
         )
-        sentinels = [stack.enter_context(sentinel(folder, primary.port)) for _ in range(3)]
+        sentinels = [
+            stack.enter_context(sentinel(folder, primary.port, password=password)) for _ in range(3)
+        ]
         deadline = time.monotonic() + 15
-        while not _ready(replica, sentinels):
+        while not _ready(replica, sentinels, password):
             assert time.monotonic() < deadline, "the Sentinel group did not settle"
             time.sleep(0.1)
         yield primary, sentinels
 
 
-def _ready(replica: RedisProcess, sentinels: list[RedisProcess]) -> bool:
-    if redis.Redis(port=replica.port).info("replication")["master_link_status"] != "up":
+def _ready(replica: RedisProcess, sentinels: list[RedisProcess], password: str | None) -> bool:
+    node = redis.Redis(port=replica.port, password=password)
+    if node.info("replication")["master_link_status"] != "up":
         return False
     for node in sentinels:
         master = redis.Redis(port=node.port).sentinel_master(SERVICE)
@@ -149,11 +157,22 @@ def test_a_stream_of_runs_survives_the_primary_dying_mid_run(
 
 @pytest.mark.slow
 def test_a_step_message_a_failover_lost_is_sent_again_by_recovery(
-    worker_env: dict[str, str], tmp_path: Path, fresh_settings: None
+    worker_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_settings: None,
 ) -> None:
-    with sentinel_group(tmp_path) as (_primary, sentinels):
+    # A group whose nodes require a password, given as a setting (not in the URL).
+    secret = {"RUNNER_REDIS_PASSWORD": "s3cret-sentinel-group"}
+    with sentinel_group(tmp_path, secret["RUNNER_REDIS_PASSWORD"]) as (_primary, sentinels):
         url = sentinel_url(sentinels)
-        with private_pool(worker_env, str(tmp_path), RUNNER_REDIS_URL=url) as (pool, rt, _):
+        monkeypatch.setenv("RUNNER_REDIS_PASSWORD", secret["RUNNER_REDIS_PASSWORD"])
+        reset_settings()
+        with private_pool(worker_env, str(tmp_path), RUNNER_REDIS_URL=url, **secret) as (
+            pool,
+            rt,
+            _,
+        ):
             handle = submit(Split, rt=rt)  # committed (and replicated), then queued
             queue = broker.Layout.of(rt.app).queue_keys(rt.settings.queue)
             client = broker.broker_client(rt.app)
@@ -166,6 +185,12 @@ def test_a_step_message_a_failover_lost_is_sent_again_by_recovery(
             assert handle.result(timeout=30) == ["a", "b", "c"]
             commits = Counter(c.step for c in finished(rt, handle.run_id))
             assert commits == dict.fromkeys(("root", "a", "b", "c", "join"), 1)
+        # The password may be in the URL instead; without either, the group's primary refuses.
+        monkeypatch.delenv("RUNNER_REDIS_PASSWORD")
+        reset_settings()
+        with pytest.raises(StoreUnavailable, match="authenticated"):
+            ping(url)
+        ping(url.replace("://", f"://:{secret['RUNNER_REDIS_PASSWORD']}@", 1))
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import redis
 from redis.sentinel import Sentinel
@@ -95,10 +95,15 @@ def password(settings: RunnerSettings | None = None) -> str | None:
 
 
 def credentials(url: str, settings: RunnerSettings | None = None) -> dict[str, str]:
-    """``username``/``password`` for redis-py from the settings, unless ``url`` has its own."""
+    """``username``/``password`` for redis-py from the settings, unless ``url`` has its own
+    (which redis-py reads itself, except from a Sentinel URL: those are returned here)."""
     settings = settings or get_settings()
-    if urlsplit(url).password is not None:
-        return {}
+    own = urlsplit(url)
+    if own.password is not None:
+        if not is_sentinel(url):
+            return {}
+        found = {"username": unquote(own.username or ""), "password": unquote(own.password)}
+        return {key: value for key, value in found.items() if value}
     found = {"username": settings.redis_username, "password": password(settings)}
     return {key: value for key, value in found.items() if value}
 
@@ -168,13 +173,12 @@ def celery_conf(
             conf["broker_transport_options"] = {"master_name": group.service}
             conf[BROKER_REDIS_URL] = broker_url
     if backend_url and backend_url.startswith("redis"):
+        creds = credentials(backend_url, settings)
         if is_sentinel(backend_url):
             group = SentinelGroup.parse(backend_url)
             hosts = ";".join(f"sentinel://{h}:{p}/{group.db}" for h, p in group.sentinels)
             conf["result_backend"] = hosts
             conf["result_backend_transport_options"] = {"master_name": group.service}
-            backend_url = hosts
-        creds = credentials(backend_url, settings)
         if creds:
             conf["result_backend"] = _with_credentials(conf["result_backend"], creds)
         if backend_url.startswith("rediss"):
