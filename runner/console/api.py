@@ -92,6 +92,13 @@ def get_limits(request: Request) -> dict[str, Any]:
     return {"limits": data.limits(console_of(request).rt.store)}
 
 
+@router.get("/schedules", summary="Schedules")
+def get_schedules(request: Request) -> dict[str, Any]:
+    """Each schedule (`runner schedule list`): flow, inputs, cron or period (`when`), catch-up,
+    paused, and its next tick (unix seconds)."""
+    return {"schedules": data.schedules(console_of(request).rt.store)}
+
+
 @router.get("/checkpoints/{ref}", summary="One checkpoint in full")
 def get_checkpoint(request: Request, ref: str) -> dict[str, Any]:
     """A checkpoint by id (or a run id: its latest): state, outputs, record, error."""

@@ -23,7 +23,8 @@ from runner.flow import transition as tr
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
 from runner.store.redis import RedisProvider
-from runner.views import checkpoint_diff
+from runner.store.schedules import ScheduleBook
+from runner.views import asleep, checkpoint_diff, scheduled_until
 
 HISTORY_LIMIT = 500
 """Checkpoints of one run shown on its page (newest first)."""
@@ -341,6 +342,12 @@ def result_of(status: RunStatus, latest: Checkpoint) -> Any:
     return orch.last_output(tr.record_of(latest)) if status is RunStatus.SUCCEEDED else None
 
 
+def schedules(store: RedisProvider) -> list[dict[str, Any]]:
+    """Each schedule (``runner schedule list``): flow, inputs, cron or period, next tick."""
+    book = ScheduleBook(store)
+    return [{**book.as_json(s), "when": s.describe()} for s in book.all()]
+
+
 def limits(store: RedisProvider) -> list[dict[str, Any]]:
     """Each rate and concurrency limit in use: its setting, use now, steps waiting on it."""
     return [use.as_json() for use in limit_uses(store.client, store.keys)]
@@ -367,6 +374,11 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         # In-flight step -> what it waits for (a limit, a queue no live worker consumes).
         "waiting": waits_of(rt.store.client, rt.store.keys, rt.settings, latest),
         "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
+        # Time (README, Time and identity): a delayed start, durable sleeps, the deadline.
+        "scheduled_until": scheduled_until(latest),
+        "sleeping": {act: why for act in latest.in_flight if (why := asleep(latest, act))},
+        "deadline": latest.meta.deadline,
+        "cancel_reason": latest.meta.cancel_reason if info.status is RunStatus.CANCELLED else None,
         "inputs": inputs_of(first_checkpoint(rt.store, run_id, history)),
         "result": result_of(info.status, latest),
         "graph_error": problem,

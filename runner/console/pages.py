@@ -75,6 +75,13 @@ def limits_page(request: Request) -> Response:
     return console.page(request, "limits.html", limits=data.limits(console.rt.store))
 
 
+@router.get("/schedules")
+def schedules_page(request: Request) -> Response:
+    """Each schedule: its flow, inputs, cron or period, next tick, paused or not."""
+    console = console_of(request)
+    return console.page(request, "schedules.html", schedules=data.schedules(console.rt.store))
+
+
 # --- one run ---------------------------------------------------------------------------------
 
 
