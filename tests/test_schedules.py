@@ -16,12 +16,14 @@ import redis
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.distributed.client import RunHandle
+from runner.distributed.client import RunHandle, submit
+from runner.distributed.recovery import recover
 from runner.distributed.schedules import fire_due
 from runner.errors import InvalidInputs, RunStateError
 from runner.store.schedules import ScheduleBook, make_schedule, run_id_of
 from tests._dist_support import private_pool
 from tests.flows.dist import executions
+from tests.flows.timing import GreetFlow
 from tests.test_cli import Cli, cli  # noqa: F401  (fixture)
 from tests.test_deadlines import idle_rt  # noqa: F401  (fixture)
 
@@ -161,3 +163,14 @@ def test_a_schedule_name_is_taken_once(idle_rt: Any) -> None:  # noqa: F811
 def test_schedule_help_lists_its_commands() -> None:
     shown = CliRunner().invoke(app, ["schedule", "--help"]).stdout
     assert all(word in shown for word in ("add", "list", "pause", "resume", "remove"))
+
+
+def test_an_unreadable_schedule_does_not_stop_the_recovery_pass(
+    idle_rt: Any,  # noqa: F811
+    redis_client: redis.Redis,
+) -> None:
+    idle_rt.flows[GreetFlow.flow_name()] = GreetFlow  # as a worker registers it
+    redis_client.hset(idle_rt.store.keys.schedules(), "broken", "{not json")
+    handle = submit(GREET, {"customer": "zoe"}, countdown=0.3, rt=idle_rt)
+    time.sleep(0.5)
+    assert recover(idle_rt, force=True) == {handle.run_id: ["greet#1"]}

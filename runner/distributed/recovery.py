@@ -102,8 +102,14 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
     # taken by a dead worker. A busy deployment's runs commit all the time and cost the
     # pass one pipeline.
     now = time.time()
-    enforce_deadlines(rt, now)
-    fire_due(rt, now)
+    for duty in (enforce_deadlines, fire_due):
+        try:
+            duty(rt, now)
+        except StoreUnavailable:
+            raise
+        except Exception:
+            # A bug in one duty must not keep the pass from re-sending lost steps.
+            log.exception("recovery pass: %s failed; the pass goes on", duty.__name__)
     starts = Timers(rt.store, STARTS)
     due = set(starts.due(now))
     held_by_dead = {run_of_task(task) for task in broker.taken_long_ago()}
