@@ -165,12 +165,19 @@ def test_schedule_help_lists_its_commands() -> None:
     assert all(word in shown for word in ("add", "list", "pause", "resume", "remove"))
 
 
-def test_an_unreadable_schedule_does_not_stop_the_recovery_pass(
+def test_an_unreadable_schedule_stops_neither_the_others_nor_the_recovery_pass(
     idle_rt: Any,  # noqa: F811
     redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     idle_rt.flows[GreetFlow.flow_name()] = GreetFlow  # as a worker registers it
     redis_client.hset(idle_rt.store.keys.schedules(), "broken", "{not json")
     handle = submit(GREET, {"customer": "zoe"}, countdown=0.3, rt=idle_rt)
     time.sleep(0.5)
+    book = ScheduleBook(idle_rt.store)
+    book.add(make_schedule("fine", GREET, {"customer": "zoe"}, every=1))
+    book.advance("fine", float(int(time.time()) - 1))  # a tick due a second ago
     assert recover(idle_rt, force=True) == {handle.run_id: ["greet#1"]}
+    assert [s.name for s in book.all()] == ["fine"]
+    assert ticks_of(idle_rt, "fine")  # the readable schedule fired
+    assert "schedule broken cannot be read" in caplog.text

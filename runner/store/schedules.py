@@ -8,6 +8,7 @@ expression names (parsed by ``cronsim``). :mod:`runner.distributed.schedules` fi
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ from pydantic import BaseModel, Field
 from runner.errors import InvalidInputs, RunStateError
 
 from .redis import RedisProvider
+
+log = logging.getLogger("runner.store")
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A schedule name: it starts the ids of the runs it makes."""
@@ -128,8 +131,18 @@ class ScheduleBook:
         return Schedule.model_validate_json(raw)
 
     def all(self) -> list[Schedule]:
-        """Every schedule, by name."""
-        found = [Schedule.model_validate_json(raw) for raw in self.client.hvals(self.key)]
+        """Every schedule, by name; one that cannot be read is left out, said at ERROR."""
+        found = []
+        for name, raw in self.client.hgetall(self.key).items():
+            try:
+                found.append(Schedule.model_validate_json(raw))
+            except ValueError as exc:
+                log.error(
+                    "schedule %s cannot be read, and does not fire (runner schedule remove %s): %s",
+                    name.decode(),
+                    name.decode(),
+                    exc,
+                )
         return sorted(found, key=lambda s: s.name)
 
     def set_paused(self, name: str, paused: bool) -> Schedule:
