@@ -98,7 +98,7 @@ def ping(url: str, timeout: float = PING_TIMEOUT) -> None:
 
 
 def _masked_reason(exc: Exception, url: str) -> str:
-    reason, password = " ".join(str(exc).split()), urlsplit(url).password
+    reason, password = connection.describe(exc), urlsplit(url).password
     return reason.replace(password, "***") if password else reason
 
 

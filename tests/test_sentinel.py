@@ -26,12 +26,12 @@ from runner.distributed.client import submit
 from runner.embedded import ping
 from runner.errors import StoreUnavailable
 from runner.settings import reset_settings
-from runner.store.connection import SentinelGroup
+from runner.store.connection import BadRedisSettings, SentinelGroup
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
 from tests._dist_support import finished, private_pool
 from tests.flows.production import Split
-from tests.redis_servers import SERVICE, RedisProcess, redis_server, sentinel
+from tests.redis_servers import SERVICE, RedisProcess, free_port, redis_server, sentinel
 
 
 @contextlib.contextmanager
@@ -114,6 +114,16 @@ def test_a_commit_waits_for_a_replica_and_is_refused_without_one_until_one_is_ba
             # Committed once, however often it was sent: the step's activation is its key.
             assert done.seq == 1 and [c.id for c in store.history("r1")] == [first.id]
         store.close()
+
+
+def test_a_bad_sentinel_url_or_a_group_without_primary_is_one_clear_line(
+    fresh_settings: None,
+) -> None:
+    with pytest.raises(BadRedisSettings, match="SERVICE/DB"):
+        ping("redis+sentinel://127.0.0.1:26379")  # no service named
+    with pytest.raises(StoreUnavailable) as caught:
+        ping(f"redis+sentinel://127.0.0.1:{free_port()}/{SERVICE}/0")
+    assert str(caught.value).endswith(f"no sentinel answered with a primary for {SERVICE!r}")
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import redis
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from runner.errors import StoreError
 from runner.settings import RunnerSettings, get_settings
@@ -99,12 +99,13 @@ def credentials(url: str, settings: RunnerSettings | None = None) -> dict[str, s
     (which redis-py reads itself, except from a Sentinel URL: those are returned here)."""
     settings = settings or get_settings()
     own = urlsplit(url)
-    if own.password is not None:
-        if not is_sentinel(url):
-            return {}
+    found: dict[str, str | None]
+    if own.password is None:
+        found = {"username": settings.redis_username, "password": password(settings)}
+    elif is_sentinel(url):
         found = {"username": unquote(own.username or ""), "password": unquote(own.password)}
-        return {key: value for key, value in found.items() if value}
-    found = {"username": settings.redis_username, "password": password(settings)}
+    else:
+        return {}
     return {key: value for key, value in found.items() if value}
 
 
@@ -146,6 +147,15 @@ def client(url: str, **kwargs: Any) -> Any:
 
             return RedisCluster.from_url(url.replace("+cluster", "", 1), **options)
     return redis.Redis.from_url(url, **options)
+
+
+def describe(exc: BaseException) -> str:
+    """One short line for a connection error (redis-py's ``MasterNotFoundError`` names the
+    repr of every sentinel client it tried)."""
+    if isinstance(exc, MasterNotFoundError):
+        service = str(exc).split("'")[1] if str(exc).count("'") >= 2 else "the service"
+        return f"no sentinel answered with a primary for {service!r}"
+    return " ".join(str(exc).split())
 
 
 def celery_conf(

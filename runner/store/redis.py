@@ -702,7 +702,8 @@ class RedisProvider:
             yield
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(
-                f"Redis at {mask_url(self.url)} is unreachable: {exc}", url=mask_url(self.url)
+                f"Redis at {mask_url(self.url)} is unreachable: {connection.describe(exc)}",
+                url=mask_url(self.url),
             ) from None
         except redis.RedisError as exc:
             raise StoreError(f"Redis error: {exc}") from None
