@@ -83,3 +83,22 @@ def test_in_process_a_sleep_simply_sleeps() -> None:
 def test_a_negative_sleep_fails_the_step() -> None:
     with pytest.raises(ValueError, match="sleep takes seconds >= 0"):
         NapFlow().kickoff({"seconds": -1})
+
+
+def test_a_sleeping_run_cancelled_and_resumed_before_its_wake_up_wakes_then(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    from runner.distributed.control import resume
+
+    handle = NapFlow.submit({"seconds": 4})
+    (wake_at,) = asleep_checkpoint(handle).meta.sleeps["nap#1"]
+    handle.cancel()
+    resumed = resume(handle.run_id)
+    assert resumed.result(timeout=30) == "rested after 1"
+    assert executions(redis_client, handle.run_id, "woke") == 1
+    done = [
+        c
+        for c in rt.store.history(handle.run_id, limit=50)
+        if c.event == "method_execution_finished"
+    ]
+    assert min(c.created_at for c in done) >= wake_at

@@ -290,6 +290,11 @@ def _settle(
         marker = ChildRun.from_output(result.output)
         assert marker is not None
         return start_child(rt, run_id, epoch, marker, result)
+    recorded = latest.meta.sleeps.get(act.id, [])
+    if outcome is Outcome.SLEEPING and result.sleep and result.sleep.index < len(recorded):
+        # Sent before the wake-up of a sleep already recorded (a resume, a duplicate):
+        # nothing to commit; the recovery pass sends the step again once it is due.
+        return _asleep(rt, latest, result)
     committed = _commit_settled(
         rt,
         flow_cls,

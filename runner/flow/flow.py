@@ -45,6 +45,11 @@ _PARAMETRIZED_ATTR = "__runner_parametrized__"
 _UNKNOWN: Any = object()
 
 
+EARLY = 2.0
+"""Seconds a step woken before its recorded wake-up time sleeps the rest in place (the
+clocks of two workers may differ a little); woken earlier, it waits for the wake-up again."""
+
+
 class Flow(Generic[StateT]):
     """Subclass with ``@start``/``@listen``/``@router`` methods over a state.
 
@@ -268,8 +273,9 @@ class Flow(Generic[StateT]):
             await asyncio.sleep(max(wake_at - time.time(), 0.0))
 
     def _wake_time(self, seconds: float) -> float | None:
-        """When an in-process sleep ends; on workers, ``None`` for a sleep already over,
-        else :class:`~runner.errors.SleepRun` (the step stops here)."""
+        """When the sleep ends if it is to be slept here (in process, or a recorded sleep
+        about to end), ``None`` for a recorded sleep that is over, else
+        :class:`~runner.errors.SleepRun` (the step stops here)."""
         from runner.errors import SleepRun
 
         if not seconds >= 0:
@@ -280,8 +286,9 @@ class Flow(Generic[StateT]):
         index = sleeps.calls
         sleeps.calls += 1
         if index < len(sleeps.recorded):
-            if sleeps.recorded[index] <= time.time():
-                return None
+            left = sleeps.recorded[index] - time.time()
+            if left <= EARLY:
+                return None if left <= 0 else sleeps.recorded[index]
             raise SleepRun(sleeps.recorded[index], index)  # woken early: sleep on till then
         raise SleepRun(time.time() + seconds, index)
 
