@@ -29,7 +29,7 @@ from runner.store.models import RunStatus
 from tests._dist_support import runtime_for
 from tests.conftest import WorkerPool
 from tests.console_support import serving
-from tests.flows.production import Gated, Split
+from tests.flows.production import ProdGated, ProdSplit
 from tests.redis_servers import redis_server
 
 REFUSED = "no permissions|can't run this command"
@@ -111,9 +111,9 @@ def test_workers_producers_and_a_read_only_console_run_with_least_privilege(
             producer_login = {"RUNNER_REDIS_USERNAME": "producer"}
             with runner_env({**producer_login, "RUNNER_REDIS_PASSWORD": secrets["producer"]}):
                 rt = runtime_for(env)
-                split = submit(Split, rt=rt)
+                split = submit(ProdSplit, rt=rt)
                 assert split.result(timeout=60) == ["a", "b", "c"]
-                gated = submit(Gated, rt=rt)
+                gated = submit(ProdGated, rt=rt)
                 assert gated.wait(timeout=60) is RunStatus.FAILED
                 resumed = control.resume(gated.run_id, inputs={"open": True}, rt=rt)
                 assert resumed.result(timeout=60) == ["first", "gate", "last"]

@@ -30,7 +30,7 @@ from runner.store.connection import BadRedisSettings, SentinelGroup
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
 from tests._dist_support import finished, private_pool
-from tests.flows.production import Split
+from tests.flows.production import ProdSplit
 from tests.redis_servers import SERVICE, RedisProcess, free_port, redis_server, sentinel
 
 
@@ -139,7 +139,7 @@ def test_a_stream_of_runs_survives_the_primary_dying_mid_run(
             # failover: steps are sent after their commit, never inside it.
             assert not rt.sends_in_commit
             pool.start(concurrency=2)
-            handles = [submit(Split, {"pause": 0.15}, rt=rt) for _ in range(12)]
+            handles = [submit(ProdSplit, {"pause": 0.15}, rt=rt) for _ in range(12)]
             time.sleep(2.0)  # some runs done, others mid-step
             running = [h for h in handles if h.status() is RunStatus.RUNNING]
             primary.kill()
@@ -183,7 +183,7 @@ def test_a_step_message_a_failover_lost_is_sent_again_by_recovery(
             rt,
             _,
         ):
-            handle = submit(Split, rt=rt)  # committed (and replicated), then queued
+            handle = submit(ProdSplit, rt=rt)  # committed (and replicated), then queued
             queue = broker.Layout.of(rt.app).queue_keys(rt.settings.queue)
             client = broker.broker_client(rt.app)
             assert client.llen(queue[0]) == 1

@@ -22,7 +22,7 @@ from runner.settings import reset_settings
 from runner.store.redis import RedisProvider
 from tests._dist_support import eventually, finished, private_pool
 from tests.console_support import flower, serving
-from tests.flows.production import Split
+from tests.flows.production import ProdSplit
 from tests.redis_servers import Certificates, free_port, make_certificates, redis_server
 
 
@@ -87,7 +87,7 @@ def test_a_flow_runs_on_workers_over_tls_and_flower_and_the_console_see_it(
             assert rt.sends_in_commit
             pool.start()
             with flower(full_env, str(tmp_path)) as flower_url:
-                handle = submit(Split, rt=rt)
+                handle = submit(ProdSplit, rt=rt)
                 assert handle.result(timeout=60) == ["a", "b", "c"]
                 assert len(finished(rt, handle.run_id)) == 5
 
@@ -96,7 +96,7 @@ def test_a_flow_runs_on_workers_over_tls_and_flower_and_the_console_see_it(
                     return {t["name"] for t in tasks.values() if t["state"] == "SUCCESS"}
 
                 names = eventually(lambda: len(flower_tasks()) == 5 and flower_tasks(), 20)
-                assert names == {f"Split.{m}" for m in ("root", "a", "b", "c", "join")}
+                assert names == {f"ProdSplit.{m}" for m in ("root", "a", "b", "c", "join")}
             with serving(rt) as console:
                 runs = httpx.get(f"{console}/api/runs", timeout=10).json()
                 assert handle.run_id in str(runs)

@@ -20,7 +20,7 @@ class SplitState(FlowState):
     pause: float = 0.0
 
 
-class Split(Flow[SplitState]):
+class ProdSplit(Flow[SplitState]):
     """root -> a, b, c in parallel -> join: five commits, three of them concurrent."""
 
     @start()
@@ -55,7 +55,7 @@ class GateState(FlowState):
     trail: Annotated[list[str], append] = []
 
 
-class Gated(Flow[GateState]):
+class ProdGated(Flow[GateState]):
     """first -> gate (fails while closed) -> last."""
 
     @start()
