@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from runner.errors import InvalidInputs
+from runner.errors import CheckpointNotFound, CorruptCheckpoint, InvalidInputs
 from runner.store.base import CheckpointStore
 from runner.store.models import (
     FLOW_CANCELLED,
@@ -323,6 +323,62 @@ class WatchedSink(Sink):
         return self.inner.latest(run_id)
 
 
+# -- restoring: where a restored run is read from and goes on --------------------------------
+
+
+def restore_sink(sink: Sink, restore: CheckpointConfig | str) -> Sink:
+    """The sink a run restored from ``restore`` is read from and goes on in, ``sink`` being
+    the flow's own: a restore config that says where its run is wins (CrewAI: its other
+    fields apply to the resumed run), and a run restored by id with no store configured
+    goes on where it is kept, the default store."""
+    if isinstance(restore, CheckpointConfig) and (
+        restore.names_store or not isinstance(sink, StoreSink)
+    ):
+        return StoreSink(restore.store(), restore.events("flow"), restore.max_checkpoints)
+    if sink.store is None:
+        return StoreSink(default_store(), FLOW_DEFAULT_EVENTS)
+    return sink
+
+
+def load_restore_point(sink: Sink, restore: CheckpointConfig | str) -> Checkpoint:
+    """The checkpoint named by a config's ``restore_from``, an id, a run id or a file
+    (:class:`~runner.errors.CheckpointNotFound` if none, :class:`~runner.errors.CorruptCheckpoint`
+    if what it names is not a checkpoint of ours)."""
+    ref = restore.restore_from if isinstance(restore, CheckpointConfig) else restore
+    try:
+        return _find_checkpoint(sink.store if sink.store is not None else default_store(), ref)
+    except ValidationError:  # e.g. a file CrewAI's provider face wrote: not ours
+        raise CorruptCheckpoint(
+            f"{ref} is not a checkpoint of this runner", checkpoint_id=str(ref)
+        ) from None
+
+
+def _find_checkpoint(store: CheckpointStore, ref: str | Path | None) -> Checkpoint:
+    if ref is None:
+        runs = store.runs(limit=1)
+        latest = store.latest(runs[0].run_id) if runs else None
+        if latest is None:
+            raise CheckpointNotFound("no checkpoint to restore from", checkpoint_id=None)
+        return latest
+    path = Path(str(ref))
+    if path.suffix == ".json" and path.is_file():
+        return Checkpoint.model_validate_json(path.read_bytes())
+    try:
+        return store.get(str(ref))
+    except CheckpointNotFound:
+        latest = store.latest(str(ref))
+        if latest is None:
+            raise
+        return latest
+
+
+def default_store() -> CheckpointStore:
+    """The store of runs restored by id with no store configured: Redis from the settings."""
+    from runner.store.redis import RedisProvider
+
+    return RedisProvider()
+
+
 def default_persistence() -> FlowPersistenceLike:
     """``@persist`` without an argument: Redis from the settings."""
     from runner.store.persistence import RedisFlowPersistence
@@ -346,11 +402,16 @@ def sink_for(flow_cls: type, instance_persistence: Any, checkpoint: Any) -> Sink
         if marked:
             spec = next(iter(marked.values()))
             methods = frozenset(marked)
-    persistence = instance_persistence or (spec.persistence if spec else None)
+    # ``is None``, never truth: a persistence may be falsy (an empty container, say).
+    persistence = instance_persistence
+    if persistence is None and spec is not None:
+        persistence = spec.persistence
     if spec is None and persistence is None:
         return Sink()
     verbose = bool(spec and spec.verbose)
-    return PersistSink(persistence or default_persistence(), methods, verbose)
+    if persistence is None:
+        persistence = default_persistence()
+    return PersistSink(persistence, methods, verbose)
 
 
 def _methods(cls: type) -> list[tuple[str, Any]]:

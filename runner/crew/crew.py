@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from runner.checkpointing import CheckpointConfig, StoreSink, resolve_config
+from runner.checkpointing import CheckpointConfig, StoreSink, load_restore_point, resolve_config
 from runner.crew.agent import Agent
 from runner.crew.compile import CrewFlow, compile_crew
 from runner.crew.task import CrewOutput, Task, TaskOutput
-from runner.errors import DefinitionError, InvalidInputs
+from runner.errors import DefinitionError, FlowImportError, InvalidInputs
 from runner.flow.attempt import current_activation
 from runner.flow.children import ChildRun, child_run_id, deferred
 from runner.flow.flow import checkpoint_store, state_json
 from runner.flow.loading import load_flow
-from runner.flow.local import load_restore_point
-from runner.store.models import RunStatus
+from runner.flow.local import check_graph
+from runner.store.models import Checkpoint, RunStatus
 
 if TYPE_CHECKING:
     from runner.crew.handle import CrewRunHandle
@@ -194,20 +194,42 @@ class Crew:
     akickoff = kickoff_async
 
     @classmethod
-    def from_checkpoint(cls, config: CheckpointConfig | str | Path) -> Crew:
+    def from_checkpoint(
+        cls, config: CheckpointConfig | str | Path, *, crew: Crew | None = None
+    ) -> Crew:
         """The crew a checkpoint was written by, set to resume it on its next ``kickoff``
-        (CrewAI's ``Crew.from_checkpoint``): completed tasks are skipped."""
+        (CrewAI's ``Crew.from_checkpoint``): completed tasks are skipped.
+
+        The crew is loaded by the import path the checkpoint records, which only a crew
+        held by a module-level variable has; one built inside a function (a factory, as
+        CrewAI's ``@CrewBase`` classes build theirs) is passed as ``crew``, built the same
+        way again. Either way a copy is returned; the crew given is left as it is.
+        """
         restore = config if isinstance(config, CheckpointConfig) else _config_for(config)
-        crew = copy.copy(_crew_of(restore))
-        crew._restore, crew._branch = restore, None
-        return crew
+        ckpt = load_restore_point(StoreSink(restore.store(), frozenset()), restore)
+        if crew is None:
+            source = _crew_of(ckpt)
+        elif isinstance(crew, Crew):
+            check_graph(crew.as_flow().graph(), ckpt)
+            source = crew
+        else:
+            raise DefinitionError(f"from_checkpoint takes crew=a Crew, not {crew!r}")
+        restored = copy.copy(source)
+        restored._restore, restored._branch = restore, None
+        return restored
 
     @classmethod
-    def _fork_of(cls, config: CheckpointConfig | str | Path, branch: str | None = None) -> Crew:
-        """CrewAI's ``Crew.fork(config, branch=...)``: the crew a checkpoint was written by,
-        set so its next ``kickoff`` starts a new run (a fork on ``branch``) from the
-        checkpoint; the source run is left as it is."""
-        crew = cls.from_checkpoint(config)
+    def _fork_of(
+        cls,
+        config: CheckpointConfig | str | Path,
+        branch: str | None = None,
+        *,
+        crew: Crew | None = None,
+    ) -> Crew:
+        """CrewAI's ``Crew.fork(config, branch=...)``: the crew a checkpoint was written by
+        (or ``crew``, as for :meth:`from_checkpoint`), set so its next ``kickoff`` starts a
+        new run (a fork on ``branch``) from the checkpoint; the source run is left as it is."""
+        crew = cls.from_checkpoint(config, crew=crew)
         crew._branch = branch if branch is not None else f"fork/{uuid.uuid4().hex[:8]}"
         return crew
 
@@ -411,10 +433,18 @@ def _config_for(ref: str | Path) -> CheckpointConfig:
     return CheckpointConfig(restore_from=str(ref))
 
 
-def _crew_of(config: CheckpointConfig) -> Crew:
-    """The crew that wrote the checkpoint ``config`` restores (loaded by its import path)."""
-    ckpt = load_restore_point(StoreSink(config.store(), frozenset()), config)
-    flow = load_flow(ckpt.flow or "")
+def _crew_of(ckpt: Checkpoint) -> Crew:
+    """The crew that wrote ``ckpt``, loaded by its import path."""
+    try:
+        flow = load_flow(ckpt.flow or "")
+    except FlowImportError as exc:
+        raise FlowImportError(
+            f"checkpoint {ckpt.id} was written by {ckpt.flow}, which cannot be loaded by "
+            "path (only a crew held by a module-level variable can be): pass the crew, built "
+            "again, as Crew.from_checkpoint(config, crew=make_crew())",
+            checkpoint_id=ckpt.id,
+            path=ckpt.flow,
+        ) from exc
     crew = getattr(flow, "crew", None)
     if not isinstance(crew, Crew):
         raise DefinitionError(

@@ -28,7 +28,13 @@ from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from runner.checkpointing import CheckpointConfig, Sink, sink_for
+from runner.checkpointing import (
+    CheckpointConfig,
+    Sink,
+    load_restore_point,
+    restore_sink,
+    sink_for,
+)
 from runner.errors import DefinitionError, InvalidInputs
 from runner.flow.attempt import current_sleeps, current_state, json_copy
 from runner.flow.events import EventListener
@@ -356,11 +362,15 @@ class Flow(Generic[StateT]):
 
     @classmethod
     def from_checkpoint(cls, config: CheckpointConfig | str | Path, **kwargs: Any) -> Flow[Any]:
-        """A flow that, on ``kickoff()``, restores ``config`` and skips completed methods."""
+        """A flow holding the state of the checkpoint ``config`` names (its id and fields,
+        to inspect before resuming, as in CrewAI) that, on ``kickoff()``, resumes that
+        checkpoint's run, skipping completed methods. A missing checkpoint is
+        :class:`~runner.errors.CheckpointNotFound` here, not at the kickoff."""
         flow = cls(**kwargs)
         restore = _restore_point(config)
         if isinstance(restore, CheckpointConfig) and flow._checkpoint is None:
             flow._checkpoint = restore
+        flow._set_state(load_restore_point(restore_sink(flow._sink(), restore), restore).state)
         flow._pending_restore = restore
         return flow
 

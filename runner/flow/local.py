@@ -15,20 +15,17 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
 
-from pydantic import ValidationError
-
 from runner.checkpointing import (
-    FLOW_DEFAULT_EVENTS,
     CheckpointConfig,
     Sink,
-    StoreSink,
     WatchedSink,
+    load_restore_point,
+    restore_sink,
 )
-from runner.errors import CheckpointNotFound, CorruptCheckpoint, InvalidInputs, RunNotFound
+from runner.errors import InvalidInputs, RunNotFound
 from runner.flow import events as ev
 from runner.flow import lifecycle
 from runner.flow import orchestrator as orch
@@ -40,7 +37,6 @@ from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import reducers_for
 from runner.settings import get_settings
-from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint, Lineage
 
 WORKER = socket.gethostname()
@@ -58,22 +54,8 @@ def kickoff(
     graph = flow.graph()
     sink = flow._sink()
     if restore is not None:
-        # A restore config that says where its run is wins over the flow's own config, and
-        # the run goes on there (CrewAI: its other fields apply to the resumed run).
-        if isinstance(restore, CheckpointConfig) and (
-            restore.names_store or not isinstance(sink, StoreSink)
-        ):
-            sink = StoreSink(restore.store(), restore.events("flow"), restore.max_checkpoints)
-        elif sink.store is None:
-            # Restored by id with no store configured: the run continues where it is kept.
-            sink = StoreSink(_default_store(), FLOW_DEFAULT_EVENTS)
-        try:
-            ckpt = load_restore_point(sink, restore)
-        except ValidationError:  # e.g. a file CrewAI's provider face wrote: not ours
-            ref = restore.restore_from if isinstance(restore, CheckpointConfig) else restore
-            raise CorruptCheckpoint(
-                f"{ref} is not a checkpoint of this runner", checkpoint_id=str(ref)
-            ) from None
+        sink = restore_sink(sink, restore)
+        ckpt = load_restore_point(sink, restore)
         return resume(flow, graph, WatchedSink(sink, flow._record_output), ckpt, inputs)
     lineage = None
     base = flow._dump()
@@ -129,34 +111,6 @@ def check_graph(graph: FlowGraph, ckpt: Checkpoint) -> None:
     fingerprint alone is fine: the run resumes when every step it recorded still exists)."""
     if ckpt.fingerprint != graph.fingerprint:
         orch.check_graph(graph, tr.record_of(ckpt), checkpoint_id=ckpt.id)
-
-
-def load_restore_point(sink: Sink, restore: CheckpointConfig | str) -> Checkpoint:
-    """The checkpoint named by a config's ``restore_from``, an id, a run id or a file."""
-    ref = restore.restore_from if isinstance(restore, CheckpointConfig) else restore
-    store = sink.store if sink.store is not None else _default_store()
-    if ref is None:
-        runs = store.runs(limit=1)
-        latest = store.latest(runs[0].run_id) if runs else None
-        if latest is None:
-            raise CheckpointNotFound("no checkpoint to restore from", checkpoint_id=None)
-        return latest
-    path = Path(str(ref))
-    if path.suffix == ".json" and path.is_file():
-        return Checkpoint.model_validate_json(path.read_bytes())
-    try:
-        return store.get(str(ref))
-    except CheckpointNotFound:
-        latest = store.latest(str(ref))
-        if latest is None:
-            raise
-        return latest
-
-
-def _default_store() -> CheckpointStore:
-    from runner.store.redis import RedisProvider
-
-    return RedisProvider()
 
 
 @dataclass(frozen=True)
