@@ -1,6 +1,7 @@
-"""Commands that only read runs import neither Celery nor kombu: a cold ``runner runs`` costs
-about what its own libraries (redis, pydantic, typer) cost to import (``bench/cli_cold.py``
-measures it)."""
+"""Commands that only read runs import neither Celery nor kombu, and ``runner runs`` imports
+neither the runtime, the flow core nor the other commands' modules: a cold ``runner runs``
+costs about what its own libraries (redis, pydantic, typer) cost to import
+(``bench/cli_cold.py`` measures it)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import json, sys
 from runner.cli import main
 
 found = []
+watched = json.loads(sys.argv[2])
 for args in json.loads(sys.argv[1]):
     sys.argv = ["runner", *args]
     try:
@@ -32,17 +34,28 @@ for args in json.loads(sys.argv[1]):
         code = exc.code
     else:
         code = 0
-    loaded = [name for name in ("celery", "kombu") if name in sys.modules]
+    loaded = [name for name in watched if name in sys.modules]
     found.append({"args": args, "code": code, "loaded": loaded})
 print("PROBE " + json.dumps(found))
 """
 
 
-def probe(commands: list[list[str]], env: dict[str, str]) -> list[dict[str, Any]]:
+CELERY = ["celery", "kombu"]
+RUNTIME = ["runner.distributed.engine", "runner.distributed.client", "runner.flow.orchestrator"]
+OTHER_COMMANDS = [
+    f"runner.cli.{name}"
+    for name in ("ops", "history", "dev", "worker", "ui", "limits", "schedules")
+]
+
+
+def probe(
+    commands: list[list[str]], env: dict[str, str], watched: list[str] = CELERY
+) -> list[dict[str, Any]]:
     """Run ``commands`` one after the other in one fresh interpreter, as the console script
-    does; for each, its exit code and which of Celery and kombu were imported by then."""
+    does; for each, its exit code and which of the ``watched`` modules were imported by then
+    (the last one's output under ``out``)."""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(commands)],
+        [sys.executable, "-c", PROBE, json.dumps(commands), json.dumps(watched)],
         env={**os.environ, **env, "COLUMNS": "200"},
         cwd=ROOT,
         capture_output=True,
@@ -53,6 +66,7 @@ def probe(commands: list[list[str]], env: dict[str, str]) -> list[dict[str, Any]
     lines = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
     assert lines, done.stderr
     found: list[dict[str, Any]] = json.loads(lines[-1].removeprefix("PROBE "))
+    found[-1]["out"] = done.stdout
     return found
 
 
@@ -84,6 +98,50 @@ def test_reading_commands_import_neither_celery_nor_kombu(
     found = probe(reading, worker_env)
     assert [(f["args"], f["code"]) for f in found] == [(args, 0) for args in reading]
     assert [f for f in found if f["loaded"]] == []
+
+
+def test_listing_runs_imports_neither_the_runtime_nor_the_other_commands(
+    rt: Any,
+    worker_env: dict[str, str],
+    redis_client: redis.Redis,
+    tag: str,  # noqa: F811
+) -> None:
+    redis_client.set(gate_key(tag), 1)
+    handle = submit(GatedFlow, {"tag": tag}, rt=rt)
+    handle.wait(timeout=30)
+    found = probe([["runs"], ["runs", "--json"]], worker_env, CELERY + RUNTIME + OTHER_COMMANDS)
+    assert [(f["code"], f["loaded"]) for f in found] == [(0, []), (0, [])]
+    assert handle.run_id in found[-1]["out"]
+
+
+def test_help_lists_every_command_and_a_typo_suggests_the_closest(
+    worker_env: dict[str, str],
+) -> None:
+    # Commands are loaded on demand: --help loads them all (in their order), and an
+    # unknown name too, so the error can name the command meant.
+    found = probe([["--help"]], worker_env, OTHER_COMMANDS)
+    assert found[0]["code"] == 0 and found[0]["loaded"] == OTHER_COMMANDS
+    panel = found[0]["out"].split("─ Commands ─", 1)[1].split("╰", 1)[0]
+    listed = [line.split()[1] for line in panel.splitlines() if line.startswith("│ ")]
+    assert listed == [
+        *("submit", "status", "watch", "runs", "cancel"),
+        *("resume", "fork", "recover", "prune", "upgrade"),
+        *("checkpoints", "steps", "show", "diff", "graph"),
+        *("worker", "dev", "ui", "limits", "schedule"),
+    ]
+    typo = subprocess.run(
+        [sys.executable, "-m", "runner", "chekpoints"],
+        env={**os.environ, **worker_env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert typo.returncode == 2
+    assert typo.stderr.strip() == (
+        "error: No such command 'chekpoints'. Did you mean 'checkpoints'? (see 'runner --help')"
+    )
 
 
 def test_the_probe_sees_celery_once_a_command_sends(

@@ -16,20 +16,9 @@ import sys
 from runner.embedded import find_dev
 from runner.errors import RunnerError
 
+# The group imports a command's module when the command is called (or listed by --help):
+# see runner.cli._app.COMMANDS.
 from ._app import app
-
-# Importing a module registers its commands; --help lists them in this order.
-# isort: off
-from . import runs  # noqa: F401
-from . import ops  # noqa: F401
-from . import history  # noqa: F401
-from . import dev  # noqa: F401
-from . import worker  # noqa: F401
-from . import ui  # noqa: F401
-from . import limits  # noqa: F401
-from . import schedules  # noqa: F401
-
-# isort: on
 
 __all__ = ["app", "main"]
 

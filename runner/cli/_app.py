@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import importlib
+from typing import Annotated, Any, Final
 
 import typer
+import typer.main
 from typer.core import TyperGroup
 
 from runner.errors import RunnerError
@@ -41,8 +43,55 @@ def _shows_help(exc: Exception) -> bool:
     return type(exc).__name__ == "NoArgsIsHelpError"
 
 
+MARKUP: Final = "markdown"
+"""How help texts are rendered, the group's and every command's alike."""
+
+COMMANDS: dict[str, str] = {
+    **dict.fromkeys(["submit", "status", "watch", "runs", "cancel"], "runs"),
+    **dict.fromkeys(["resume", "fork", "recover", "prune", "upgrade"], "ops"),
+    **dict.fromkeys(["checkpoints", "steps", "show", "diff", "graph"], "history"),
+    "worker": "worker",
+    "dev": "dev",
+    "ui": "ui",
+    "limits": "limits",
+    "schedule": "schedules",
+}
+"""Each command's module under :mod:`runner.cli`, in the order ``--help`` lists them. A module
+is imported when one of its commands is called or listed, so ``runner runs`` imports neither
+the others nor what they import (the runtime, the flow core)."""
+
+
+def commands() -> typer.Typer:
+    """The Typer a command module registers its commands on (``app = commands()``); the
+    group loads it by name through :data:`COMMANDS`."""
+    return typer.Typer(
+        add_completion=False, rich_markup_mode=MARKUP, pretty_exceptions_enable=False
+    )
+
+
 class RunnerGroup(TyperGroup):
-    """Turns every error into one ``error:`` line on stderr and its exit code."""
+    """Loads each command's module on first use; turns every error into one ``error:`` line
+    on stderr and its exit code."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """Every command, in :data:`COMMANDS` order, without importing their modules."""
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """The command named ``cmd_name``, its module imported and converted on first use.
+        An unknown name loads them all, so the error can suggest the closest one."""
+        for name in [cmd_name] if cmd_name in COMMANDS else COMMANDS:
+            if name not in self.commands:
+                self._load(COMMANDS[name])
+        return self.commands.get(cmd_name)
+
+    def _load(self, module: str) -> None:
+        # typer's public conversion of a Typer to click: a group of the module's commands,
+        # or the command itself when the module has one.
+        found = typer.main.get_command(importlib.import_module(f"{__package__}.{module}").app)
+        named = found.commands if isinstance(found, TyperGroup) else {found.name: found}
+        for name, command in named.items():
+            self.add_command(command, name)
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
@@ -86,7 +135,7 @@ app = typer.Typer(
     help=HELP,
     no_args_is_help=True,
     add_completion=False,
-    rich_markup_mode="markdown",
+    rich_markup_mode=MARKUP,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from runner.distributed.client import RunHandle, failure
-from runner.distributed.engine import ended
 from runner.errors import RunNotFound, RunTimeout
-from runner.flow import orchestrator as orch
-from runner.flow import transition as tr
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
 from . import progress, refs
 from ._session import FAILED, OK, Reader, console, print_json
 
+# The client and the flow core are imported by the functions that use them: `runner runs`
+# imports this module (through runs) and needs neither.
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
+
+    from runner.distributed.client import RunHandle
 
 POLL = 0.1
 """Seconds between status polls while waiting without a live view."""
@@ -54,6 +54,10 @@ def run_now(reader: Reader, run_id: str) -> tuple[RunInfo, Checkpoint]:
 
 def outcome(reader: Reader, run_id: str) -> dict[str, Any]:
     """How the run stands now, as JSON: status, step, result, error, pause reason."""
+    from runner.distributed.client import failure
+    from runner.flow import orchestrator as orch
+    from runner.flow import transition as tr
+
     info, latest = run_now(reader, run_id)
     why = failure(reader.store, latest)
     succeeded = info.status is RunStatus.SUCCEEDED
@@ -69,6 +73,8 @@ def outcome(reader: Reader, run_id: str) -> dict[str, Any]:
 
 def progress_view(reader: Reader, run_id: str) -> tuple[RunInfo, RenderableType]:
     """The run now, and its live view (steps, child runs' steps, progress, last error)."""
+    from runner.distributed.client import failure
+
     from . import render  # rich: a view only (see render)
 
     info, latest = run_now(reader, run_id)
@@ -133,6 +139,11 @@ def follow(
 def say(reader: Reader, run_id: str) -> None:
     """How the run ended, in one line (errors on stderr): the last line of ``watch`` and
     of ``--wait``."""
+    from runner.distributed.client import failure
+    from runner.distributed.engine import ended
+    from runner.flow import orchestrator as orch
+    from runner.flow import transition as tr
+
     info, latest = run_now(reader, run_id)
     if info.status is RunStatus.SUCCEEDED:
         result = orch.last_output(tr.record_of(latest))

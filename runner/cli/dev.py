@@ -47,10 +47,13 @@ from runner.errors import FlowImportError, RunnerError, StoreUnavailable
 from runner.flow.rates import check_name
 from runner.settings import RunnerSettings, default_queue
 
-from ._app import app
+from ._app import commands
 from ._session import FLAG, BadUsage, session
 from .reload import Watch
 from .worker import APP_MODULE
+
+app = commands()
+"""This module's commands, loaded by the ``runner`` group when one is called."""
 
 SUPERVISE_EVERY = 1.0
 """Seconds between checks that the workers still run (a dead one is restarted)."""

@@ -10,8 +10,11 @@ from runner.flow.loading import load_flow
 from runner.views import checkpoint_diff
 
 from . import progress, refs
-from ._app import app
+from ._app import commands
 from ._session import FLAG, console, print_json, session
+
+app = commands()
+"""This module's commands, loaded by the ``runner`` group when one is called."""
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.", metavar=FLAG)]
 

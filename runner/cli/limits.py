@@ -9,8 +9,11 @@ import typer
 
 from runner.distributed.waiting import limit_uses
 
-from ._app import app
+from ._app import commands
 from ._session import FLAG, console, print_json, session
+
+app = commands()
+"""This module's commands, loaded by the ``runner`` group when one is called."""
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.", metavar=FLAG)]
 

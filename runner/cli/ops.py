@@ -14,10 +14,13 @@ from runner.store.models import RunInfo, RunStatus
 from runner.store.redis import RedisProvider
 
 from . import refs
-from ._app import app
+from ._app import commands
 from ._outcome import follow
 from ._session import FLAG, console, parse_duration, parse_pairs, print_json, session
 from .runs import InputOpt, JsonOpt, RunArg, TimeoutOpt, WaitOpt
+
+app = commands()
+"""This module's commands, loaded by the ``runner`` group when one is called."""
 
 
 @app.command()

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from runner.distributed.waiting import waits_of
 from runner.errors import DefinitionError
 from runner.flow import events as ev
 from runner.flow.loading import load_flow
@@ -106,6 +105,9 @@ def step_rows(reader: Reader, run_id: str, depth: int = 0) -> list[StepRow]:
 
 def waits(reader: Reader, latest: Checkpoint) -> dict[str, str]:
     """In-flight step -> what it waits for (a limit, a queue nobody consumes)."""
+    # Imported here: of the commands that show progress only `status` asks what steps wait for.
+    from runner.distributed.waiting import waits_of
+
     return waits_of(reader.store.client, reader.store.keys, get_settings(), latest)
 
 

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from runner.distributed import client
 from runner.errors import CorruptCheckpoint, InvalidInputs, RunTimeout
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.views import asleep, scheduled_until, woken_at
 
 from . import progress, refs
-from ._app import app
+from ._app import commands
 from ._outcome import exit_code_of, follow, outcome, run_now, say, stopped, watch_live
 from ._session import FLAG, Reader, console, load_inputs, print_json, session
+
+app = commands()
+"""This module's commands, loaded by the ``runner`` group when one is called."""
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.", metavar=FLAG)]
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="Run id, or a unique prefix of it.")]
@@ -110,6 +114,10 @@ def submit(
     flow against the workers' allow-list when it is known here (RUNNER_FLOW_MODULES, or
     the one `runner dev` published).
     """
+    # The client (and the flow core under it) is imported by the commands that use it, so
+    # `runner runs` does not pay for it.
+    from runner.distributed import client
+
     values = load_inputs(inputs, inputs_file)
     # Checked before connecting, so a typo is exit 2 even without Redis (submit checks
     # again, with the allow-list).
@@ -143,6 +151,8 @@ def _instant(text: str) -> datetime:
 @app.command()
 def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     """Show a run: status, flow, step, seq, times, completed and running steps, lineage, error."""
+    from runner.distributed import client
+
     reader = session(ctx).reader
     info, latest = run_now(reader, refs.resolve_run(reader, run))
     error = client.failure(reader.store, latest).error
@@ -283,19 +293,22 @@ def list_runs(
     shows as its parent's prefix followed by the rest of its id. --json gives whole ids.
     """
     reader = session(ctx).reader
-    found = _select_runs(reader.store, status, flow, limit, top_level=not flat)
+    # Selecting top-level runs and nesting child runs both read a run's latest checkpoint:
+    # one round trip per run, not two.
+    latest = functools.cache(functools.partial(_readable_latest, reader.store))
+    found = _select_runs(reader.store, latest, status, flow, limit, top_level=not flat)
     if as_json:
         if flat:
             print_json([info.model_dump(mode="json") for info in found])
         else:
-            print_json([_tree(reader, info) for info in found])
+            print_json([_tree(reader, latest, info) for info in found])
         return
     if not found:
         typer.echo("no runs" if status is None and flow is None else "no runs match")
         return
     from . import render  # rich: a view only (see render)
 
-    nested = [(info, 0) for info in found] if flat else _nest(reader, found)
+    nested = [(info, 0) for info in found] if flat else _nest(reader, latest, found)
     shown = refs.short_runs(reader, [info.run_id for info, _depth in nested])
     console().print(render.runs_table(nested, shown))
 
@@ -303,6 +316,8 @@ def list_runs(
 @app.command()
 def cancel(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     """Stop dispatching a run's steps; running steps finish. Resume it later with `resume`."""
+    from runner.distributed import client
+
     rt = session(ctx).rt
     handle = client.RunHandle(refs.resolve_run(rt, run), rt)
     ckpt = handle.cancel()
@@ -328,29 +343,35 @@ def _children(reader: Reader, latest: Checkpoint) -> list[dict[str, Any]]:
     return found
 
 
-def _child_infos(reader: Reader, run_id: str) -> list[RunInfo]:
+Latest = Callable[[str], Checkpoint | None]
+"""A run id -> its latest checkpoint (see :func:`_readable_latest`), read once per listing."""
+
+
+def _child_infos(reader: Reader, latest: Latest, run_id: str) -> list[RunInfo]:
     """The child runs the run's steps started, in the order they were started."""
-    latest = _readable_latest(reader.store, run_id)
-    links = latest.meta.children.values() if latest is not None else []
+    ckpt = latest(run_id)
+    links = ckpt.meta.children.values() if ckpt is not None else []
     return [info for link in links if (info := reader.store.run(link.run_id)) is not None]
 
 
-def _nest(reader: Reader, infos: list[RunInfo], depth: int = 0) -> list[tuple[RunInfo, int]]:
+def _nest(
+    reader: Reader, latest: Latest, infos: list[RunInfo], depth: int = 0
+) -> list[tuple[RunInfo, int]]:
     out: list[tuple[RunInfo, int]] = []
     for info in infos:
         out.append((info, depth))
-        out += _nest(reader, _child_infos(reader, info.run_id), depth + 1)
+        out += _nest(reader, latest, _child_infos(reader, latest, info.run_id), depth + 1)
     return out
 
 
-def _tree(reader: Reader, info: RunInfo) -> dict[str, Any]:
-    children = [_tree(reader, child) for child in _child_infos(reader, info.run_id)]
+def _tree(reader: Reader, latest: Latest, info: RunInfo) -> dict[str, Any]:
+    children = [_tree(reader, latest, child) for child in _child_infos(reader, latest, info.run_id)]
     return {**info.model_dump(mode="json"), "children": children}
 
 
-def _is_top_level(store: Any, info: RunInfo) -> bool:
-    latest = _readable_latest(store, info.run_id)
-    return latest is None or latest.meta.parent is None
+def _is_top_level(latest: Latest, info: RunInfo) -> bool:
+    ckpt = latest(info.run_id)
+    return ckpt is None or ckpt.meta.parent is None
 
 
 def _readable_latest(store: Any, run_id: str) -> Checkpoint | None:
@@ -362,7 +383,13 @@ def _readable_latest(store: Any, run_id: str) -> Checkpoint | None:
 
 
 def _select_runs(
-    store: Any, status: RunStatus | None, flow: str | None, limit: int, *, top_level: bool
+    store: Any,
+    latest: Latest,
+    status: RunStatus | None,
+    flow: str | None,
+    limit: int,
+    *,
+    top_level: bool,
 ) -> list[RunInfo]:
     """Up to ``limit`` runs matching ``status`` and ``flow`` (and with ``top_level``, not child
     runs), paging the run index."""
@@ -375,7 +402,7 @@ def _select_runs(
                 break
             if flow is not None and not _flow_matches(info, flow):
                 continue
-            if not top_level or _is_top_level(store, info):
+            if not top_level or _is_top_level(latest, info):
                 found.append(info)
         if len(batch) < page:
             break

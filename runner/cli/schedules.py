@@ -10,8 +10,11 @@ import typer
 from runner.distributed import client
 from runner.store.schedules import ScheduleBook, make_schedule
 
-from ._app import app
+from ._app import commands
 from ._session import FLAG, console, load_inputs, parse_duration, print_json, session
+
+app = commands()
+"""This module's commands, loaded by the ``runner`` group when one is called."""
 
 schedule_app = typer.Typer(
     help="Start a flow on a cron expression or every N seconds (fired by the workers).",

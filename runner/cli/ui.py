@@ -7,8 +7,11 @@ from typing import Annotated
 
 import typer
 
-from ._app import app
+from ._app import commands
 from ._session import session
+
+app = commands()
+"""This module's commands, loaded by the ``runner`` group when one is called."""
 
 
 @app.command()

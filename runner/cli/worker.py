@@ -7,7 +7,10 @@ import sys
 
 import typer
 
-from ._app import app
+from ._app import commands
+
+app = commands()
+"""This module's commands, loaded by the ``runner`` group when one is called."""
 
 APP_MODULE = "runner.worker"
 """The Celery app an installed deployment runs (``celery -A runner.worker worker``)."""
