@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from runner.distributed import client
 from runner.store.schedules import ScheduleBook, make_schedule
 
 from ._app import commands
@@ -53,6 +52,9 @@ def add(
 ) -> None:
     """Add schedule NAME: start FLOW at each tick; each tick's run is NAME-<UTC time>."""
     values = load_inputs(inputs, None)
+    # Only `add` loads the flow (with the client and the flow core): `list` reads alone.
+    from runner.distributed import client
+
     flow_cls = client.load_flow(flow)
     client.check_importable(flow_cls)
     client.check_fields(flow_cls, values)
