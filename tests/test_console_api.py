@@ -450,7 +450,7 @@ def test_cancel_stops_a_running_run(rt: Runtime, acting: httpx.Client) -> None:
         assert response.status_code == 200, response.text
         assert response.json()["status"] == "cancelled"
     finally:
-        rt.store.client.set(gate, 1)  # let the step finish: it commits, nothing more runs
+        rt.store.client.set(gate, 1)  # the step was stopped: nothing more runs
     assert handle.wait(timeout=15) is RunStatus.CANCELLED
     time.sleep(0.5)
     assert dist.executions(rt.store.client, handle.run_id, "three") == 0

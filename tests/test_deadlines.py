@@ -39,7 +39,7 @@ def test_a_deadline_cancels_a_run_stuck_in_a_slow_step(
     assert status["status"] == "cancelled"
     assert status["cancel_reason"].startswith("its deadline passed")
     assert "its deadline passed" in cli.ok("status", handle.run_id).stdout
-    # The slow step ends and commits; the run stays cancelled and nothing after it runs.
+    # The slow step was stopped; the run stays cancelled and nothing after it runs.
     time.sleep(5)
     assert handle.status() is RunStatus.CANCELLED
     assert executions(redis_client, handle.run_id, "report") == 0

@@ -73,7 +73,7 @@ def test_step_over_its_soft_time_limit_fails_the_run(
     assert executions(redis_client, handle.run_id, "slow") == 1
 
 
-def test_cancel_stops_dispatching_and_resume_finishes_without_rerunning(
+def test_cancel_stops_the_running_step_and_resume_reruns_only_it(
     rt: Runtime, redis_client: redis.Redis
 ) -> None:
     handle = DistGated.submit()
@@ -85,18 +85,19 @@ def test_cancel_stops_dispatching_and_resume_finishes_without_rerunning(
     with pytest.raises(RunCancelled):
         handle.result(timeout=1)
 
-    # The running step finishes and commits; what it made ready is not dispatched.
+    # The running step was told to stop: opened now, its gate finds nobody; nothing commits.
     redis_client.set(dist.key(run, "gate", "two"), 1)
-    eventually(lambda: finished(rt, run, "two"))
     time.sleep(1.5)  # several recovery passes: they leave a cancelled run alone
     assert handle.status() is RunStatus.CANCELLED
+    assert handle.latest().id == cancelled.id
+    assert not finished(rt, run, "two")
     assert executions(redis_client, run, "three") == 0
-    assert "three#1" in handle.latest().in_flight
+    assert "two#1" in handle.latest().in_flight
 
     resumed = control.resume(run, rt=rt)
     assert resumed.result(timeout=20) == ["one", "two", "three"]
     counts = {m: executions(redis_client, run, m) for m in ("one", "two", "three")}
-    assert counts == {"one": 1, "two": 1, "three": 1}
+    assert counts == {"one": 1, "two": 2, "three": 1}
     assert [c.step for c in finished(rt, run)] == ["one", "two", "three"]
 
 
@@ -107,17 +108,16 @@ def test_cancel_before_a_queued_step_starts_skips_it(
     run = handle.run_id
     eventually(lambda: executions(redis_client, run, "two") == 1)
     handle.cancel()
-    redis_client.set(dist.key(run, "gate", "two"), 1)
-    eventually(lambda: finished(rt, run, "two"))
-    # A late copy of the next step's message (as if it had been sent) is skipped too.
-    late = f"{run}:late-three"
+    # A late copy of the stopped step's message (as if redelivered) is skipped too.
+    late = f"{run}:late-two"
     rt.app.send_task(
-        "DistGated.three",
-        kwargs={"run_id": run, "activation": "three#1", "epoch": 0},
+        "DistGated.two",
+        kwargs={"run_id": run, "activation": "two#1", "epoch": 0},
         task_id=late,
     )
     done = eventually(
         lambda: [e for e in events_of(task_events, late) if e["type"] == "task-succeeded"]
     )
     assert "the run is cancelled" in done[0]["result"]
+    assert executions(redis_client, run, "two") == 1
     assert executions(redis_client, run, "three") == 0

@@ -315,7 +315,9 @@ def list_runs(
 
 @app.command()
 def cancel(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
-    """Stop dispatching a run's steps; running steps finish. Resume it later with `resume`."""
+    """Cancel a run: no more steps are sent, running ones are stopped and commit nothing.
+
+    Resume it later with `resume`: the stopped steps run again."""
     from runner.distributed import client
 
     rt = session(ctx).rt

@@ -274,7 +274,7 @@ def resume(
 
 
 def cancel(rt: Runtime, run_id: str) -> Checkpoint:
-    """Stop dispatching the run's steps; running ones finish. Resumable."""
+    """Cancel the run: no more steps are sent, running ones are stopped. Resumable."""
     handle = RunHandle(run_id, rt)
     handle.info()  # an unknown run is a 404, not a refused cancel
     return handle.cancel()

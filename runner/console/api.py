@@ -142,7 +142,7 @@ def post_resume(request: Request, run_id: str, body: ResumeBody | None = None) -
 
 @router.post("/runs/{run_id}/cancel", summary="Cancel a run")
 def post_cancel(request: Request, run_id: str) -> Cancelled:
-    """Stop dispatching the run's steps; running steps finish. Resumable later."""
+    """Cancel the run: no more steps are sent, running ones are stopped. Resumable later."""
     ckpt = actions.cancel(console_of(request).rt, run_id)
     return Cancelled(run_id=run_id, status=ckpt.status, checkpoint=ckpt.id)
 

@@ -37,11 +37,11 @@ from runner.store.redis import RedisProvider
 from runner.store.timers import DEADLINES, STARTS, Timers
 
 from . import routing
+from .cancel import cancel_run
 from .engine import (
     FlowNotAllowed,
     Runtime,
     commit_and_send,
-    commit_status,
     ended,
     first_checkpoint,
 )
@@ -353,9 +353,11 @@ class RunHandle:
         )
 
     def cancel(self) -> Checkpoint:
-        """Stop dispatching; running steps finish and commit; the run can be resumed."""
-        if self.status().finished:
+        """Cancel the run: no step is sent after it, the steps running are told to stop and
+        commit nothing (:mod:`.cancel`); a resume runs them again."""
+        ckpt = cancel_run(self.rt, self.run_id)
+        if ckpt is None:
             raise RunStateError(
                 f"run {self.run_id} is already {self.status().value}", run_id=self.run_id
             )
-        return commit_status(self.rt, self.run_id, "flow_cancelled", RunStatus.CANCELLED)
+        return ckpt

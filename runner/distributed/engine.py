@@ -316,17 +316,6 @@ def outbox_commands(
     return outbox.recorded(rt.app, publish)
 
 
-def commit_status(
-    rt: Runtime, run_id: str, event: str, status: RunStatus, **meta: Any
-) -> Checkpoint:
-    """Commit a status-only checkpoint (cancel, pause) with compare-and-set."""
-    done = commit_on_latest(
-        rt, run_id, lambda c: tr.Transition(tr.status_change(c, event, status, **meta))
-    )
-    assert done is not None
-    return done[0]
-
-
 def allowed_flow(rt: Runtime, latest: Checkpoint) -> Any | None:
     """The registered flow class that runs ``latest``'s run, or ``None``.
 

@@ -58,10 +58,10 @@ from runner.store.models import Checkpoint, RunStatus
 from runner.store.timers import DEADLINES, STARTS, Timers
 from runner.views import woken_at
 
+from .cancel import cancel_run
 from .engine import (
     Runtime,
     allowed_flow,
-    commit_on_latest,
     dispatch,
     run_of_task,
     task_id,
@@ -239,27 +239,18 @@ def enforce_deadlines(rt: Runtime, now: float) -> list[str]:
             if latest is not None and deadline is not None and deadline > now:
                 timers.set(run_id, deadline)  # set by a submit that lost the run to another
                 continue
-            if latest is not None and deadline is not None and _cancel_late(rt, run_id, now):
+            if latest is not None and deadline is not None and _cancel_late(rt, run_id, deadline):
                 cancelled.append(run_id)
-                log.warning("run %s cancelled: %s", run_id, DEADLINE_PASSED)
         except (CorruptCheckpoint, RunNotFound):
             pass  # nothing to cancel: recovery quarantines what it cannot read
         timers.done(run_id, now)
     return cancelled
 
 
-def _cancel_late(rt: Runtime, run_id: str, now: float) -> bool:
-    def build(latest: Checkpoint) -> tr.Transition | None:
-        if latest.status.finished:
-            return None
-        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(latest.meta.deadline or now))
-        return tr.Transition(
-            tr.status_change(
-                latest,
-                "flow_cancelled",
-                RunStatus.CANCELLED,
-                cancel_reason=f"{DEADLINE_PASSED} ({at})",
-            )
-        )
-
-    return commit_on_latest(rt, run_id, build) is not None
+def _cancel_late(rt: Runtime, run_id: str, deadline: float) -> bool:
+    at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(deadline))
+    reason = f"{DEADLINE_PASSED} ({at})"
+    if cancel_run(rt, run_id, reason) is None:
+        return False  # it finished first
+    log.warning("run %s cancelled: %s", run_id, reason)
+    return True

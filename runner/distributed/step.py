@@ -106,6 +106,11 @@ class Lease:
             log.warning("could not release lease %s of run %s", self.key, self.run_id)
 
 
+class CancelledMeanwhile(Exception):
+    """The attempt's run was cancelled while it ran: it commits nothing (see
+    :mod:`runner.distributed.cancel`)."""
+
+
 _ACCOUNTED = (Retry, Ignore, StepFailed)
 """How an attempt can end that leaves its step settled or on its way again: a retry
 (published), a duplicate or a hand-back (``Ignore``), a failure (committed)."""
@@ -295,17 +300,20 @@ def _settle(
         # Sent before the wake-up of a sleep already recorded (a resume, a duplicate):
         # nothing to commit; the recovery pass sends the step again once it is due.
         return _asleep(rt, latest, result)
-    committed = _commit_settled(
-        rt,
-        flow_cls,
-        run_id,
-        result,
-        outcome,
-        epoch=epoch,
-        token=lease.token,
-        worker=task.request.hostname,
-        first=latest,
-    )
+    try:
+        committed = _commit_settled(
+            rt,
+            flow_cls,
+            run_id,
+            result,
+            outcome,
+            epoch=epoch,
+            token=lease.token,
+            worker=task.request.hostname,
+            first=latest,
+        )
+    except CancelledMeanwhile:
+        return _skipped(run_id, act.id, "its run was cancelled while it ran; a resume runs it")
     if committed is None:
         _duplicate(task, run_id, act.id, "another attempt committed it", [])
     assert committed is not None
@@ -354,17 +362,27 @@ def _commit_settled(
 ) -> tuple[Checkpoint, lifecycle.Settled] | None:
     """Commit ``result`` settled as ``outcome`` with compare-and-set, sending the steps it
     makes ready: an attempt's own end and one killed at the hard time limit both commit
-    this way. ``None`` when another attempt committed the step."""
+    this way. ``None`` when another attempt committed the step; :class:`CancelledMeanwhile`
+    when the run was cancelled in this epoch (nothing is committed)."""
     graph, reducers = flow_cls.graph(), reducers_for(flow_cls.state_type())
-    return commit_on_latest(
-        rt,
-        run_id,
-        lambda c: lifecycle.settle(
-            graph, c, result, outcome, epoch=epoch, reducers=reducers, token=token, worker=worker
-        ),
-        first=first,
-        send_ready=True,
-    )
+
+    def build(latest: Checkpoint) -> lifecycle.Settled | None:
+        if latest.status is RunStatus.CANCELLED and latest.meta.epoch == epoch:
+            # Checked inside the compare-and-set loop: a cancel committed first wins, and
+            # the step stays in flight for a resume (a pool that could not stop the attempt).
+            raise CancelledMeanwhile(run_id)
+        return lifecycle.settle(
+            graph,
+            latest,
+            result,
+            outcome,
+            epoch=epoch,
+            reducers=reducers,
+            token=token,
+            worker=worker,
+        )
+
+    return commit_on_latest(rt, run_id, build, first=first, send_ready=True)
 
 
 def _retry(rt: Runtime, task: Any, spec: Any, result: StepResult, lease: Lease) -> None:
@@ -515,9 +533,19 @@ def hard_time_limit(
                 ),
             )
             return "retried"
-        committed = _commit_settled(
-            rt, flow_cls, run_id, result, Outcome.FAILED, epoch=epoch, token=token, worker=worker
-        )
+        try:
+            committed = _commit_settled(
+                rt,
+                flow_cls,
+                run_id,
+                result,
+                Outcome.FAILED,
+                epoch=epoch,
+                token=token,
+                worker=worker,
+            )
+        except CancelledMeanwhile:
+            return "the run was cancelled"
         if committed is None:
             return "another attempt committed the step"
         lifecycle.announce(committed[1])
