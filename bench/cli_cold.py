@@ -13,8 +13,9 @@ as a user meets the CLI in a shell:
 * **import redis, pydantic, typer**: ``python -c`` importing the libraries the command
   itself needs, the baseline (the issue measured 0.50 s against 0.23 s, 2.4x);
 * two rows that tell where the difference goes: ``import runner`` (the package's own
-  imports: authoring API, crews, stores) and ``import runner.cli`` (every command module,
-  no Redis).
+  imports: authoring API, crews, stores) and ``import runner.cli`` (the command group and
+  what every command shares, settings and store; no command module, which is imported when
+  one of its commands runs; no Redis).
 
 The cases run in rounds, their order rotating, ``--pairs`` timed rounds after one untimed,
 so a noisy neighbour on this shared machine weighs on all of them alike. The table gives each
