@@ -50,7 +50,9 @@ lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy
 
-# The benchmarks' baselines (LangGraph with its SQLite checkpointer) come with the bench extra.
+# The benchmarks' baselines (LangGraph with its SQLite checkpointer, DBOS) come with the bench extra.
+# Each script runs as a module (`python -m bench.x`), so the checkout's examples/ and tests/
+# import as they do in the tests (the installed wheel holds only runner).
 BENCH_STAMP := $(VENV)/.bench.stamp
 
 $(BENCH_STAMP): $(STAMP)
@@ -60,7 +62,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	@shopt -s nullglob; scripts=(bench/[!_]*.py); \
 	if [ $${#scripts[@]} -eq 0 ]; then echo "bench: no scripts in bench/"; exit 0; fi; \
-	for s in "$${scripts[@]}"; do echo "== $$s"; $(BIN)/python "$$s" || exit 1; done
+	for s in "$${scripts[@]}"; do m=$${s%.py}; echo "== $$s"; $(BIN)/python -m "$${m//\//.}" || exit 1; done
 
 # Leaves its run in ./.runner (with the commands to explore it); `rm -rf .runner` removes it.
 demo: venv
