@@ -309,7 +309,7 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = self.data_dir / "redis.log"
         # The given port only if free: a server already there would answer our PINGs.
-        ports = [self._given_port] if self._given_port and _port_free(self._given_port) else []
+        ports = [self._given_port] if self._given_port and port_free(self._given_port) else []
         for port in [*ports, 0, 0, 0]:  # a free port may be taken before the server binds it
             self.port = port or _free_port()
             argv = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--daemonize", "no"]
@@ -375,9 +375,11 @@ class EmbeddedRedis:
         self.stop()
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether a server may bind ``port`` on loopback now."""
     with socket.socket() as sock:
-        # As redis-server binds: a port our last server left in TIME_WAIT is free to it.
+        # As redis-server, uvicorn and Flower bind: a port our last server left in TIME_WAIT
+        # is free to them.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))

@@ -40,6 +40,7 @@ from runner.embedded import (
     find_dev,
     mask_url,
     ping,
+    port_free,
     publish_flow_modules,
     write_dev,
 )
@@ -401,7 +402,7 @@ class Service:
 
     def start(self) -> str | None:
         """Start it and wait until it listens: ``None``, else why it did not (one line)."""
-        if not _port_free(self.port):  # else whatever listens there would pass for it
+        if not port_free(self.port):  # else whatever listens there would pass for it
             return f"port {self.port} is in use ({self.option} PORT picks another)"
         offset = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as out:
@@ -488,17 +489,6 @@ def _start_console(
         f"console {link}?token={token}" if made else f"console {link} (log in with RUNNER_UI_TOKEN)"
     )
     return console
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        # As uvicorn and Flower bind: a port a child of ours left in TIME_WAIT is free to them.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _listening(proc: subprocess.Popen[bytes], port: int) -> bool:
