@@ -33,6 +33,7 @@ from tests._dist_support import eventually, history, private_pool
 from tests.chaos_support import free_port
 from tests.console_support import serving
 from tests.flows.dist import DistFlaky
+from tests.flows.flow_control import RatedFlow
 from tests.telemetry_probe import KEY_ENV, gate
 
 FANOUT_STEPS = ["plan", *(f"branch_{i}" for i in range(10)), "join"]
@@ -432,3 +433,24 @@ def test_compose_scrapes_every_worker_and_the_console_only_under_the_metrics_pro
     assert "profiles:\n    - metrics\n" in prometheus  # plain `docker compose up` leaves it
     assert "/tmp/ui-token" in prometheus and "RUNNER_UI_TOKEN: t0ken" in prometheus
     assert "127.0.0.1:9090:9090" in prometheus  # Prometheus asks no password: loopback only
+
+
+@pytest.mark.slow
+def test_a_step_a_rate_limit_holds_back_counts_as_deferred_then_done(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    port = free_port()
+    with private_pool(worker_env, str(tmp_path), RUNNER_METRICS_PORT=str(port)) as (
+        pool,
+        rt,
+        _,
+    ):
+        pool.start(concurrency=2)
+        group = uuid.uuid4().hex
+        # 5/s allows a burst of five: the other three wait for their turn, off the pool.
+        handles = [submit(RatedFlow, {"group": group}, rt=rt) for _ in range(8)]
+        assert all(h.wait(timeout=30) is RunStatus.SUCCEEDED for h in handles)
+        samples = _scrape(f"http://127.0.0.1:{port}/metrics")
+    labels = {"flow": "RatedFlow", "method": "call"}
+    assert _value(samples, "runner_steps_total", **labels, outcome="done") == 8
+    assert _value(samples, "runner_steps_total", **labels, outcome="deferred") >= 3

@@ -21,7 +21,8 @@ metric                                   type       what it counts
 =======================================  =========  ==========================================
 
 The outcomes of ``runner_steps_total`` are :data:`OUTCOMES`. A deferral is the outcome
-``deferred``: the step's message is put back for later, as a live attempt holds the step.
+``deferred``: the step's message is put back for later, because a live attempt holds the
+step or a rate or concurrency limit holds it back (:mod:`runner.distributed.limits`).
 
 Each worker serves its metrics on ``RUNNER_METRICS_PORT`` (:func:`serve_worker`). A step
 runs in one of the pool's processes, so the counters use prometheus_client's multiprocess
@@ -65,7 +66,7 @@ OUTCOMES = (
 )
 """How an attempt ends, as ``runner_steps_total`` counts it: committed (``done``), paused
 the run for a human, started a child run, failed and will be retried, failed its run,
-deferred (a live attempt holds the step), a duplicate that committed nothing (or a
+deferred (a live attempt or a limit holds the step), a duplicate that committed nothing (or a
 message of another deployment, handed back), skipped (its run is unknown, stopped or in
 a newer epoch), or broke off with an unexpected error (its lease lapses and recovery sends
 the step again)."""
