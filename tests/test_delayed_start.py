@@ -52,14 +52,20 @@ def test_a_delayed_run_survives_losing_the_brokers_messages(
     assert executions(redis_client, handle.run_id, "greet") == 1
 
 
-def test_runner_status_shows_a_delayed_run_as_scheduled(cli: Cli) -> None:  # noqa: F811
+def test_runner_status_and_runs_show_a_delayed_run_as_scheduled(cli: Cli) -> None:  # noqa: F811
     run_id = f"later-{uuid.uuid4().hex[:8]}"
     cli.ok("submit", GREET, "--id", run_id, "--input", "customer=kim", "--countdown", "30")
     shown = cli.ok("status", run_id).stdout
     assert "scheduled, starts at" in shown
     data = json.loads(cli.ok("status", run_id, "--json").stdout)
     assert data["status"] == "running" and data["scheduled_until"] > time.time() + 20
+    row = next(line for line in cli.ok("runs", "--all").stdout.splitlines() if run_id[:8] in line)
+    assert "scheduled" in row.split() and "running" not in row.split()
+    listed = {r["run_id"]: r for r in json.loads(cli.ok("runs", "--all", "--json").stdout)}
+    assert listed[run_id]["scheduled_until"] == data["scheduled_until"]
     cli.ok("cancel", run_id)
+    listed = {r["run_id"]: r for r in json.loads(cli.ok("runs", "--all", "--json").stdout)}
+    assert listed[run_id]["scheduled_until"] is None  # cancelled: it will not start
 
 
 def test_bad_start_times_are_refused_before_anything_is_stored(rt: Any, cli: Cli) -> None:  # noqa: F811

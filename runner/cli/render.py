@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -90,10 +91,13 @@ def clock(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else "-"
 
 
-def runs_table(infos: list[tuple[RunInfo, int]], shown: dict[str, str]) -> Table:
+def runs_table(
+    infos: list[tuple[RunInfo, int]], shown: dict[str, str], scheduled: Collection[str] = ()
+) -> Table:
     """``runner runs``: one row per run (child runs indented under their parent).
 
-    ``infos`` are (run, depth) pairs; ``shown`` maps each run id to its unique prefix.
+    ``infos`` are (run, depth) pairs; ``shown`` maps each run id to its unique prefix;
+    ``scheduled``: the delayed runs still waiting to start (stored as running), shown so.
     """
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
     table.add_column("run", no_wrap=True)
@@ -106,7 +110,9 @@ def runs_table(infos: list[tuple[RunInfo, int]], shown: dict[str, str]) -> Table
         table.add_row(
             "  " * depth + ("└ " if depth else "") + shown.get(info.run_id, info.run_id),
             info.name or info.flow or "-",
-            status_text(info.status),
+            Text("scheduled", style="cyan")
+            if info.run_id in scheduled
+            else status_text(info.status),
             info.step or "-",
             str(info.seq),
             stamp(info.updated_at),

@@ -299,7 +299,7 @@ def list_runs(
     found = _select_runs(reader.store, latest, status, flow, limit, top_level=not flat)
     if as_json:
         if flat:
-            print_json([info.model_dump(mode="json") for info in found])
+            print_json([_listed(latest, info) for info in found])
         else:
             print_json([_tree(reader, latest, info) for info in found])
         return
@@ -310,7 +310,8 @@ def list_runs(
 
     nested = [(info, 0) for info in found] if flat else _nest(reader, latest, found)
     shown = refs.short_runs(reader, [info.run_id for info, _depth in nested])
-    console().print(render.runs_table(nested, shown))
+    waiting = {info.run_id for info, _depth in nested if _starts_at(latest, info) is not None}
+    console().print(render.runs_table(nested, shown, scheduled=waiting))
 
 
 @app.command()
@@ -368,7 +369,18 @@ def _nest(
 
 def _tree(reader: Reader, latest: Latest, info: RunInfo) -> dict[str, Any]:
     children = [_tree(reader, latest, child) for child in _child_infos(reader, latest, info.run_id)]
-    return {**info.model_dump(mode="json"), "children": children}
+    return {**_listed(latest, info), "children": children}
+
+
+def _listed(latest: Latest, info: RunInfo) -> dict[str, Any]:
+    """A run as ``runs --json`` lists it: its metadata, and when it starts if it is a
+    delayed run still waiting (``scheduled_until``, as ``status --json`` has it)."""
+    return {**info.model_dump(mode="json"), "scheduled_until": _starts_at(latest, info)}
+
+
+def _starts_at(latest: Latest, info: RunInfo) -> float | None:
+    ckpt = latest(info.run_id)
+    return scheduled_until(ckpt) if ckpt is not None else None
 
 
 def _is_top_level(latest: Latest, info: RunInfo) -> bool:
