@@ -132,6 +132,10 @@ def test_cli_lists_pauses_resumes_and_removes_a_cron_schedule(cli: Cli) -> None:
         (["add", "x3", GREET, "--every", "0.5"], "at least 1 second"),
         (["add", "bad name", GREET, "--every", "5s"], "schedule name 'bad name'"),
         (["add", "x4", GREET, "--every", "5s", "-i", "nope=1"], "no field(s) nope"),
+        (
+            ["add", "x5", "tests.test_allow_list:StrayFlow", "--every", "5s"],
+            "tests.test_allow_list:StrayFlow is not in the workers' allow-list",
+        ),
         (["pause", "no-such-schedule"], "no schedule no-such-schedule"),
         (["remove", "no-such-schedule"], "no schedule no-such-schedule"),
     ],

@@ -58,6 +58,8 @@ def add(
     flow_cls = client.load_flow(flow)
     client.check_importable(flow_cls)
     client.check_fields(flow_cls, values)
+    # As submit does: a schedule of a flow the workers will not run would fail every tick.
+    client.check_allowed(flow_cls, session(ctx).rt)
     period = None if every is None else parse_duration(every)
     schedule = make_schedule(
         name, flow_cls.flow_path(), values, cron=cron, every=period, catch_up=catch_up
