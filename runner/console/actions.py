@@ -1,4 +1,4 @@
-"""The console's actions: resume, cancel and fork, through the API the CLI uses.
+"""The console's actions: submit, resume, cancel and fork, through the API the CLI uses.
 
 A fork's edited state is validated field by field against the flow's state model before
 anything is stored, so a form can show each error next to its field; then
@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from runner.crew import CrewFlow
 from runner.distributed import control
 from runner.distributed.client import RunHandle, check_fields, load_flow
+from runner.distributed.client import submit as submit_run
 from runner.distributed.engine import Runtime
 from runner.errors import InvalidInputs, RunnerError
 from runner.flow import orchestrator as orch
@@ -264,6 +265,29 @@ def fork(
         )
         return RunHandle(crew_handle.run_id, rt)
     return control.fork(source.id, changes, rerun or [], branch, run_id, rt=rt)
+
+
+def submit(
+    rt: Runtime,
+    flow: str,
+    inputs: dict[str, Any],
+    *,
+    run_id: str | None,
+    if_exists: str,
+    countdown: float | None,
+    deadline: float | None,
+) -> RunHandle:
+    """Start a run of ``flow`` (a path in the workers' allow-list), as ``runner submit``:
+    a repeated submit of one ``run_id`` with the same flow and inputs returns that run."""
+    return submit_run(
+        flow,
+        inputs,
+        id=run_id,
+        if_exists=if_exists,
+        countdown=countdown,
+        deadline=deadline,
+        rt=rt,
+    )
 
 
 def resume(

@@ -8,7 +8,7 @@ fork names each rejected field in ``error.errors``. With a token, send it as
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +19,31 @@ from . import actions, data
 from .context import console_of
 
 router = APIRouter(prefix="/api", tags=["api"])
+
+
+class SubmitBody(BaseModel):
+    """Start a run (``runner submit``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    flow: str = Field(description="The flow, pkg.mod:FlowClass, in the workers' allow-list.")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="State fields to set.")
+    id: str | None = Field(
+        default=None,
+        description="Name the run: a submit repeated with this id, the same flow and the same "
+        "inputs returns the run it made (a producer's retry starts one run).",
+    )
+    if_exists: Literal["return", "reject"] = Field(
+        default="return",
+        description="For an id that exists: return it if flow and inputs match (else 409), "
+        "or always refuse (409).",
+    )
+    countdown: float | None = Field(
+        default=None, ge=0, description="Start no sooner than this many seconds from now."
+    )
+    deadline: float | None = Field(
+        default=None, gt=0, description="Cancel the run if it has not finished by then (s)."
+    )
 
 
 class ResumeBody(BaseModel):
@@ -130,6 +155,23 @@ def get_rerun(
 ) -> dict[str, Any]:
     """Every step downstream of ``step`` (run again) and the steps a fork dispatches first."""
     return actions.rerun_preview(console_of(request).rt, ref, step or [])
+
+
+@router.post("/runs", status_code=202, summary="Submit a run")
+def post_submit(request: Request, body: SubmitBody) -> Started:
+    """Start a run on the workers, as `runner submit` does; the inputs are validated against
+    the flow's state before anything is stored. With `id`, submitting again is safe: the
+    same flow and inputs return the run already made (its status may be past running)."""
+    handle = actions.submit(
+        console_of(request).rt,
+        body.flow,
+        body.inputs,
+        run_id=body.id,
+        if_exists=body.if_exists,
+        countdown=body.countdown,
+        deadline=body.deadline,
+    )
+    return Started(run_id=handle.run_id, status=handle.status())
 
 
 @router.post("/runs/{run_id}/resume", status_code=202, summary="Resume a run")
