@@ -1,13 +1,21 @@
 """What the CLI and the console both show of runs, as plain values: a checkpoint diff, a
-duration, when a delayed run starts. It sits with the store (it reads only checkpoints),
+time, a duration, when a delayed run starts. It sits with the store (it reads only checkpoints),
 below both front ends, so neither imports the other."""
 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any
 
 from runner.store.models import Checkpoint, RunStatus
+
+
+def when(ts: float | None) -> str:
+    """A Unix time as local ``YYYY-mm-dd HH:MM:SS`` (``-`` if unset)."""
+    if not ts:
+        return "-"
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def duration(seconds: float | None) -> str:

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
-from runner.views import asleep, duration, scheduled_until
+from runner.views import asleep, duration, scheduled_until, when
 
 STATUS_STYLE = {
     RunStatus.PENDING: "dim",
@@ -31,13 +31,6 @@ STATUS_STYLE = {
     RunStatus.CANCELLED: "magenta",
     RunStatus.CORRUPT: "bold red",
 }
-
-
-def when(ts: float | None) -> str:
-    """A Unix time as local ``YYYY-mm-dd HH:MM:SS`` (``-`` if unset)."""
-    if not ts:
-        return "-"
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def status_text(status: RunStatus) -> Text:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from runner.store.schedules import ScheduleBook, make_schedule
+from runner.views import when
 
 from ._app import commands
 from ._session import FLAG, console, load_inputs, parse_duration, print_json, session
@@ -120,6 +121,4 @@ def remove(ctx: typer.Context, name: NameArg) -> None:
 
 
 def _next(book: ScheduleBook, name: str) -> str:
-    from .render import when  # rich: printed views only
-
     return when(book.next_tick(name))

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 import jinja2
 
-from runner.views import duration
-
-
-def when(ts: float | None) -> str:
-    """A Unix time as local ``YYYY-mm-dd HH:MM:SS`` (``-`` if unset)."""
-    if not ts:
-        return "-"
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+from runner.views import duration, when
 
 
 def pretty(value: Any) -> str:
