@@ -25,6 +25,9 @@ What the runner takes from them that is not their public API, and what it expect
   requests the pool runs (``active_requests``), prefetched ones (``reserved_requests``) and
   ones waiting for an ETA or a countdown (``scheduled_requests``).
 * **Routing** (:func:`queue_of`): ``app.amqp.router.route`` names the queue of a task.
+* **A lost connection's second close** (:func:`guard_closed_channels`): a worker survives
+  Celery closing a dead connection twice, where kombu's Redis channel would read a client
+  the first close dropped.
 * **Log records** (:data:`CONNECTION_LOGGERS` and the messages after it): the worker turns
   Celery's and kombu's records of a lost connection into one WARNING of its own.
 
@@ -630,6 +633,38 @@ def held(request: Any) -> bool:
     return worker_state_readable() and (
         request in worker_state.reserved_requests or request in worker_state.scheduled_requests
     )
+
+
+# --- a lost connection's second close -------------------------------------------------------
+
+_closed_guard = threading.Lock()
+
+
+def guard_closed_channels() -> None:
+    """Keep a worker alive through the double close of a lost connection (kombu 5.7.0,
+    Celery 5.7.0).
+
+    On a lost connection Celery's consumer ``collect()``s the connection (which closes its
+    default channel and drops the transport's ``client``), then ``close()``s it again. When
+    the first close of the channel failed part way (it was waiting on BRPOP and reading the
+    dead socket raised), the second one restores the channel's unacknowledged messages
+    through ``Channel._connparams``, which reads the dropped client: an AttributeError,
+    which Celery reports as "Unrecoverable error" and stops the worker. Here that read
+    raises the Redis connection error it stands for; kombu's close ignores it, as the
+    restore through the dead connection would have failed anyway (the messages stay in
+    kombu's ``unacked`` hash, which recovery reads: :class:`BrokerView`). Idempotent."""
+    with _closed_guard:
+        original = getattr(RedisChannel, "_connparams", None)
+        if original is None or getattr(original, "runner_guarded", False):
+            return  # another kombu: nothing of this shape to guard
+
+        def connparams(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.connection.client is None:
+                raise redis.ConnectionError("the broker connection is closed")
+            return original(self, *args, **kwargs)
+
+        connparams.runner_guarded = True  # type: ignore[attr-defined]
+        RedisChannel._connparams = connparams  # type: ignore[method-assign]
 
 
 # --- log records of a lost connection -------------------------------------------------------

@@ -164,6 +164,7 @@ def _check_broker_at_start(app: Celery, rt: Runtime) -> None:
         if getattr(instance, "app", app) is not app:
             return
         broker.worker_state_readable()
+        broker.guard_closed_channels()
         if rt.sends_in_commit:
             broker.outbox_ready(app)
         if broker.redis_broker(app):
