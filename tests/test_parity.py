@@ -150,7 +150,12 @@ def test_successful_flows_settle_the_same_in_process_and_on_workers(
     assert (there[-1].event, there[-1].status) == ("flow_finished", RunStatus.SUCCEEDED)
     assert out == orch.last_output(there[-1].record)
     told = _told_alike(local_id, worker_id)
-    assert (told[0], told[-1]) == (("flow_started", None), ("flow_finished", None))
+    # Each worker process tells the events of the steps it runs: a start running in another
+    # process (or-waves has two) may tell its own before the opener tells flow_started, so
+    # the run's events are ordered among themselves, not against every step's.
+    runs = [e for e in told if e[0] in RUN_EVENTS]
+    assert (runs[0], runs[-1]) == (("flow_started", None), ("flow_finished", None))
+    assert told[-1] == ("flow_finished", None)
 
 
 def test_a_loop_past_max_calls_fails_the_run_with_cycle_limit_exceeded_in_both(
