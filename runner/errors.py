@@ -153,6 +153,17 @@ class PauseRun(RunnerError):
     """
 
 
+class AwaitInput(PauseRun):
+    """Raised when a step waits for a person's answer (``@human_feedback`` with no answer
+    at hand, an unanswered ``self.ask`` on workers): the run pauses with the step's state
+    so far and ``awaiting`` (a :class:`runner.store.models.Awaiting`); no worker waits, and
+    ``runner.distributed.control.answer`` (or the in-process resume) goes on."""
+
+    def __init__(self, awaiting: Any) -> None:
+        super().__init__(awaiting.message, kind=awaiting.kind)
+        self.awaiting = awaiting
+
+
 class SleepRun(RunnerError):
     """Raised by ``self.sleep(seconds)`` in a step on workers: the step commits its state so
     far and the run wakes it at ``wake_at`` (its ``index``-th sleep in the method)."""

@@ -27,7 +27,7 @@ from runner.flow import transition as tr
 from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
 from runner.flow.local import check_graph
-from runner.store.models import Checkpoint, RunStatus
+from runner.store.models import Answer, Checkpoint, RunStatus
 
 from . import routing
 from .client import RunHandle, check_fields, load_flow, runtime
@@ -84,6 +84,12 @@ def resume(
     if info.status is RunStatus.RUNNING:
         # Even with --from: steps still running would commit into the rewound run.
         raise RunStateError(f"run {run_id} is running; cancel it first", run_id=run_id)
+    if from_checkpoint is None and source.meta.awaiting is not None:
+        raise RunStateError(
+            f"run {run_id} awaits an answer at {source.meta.awaiting.method}: "
+            f"{source.meta.awaiting.message!r}; give it (runner resume {run_id} --feedback TEXT)",
+            run_id=run_id,
+        )
     if inputs and inputs.get("id", run_id) != run_id:
         raise InvalidInputs(
             f"inputs cannot change a resumed run's id ({run_id}); fork it instead",
@@ -104,6 +110,54 @@ def resume(
                 run_id=run_id,
             )
         return tr.resumed(latest, source, state)
+
+    done = commit_on_latest(rt, run_id, build)
+    assert done is not None
+    ckpt, step = done
+    routing.learn(rt.app, flow_cls)
+    dispatch(rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready)
+    return RunHandle(run_id, rt)
+
+
+def answer(
+    run_id: str,
+    text: str | None,
+    *,
+    by: str | None = None,
+    outcome: str | None = None,
+    rt: Runtime | None = None,
+) -> RunHandle:
+    """Give a paused run the answer it awaits (``@human_feedback``'s review, ``self.ask``'s
+    question) and go on: the answer is recorded in the run (with ``by``, who gave it) and
+    the step that waited is sent again in a new epoch. ``outcome`` picks an ``emit`` label
+    directly instead of collapsing ``text`` to one. Every way of answering (the CLI's
+    ``resume --feedback``, ``RunHandle.resume(feedback=)``, the console and its API, an
+    ``ask`` timeout with ``text=None``) comes here."""
+    rt = rt or runtime()
+    latest = _source(rt, run_id, None)
+    awaited = latest.meta.awaiting
+    if awaited is None or latest.status is not RunStatus.PAUSED:
+        raise RunStateError(
+            f"run {run_id} awaits no answer (it is {latest.status.value})", run_id=run_id
+        )
+    if outcome is not None and outcome not in (awaited.emit or ()):
+        labels = ", ".join(awaited.emit or ()) or "none"
+        raise InvalidInputs(
+            f"{outcome!r} is not an outcome of {awaited.method}; its outcomes: {labels}",
+            run_id=run_id,
+        )
+    flow_cls = load_flow(str(latest.flow))
+    check_graph(flow_cls.graph(), latest)
+    given = Answer(text=text, outcome=outcome, by=by, awaited=awaited)
+
+    def build(now: Checkpoint) -> tr.Transition:
+        if now.id != latest.id:
+            # Answered already, or resumed or cancelled meanwhile: this answer is not for it.
+            raise RunStateError(
+                f"run {run_id} changed while answering (now at seq {now.seq}); try again",
+                run_id=run_id,
+            )
+        return tr.answered(now, given)
 
     done = commit_on_latest(rt, run_id, build)
     assert done is not None
@@ -157,6 +211,7 @@ def fork(
         meta=first.meta.model_copy(
             update={
                 "pause_reason": None,
+                "awaiting": None,
                 "resumed_from": None,
                 "conflicts": [],
                 "ready": [a.id for a in pending],

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from runner.errors import NotSerializable, PauseRun, SleepRun
+from runner.errors import AwaitInput, NotSerializable, PauseRun, SleepRun
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation
 
@@ -49,6 +49,23 @@ current_sleeps: contextvars.ContextVar[Sleeps | None] = contextvars.ContextVar(
 
 
 @dataclass
+class Answers:
+    """The answers people gave to the step running now (``RunMeta.answers`` of its
+    activation, in order), and how many of them this attempt consumed so far: its N-th
+    ``ask`` takes the N-th answer; ``@human_feedback`` takes the one to its review."""
+
+    recorded: list[Any]
+    """:class:`runner.store.models.Answer` records."""
+    calls: int = 0
+
+
+current_answers: contextvars.ContextVar[Answers | None] = contextvars.ContextVar(
+    "runner_step_answers", default=None
+)
+"""Set while a step runs (both executors): what it was answered (see :class:`Answers`)."""
+
+
+@dataclass
 class StepResult:
     """What one attempt of a step produced."""
 
@@ -60,6 +77,8 @@ class StepResult:
     error: BaseException | None = None
     paused: str | None = None
     """The reason, when the step paused the run."""
+    awaiting: Any = None
+    """The :class:`runner.store.models.Awaiting` the step paused on (a person's answer)."""
     sleep: SleepRun | None = None
     """The durable sleep the step stopped at (on workers)."""
     duration: float = 0.0
@@ -67,14 +86,21 @@ class StepResult:
 
 
 def run_step(
-    flow: Any, graph: FlowGraph, activation: Activation, base_state: dict[str, Any], arg: Any
+    flow: Any,
+    graph: FlowGraph,
+    activation: Activation,
+    base_state: dict[str, Any],
+    arg: Any,
+    answers: list[Any] | None = None,
 ) -> StepResult:
-    """Run ``activation``'s method once on a fresh copy of ``base_state``."""
+    """Run ``activation``'s method once on a fresh copy of ``base_state``; ``answers`` are
+    the ones people gave it so far (``RunMeta.answers``)."""
     spec = graph.methods[activation.method]
     began = time.perf_counter()
     result = StepResult(activation, base_state)
     token = None
     running = current_activation.set((flow, activation))
+    answering = current_answers.set(Answers(list(answers or ())))
     try:
         # A private copy (no list or dict shared with ``base_state``): changes a parallel
         # branch makes in place cannot leak into this step, nor a failed step's into the run.
@@ -87,6 +113,10 @@ def run_step(
         result.label = route_label(value) if spec.is_router else None
         result.output = to_json(value, activation.method)
         result.new_state = flow._dump_state(state_obj)
+    except AwaitInput as waiting:
+        result.paused = waiting.message
+        result.awaiting = waiting.awaiting
+        result.new_state = flow._dump_state(state_obj)  # the state so far, kept while it waits
     except PauseRun as pause:
         result.paused = pause.message
     except SleepRun as sleep:
@@ -97,6 +127,7 @@ def run_step(
     finally:
         if token is not None:
             current_state.reset(token)
+        current_answers.reset(answering)
         current_activation.reset(running)
         result.duration = time.perf_counter() - began
     return result

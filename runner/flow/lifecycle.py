@@ -143,7 +143,21 @@ def settle(
     settled: Settled
     if outcome is Outcome.PAUSED:
         assert result.paused is not None
-        settled = Settled(outcome, tr.step_paused(latest, act, result.paused, record=record))
+        if result.awaiting is not None:
+            assert result.new_state is not None
+            paused = tr.step_awaiting(
+                latest,
+                act,
+                result.awaiting,
+                base_state=result.base_state,
+                new_state=result.new_state,
+                reducers=reducers,
+                attempt=token,
+                record=record,
+            )
+        else:
+            paused = tr.step_paused(latest, act, result.paused, record=record)
+        settled = Settled(outcome, paused)
     elif outcome is Outcome.SLEEPING:
         assert result.sleep is not None and result.new_state is not None
         sleeping = tr.step_sleeping(

@@ -189,18 +189,22 @@ class LocalRun:
         (a method may start one of its own, as async methods do)."""
         return not self.loop_here and not self.graph.methods[act.method].is_async
 
-    def _call(self, act: Activation) -> tuple[Activation, dict[str, Any], Any]:
-        """The arguments of :meth:`_attempt` for ``act``: its base state and argument."""
+    def _call(self, act: Activation) -> tuple[Activation, dict[str, Any], Any, list[Any] | None]:
+        """The arguments of :meth:`_attempt` for ``act``: its base state, argument and the
+        answers people gave it."""
         assert self.latest is not None and self.record is not None
-        return act, self.latest.state, orch.argument_for(self.graph, self.record, act)
+        arg = orch.argument_for(self.graph, self.record, act)
+        return act, self.latest.state, arg, self.latest.meta.answers.get(act.id)
 
-    def _attempt(self, act: Activation, base: dict[str, Any], arg: Any) -> StepResult:
+    def _attempt(
+        self, act: Activation, base: dict[str, Any], arg: Any, answers: list[Any] | None
+    ) -> StepResult:
         """Run ``act`` until it does not ask for a retry (on a pool thread)."""
         spec = self.graph.methods[act.method]
         attempt = 1
         while True:
             self._emit(ev.METHOD_STARTED, method=act.method, data={"attempt": attempt})
-            result = run_step(self.flow, self.graph, act, base, arg)
+            result = run_step(self.flow, self.graph, act, base, arg, answers)
             result.attempts = attempt
             if lifecycle.decide(result, spec, self.settings) is not Outcome.RETRY:
                 return result

@@ -25,6 +25,8 @@ from runner.store.models import (
     FLOW_STARTED,
     METHOD_FAILED,
     METHOD_FINISHED,
+    Answer,
+    Awaiting,
     Checkpoint,
     RunMeta,
     RunStatus,
@@ -261,6 +263,55 @@ def step_paused(
     )
 
 
+def step_awaiting(
+    latest: Checkpoint,
+    activation: Activation,
+    awaiting: Awaiting,
+    *,
+    base_state: dict[str, Any],
+    new_state: dict[str, Any],
+    reducers: dict[str, Reducer],
+    attempt: str | None = None,
+    record: ExecutionRecord | None = None,
+) -> Transition:
+    """The step waits for a person's answer: its state so far applied onto ``latest``,
+    what it awaits recorded (``meta.awaiting``), the run paused, the step in flight until
+    :func:`answered` sends it again."""
+    merged, conflicts = apply_changes(
+        latest.state, base_state, diff(base_state, new_state), reducers
+    )
+    record = record_of(latest) if record is None else record
+    where = {"activation": activation.id, "method": activation.method}
+    awaiting = awaiting.model_copy(update=where)
+    meta = latest.meta.model_copy(
+        update={
+            "ready": [],
+            "conflicts": conflicts,
+            "awaiting": awaiting,
+            "pause_reason": awaiting.message,
+        }
+    )
+    ckpt = with_record(
+        latest,
+        record,
+        event=FLOW_PAUSED,
+        step=activation.method,
+        attempt=attempt,
+        state=merged,
+        status=RunStatus.PAUSED,
+        meta=meta,
+    )
+    return Transition(ckpt, [], conflicts, record)
+
+
+def answered(latest: Checkpoint, answer: Answer) -> Transition:
+    """``latest`` (paused, awaiting ``answer.awaited``) goes on in a new epoch with the
+    answer recorded for the activation that waited, which is sent again with the rest."""
+    act = answer.awaited.activation
+    answers = {**latest.meta.answers, act: [*latest.meta.answers.get(act, []), answer]}
+    return resumed(latest, latest, latest.state, answers=answers)
+
+
 def _step_stopped(
     latest: Checkpoint,
     activation: Activation,
@@ -285,8 +336,11 @@ def _step_stopped(
     return Transition(ckpt, record=record)
 
 
-def resumed(latest: Checkpoint, source: Checkpoint, state: dict[str, Any]) -> Transition:
-    """Continue from ``source`` (the latest or an older checkpoint) in a new epoch.
+def resumed(
+    latest: Checkpoint, source: Checkpoint, state: dict[str, Any], **meta: Any
+) -> Transition:
+    """Continue from ``source`` (the latest or an older checkpoint) in a new epoch;
+    ``meta`` sets further :class:`RunMeta` fields.
 
     A new epoch gives the re-dispatched steps fresh idempotency keys and task ids,
     so their earlier attempts (also from later history) can neither block nor
@@ -307,6 +361,8 @@ def resumed(latest: Checkpoint, source: Checkpoint, state: dict[str, Any]) -> Tr
                 "epoch": max(latest.meta.epoch, source.meta.epoch) + 1,
                 "resumed_from": source.id,
                 "pause_reason": None,
+                "awaiting": None,
+                **meta,
             }
         ),
     )

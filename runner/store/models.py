@@ -108,6 +108,46 @@ class ChildLink(BaseModel):
     """... and their new values (applied when the activation commits)."""
 
 
+class Awaiting(BaseModel):
+    """What a paused run waits for: a person's answer to one step (``@human_feedback``'s
+    review of a method's output, or ``self.ask``'s question)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    kind: str
+    """``feedback`` (the method ran; its output is under review and it never runs again) or
+    ``ask`` (the method re-runs from its start, its N-th ``ask`` returning the N-th answer)."""
+    message: str
+    activation: str = ""
+    """The activation id that waits (``review#1``; filled in when the pause is committed)."""
+    method: str = ""
+    output: Any = None
+    """``feedback``: the method's output under review."""
+    emit: list[str] | None = None
+    """``feedback``: the outcome labels the answer is collapsed to (its listeners run)."""
+    default_outcome: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    deadline: float | None = None
+    """When the run goes on without an answer (``ask(timeout=)``; epoch seconds)."""
+    asked_at: float = Field(default_factory=time.time)
+
+
+class Answer(BaseModel):
+    """A person's answer to what a run awaited, kept in the run's checkpoints from then on."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: str | None = None
+    """The feedback or answer; ``None`` when the deadline passed without one."""
+    outcome: str | None = None
+    """An ``emit`` label chosen directly (a console button), instead of collapsing ``text``."""
+    by: str | None = None
+    """Who answered (the CLI's ``--by``, the console's user), when known."""
+    at: float = Field(default_factory=time.time)
+    awaited: Awaiting
+    """What this answers."""
+
+
 class RunMeta(BaseModel):
     """What the engine keeps about a run beside its state and record, in every checkpoint."""
 
@@ -147,6 +187,10 @@ class RunMeta(BaseModel):
     sleeps: dict[str, list[float]] = Field(default_factory=dict)
     """Activation id -> the wake-up times of the durable sleeps (``self.sleep``) its method
     reached, in order; a step re-run after its wake-up passes the sleeps already recorded."""
+    awaiting: Awaiting | None = None
+    """Set while the run is paused for a person's answer (``control.answer`` gives it)."""
+    answers: dict[str, list[Answer]] = Field(default_factory=dict)
+    """Activation id -> the answers given to it, in order (as ``sleeps`` are kept)."""
     opener: str | None = None
     """The activation whose first attempt tells listeners the run started (``flow_started``,
     on workers): the first one made ready by the checkpoint that started, restarted,

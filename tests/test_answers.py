@@ -1,0 +1,68 @@
+"""A run that waits for a person's answer (the engine's primitive under ``ask`` and
+``@human_feedback``): on workers it pauses durably with the question and the state so far,
+no worker waiting; ``control.answer`` records the answer, who gave it, and sends the step
+again; nothing before it runs again, and a plain resume or a wrong answer is refused."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from runner.distributed import control
+from runner.distributed.client import RunHandle
+from runner.errors import InvalidInputs, RunStateError
+from runner.store.models import RunStatus
+from tests.flows.answers import SignOffFlow
+from tests.flows.dist import executions
+
+
+def paused(handle: RunHandle, timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = handle.latest()
+        if latest.status is RunStatus.PAUSED:
+            return latest
+        time.sleep(0.05)
+    raise AssertionError(f"run {handle.run_id} did not pause: {handle.latest().event}")
+
+
+def test_a_run_waits_for_an_answer_then_goes_on_where_it_stopped(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    handle = SignOffFlow.submit({"topic": "otters"}, rt=rt)
+    latest = paused(handle)
+    awaiting = latest.meta.awaiting
+    assert awaiting is not None
+    assert (awaiting.kind, awaiting.activation, awaiting.method) == ("ask", "approve#1", "approve")
+    assert awaiting.message == "approve 'draft on otters'?"
+    assert latest.state["verdict"] == "pending"  # the state so far is kept while it waits
+    assert latest.meta.pause_reason == awaiting.message
+
+    with pytest.raises(RunStateError, match="awaits an answer at approve"):
+        control.resume(handle.run_id, rt=rt)
+    with pytest.raises(InvalidInputs, match="its outcomes: yes, no"):
+        control.answer(handle.run_id, None, outcome="maybe", rt=rt)
+    assert handle.latest().id == latest.id  # refusals store nothing
+
+    control.answer(handle.run_id, "looks good", by="ana", outcome="yes", rt=rt)
+    assert handle.result(timeout=30) == "published (yes by ana)"
+    assert executions(redis_client, handle.run_id, "write") == 1
+    assert executions(redis_client, handle.run_id, "approve") == 2
+    assert executions(redis_client, handle.run_id, "publish") == 1
+    (given,) = handle.latest().meta.answers["approve#1"]
+    assert (given.text, given.outcome, given.by) == ("looks good", "yes", "ana")
+    assert given.awaited.message == awaiting.message
+    assert handle.latest().meta.awaiting is None
+
+    with pytest.raises(RunStateError, match="awaits no answer"):
+        control.answer(handle.run_id, "late", rt=rt)
+
+
+def test_in_process_the_same_step_pauses_with_its_question() -> None:
+    flow = SignOffFlow()
+    outcome = flow.kickoff({"topic": "owls"})
+    assert getattr(outcome, "reason", None) == "approve 'draft on owls'?"
+    assert flow.state.verdict == "pending"
