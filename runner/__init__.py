@@ -31,6 +31,10 @@ if TYPE_CHECKING:
         RedisFlowPersistence,
         SQLiteFlowPersistence,
     )
+    from runner.store.persistence_factory import (
+        default_flow_persistence,
+        set_flow_persistence_factory,
+    )
     from runner.store.redis import RedisProvider
     from runner.store.sqlite import SqliteProvider
 
@@ -53,6 +57,10 @@ _HOMES = {
         "FlowPersistence",
         "RedisFlowPersistence",
         "SQLiteFlowPersistence",
+    ),
+    "runner.store.persistence_factory": (
+        "default_flow_persistence",
+        "set_flow_persistence_factory",
     ),
     "runner.store.redis": ("RedisProvider",),
     "runner.store.sqlite": ("SqliteProvider",),
@@ -118,11 +126,13 @@ __all__ = [
     "add",
     "and_",
     "append",
+    "default_flow_persistence",
     "listen",
     "merge_dict",
     "or_",
     "persist",
     "router",
+    "set_flow_persistence_factory",
     "set_limit",
     "start",
     "submit",

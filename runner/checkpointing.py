@@ -2,9 +2,11 @@
 that decide which of a run's checkpoints reach durable storage.
 
 * ``@persist`` (class or method) saves the state after every (or the marked)
-  method through a ``FlowPersistence`` (default: Redis from the settings); a
+  method through a ``FlowPersistence`` (default: the one
+  ``set_flow_persistence_factory`` set, else Redis from the settings); a
   persistence built on a checkpoint store also keeps the full checkpoint, so such
-  runs can later be resumed step-exactly.
+  runs can later be resumed step-exactly. On workers the run's checkpoints are in
+  their Redis; the persistence gets a copy of the state (:func:`state_copy`).
 * ``CheckpointConfig`` writes full checkpoints to a provider on the selected
   events; for a flow the default events checkpoint after every method.
 """
@@ -29,6 +31,7 @@ from runner.store.models import (
     METHOD_FINISHED,
     Checkpoint,
 )
+from runner.store.persistence_factory import default_flow_persistence, flow_persistence_factory
 
 log = logging.getLogger("runner.persist")
 
@@ -379,29 +382,12 @@ def default_store() -> CheckpointStore:
     return RedisProvider()
 
 
-def default_persistence() -> FlowPersistenceLike:
-    """``@persist`` without an argument: Redis from the settings."""
-    from runner.store.persistence import RedisFlowPersistence
-
-    return RedisFlowPersistence()
-
-
 def sink_for(flow_cls: type, instance_persistence: Any, checkpoint: Any) -> Sink:
     """Pick the sink for a flow: checkpoint config, else ``@persist``, else none."""
     config = resolve_config(checkpoint)
     if config is not None:
         return StoreSink(config.store(), config.events("flow"), config.max_checkpoints)
-    spec: PersistSpec | None = getattr(flow_cls, PERSIST_ATTR, None)
-    methods: frozenset[str] | None = None
-    if spec is None:
-        marked = {
-            name: getattr(fn, PERSIST_ATTR)
-            for name, fn in _methods(flow_cls)
-            if isinstance(getattr(fn, PERSIST_ATTR, None), PersistSpec)
-        }
-        if marked:
-            spec = next(iter(marked.values()))
-            methods = frozenset(marked)
+    spec, methods = _persist_spec(flow_cls)
     # ``is None``, never truth: a persistence may be falsy (an empty container, say).
     persistence = instance_persistence
     if persistence is None and spec is not None:
@@ -410,8 +396,56 @@ def sink_for(flow_cls: type, instance_persistence: Any, checkpoint: Any) -> Sink
         return Sink()
     verbose = bool(spec and spec.verbose)
     if persistence is None:
-        persistence = default_persistence()
+        persistence = default_flow_persistence()
     return PersistSink(persistence, methods, verbose)
+
+
+def state_copy(flow_cls: type, own: CheckpointStore) -> Sink | None:
+    """Where a worker copies the state of ``flow_cls``'s persisted methods, beyond ``own``
+    (the workers' Redis, which keeps the run's checkpoints whatever the persistence):
+    ``@persist``'s persistence, or the factory's for an ``@persist`` given none. ``None``
+    when nothing is to be copied: no ``@persist`` (or a ``checkpoint`` config, which wins
+    over it, as in process), or a persistence on ``own`` itself (the built-in default)."""
+    spec, methods = _persist_spec(flow_cls)
+    if spec is None or resolve_config(getattr(flow_cls, "checkpoint", None)) is not None:
+        return None
+    persistence = spec.persistence
+    if persistence is None:
+        if flow_persistence_factory() is None:
+            return None  # the default is Redis from the settings: the workers' own store
+        persistence = default_flow_persistence()
+    if _same_store(getattr(persistence, "store", None), own):
+        return None
+    return PersistSink(persistence, methods, spec.verbose)
+
+
+def _same_store(a: Any, b: CheckpointStore) -> bool:
+    """Whether store ``a`` is ``b`` or the same Redis key space (URL and prefix)."""
+    if a is None:
+        return False
+    if a is b:
+        return True
+    keys_a, keys_b = getattr(a, "keys", None), getattr(b, "keys", None)
+    return (
+        type(a) is type(b)
+        and getattr(a, "url", None) == getattr(b, "url", None)
+        and getattr(keys_a, "prefix", None) == getattr(keys_b, "prefix", None)
+    )
+
+
+def _persist_spec(flow_cls: type) -> tuple[PersistSpec | None, frozenset[str] | None]:
+    """``@persist`` of the class (every method), else of its marked methods (those)."""
+    spec: PersistSpec | None = getattr(flow_cls, PERSIST_ATTR, None)
+    if spec is not None:
+        return spec, None
+    marked = {
+        name: getattr(fn, PERSIST_ATTR)
+        for name, fn in _methods(flow_cls)
+        if isinstance(getattr(fn, PERSIST_ATTR, None), PersistSpec)
+    }
+    if not marked:
+        return None, None
+    return next(iter(marked.values())), frozenset(marked)
 
 
 def _methods(cls: type) -> list[tuple[str, Any]]:

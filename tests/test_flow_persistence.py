@@ -21,6 +21,7 @@ from runner import (
     SQLiteFlowPersistence,
     listen,
     persist,
+    set_flow_persistence_factory,
     start,
 )
 from runner.errors import InvalidInputs, NotSerializable, RunNotFound
@@ -104,9 +105,7 @@ def test_persist_on_the_class_saves_the_state_after_every_method(persistence):
     assert persistence.load_state(flow.flow_id) == flow.state.model_dump(mode="json")
 
 
-def test_persist_without_arguments_and_with_the_keyword_spelling(persistence, monkeypatch):
-    monkeypatch.setattr("runner.checkpointing.default_persistence", lambda: persistence)
-
+def test_persist_without_arguments_and_with_the_keyword_spelling(persistence):
     @persist
     class Bare(ThreeSteps):
         pass
@@ -116,8 +115,12 @@ def test_persist_without_arguments_and_with_the_keyword_spelling(persistence, mo
         pass
 
     bare, keyword = Bare(), Keyword()
-    bare.kickoff()
-    keyword.kickoff()
+    set_flow_persistence_factory(lambda: persistence)  # what @persist given none uses
+    try:
+        bare.kickoff()
+        keyword.kickoff()
+    finally:
+        set_flow_persistence_factory(None)
 
     assert steps_finished(persistence.store, bare.flow_id) == ["first", "second", "third"]
     assert steps_finished(persistence.store, keyword.flow_id) == ["first", "second", "third"]

@@ -49,7 +49,7 @@ from runner.store.base import CommitRequest
 from runner.store.models import Checkpoint, ParentLink, RunStatus
 from runner.store.redis import RedisProvider
 
-from . import handoff, outbox
+from . import handoff, outbox, state_copy
 from .coord import Coordinator
 
 if TYPE_CHECKING:
@@ -254,6 +254,7 @@ def commit_on_latest(
             continue
         except StaleAttempt:
             return None
+        state_copy.keep_copy(rt.flows, rt.store, ckpt)  # @persist's copy, beyond Redis
         if ckpt.status is not RunStatus.RUNNING:
             rt.coord.notify_stopped(run_id, ckpt.status.value)
             if ckpt.status.finished and ckpt.meta.parent is not None:
