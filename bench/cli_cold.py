@@ -15,7 +15,9 @@ as a user meets the CLI in a shell:
 * two rows that tell where the difference goes: ``import runner`` (the package's own
   imports: authoring API, crews, stores) and ``import runner.cli`` (the command group and
   what every command shares, settings and store; no command module, which is imported when
-  one of its commands runs; no Redis).
+  one of its commands runs; no Redis). These two are plain ``python -c`` imports: the console
+  script (:mod:`runner.__main__`) also keeps the garbage collector out of its imports, which
+  this row does not, so it may exceed the whole command.
 
 The cases run in rounds, their order rotating, ``--pairs`` timed rounds after one untimed,
 so a noisy neighbour on this shared machine weighs on all of them alike. The table gives each

@@ -8,7 +8,6 @@ Every field can be overridden by an environment variable named ``RUNNER_<FIELD>`
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -152,22 +151,34 @@ def default_queue(prefix: str) -> str:
     return f"runner.{prefix}"
 
 
-@lru_cache(maxsize=1)
 def get_settings() -> RunnerSettings:
-    """Settings from the environment (and ``RUNNER_ENV_FILE`` if set), cached.
+    """Settings from the environment (and ``RUNNER_ENV_FILE`` if set), cached for as long as
+    the ``RUNNER_*`` variables stay the same (a cold CLI command builds them once).
 
     A value they reject is one :class:`InvalidSettings` naming the variable, here for every
     process (CLI, worker, console), rather than pydantic's report of the whole model.
     """
+    environment = tuple(sorted(i for i in os.environ.items() if i[0].upper().startswith("RUNNER_")))
+    cached = _cache.get(environment)
+    if cached is not None:
+        return cached
     env_file = os.environ.get("RUNNER_ENV_FILE")
     try:
-        return RunnerSettings(_env_file=env_file) if env_file else RunnerSettings()
+        settings = RunnerSettings(_env_file=env_file) if env_file else RunnerSettings()
     except ValidationError as exc:
         err = exc.errors()[0]
         name = "RUNNER_" + "_".join(str(p) for p in err["loc"]).upper()
         raise InvalidSettings(f"bad setting {name}: {err['msg']}") from None
+    _cache.clear()
+    _cache[environment] = settings
+    return settings
+
+
+_cache: dict[tuple[tuple[str, str], ...], RunnerSettings] = {}
+"""The settings of the last ``RUNNER_*`` environment read (one entry)."""
 
 
 def reset_settings() -> None:
-    """Forget cached settings (tests and the CLI call this after changing env vars)."""
-    get_settings.cache_clear()
+    """Forget cached settings (after the env file changed; a changed ``RUNNER_*`` variable
+    is noticed without it)."""
+    _cache.clear()

@@ -108,8 +108,7 @@ class Session:
     def settings(self) -> RunnerSettings:
         """Settings read from the environment at first use, with ``--redis-url`` applied."""
         if self._settings is None:
-            reset_settings()  # the environment may differ from the last invocation's (tests)
-            settings = get_settings()
+            settings = get_settings()  # read again if a RUNNER_* variable changed (tests)
             if self.redis_url:
                 settings = settings.model_copy(update={"redis_url": self.redis_url})
             self._settings = settings

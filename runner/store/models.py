@@ -56,6 +56,8 @@ class RunStatus(StrEnum):
 class StepError(BaseModel):
     """The error that failed a step."""
 
+    model_config = ConfigDict(defer_build=True)
+
     type: str
     """Exception class name."""
     message: str
@@ -77,6 +79,8 @@ class StepError(BaseModel):
 class Lineage(BaseModel):
     """Where a forked run came from."""
 
+    model_config = ConfigDict(defer_build=True)
+
     parent_run_id: str
     """The run that was forked."""
     parent_checkpoint_id: str
@@ -88,12 +92,65 @@ class Lineage(BaseModel):
 class ParentLink(BaseModel):
     """A child run's link to the parent activation waiting on it."""
 
+    model_config = ConfigDict(defer_build=True)
+
     run_id: str
     activation: str
 
 
+class UsageMetrics(BaseModel):
+    """Tokens and requests LLM calls spent (CrewAI's ``UsageMetrics``, the same fields).
+
+    Recorded per step by the ``Agent``'s LLM adapter and by ``runner.record_usage``
+    (:mod:`runner.flow.usage` reads a client's usage fields into this).
+    """
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    total_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cache_creation_tokens: int = 0
+    successful_requests: int = 0
+
+    def add_usage_metrics(self, usage_metrics: UsageMetrics) -> None:
+        """Add ``usage_metrics`` to these counts in place (as CrewAI's does)."""
+        for name, value in usage_metrics:
+            setattr(self, name, getattr(self, name) + value)
+
+    def __add__(self, other: UsageMetrics) -> UsageMetrics:
+        both = self.model_copy()
+        both.add_usage_metrics(other)
+        return both
+
+    @property
+    def empty(self) -> bool:
+        """Nothing recorded: no request, no token."""
+        return not any(value for _, value in self)
+
+
+class RunUsage(BaseModel):
+    """What a run's steps (their child runs included) spent, kept in every checkpoint;
+    each step's own part is its checkpoint's :attr:`Checkpoint.usage`."""
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    total: UsageMetrics = Field(default_factory=UsageMetrics)
+    """Every step attempt the run committed, over all its starts and resumes."""
+    last: UsageMetrics = Field(default_factory=UsageMetrics)
+    """Since the run's latest start or resume (``flow.usage_metrics``)."""
+    done: dict[str, UsageMetrics] = Field(default_factory=dict)
+    """Method -> what its completed activations spent: a resume does not spend it again."""
+    saved: UsageMetrics | None = None
+    """Set by a resume: what the completed steps it skipped had spent (their ``done``)."""
+
+
 class ChildLink(BaseModel):
     """A parent activation's link to the child run it started (e.g. a crew)."""
+
+    model_config = ConfigDict(defer_build=True)
 
     run_id: str
     flow: str
@@ -106,13 +163,15 @@ class ChildLink(BaseModel):
     """State fields the method changed before it started the child: their old values."""
     after: dict[str, Any] = Field(default_factory=dict)
     """... and their new values (applied when the activation commits)."""
+    usage: UsageMetrics | None = None
+    """What the method spent before it started the child (added to the child's own)."""
 
 
 class Awaiting(BaseModel):
     """What a paused run waits for: a person's answer to one step (``@human_feedback``'s
     review of a method's output, or ``self.ask``'s question)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     kind: str
     """``feedback`` (the method ran; its output is under review and it never runs again) or
@@ -135,7 +194,7 @@ class Awaiting(BaseModel):
 class Answer(BaseModel):
     """A person's answer to what a run awaited, kept in the run's checkpoints from then on."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     text: str | None = None
     """The feedback or answer; ``None`` when the deadline passed without one."""
@@ -151,7 +210,7 @@ class Answer(BaseModel):
 class RunMeta(BaseModel):
     """What the engine keeps about a run beside its state and record, in every checkpoint."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     name: str | None = None
     """The flow's display name: the prefix of its Celery task names, the workers' registry key."""
@@ -182,6 +241,10 @@ class RunMeta(BaseModel):
     (``submit(countdown=...)``); recovery sends them once it has passed."""
     deadline: float | None = None
     """When the run is cancelled if it has not finished (``submit(deadline=...)``)."""
+    priority: int | None = None
+    """The run's priority (``submit(priority=...)``, 0 lowest to 9 highest), kept by every
+    checkpoint so its steps keep it through recovery, retries and resumes; ``None``: each
+    step takes its method's ``priority=`` or the default."""
     cancel_reason: str | None = None
     """Why the run was cancelled, when not by hand (its deadline passed)."""
     sleeps: dict[str, list[float]] = Field(default_factory=dict)
@@ -191,6 +254,8 @@ class RunMeta(BaseModel):
     """Set while the run is paused for a person's answer (``control.answer`` gives it)."""
     answers: dict[str, list[Answer]] = Field(default_factory=dict)
     """Activation id -> the answers given to it, in order (as ``sleeps`` are kept)."""
+    usage: RunUsage | None = None
+    """Tokens the run spent (``None`` until a step records some)."""
     opener: str | None = None
     """The activation whose first attempt tells listeners the run started (``flow_started``,
     on workers): the first one made ready by the checkpoint that started, restarted,
@@ -232,7 +297,7 @@ class ExecutionRecord(BaseModel):
     when it is read.
     """
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     emitted: dict[str, int] = Field(default_factory=dict)
     """Event (method name or router label) -> times emitted."""
@@ -385,7 +450,7 @@ _COPIES = ("completed", "outputs", "in_flight")
 class Checkpoint(BaseModel):
     """One durable snapshot of a run, written when a step or the run changes."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     id: str = Field(default_factory=ids.checkpoint_id)
     """Time-sortable id, unique across runs."""
@@ -429,6 +494,9 @@ class Checkpoint(BaseModel):
     """Seconds the step's method ran (its last attempt)."""
     attempts: int | None = None
     """Attempts the step took (1 = first try)."""
+    usage: UsageMetrics | None = None
+    """Tokens the step's method spent (its last attempt, as ``duration``), a child run it
+    started included; ``None`` when it recorded none."""
 
     @model_validator(mode="before")
     @classmethod
@@ -463,6 +531,8 @@ class Checkpoint(BaseModel):
 
 class RunInfo(BaseModel):
     """A run's metadata: the fields of its metadata hash."""
+
+    model_config = ConfigDict(defer_build=True)
 
     run_id: str
     status: RunStatus = RunStatus.PENDING
