@@ -37,12 +37,18 @@ log = logging.getLogger("runner.events")
 METHOD_STARTED = "method_execution_started"
 STATE_CONFLICT = "state_conflict"
 """Two parallel steps wrote the same state field; the last commit won."""
+INPUT_REQUESTED = "flow_input_requested"
+"""``self.ask`` put a question to someone (``data``: ``message``, ``metadata``)."""
+INPUT_RECEIVED = "flow_input_received"
+"""``self.ask`` got its answer (``data`` adds ``response``, ``response_metadata``)."""
 
 __all__ = [
     "FLOW_FAILED",
     "FLOW_FINISHED",
     "FLOW_PAUSED",
     "FLOW_STARTED",
+    "INPUT_RECEIVED",
+    "INPUT_REQUESTED",
     "METHOD_FAILED",
     "METHOD_FINISHED",
     "METHOD_STARTED",

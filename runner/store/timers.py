@@ -1,11 +1,13 @@
 """Run timers: when the recovery pass must act on a run, however recently it committed (a
-delayed start) or however busy it is (a deadline).
+delayed start), however busy it is (a deadline) or however long it has been paused (an
+unanswered ``ask``'s timeout).
 
 A timer is a hint: the run's checkpoint says what is due (``RunMeta.not_before``,
-``RunMeta.deadline``), and the pass acts only on what the checkpoint says. So a timer set for
-a run that then was not created, or one left behind by a process killed before it dropped
-it, changes nothing; and one is dropped only after the run was dealt with, so a pass killed
-midway (a worker's SIGKILL) leaves it for the next one, on any worker.
+``RunMeta.deadline``, ``RunMeta.awaiting.deadline``), and the pass acts only on what the
+checkpoint says. So a timer set for a run that then was not created, or one left behind by
+a process killed before it dropped it, changes nothing; and one is dropped only after the
+run was dealt with, so a pass killed midway (a worker's SIGKILL) leaves it for the next one,
+on any worker.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ DEADLINES = "deadlines"
 """Runs to cancel at their deadline."""
 STARTS = "starts"
 """Runs whose steps may be sent from then on (a delayed start)."""
+ANSWERS = "answers"
+"""Runs awaiting an answer until a deadline (``ask(timeout=)``), answered ``None`` then."""
 
 
 class Timers:
