@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from runner.flow.decorators import listen, router, start
     from runner.flow.events import EventListener, FlowEvent
     from runner.flow.flow import Flow
+    from runner.flow.input_provider import (
+        ConsoleProvider,
+        FlowConfig,
+        InputProvider,
+        InputResponse,
+        flow_config,
+    )
     from runner.flow.state import FlowState, add, append, merge_dict
     from runner.store.jsondir import JsonProvider
     from runner.store.models import Checkpoint, RunInfo, RunStatus
@@ -50,6 +57,13 @@ _HOMES = {
     "runner.flow.decorators": ("listen", "router", "start"),
     "runner.flow.events": ("EventListener", "FlowEvent"),
     "runner.flow.flow": ("Flow",),
+    "runner.flow.input_provider": (
+        "ConsoleProvider",
+        "FlowConfig",
+        "InputProvider",
+        "InputResponse",
+        "flow_config",
+    ),
     "runner.flow.state": ("FlowState", "add", "append", "merge_dict"),
     "runner.store.jsondir": ("JsonProvider",),
     "runner.store.models": ("Checkpoint", "RunInfo", "RunStatus"),
@@ -104,14 +118,18 @@ __all__ = [
     "Agent",
     "Checkpoint",
     "CheckpointConfig",
+    "ConsoleProvider",
     "Crew",
     "CrewOutput",
     "DefinitionWarning",
     "EventListener",
     "Flow",
+    "FlowConfig",
     "FlowEvent",
     "FlowPersistence",
     "FlowState",
+    "InputProvider",
+    "InputResponse",
     "JsonProvider",
     "RedisFlowPersistence",
     "RedisProvider",
@@ -127,6 +145,7 @@ __all__ = [
     "and_",
     "append",
     "default_flow_persistence",
+    "flow_config",
     "listen",
     "merge_dict",
     "or_",

@@ -30,8 +30,9 @@ Run by every worker every ``recovery_interval`` (one at a time, by a lock) and b
   start timer (:mod:`runner.store.timers`) brings it into the pass then, however recently it
   committed, and is dropped only after the pass sent them.
 
-Before all that, the pass cancels the runs whose deadline passed (:func:`enforce_deadlines`)
-and starts the runs of the schedules' due ticks (:mod:`.schedules`).
+Before all that, the pass cancels the runs whose deadline passed (:func:`enforce_deadlines`),
+answers ``None`` for the runs paused on an ``ask`` whose timeout passed
+(:func:`answer_overdue`) and starts the runs of the schedules' due ticks (:mod:`.schedules`).
 
 So a pass reads only the runs where one of these can show (:meth:`Coordinator.runs_to_check
 <runner.distributed.coord.Coordinator.runs_to_check>`, and those with a message a dead worker
@@ -45,19 +46,21 @@ run stops the pass over the others.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
 
-from runner.errors import CorruptCheckpoint, RunNotFound, StoreUnavailable
+from runner.errors import CorruptCheckpoint, RunNotFound, RunStateError, StoreUnavailable
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.orchestrator import Activation
 from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus
-from runner.store.timers import DEADLINES, STARTS, Timers
+from runner.store.timers import ANSWERS, DEADLINES, STARTS, Timers
 from runner.views import woken_at
 
+from . import control
 from .cancel import cancel_run
 from .engine import (
     Runtime,
@@ -102,7 +105,7 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
     # taken by a dead worker. A busy deployment's runs commit all the time and cost the
     # pass one pipeline.
     now = time.time()
-    for duty in (enforce_deadlines, fire_due):
+    for duty in (enforce_deadlines, answer_overdue, fire_due):
         try:
             duty(rt, now)
         except StoreUnavailable:
@@ -245,6 +248,40 @@ def enforce_deadlines(rt: Runtime, now: float) -> list[str]:
             pass  # nothing to cancel: recovery quarantines what it cannot read
         timers.done(run_id, now)
     return cancelled
+
+
+def answer_overdue(rt: Runtime, now: float) -> list[str]:
+    """Answer ``None`` (:func:`control.answer <runner.distributed.control.answer>`, as a
+    person would) for every run still paused on a question whose deadline is not after
+    ``now`` (``ask(timeout=)``): the step runs again and that ``ask`` returns ``None``. The
+    ids answered.
+
+    Read from the answer timers (set when the question is committed), so the answer comes
+    however long the run has been paused and whichever worker is up then; the run's own
+    checkpoint says whether it still waits. A run of a flow this worker does not run is
+    left to one that does.
+    """
+    timers = Timers(rt.store, ANSWERS)
+    answered = []
+    for run_id in timers.due(now):
+        try:
+            latest = rt.coord.read(run_id)
+        except CorruptCheckpoint:
+            latest = None  # nothing to answer: recovery quarantines what it cannot read
+        awaited = None if latest is None else latest.meta.awaiting
+        if latest is not None and awaited is not None and awaited.deadline is not None:
+            if allowed_flow(rt, latest) is None:
+                continue
+            if awaited.deadline > now:
+                timers.set(run_id, awaited.deadline)  # a later question of the run
+                continue
+            # Answered, resumed or cancelled meanwhile (RunStateError): nothing is due.
+            with contextlib.suppress(RunStateError):
+                control.answer(run_id, None, rt=rt)
+                answered.append(run_id)
+                log.info("run %s: %r had no answer in time; None", run_id, awaited.message)
+        timers.done(run_id, now)
+    return answered
 
 
 def _cancel_late(rt: Runtime, run_id: str, deadline: float) -> bool:

@@ -48,7 +48,7 @@ from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
 from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus
-from runner.store.timers import STARTS, Timers
+from runner.store.timers import ANSWERS, STARTS, Timers
 
 from . import handoff, limits
 from .coord import DONE, HELD, OK, attempt_token, holder_is_dead
@@ -301,6 +301,10 @@ def _settle(
         # Sent before the wake-up of a sleep already recorded (a resume, a duplicate):
         # nothing to commit; the recovery pass sends the step again once it is due.
         return _asleep(rt, latest, result)
+    if result.awaiting is not None and result.awaiting.deadline is not None:
+        # Set before the commit, so no run paused on a question lacks its timer (one left
+        # for a pause that was not committed changes nothing: the pass reads the run).
+        Timers(rt.store, ANSWERS).set(run_id, result.awaiting.deadline)
     try:
         committed = _commit_settled(
             rt,

@@ -36,6 +36,7 @@ from runner.checkpointing import (
     sink_for,
 )
 from runner.errors import DefinitionError, InvalidInputs
+from runner.flow import input_provider as asking
 from runner.flow.attempt import current_sleeps, current_state, json_copy
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
@@ -69,6 +70,10 @@ class Flow(Generic[StateT]):
     name: ClassVar[str | None] = None
     checkpoint: ClassVar[CheckpointConfig | bool | None] = None
     strict: ClassVar[bool] = False
+    input_provider: ClassVar[Any] = None
+    """Where ``ask`` sends its questions (an :class:`~runner.flow.input_provider.InputProvider`;
+    also settable per flow object); ``None``: ``flow_config.input_provider``, else the console
+    in process and a durable pause on workers."""
     run_deadline: ClassVar[float | None] = None
     """Seconds a run on workers may take before it is cancelled (``submit(deadline=)``
     overrides it); ``None``: no deadline."""
@@ -102,6 +107,8 @@ class Flow(Generic[StateT]):
         self._method_outputs: list[Any] = []
         self._transient = False
         """The current in-process run keeps no checkpoints (see :meth:`_dump_state`)."""
+        self._input_history: list[dict[str, Any]] = []
+        """What ``ask`` asked and was answered, in order (CrewAI's record of them)."""
         init = kwargs.pop("initial_state", type(self).initial_state)
         self._model = _model_of(init) if init is not type(self).initial_state else None
         self._state = self._initial_state(init)
@@ -297,6 +304,23 @@ class Flow(Generic[StateT]):
                 return None if left <= 0 else sleeps.recorded[index]
             raise SleepRun(sleeps.recorded[index], index)  # woken early: sleep on till then
         raise SleepRun(time.time() + seconds, index)
+
+    def ask(
+        self,
+        message: str,
+        timeout: float | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> str | None:
+        """Ask a person ``message`` and return the answer (``None``: none within ``timeout``
+        seconds, or none at all). In process the flow's input provider asks (the console by
+        default); on workers, without a provider of the flow's, the run pauses durably until
+        it is answered (or ``timeout`` passes) and the method then runs again from its start,
+        this N-th ``ask`` returning the N-th answer: see :mod:`runner.flow.input_provider`."""
+        return asking.ask(self, message, timeout, metadata)
+
+    def _resolve_input_provider(self) -> asking.InputProvider:
+        """The provider ``ask`` uses in process (CrewAI's resolution order)."""
+        return asking.resolve_provider(self) or asking.ConsoleProvider()
 
     def pause(self, reason: str = "waiting for input") -> None:
         """Pause the run here; ``resume`` with inputs re-runs this method."""

@@ -1,0 +1,55 @@
+"""Flows that ask a person questions (``self.ask``); the test workers import this module
+(allow-list). Each method counts its executions (:func:`tests.flows.dist.executed`)."""
+
+from __future__ import annotations
+
+from runner import Flow, FlowState, listen, start
+
+from .dist import executed
+
+
+class Interview(FlowState):
+    stage: str = ""
+    name: str = ""
+    colour: str = ""
+
+
+class InterviewFlow(Flow[Interview]):
+    """greet -> interview (two questions) -> close."""
+
+    @start()
+    def greet(self) -> str:
+        executed(self.state.id, "greet")
+        return "hello"
+
+    @listen(greet)
+    def interview(self) -> str:
+        executed(self.state.id, "interview")
+        self.state.stage = "asked for a name"  # kept in the checkpoint while it waits
+        name = self.ask("your name?", metadata={"channel": "#ops"})
+        self.state.name = name or "nobody"
+        self.state.stage = "asked for a colour"
+        colour = self.ask(f"favourite colour, {self.state.name}?")
+        self.state.colour = colour or "none"
+        return f"{self.state.name} likes {self.state.colour}"
+
+    @listen(interview)
+    def close(self, summary: str) -> str:
+        executed(self.state.id, "close")
+        return summary.upper()
+
+
+class Deadline(FlowState):
+    timeout: float = 1.0
+    answer: str = ""
+
+
+class DeadlineFlow(Flow[Deadline]):
+    """One question with a timeout."""
+
+    @start()
+    def question(self) -> str:
+        executed(self.state.id, "question")
+        given = self.ask("proceed?", timeout=self.state.timeout)
+        self.state.answer = "no answer" if given is None else given
+        return self.state.answer

@@ -1,0 +1,102 @@
+"""``self.ask`` on workers: an unanswered question pauses the run durably (the state so far
+kept, no worker holding it), each answer sends the method again from its start with the
+answers so far replayed (nothing before it runs again), and a question's timeout is a
+deadline in the store after which the run goes on with ``None`` though nobody answers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from runner.distributed import control
+from runner.distributed.client import RunHandle
+from runner.store.models import RunStatus
+from runner.store.timers import ANSWERS, Timers
+from tests.flows.asking import DeadlineFlow, InterviewFlow
+from tests.flows.dist import executions
+
+
+def asked(handle: RunHandle, message: str, timeout: float = 20) -> Any:
+    """The run's checkpoint once it is paused on ``message``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = handle.latest()
+        waits = latest.meta.awaiting
+        if latest.status is RunStatus.PAUSED and waits is not None and waits.message == message:
+            return latest
+        time.sleep(0.05)
+    raise AssertionError(f"run {handle.run_id} did not ask {message!r}: {handle.latest().event}")
+
+
+def answered(handle: RunHandle, activation: str, timeout: float = 20) -> None:
+    """Wait until ``activation`` of the run has an answer recorded."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if handle.latest().meta.answers.get(activation):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"run {handle.run_id} got no answer: {handle.latest().event}")
+
+
+def test_each_question_pauses_the_run_and_its_answer_goes_on_where_it_stopped(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    handle = InterviewFlow.submit({}, rt=rt)
+    first = asked(handle, "your name?")
+    waits = first.meta.awaiting
+    assert (waits.kind, waits.activation, waits.method) == ("ask", "interview#1", "interview")
+    assert waits.metadata == {"channel": "#ops"} and waits.deadline is None
+    assert first.state["stage"] == "asked for a name"  # the state so far, kept while it waits
+    assert rt.coord.leases(handle.run_id) == {}  # no worker holds the step while it waits
+
+    control.answer(handle.run_id, "Ana", by="lead", rt=rt)
+    second = asked(handle, "favourite colour, Ana?")
+    assert (second.state["name"], second.state["stage"]) == ("Ana", "asked for a colour")
+    assert second.meta.awaiting.activation == "interview#1"
+
+    control.answer(handle.run_id, "teal", rt=rt)
+    assert handle.result(timeout=30) == "ANA LIKES TEAL"
+    assert executions(redis_client, handle.run_id, "greet") == 1  # earlier steps never again
+    assert executions(redis_client, handle.run_id, "interview") == 3  # once per question + end
+    assert executions(redis_client, handle.run_id, "close") == 1
+    given = handle.latest().meta.answers["interview#1"]
+    assert [(a.text, a.by, a.awaited.message) for a in given] == [
+        ("Ana", "lead", "your name?"),
+        ("teal", None, "favourite colour, Ana?"),
+    ]
+
+
+def test_a_question_nobody_answers_in_time_goes_on_with_none(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    handle = DeadlineFlow.submit({"timeout": 1.0}, rt=rt)
+    paused = asked(handle, "proceed?")
+    deadline = paused.meta.awaiting.deadline
+    assert deadline is not None
+    assert abs(deadline - (paused.meta.awaiting.asked_at + 1.0)) < 0.01
+    assert Timers(rt.store, ANSWERS).when(handle.run_id) == deadline  # kept in the store
+
+    answered(handle, "question#1")  # by nobody
+    assert handle.result(timeout=20) == "no answer"
+    (given,) = handle.latest().meta.answers["question#1"]
+    assert given.text is None and given.by is None
+    assert given.at >= deadline
+    assert executions(redis_client, handle.run_id, "question") == 2
+    assert Timers(rt.store, ANSWERS).when(handle.run_id) is None  # dealt with, dropped
+
+
+def test_a_question_answered_before_its_deadline_is_not_answered_again(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    handle = DeadlineFlow.submit({"timeout": 1.5}, rt=rt)
+    deadline = asked(handle, "proceed?").meta.awaiting.deadline
+    control.answer(handle.run_id, "yes", by="ana", rt=rt)
+    assert handle.result(timeout=20) == "yes"
+    time.sleep(max(deadline - time.time(), 0) + 1.5)  # the deadline and a recovery pass go by
+    (given,) = handle.latest().meta.answers["question#1"]
+    assert (given.text, given.by) == ("yes", "ana")
+    assert handle.status() is RunStatus.SUCCEEDED
+    assert executions(redis_client, handle.run_id, "question") == 2
+    assert Timers(rt.store, ANSWERS).when(handle.run_id) is None
