@@ -14,7 +14,7 @@ from runner.distributed import control
 from runner.distributed.client import RunHandle
 from runner.store.models import RunStatus
 from runner.store.timers import ANSWERS, Timers
-from tests.flows.asking import DeadlineFlow, InterviewFlow
+from tests.flows.asking import DeadlineFlow, DeskInterviewFlow, InterviewFlow
 from tests.flows.dist import executions
 
 
@@ -100,3 +100,14 @@ def test_a_question_answered_before_its_deadline_is_not_answered_again(
     assert handle.status() is RunStatus.SUCCEEDED
     assert executions(redis_client, handle.run_id, "question") == 2
     assert Timers(rt.store, ANSWERS).when(handle.run_id) is None
+
+
+def test_a_provider_the_flow_names_answers_on_workers_too_and_nothing_pauses(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    handle = DeskInterviewFlow.submit({}, rt=rt)
+    assert handle.result(timeout=30) == "BO LIKES RED"
+    assert executions(redis_client, handle.run_id, "interview") == 1
+    history = rt.store.history(handle.run_id, limit=50)
+    assert RunStatus.PAUSED not in {c.status for c in history}
+    assert handle.latest().meta.answers == {}

@@ -53,3 +53,15 @@ class DeadlineFlow(Flow[Deadline]):
         given = self.ask("proceed?", timeout=self.state.timeout)
         self.state.answer = "no answer" if given is None else given
         return self.state.answer
+
+
+class Desk:
+    """A provider that answers at once (a bot, a lookup): named by a flow, it is asked on
+    workers too, and the run never pauses."""
+
+    def request_input(self, message: str, flow: object, metadata: dict | None = None) -> str:
+        return "Bo" if metadata else "red"
+
+
+class DeskInterviewFlow(InterviewFlow):
+    input_provider = Desk()
