@@ -6,14 +6,17 @@ deadline in the store after which the run goes on with ``None`` though nobody an
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from runner.distributed import control
 from runner.distributed.client import RunHandle
 from runner.store.models import RunStatus
 from runner.store.timers import ANSWERS, Timers
+from tests._dist_support import private_pool
 from tests.flows.asking import DeadlineFlow, DeskInterviewFlow, InterviewFlow
 from tests.flows.dist import executions
 
@@ -111,3 +114,20 @@ def test_a_provider_the_flow_names_answers_on_workers_too_and_nothing_pauses(
     history = rt.store.history(handle.run_id, limit=50)
     assert RunStatus.PAUSED not in {c.status for c in history}
     assert handle.latest().meta.answers == {}
+
+
+@pytest.mark.slow
+def test_a_question_outlives_every_worker_and_its_timeout_is_kept_while_none_is_up(
+    worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    with private_pool(worker_env, str(tmp_path)) as (pool, rt, _):
+        first = pool.start(concurrency=1)
+        handle = RunHandle(DeadlineFlow.submit({"timeout": 1.0}, rt=rt).run_id, rt)
+        deadline = asked(handle, "proceed?").meta.awaiting.deadline
+        pool.kill(first)  # no worker is up when the deadline passes
+        time.sleep(max(deadline - time.time(), 0) + 1)
+        assert handle.status() is RunStatus.PAUSED and not handle.latest().meta.answers
+        pool.start(concurrency=1)  # the first recovery pass of the new worker answers
+        answered(handle, "question#1")
+        assert handle.result(timeout=30) == "no answer"
+        assert executions(redis_client, handle.run_id, "question") == 2
