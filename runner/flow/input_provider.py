@@ -7,7 +7,8 @@ the flow's ``input_provider`` (a class or instance attribute), ``flow_config.inp
 :class:`InputResponse` (the answer and what the provider knows about it) or ``None`` (no
 answer). ``ask`` blocks until it answers or ``timeout`` seconds passed; a timeout, a provider
 error (a terminal that is not there: ``EOFError``) or ``None`` make ``ask`` return ``None``,
-as in CrewAI.
+as in CrewAI. Before it waits, the state so far is saved to the flow's own ``FlowPersistence``
+(CrewAI's ``_ask_checkpoint``).
 
 On workers nobody is at the terminal and no worker may wait for a person: an ``ask`` of a flow
 with no provider of its own (neither attribute nor ``flow_config``) pauses the run with the
