@@ -18,7 +18,7 @@ from runner.errors import RunNotFound, RunTimeout
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
 from . import progress, refs
-from ._session import FAILED, OK, Reader, console, print_json
+from ._session import FAILED, OK, History, Reader, console, print_json
 
 # The client and the flow core are imported by the functions that use them: `runner runs`
 # imports this module (through runs) and needs neither.
@@ -44,7 +44,7 @@ def stopped(status: RunStatus) -> bool:
     return status.finished or status is RunStatus.PAUSED
 
 
-def run_now(reader: Reader, run_id: str) -> tuple[RunInfo, Checkpoint]:
+def run_now(reader: History, run_id: str) -> tuple[RunInfo, Checkpoint]:
     """The run's metadata and latest checkpoint (``RunNotFound`` if it does not exist)."""
     info, latest = reader.store.run(run_id), reader.store.latest(run_id)
     if info is None or latest is None:
@@ -52,7 +52,7 @@ def run_now(reader: Reader, run_id: str) -> tuple[RunInfo, Checkpoint]:
     return info, latest
 
 
-def outcome(reader: Reader, run_id: str) -> dict[str, Any]:
+def outcome(reader: History, run_id: str) -> dict[str, Any]:
     """How the run stands now, as JSON: status, step, result, error, pause reason."""
     from runner.distributed.client import failure
     from runner.flow import orchestrator as orch
@@ -136,7 +136,7 @@ def follow(
     raise typer.Exit(exit_code_of(status))
 
 
-def say(reader: Reader, run_id: str) -> None:
+def say(reader: History, run_id: str) -> None:
     """How the run ended, in one line (errors on stderr): the last line of ``watch`` and
     of ``--wait``."""
     from runner.distributed.client import failure

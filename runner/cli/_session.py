@@ -40,6 +40,7 @@ from runner.errors import (
     RunNotFound,
 )
 from runner.settings import RunnerSettings, get_settings, reset_settings
+from runner.store.base import CheckpointStore
 from runner.store.redis import RedisProvider
 
 if TYPE_CHECKING:
@@ -82,6 +83,17 @@ class Reader(Protocol):
     @property
     def store(self) -> RedisProvider:
         """The deployment's checkpoint store."""
+        ...
+
+
+class History(Protocol):
+    """What the checkpoint commands (``checkpoints``, ``show``, ``diff``, ``prune``,
+    ``resume``) read runs through: a :class:`Reader`, or with ``--location`` a JSON
+    directory or SQLite file (:mod:`runner.cli.location`)."""
+
+    @property
+    def store(self) -> CheckpointStore:
+        """The store holding the runs."""
         ...
 
 

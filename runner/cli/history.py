@@ -12,6 +12,7 @@ from runner.views import checkpoint_diff
 from . import progress, refs
 from ._app import commands
 from ._session import FLAG, console, print_json, session
+from .location import LocationOpt, located
 
 app = commands()
 """This module's commands, loaded by the ``runner`` group when one is called."""
@@ -25,13 +26,14 @@ def checkpoints(
     run: Annotated[str, typer.Argument(metavar="RUN", help="Run id, or a unique prefix of it.")],
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Newest N.")] = 50,
     as_json: JsonOpt = False,
+    location: LocationOpt = None,
 ) -> None:
     """List a run's checkpoints, newest first: seq, id, event, step, status, time.
 
     Ids show as their shortest unique prefix (at least 16 characters), which `show`, `diff`,
     `fork` and `resume --from` accept; --json gives whole ids.
     """
-    reader = session(ctx).reader
+    reader = located(ctx, location)
     run_id = refs.resolve_run(reader, run)
     found = reader.store.history(run_id, limit=limit)
     if as_json:
@@ -75,9 +77,10 @@ def show(
         ),
     ],
     as_json: JsonOpt = False,
+    location: LocationOpt = None,
 ) -> None:
     """Show one checkpoint: state, outputs, completed and in-flight steps, lineage, error."""
-    ckpt = refs.resolve_checkpoint_or_run(session(ctx).reader, ref)
+    ckpt = refs.resolve_checkpoint_or_run(located(ctx, location), ref)
     if as_json:
         print_json(ckpt.model_dump(mode="json"))
     else:
@@ -92,13 +95,14 @@ def diff(
     a: Annotated[str, typer.Argument(metavar="CKPT_A", help="Checkpoint (or run) id.")],
     b: Annotated[str, typer.Argument(metavar="CKPT_B", help="Checkpoint (or run) id.")],
     as_json: JsonOpt = False,
+    location: LocationOpt = None,
 ) -> None:
     """Compare two checkpoints (of one run or of a fork and its parent).
 
     Lists the state fields added, removed and changed from CKPT_A to CKPT_B (nested
     objects by dotted path) and the step activations completed on one side only.
     """
-    reader = session(ctx).reader
+    reader = located(ctx, location)
     first = refs.resolve_checkpoint_or_run(reader, a)
     second = refs.resolve_checkpoint_or_run(reader, b)
     found = checkpoint_diff(first, second)

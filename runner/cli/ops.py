@@ -10,13 +10,13 @@ import typer
 from runner.distributed import control, engine, recovery
 from runner.distributed.client import load_flow
 from runner.errors import FlowImportError
-from runner.store.models import RunInfo, RunStatus
-from runner.store.redis import RedisProvider
+from runner.store.models import RunStatus
 
 from . import refs
 from ._app import commands
 from ._outcome import follow
-from ._session import FLAG, console, parse_duration, parse_pairs, print_json, session
+from ._session import FLAG, BadUsage, console, parse_duration, parse_pairs, print_json, session
+from .location import LocationOpt, located, resume_here
 from .runs import InputOpt, JsonOpt, RunArg, TimeoutOpt, WaitOpt
 
 app = commands()
@@ -37,6 +37,7 @@ def resume(
     wait: WaitOpt = False,
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
+    location: LocationOpt = None,
 ) -> None:
     """Continue a failed, cancelled or paused run; completed steps are not re-run.
 
@@ -45,8 +46,19 @@ def resume(
     history grows. A child run (a crew a flow step started) whose parent failed with it is
     resumed through its parent chain: the topmost failed parent is resumed, which resumes
     the child at its failed task. With --wait, follow it and print how it ended; exit 1 if
-    it failed again.
+    it failed again. With --location (a run kept in a JSON directory or SQLite file), it
+    runs on in this process, as `kickoff(from_checkpoint=...)` does, to its end.
     """
+    if location is not None:
+        if timeout is not None:
+            raise BadUsage("--timeout does not apply with --location: the run resumes here")
+        resume_here(
+            located(ctx, location),
+            run,
+            from_checkpoint,
+            parse_pairs(inputs, "--input"),
+            as_json=as_json,
+        )
     rt = session(ctx).rt
     run_id = refs.resolve_run(rt, run)
     checkpoint = refs.resolve_checkpoint(rt, from_checkpoint).id if from_checkpoint else None
@@ -160,8 +172,15 @@ def recover(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 def prune(
     ctx: typer.Context,
     keep: Annotated[
-        int, typer.Option("--keep", min=1, metavar="N", help="Checkpoints to keep per run.")
-    ],
+        int | None,
+        typer.Option(
+            "--keep",
+            min=1,
+            metavar="N",
+            help="Checkpoints to keep per run (default: RUNNER_MAX_CHECKPOINTS).",
+            show_default=False,
+        ),
+    ] = None,
     run: Annotated[
         str | None, typer.Argument(metavar="RUN", help="Only this run (default: every run).")
     ] = None,
@@ -177,30 +196,40 @@ def prune(
         bool, typer.Option("--dry-run", help="Only list what would be deleted.", metavar=FLAG)
     ] = False,
     as_json: JsonOpt = False,
+    location: LocationOpt = None,
 ) -> None:
     """Delete old checkpoints, keeping the newest N of each run (of RUN, or of every run).
 
-    A run's newest checkpoint is always kept, and so is any checkpoint a fork started
-    from. With --older-than AGE, only runs whose last update is older than AGE are
-    pruned; runs active within AGE are left whole. Runs themselves are never deleted.
+    N is --keep, else the configured maximum (RUNNER_MAX_CHECKPOINTS). A run's newest
+    checkpoint is always kept, and so is any checkpoint a fork started from. With
+    --older-than AGE, only runs whose last update is older than AGE are pruned; runs
+    active within AGE are left whole. Runs themselves are never deleted. --location prunes
+    a JSON directory or SQLite file instead of Redis.
     """
-    store = session(ctx).rt.store
+    found = session(ctx).rt if location is None else located(ctx, location)
+    store = found.store
+    kept = keep if keep is not None else store.max_checkpoints
+    if kept < 1:
+        raise BadUsage(
+            "no --keep given, and RUNNER_MAX_CHECKPOINTS is 0 (keep every checkpoint): "
+            "give --keep N"
+        )
     cutoff = time.time() - parse_duration(older_than) if older_than else None
     if run is not None:
-        info = store.run(refs.resolve_run(session(ctx).rt, run))
+        info = store.run(refs.resolve_run(found, run))
         assert info is not None, "resolve_run returns existing runs"
         targets = [info]
     else:
-        targets = _all_runs(store)
+        targets = refs.all_runs(store)
     pruned: dict[str, list[str]] = {}
     for info in targets:
         if cutoff is not None and info.updated_at >= cutoff:
             continue
-        gone = store.prune(info.run_id, keep, dry_run=dry_run)
+        gone = store.prune(info.run_id, kept, dry_run=dry_run)
         if gone:
             pruned[info.run_id] = gone
     if as_json:
-        print_json({"dry_run": dry_run, "keep": keep, "pruned": pruned})
+        print_json({"dry_run": dry_run, "keep": kept, "pruned": pruned})
         return
     verb = "would delete" if dry_run else "deleted"
     out = console()
@@ -242,14 +271,3 @@ def _load_running_flows(rt: engine.Runtime) -> dict[str, str]:
             continue
         rt.flows.setdefault(flow_cls.flow_name(), flow_cls)
     return problems
-
-
-def _all_runs(store: RedisProvider) -> list[RunInfo]:
-    """Every run in the index, read page by page before anything is pruned."""
-    found: list[RunInfo] = []
-    page = 500
-    while True:
-        batch = store.runs(limit=page, offset=len(found))
-        found += batch
-        if len(batch) < page:
-            return found

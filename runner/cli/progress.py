@@ -20,7 +20,7 @@ from runner.settings import get_settings
 from runner.store.models import Checkpoint, RunStatus
 from runner.views import asleep
 
-from ._session import Reader
+from ._session import History, Reader
 
 HISTORY_LIMIT = 10_000
 """Checkpoints read per run (a run keeps at most ``RUNNER_MAX_CHECKPOINTS``)."""
@@ -58,7 +58,7 @@ class StepRow:
         return asdict(self)
 
 
-def history(reader: Reader, run_id: str) -> list[Checkpoint]:
+def history(reader: History, run_id: str) -> list[Checkpoint]:
     """Every kept checkpoint of the run, oldest first."""
     return list(reversed(reader.store.history(run_id, limit=HISTORY_LIMIT)))
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 import re
 
 from runner.errors import CheckpointNotFound, RunNotFound
-from runner.store.models import Checkpoint
+from runner.store.base import CheckpointStore
+from runner.store.models import Checkpoint, RunInfo
+from runner.store.redis import RedisProvider
 
-from ._session import BadUsage, Reader
+from ._session import BadUsage, History
 
 MIN_RUN = 8
 """Shortest run prefix a table shows (a UUID's first group)."""
@@ -25,9 +27,12 @@ MIN_CHECKPOINT = 16
 """Shortest checkpoint prefix a table shows: the 12-digit millisecond time and 4 more."""
 SHOWN = 4
 """Candidates an ambiguity error names."""
+HISTORY_LIMIT = 10_000
+"""Checkpoints read per run where a store has no index of ids to scan (a run keeps at most
+``RUNNER_MAX_CHECKPOINTS``)."""
 
 
-def resolve_run(reader: Reader, ref: str) -> str:
+def resolve_run(reader: History, ref: str) -> str:
     """The run id ``ref`` names: a whole id, a unique prefix, or ``<parent prefix>-<rest>``."""
     if reader.store.run(ref) is not None:
         return ref
@@ -39,7 +44,7 @@ def resolve_run(reader: Reader, ref: str) -> str:
     return _one(found, ref, "run")
 
 
-def resolve_checkpoint(reader: Reader, ref: str) -> Checkpoint:
+def resolve_checkpoint(reader: History, ref: str) -> Checkpoint:
     """The checkpoint ``ref`` names (a whole id or a unique prefix)."""
     with_prefix = _checkpoints_matching(reader, ref)
     if not with_prefix:
@@ -47,7 +52,7 @@ def resolve_checkpoint(reader: Reader, ref: str) -> Checkpoint:
     return reader.store.get(_one(with_prefix, ref, "checkpoint"))
 
 
-def resolve_checkpoint_or_run(reader: Reader, ref: str) -> Checkpoint:
+def resolve_checkpoint_or_run(reader: History, ref: str) -> Checkpoint:
     """A checkpoint by (a prefix of) its id, else the latest of the run ``ref`` names."""
     ckpts = _checkpoints_matching(reader, ref)
     if len(ckpts) == 1:
@@ -75,7 +80,7 @@ def short_ids(ids: list[str], minimum: int) -> dict[str, str]:
     return out
 
 
-def short_runs(reader: Reader, run_ids: list[str]) -> dict[str, str]:
+def short_runs(reader: History, run_ids: list[str]) -> dict[str, str]:
     """How tables show these runs: a root run by its unique prefix, a descendant as that
     prefix followed by the rest of its id (``83fc81fc-research-1``)."""
     roots = _roots(reader)
@@ -85,6 +90,17 @@ def short_runs(reader: Reader, run_ids: list[str]) -> dict[str, str]:
         root = next((r for r in _prefixes(run_id) if r in shown), None)
         out[run_id] = shown[root] + run_id[len(root) :] if root else run_id
     return out
+
+
+def all_runs(store: CheckpointStore) -> list[RunInfo]:
+    """Every run in the store, read page by page (before anything is changed)."""
+    found: list[RunInfo] = []
+    page = 500
+    while True:
+        batch = store.runs(limit=page, offset=len(found))
+        found += batch
+        if len(batch) < page:
+            return found
 
 
 # --- lookups --------------------------------------------------------------------------------
@@ -107,25 +123,40 @@ def _glob(ref: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", ref) + "*"
 
 
-def _runs_matching(reader: Reader, ref: str) -> list[str]:
-    client, pattern = reader.store.client, _glob(ref)
+def _runs_matching(reader: History, ref: str) -> list[str]:
+    store = reader.store
+    if not isinstance(store, RedisProvider):  # a --location store: read its list of runs
+        return [info.run_id for info in all_runs(store) if info.run_id.startswith(ref)]
+    client, pattern = store.client, _glob(ref)
     return [
         raw.decode()
-        for key in reader.store.keys.all_runs()  # every shard of the run index (SCAN, never KEYS)
+        for key in store.keys.all_runs()  # every shard of the run index (SCAN, never KEYS)
         for raw, _score in client.zscan_iter(key, match=pattern, count=1000)
     ]
 
 
-def _checkpoints_matching(reader: Reader, ref: str) -> list[str]:
-    client, pattern = reader.store.client, _glob(ref)
+def _checkpoints_matching(reader: History, ref: str) -> list[str]:
+    store = reader.store
+    if not isinstance(store, RedisProvider):  # a --location store: a whole id, else every run's
+        try:
+            return [store.get(ref).id]
+        except CheckpointNotFound:
+            pass
+        return [
+            ckpt.id
+            for info in all_runs(store)
+            for ckpt in store.history(info.run_id, limit=HISTORY_LIMIT)
+            if ckpt.id.startswith(ref)
+        ]
+    client, pattern = store.client, _glob(ref)
     return [
         raw.decode()
-        for key in reader.store.keys.all_checkpoints()
+        for key in store.keys.all_checkpoints()
         for raw, _run in client.hscan_iter(key, match=pattern, count=1000)
     ]
 
 
-def _child_by_parent_prefix(reader: Reader, ref: str) -> list[str]:
+def _child_by_parent_prefix(reader: History, ref: str) -> list[str]:
     """``<parent prefix>-<rest>``: the parent's whole id followed by ``-<rest>``."""
     for cut in (m.start() for m in re.finditer("-", ref)):
         head, rest = ref[:cut], ref[cut:]
@@ -138,11 +169,15 @@ def _child_by_parent_prefix(reader: Reader, ref: str) -> list[str]:
     return []
 
 
-def _roots(reader: Reader) -> list[str]:
+def _roots(reader: History) -> list[str]:
     """Every run id in the index that does not extend another one (child runs do)."""
-    client = reader.store.client
-    keys = reader.store.keys.all_runs()
-    ids = sorted(raw.decode() for key in keys for raw in client.zrange(key, 0, -1))
+    store = reader.store
+    if isinstance(store, RedisProvider):
+        client = store.client
+        keys = store.keys.all_runs()
+        ids = sorted(raw.decode() for key in keys for raw in client.zrange(key, 0, -1))
+    else:
+        ids = sorted(info.run_id for info in all_runs(store))
     roots: list[str] = []
     for run_id in ids:  # sorted, so a parent comes right before its descendants
         if not (roots and run_id.startswith(roots[-1] + "-")):

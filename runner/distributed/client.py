@@ -32,8 +32,8 @@ from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.loading import load_flow
+from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus
-from runner.store.redis import RedisProvider
 from runner.store.timers import DEADLINES, STARTS, Timers
 
 from . import routing
@@ -139,7 +139,7 @@ def check_allowed(flow_cls: Any, rt: Runtime) -> None:
         )
 
 
-def failure(store: RedisProvider, latest: Checkpoint) -> Checkpoint:
+def failure(store: CheckpointStore, latest: Checkpoint) -> Checkpoint:
     """The checkpoint that carries why ``latest``'s run stopped: ``latest`` itself, or for
     a failed run whose latest checkpoint has no error (a parallel branch committed after
     the failure), the newest one in its history that has one."""

@@ -1,0 +1,159 @@
+"""``--location``: the checkpoint commands over a store of files, as CrewAI's
+``crewai checkpoint --location``.
+
+``runner checkpoints|show|diff|prune|resume --location PATH`` read a JSON checkpoint
+directory (``JsonProvider``) or a SQLite file (``SqliteProvider``, ``SQLiteFlowPersistence``)
+instead of the deployment's Redis: the ``location`` of a ``CheckpointConfig`` that runs made
+in process wrote. Ids and prefixes work as for Redis. ``resume --location`` continues the run
+in this process, as ``kickoff(from_checkpoint=...)`` does, writing on in the same store; no
+Redis and no worker is involved.
+
+A path that is neither such a directory nor such a file is bad input: one ``error:`` line,
+exit code 2, and nothing is created there.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from runner.errors import RunStateError
+from runner.store.jsondir import JsonProvider
+from runner.store.models import RunStatus
+from runner.store.sqlite import SqliteProvider
+
+from . import refs
+from ._outcome import exit_code_of, outcome, say
+from ._session import BadUsage, History, print_json, session
+
+LocationOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--location",
+        metavar="PATH",
+        help=(
+            "Read a JSON checkpoint directory or a SQLite file (a CheckpointConfig's "
+            "location) instead of Redis."
+        ),
+        show_default=False,
+    ),
+]
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database file."""
+TABLES = ("runs", "checkpoints")
+"""Tables of this runner's SQLite store (a CrewAI database has no ``runs``)."""
+
+
+@dataclass(frozen=True)
+class LocationView:
+    """A store of files the checkpoint commands read through (a
+    :class:`~runner.cli._session.History`)."""
+
+    store: JsonProvider | SqliteProvider
+
+
+def located(ctx: typer.Context, location: Path | None) -> History:
+    """The runs ``--location`` names (closed when the command ends), else the deployment's
+    (:attr:`~runner.cli._session.Session.reader`)."""
+    if location is None:
+        return session(ctx).reader
+    view = open_location(location)
+    ctx.call_on_close(view.store.close)
+    return view
+
+
+def open_location(location: Path) -> LocationView:
+    """The store at ``location``; :class:`BadUsage` if it is none of this runner's."""
+    try:
+        if location.is_dir():
+            # A provider makes runs/ when it opens a directory: one that has none (nor the
+            # first layout's index) was never a store, and is not made one here.
+            if not ((location / "runs").is_dir() or (location / "index.json").is_file()):
+                raise BadUsage(
+                    f"--location {location} is not a checkpoint directory of this runner "
+                    "(no runs/ in it)"
+                )
+            return LocationView(JsonProvider(location))
+        if not location.exists():
+            raise BadUsage(f"--location {location}: no such directory or file")
+        with location.open("rb") as fh:
+            is_sqlite = fh.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+        if not is_sqlite:
+            raise BadUsage(
+                f"--location {location} is neither a checkpoint directory nor a SQLite file"
+            )
+        missing = _missing_tables(location)
+    except OSError as exc:
+        raise BadUsage(f"--location {location}: {exc.strerror or exc}") from None
+    if missing:
+        raise BadUsage(
+            f"--location {location} is a SQLite file without this runner's checkpoints "
+            f"(no {', '.join(missing)} table)"
+        )
+    return LocationView(SqliteProvider(location))
+
+
+def _missing_tables(path: Path) -> list[str]:
+    """This runner's tables that the SQLite file lacks (read only: nothing is created)."""
+    try:
+        with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as db:
+            found = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.Error as exc:
+        raise BadUsage(f"--location {path} cannot be read as SQLite: {exc}") from None
+    return [name for name in TABLES if name not in found]
+
+
+def resume_here(
+    view: History,
+    run: str,
+    from_checkpoint: str | None,
+    inputs: dict[str, Any],
+    *,
+    as_json: bool,
+) -> NoReturn:
+    """``runner resume --location``: continue the run in this process; print how it ended
+    as ``--wait`` does (exit 1 if it failed again)."""
+    from runner.checkpointing import CheckpointConfig
+    from runner.flow import orchestrator as orch
+    from runner.flow import transition as tr
+    from runner.flow.loading import load_flow
+
+    run_id = refs.resolve_run(view, run)
+    if from_checkpoint is None:
+        source = view.store.latest(run_id)
+        info = view.store.run(run_id)
+        if info is not None and info.status is RunStatus.SUCCEEDED:
+            raise RunStateError(
+                f"run {run_id} already succeeded; fork it to run again", run_id=run_id
+            )
+    else:
+        source = refs.resolve_checkpoint(view, from_checkpoint)
+        if source.run_id != run_id:
+            raise BadUsage(f"checkpoint {source.id} belongs to run {source.run_id}, not {run_id}")
+    assert source is not None, "resolve_run returns runs that have checkpoints"
+    if not orch.pending(tr.record_of(source)):
+        raise RunStateError(f"checkpoint {source.id} has no step left to run", run_id=run_id)
+    before = view.store.latest(run_id)
+    before_id = before.id if before is not None else None
+    flow = load_flow(str(source.flow))()
+    # The run goes on in the store it is kept in, as a restore config naming one says.
+    restore = CheckpointConfig(provider=view.store, restore_from=source.id)
+    try:
+        flow.kickoff(inputs=inputs, from_checkpoint=restore)
+    except Exception:
+        latest = view.store.latest(run_id)
+        if latest is None or latest.id == before_id or latest.status is not RunStatus.FAILED:
+            raise  # not a failure of the resumed run (bad inputs, a changed flow): say that
+    status = view.store.run(run_id)
+    assert status is not None
+    if as_json:
+        print_json(outcome(view, run_id))
+    else:
+        typer.echo(run_id)
+        say(view, run_id)
+    raise typer.Exit(exit_code_of(status.status))
