@@ -14,10 +14,11 @@ import redis
 
 from runner.distributed import control
 from runner.distributed.client import RunHandle
+from runner.errors import RunFailed
 from runner.store.models import RunStatus
 from runner.store.timers import ANSWERS, Timers
 from tests._dist_support import private_pool
-from tests.flows.asking import DeadlineFlow, DeskInterviewFlow, InterviewFlow
+from tests.flows.asking import DeadlineFlow, DeskInterviewFlow, InterviewFlow, LockedFlow
 from tests.flows.dist import executions
 
 
@@ -114,6 +115,17 @@ def test_a_provider_the_flow_names_answers_on_workers_too_and_nothing_pauses(
     history = rt.store.history(handle.run_id, limit=50)
     assert RunStatus.PAUSED not in {c.status for c in history}
     assert handle.latest().meta.answers == {}
+
+
+def test_a_question_whose_metadata_has_no_json_form_fails_its_step_saying_so(rt: Any) -> None:
+    handle = LockedFlow.submit({}, rt=rt)
+    with pytest.raises(RunFailed):
+        handle.result(timeout=30)
+    error = handle.latest().error
+    assert error is not None and error.type == "NotSerializable"
+    assert error.message.startswith(
+        "the metadata of ask_with_a_lock's ask is not JSON-serializable: "
+    )
 
 
 @pytest.mark.slow

@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from pydantic_core import to_jsonable_python
+
 from runner.checkpointing import PersistSink
-from runner.errors import AwaitInput
+from runner.errors import AwaitInput, NotSerializable
 from runner.flow import events as ev
 from runner.flow.attempt import current_activation, current_answers, current_sleeps
 from runner.store.models import Answer, Awaiting
@@ -144,7 +146,7 @@ def ask(
     if on_worker and resolve_provider(flow) is None:
         deadline = None if timeout is None else time.time() + timeout
         raise AwaitInput(
-            Awaiting(kind=ASK, message=message, metadata=metadata or {}, deadline=deadline)
+            Awaiting(kind=ASK, message=message, metadata=_json(metadata, method), deadline=deadline)
         )
     if not on_worker:
         _save_state_so_far(flow)
@@ -154,6 +156,17 @@ def ask(
     else:
         text, about = (raw if isinstance(raw, str) else None), None
     return _received(flow, tell, method, message, metadata, text, about, True)
+
+
+def _json(metadata: dict[str, Any] | None, method: str) -> dict[str, Any]:
+    """``metadata`` as the JSON the run keeps while it waits, or :class:`NotSerializable`."""
+    try:
+        kept: dict[str, Any] = to_jsonable_python(metadata or {})
+    except Exception as exc:
+        raise NotSerializable(
+            f"the metadata of {method}'s ask is not JSON-serializable: {exc}", where=method
+        ) from None
+    return kept
 
 
 def _next_answer() -> tuple[Answer, bool] | None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from runner import Flow, FlowState, listen, start
 
 from .dist import executed
@@ -65,3 +67,11 @@ class Desk:
 
 class DeskInterviewFlow(InterviewFlow):
     input_provider = Desk()
+
+
+class LockedFlow(Flow[dict]):
+    """Asks with metadata that has no JSON form (a lock)."""
+
+    @start()
+    def ask_with_a_lock(self) -> str | None:
+        return self.ask("who holds it?", metadata={"lock": threading.Lock()})
