@@ -382,6 +382,11 @@ def default_store() -> CheckpointStore:
     return RedisProvider()
 
 
+default_persistence = default_flow_persistence
+"""Where every fall-back to the default persistence goes (``@persist`` given none, a pending
+run with no persistence named): the factory's, else Redis from the settings."""
+
+
 def sink_for(flow_cls: type, instance_persistence: Any, checkpoint: Any) -> Sink:
     """Pick the sink for a flow: checkpoint config, else ``@persist``, else none."""
     config = resolve_config(checkpoint)
@@ -396,7 +401,7 @@ def sink_for(flow_cls: type, instance_persistence: Any, checkpoint: Any) -> Sink
         return Sink()
     verbose = bool(spec and spec.verbose)
     if persistence is None:
-        persistence = default_flow_persistence()
+        persistence = default_persistence()
     return PersistSink(persistence, methods, verbose)
 
 
@@ -413,7 +418,7 @@ def state_copy(flow_cls: type, own: CheckpointStore) -> Sink | None:
     if persistence is None:
         if flow_persistence_factory() is None:
             return None  # the default is Redis from the settings: the workers' own store
-        persistence = default_flow_persistence()
+        persistence = default_persistence()
     if _same_store(getattr(persistence, "store", None), own):
         return None
     return PersistSink(persistence, methods, spec.verbose)
