@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         flow_config,
     )
     from runner.flow.state import FlowState, add, append, merge_dict
+    from runner.flow.usage import UsageMetrics, record_usage
     from runner.store.jsondir import JsonProvider
     from runner.store.models import Checkpoint, RunInfo, RunStatus
     from runner.store.persistence import (
@@ -65,6 +66,7 @@ _HOMES = {
         "flow_config",
     ),
     "runner.flow.state": ("FlowState", "add", "append", "merge_dict"),
+    "runner.flow.usage": ("UsageMetrics", "record_usage"),
     "runner.store.jsondir": ("JsonProvider",),
     "runner.store.models": ("Checkpoint", "RunInfo", "RunStatus"),
     "runner.store.persistence": (
@@ -141,6 +143,7 @@ __all__ = [
     "SqliteProvider",
     "Task",
     "TaskOutput",
+    "UsageMetrics",
     "add",
     "and_",
     "append",
@@ -150,6 +153,7 @@ __all__ = [
     "merge_dict",
     "or_",
     "persist",
+    "record_usage",
     "router",
     "set_flow_persistence_factory",
     "set_limit",

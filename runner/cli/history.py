@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from runner.flow.loading import load_flow
+from runner.flow.usage import run_sums, run_sums_text
 from runner.views import checkpoint_diff
 
 from . import progress, refs
@@ -54,7 +55,8 @@ def steps(
     """List each step activation of a run, child runs' steps under the step that started them.
 
     For each: outcome (done, failed, paused, running, pending), attempts, worker, start time,
-    duration and the checkpoint it committed.
+    duration, the checkpoint it committed and the tokens it spent; then, per run, the tokens
+    spent in all, since its latest start or resume, and what that resume saved.
     """
     reader = session(ctx).reader
     rows = progress.step_rows(reader, refs.resolve_run(reader, run))
@@ -65,6 +67,10 @@ def steps(
     from . import render  # rich: a view only (see render)
 
     console().print(render.steps_table(rows, refs.short_ids(ckpts, refs.MIN_CHECKPOINT)))
+    for run_id in dict.fromkeys(row.run_id for row in rows):
+        sums = run_sums(reader.store.latest(run_id))
+        if sums is not None:
+            console().print(run_sums_text(run_id, sums), highlight=False, soft_wrap=True)
 
 
 @app.command()

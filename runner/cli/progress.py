@@ -52,6 +52,8 @@ class StepRow:
     """The child run this activation started, if any."""
     waits_for: str | None = None
     """What a waiting step waits for (a limit, or a queue no live worker consumes)."""
+    usage: dict[str, int] | None = None
+    """The tokens the step spent (its checkpoint's ``usage``), a child run's included."""
 
     def as_json(self) -> dict[str, Any]:
         """The row as JSON values."""
@@ -119,6 +121,7 @@ def _row(run_id: str, depth: int, ckpt: Checkpoint) -> StepRow | None:
         "started": started,
         "duration": ckpt.duration,
         "checkpoint": ckpt.id,
+        "usage": ckpt.usage.model_dump() if ckpt.usage is not None else None,
     }
     if ckpt.event == ev.METHOD_FINISHED and ckpt.activation:
         return StepRow(run_id, depth, bare(ckpt.activation), DONE, **common)

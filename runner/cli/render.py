@@ -130,6 +130,7 @@ def steps_table(rows: list[Any], shown: dict[str, str], *, one_row: bool = False
     table.add_column("start", no_wrap=True)
     table.add_column("took", justify="right", no_wrap=True)
     table.add_column("checkpoint", no_wrap=True)
+    table.add_column("tokens", justify="right", no_wrap=True)
     for row in rows:
         table.add_row(
             "  " * row.depth + row.step,
@@ -141,6 +142,7 @@ def steps_table(rows: list[Any], shown: dict[str, str], *, one_row: bool = False
             clock(row.started),
             duration(row.duration),
             shown.get(row.checkpoint or "", row.checkpoint or "-"),
+            f"{row.usage['total_tokens']:,}" if row.usage else "-",
         )
     return table
 

@@ -20,6 +20,7 @@ from runner.distributed.waiting import limit_uses, waits_of
 from runner.errors import CorruptCheckpoint, RunnerError, RunNotFound
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow import usage
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
 from runner.store.redis import RedisProvider
@@ -273,6 +274,7 @@ def timeline_row(ckpt: Checkpoint, flower_url: str | None) -> dict[str, Any]:
         "duration": ckpt.duration,
         "created_at": ckpt.created_at,
         "error": f"{ckpt.error.type}: {ckpt.error.message}" if ckpt.error else None,
+        "usage": ckpt.usage.model_dump() if ckpt.usage is not None else None,
         "flower": flower_link(flower_url, ckpt.run_id, ckpt.meta.epoch, task) if task else None,
     }
 
@@ -386,6 +388,8 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "mermaid": mermaid(graph, methods) if graph is not None else None,
         "error": ({**failure[0].model_dump(mode="json"), "step": failure[1]} if failure else None),
         "timeline": [timeline_row(c, flower_url) for c in history],
+        # Tokens (runner.flow.usage): in all, since the latest start or resume, and saved.
+        "usage": usage.run_sums(latest),
         "parent": parent.model_dump(mode="json") if parent is not None else None,
         "children": children(rt.store, latest),
         "lineage": lineage(rt.store, info),

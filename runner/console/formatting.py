@@ -7,6 +7,7 @@ from typing import Any
 
 import jinja2
 
+from runner.flow.usage import tokens_text
 from runner.views import duration, when
 
 
@@ -24,4 +25,4 @@ def short(text: str | None, keep: int = 12) -> str:
 
 def install(env: jinja2.Environment) -> None:
     """Register the filters on ``env``."""
-    env.filters.update(when=when, duration=duration, pretty=pretty, short=short)
+    env.filters.update(when=when, duration=duration, pretty=pretty, short=short, tokens=tokens_text)

@@ -4,6 +4,11 @@ The runner prescribes no LLM library and makes no network call itself: ``llm`` i
 the user passes, called with one prompt string. Supported shapes, tried in this order:
 an object with ``.call(prompt)`` (CrewAI's ``LLM``), with ``.invoke(prompt)`` (LangChain
 chat models; a message's ``.content`` is used), or any callable ``llm(prompt)``.
+
+Each call's token usage is recorded for the step running it (:mod:`runner.flow.usage`):
+read from the answer's usage fields (OpenAI's ``usage``, LangChain's ``usage_metadata``, a
+usage dict, ...), else from how much the client's own counters grew
+(CrewAI's ``LLM.get_token_usage_summary()``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 from runner.checkpointing import CheckpointConfig
 from runner.crew.task import TaskInput, fill
 from runner.errors import DefinitionError
+from runner.flow import usage
 
 _PROMPT = """You are {role}. {backstory}
 Your personal goal is: {goal}
@@ -84,7 +90,9 @@ class Agent:
 
 
 def call_llm(llm: Any, prompt: str) -> Any:
-    """Call any supported LLM client with ``prompt``; a chat message gives its ``content``."""
+    """Call any supported LLM client with ``prompt``; a chat message gives its ``content``.
+    The call's token usage is recorded for the step running it."""
+    before = usage.counters(llm)
     for method in ("call", "invoke"):
         bound = getattr(llm, method, None)
         if callable(bound):
@@ -92,6 +100,7 @@ def call_llm(llm: Any, prompt: str) -> Any:
             break
     else:
         answer = llm(prompt)
+    usage.record(usage.usage_of(answer) or usage.since(before, usage.counters(llm)))
     content = getattr(answer, "content", None)
     return content if isinstance(content, str) else answer
 

@@ -24,6 +24,7 @@ from runner.errors import (
 )
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow import usage
 from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
 from runner.flow.local import check_graph
@@ -217,6 +218,8 @@ def fork(
                 "ready": [a.id for a in pending],
                 "epoch": 0,
                 "forked_from": source.id,
+                # A new run: it spent nothing yet; the steps it keeps saved what they spent.
+                "usage": usage.resumed(None, first.meta.usage, record.done),
             }
         ),
     )

@@ -44,9 +44,10 @@ from runner.flow.flow import apply_inputs
 from runner.flow.loading import load_flow
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
+from runner.flow.usage import last_of
 from runner.settings import RunnerSettings, get_settings
 from runner.store.base import CommitRequest
-from runner.store.models import Checkpoint, ParentLink, RunStatus
+from runner.store.models import Checkpoint, ParentLink, RunStatus, UsageMetrics
 from runner.store.redis import RedisProvider
 
 from . import handoff, outbox, state_copy
@@ -431,7 +432,7 @@ def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
             run_id=child.run_id,
             step=child.step,
         )
-        _fail_parent(rt, link.run_id, link.activation, err, child.run_id)
+        _fail_parent(rt, link.run_id, link.activation, err, child.run_id, last_of(child))
         return []
     parent_cls = _flow_class(rt, str(parent.meta.name), str(parent.flow))
     child_cls = _flow_class(rt, str(child.meta.name), str(child.flow))
@@ -444,7 +445,7 @@ def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
         rt,
         link.run_id,
         lambda latest: lifecycle.child_finished(
-            graph, latest, link.activation, child.run_id, output, reducers
+            graph, latest, link.activation, child.run_id, output, reducers, last_of(child)
         ),
         send_ready=True,
     )
@@ -486,11 +487,19 @@ def _resume_stopped(latest: Checkpoint) -> tr.Transition | None:
 
 
 def _fail_parent(
-    rt: Runtime, parent_id: str, act_id: str, error: BaseException, child_id: str | None
+    rt: Runtime,
+    parent_id: str,
+    act_id: str,
+    error: BaseException,
+    child_id: str | None,
+    spent: UsageMetrics | None = None,
 ) -> None:
-    """Fail the parent's activation: its child ended badly, or could not be started."""
+    """Fail the parent's activation: its child ended badly (having used ``spent``), or
+    could not be started."""
     committed = commit_on_latest(
-        rt, parent_id, lambda latest: lifecycle.child_failed(latest, act_id, error, child_id)
+        rt,
+        parent_id,
+        lambda latest: lifecycle.child_failed(latest, act_id, error, child_id, spent),
     )
     if committed is not None:
         lifecycle.announce(committed[1])

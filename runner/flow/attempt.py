@@ -20,8 +20,10 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from runner.errors import AwaitInput, NotSerializable, PauseRun, SleepRun
+from runner.flow import usage
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation
+from runner.store.models import UsageMetrics
 
 current_state: contextvars.ContextVar[Any] = contextvars.ContextVar("runner_step_state")
 """The state object of the step running in this thread or task."""
@@ -83,6 +85,8 @@ class StepResult:
     """The durable sleep the step stopped at (on workers)."""
     duration: float = 0.0
     attempts: int = 1
+    usage: UsageMetrics | None = None
+    """What the attempt's LLM calls spent (:mod:`runner.flow.usage`), if it recorded any."""
 
 
 def run_step(
@@ -101,6 +105,7 @@ def run_step(
     token = None
     running = current_activation.set((flow, activation))
     answering = current_answers.set(Answers(list(answers or ())))
+    metering = usage.start_meter()
     try:
         # A private copy (no list or dict shared with ``base_state``): changes a parallel
         # branch makes in place cannot leak into this step, nor a failed step's into the run.
@@ -127,6 +132,7 @@ def run_step(
     finally:
         if token is not None:
             current_state.reset(token)
+        result.usage = usage.stop_meter(metering)
         current_answers.reset(answering)
         current_activation.reset(running)
         result.duration = time.perf_counter() - began

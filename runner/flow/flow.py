@@ -37,12 +37,14 @@ from runner.checkpointing import (
 )
 from runner.errors import DefinitionError, InvalidInputs
 from runner.flow import input_provider as asking
-from runner.flow.attempt import current_sleeps, current_state, json_copy
+from runner.flow import usage
+from runner.flow.attempt import current_activation, current_sleeps, current_state, json_copy
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph, compile_graph, unknown_trigger
 from runner.flow.state import dump_state, with_id
 from runner.store.base import CheckpointStore
+from runner.store.models import UsageMetrics
 
 StateT = TypeVar("StateT", bound=BaseModel | dict[str, Any])
 
@@ -105,6 +107,7 @@ class Flow(Generic[StateT]):
         self._fresh_id = False
         """The state's id was made up for this object (no run can have it yet)."""
         self._method_outputs: list[Any] = []
+        self._usage = UsageMetrics()
         self._transient = False
         """The current in-process run keeps no checkpoints (see :meth:`_dump_state`)."""
         self._input_history: list[dict[str, Any]] = []
@@ -251,6 +254,20 @@ class Flow(Generic[StateT]):
         """The outputs of the methods the last kickoff ran, in the order they finished."""
         return list(self._method_outputs)
 
+    @property
+    def usage_metrics(self) -> UsageMetrics:
+        """What LLM calls spent in this flow's last kickoff or resume (a copy; CrewAI's).
+
+        Summed over its steps and the runs they ran (crews): what the ``Agent`` and
+        ``runner.record_usage`` recorded. Inside a running step it includes what that step
+        recorded so far. On workers a run's sums are in its checkpoints (``meta.usage``)."""
+        spent = self._usage.model_copy()
+        running = current_activation.get()
+        live = usage.running_spend() if running is not None and running[0] is self else None
+        if live is not None:
+            spent.add_usage_metrics(live)
+        return spent
+
     def _record_output(self, method: str, output: Any) -> None:
         """Told by the in-process run each time ``method`` finished with ``output``."""
         self._method_outputs.append(output)
@@ -356,6 +373,7 @@ class Flow(Generic[StateT]):
         inputs = dict(inputs or {})
         bind_trigger_payload(self, inputs)
         self._method_outputs = []
+        self._usage = UsageMetrics()
         self._transient = restore is None and not self._sink().persists
         assert EXECUTORS.in_process is not None, "runner/__init__.py plugs in the executors"
         try:
@@ -478,6 +496,11 @@ def apply_inputs(
 def state_json(flow: Flow[Any]) -> dict[str, Any]:
     """The flow's state as JSON (a copy)."""
     return flow._dump()
+
+
+def set_usage_metrics(flow: Flow[Any], spent: UsageMetrics) -> None:
+    """Tell the flow object what its run spent since its latest start or resume."""
+    flow._usage = spent
 
 
 def listeners_of(flow: Flow[Any]) -> list[EventListener]:

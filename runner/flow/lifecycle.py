@@ -36,13 +36,21 @@ from runner.errors import CycleLimitExceeded, DefinitionError, RunnerError
 from runner.flow import events as ev
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow import usage
 from runner.flow.attempt import StepResult
 from runner.flow.children import ChildRun, child_run_id
 from runner.flow.graph import FlowGraph, MethodSpec
 from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import Reducer, diff
 from runner.settings import RunnerSettings
-from runner.store.models import FLOW_FAILED, Checkpoint, ChildLink, RunStatus, StepError
+from runner.store.models import (
+    FLOW_FAILED,
+    Checkpoint,
+    ChildLink,
+    RunStatus,
+    StepError,
+    UsageMetrics,
+)
 
 log = logging.getLogger("runner.lifecycle")
 
@@ -186,6 +194,8 @@ def settle(
         raise ValueError(f"settle() takes done, paused, sleeping or failed, not {outcome}")
     ckpt = settled.transition.checkpoint
     ckpt.worker, ckpt.duration, ckpt.attempts = worker, result.duration, result.attempts
+    done = act.method if settled.outcome is Outcome.DONE else None
+    usage.charge(ckpt, settled.transition.closing, result.usage, done)
     return settled
 
 
@@ -312,6 +322,7 @@ def child_link(child: ChildRun, run_id: str, result: StepResult) -> ChildLink:
         name=child.name,
         before={k: base[k] for k in touched if k in base},
         after=dict(changes.set),
+        usage=result.usage,
     )
 
 
@@ -360,10 +371,11 @@ def child_finished(
     child_id: str,
     output: Any,
     reducers: dict[str, Reducer],
+    spent: UsageMetrics | None = None,
 ) -> Settled | None:
     """Commit the parent's activation with its child's output (a finished step, with the
-    state changes the method made before it started the child); ``None`` if the
-    activation no longer waits on that child."""
+    state changes the method made before it started the child, and what the method and
+    the child, ``spent``, used); ``None`` if the activation no longer waits on that child."""
     if waiting_on(latest, activation_id) != child_id:
         return None
     act = orch.pending_activation(tr.record_of(latest), activation_id)
@@ -383,14 +395,25 @@ def child_finished(
     done = link.model_copy(update={"waiting": False, "before": {}, "after": {}})
     step.checkpoint.meta.children = {**latest.meta.children, activation_id: done}
     step.closing = tr.closing_of(latest, step.checkpoint)  # with the link as it is now
+    usage.charge(step.checkpoint, step.closing, _joined(link.usage, spent), act.method)
     return Settled(Outcome.DONE, step)
 
 
+def _joined(*parts: UsageMetrics | None) -> UsageMetrics | None:
+    """The sum of the usage ``parts`` recorded (``None`` if none)."""
+    found = [p for p in parts if p is not None]
+    return sum(found[1:], found[0]) if found else None
+
+
 def child_failed(
-    latest: Checkpoint, activation_id: str, error: BaseException, child_id: str | None
+    latest: Checkpoint,
+    activation_id: str,
+    error: BaseException,
+    child_id: str | None,
+    spent: UsageMetrics | None = None,
 ) -> Settled | None:
-    """Fail the parent's activation: its child ended badly (``child_id``) or could not
-    be started (``None``); ``None`` if there is nothing to fail."""
+    """Fail the parent's activation: its child ended badly (``child_id``, having used
+    ``spent``) or could not be started (``None``); ``None`` if there is nothing to fail."""
     if latest.status is not RunStatus.RUNNING:
         return None
     act = orch.pending_activation(tr.record_of(latest), activation_id)
@@ -398,4 +421,9 @@ def child_failed(
         return None
     if child_id is not None and waiting_on(latest, activation_id) != child_id:
         return None
-    return _failed(latest, act, error, 1, None)
+    failed = _failed(latest, act, error, 1, None)
+    link = latest.meta.children.get(activation_id)
+    before = link.usage if link is not None and link.run_id == child_id else None
+    step = failed.transition
+    usage.charge(step.checkpoint, step.closing, _joined(before, spent), None)
+    return failed

@@ -27,11 +27,11 @@ from runner.checkpointing import (
 )
 from runner.errors import InvalidInputs, RunNotFound
 from runner.flow import events as ev
-from runner.flow import lifecycle
+from runner.flow import lifecycle, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import StepResult, run_step
-from runner.flow.flow import apply_inputs
+from runner.flow.flow import apply_inputs, set_usage_metrics
 from runner.flow.graph import FlowGraph
 from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation, ExecutionRecord
@@ -168,6 +168,8 @@ class LocalRun:
         finally:
             if self.latest is not None:
                 self.flow._set_state(self.latest.state)
+            # A run inside a step (a crew run in process) spent its tokens for that step.
+            usage.record(usage.last_of(self.latest))
         if self.failure is not None:
             assert self.failure.error is not None
             raise self.failure.error
@@ -183,6 +185,7 @@ class LocalRun:
         if step.closing is not None:
             self.latest = self.sink.write(step.closing)
         self.record = step.record if step.record is not None else tr.record_of(step.checkpoint)
+        set_usage_metrics(self.flow, usage.last_of(self.latest))
 
     def _inline(self, act: Activation) -> bool:
         """Whether ``act`` may run on this thread: a sync method, and no event loop here

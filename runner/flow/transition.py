@@ -14,6 +14,7 @@ from typing import Any
 
 from runner import ids
 from runner.flow import orchestrator as orch
+from runner.flow import usage
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import Reducer, apply_changes, diff
@@ -73,6 +74,7 @@ def with_record(ckpt: Checkpoint, record: ExecutionRecord, **update: Any) -> Che
         "worker": None,
         "duration": None,
         "attempts": None,
+        "usage": None,
         "created_at": time.time(),
     }
     fields.update(update)
@@ -115,7 +117,11 @@ def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Tran
         status=RunStatus.RUNNING,
         fingerprint=graph.fingerprint,
         meta=latest.meta.model_copy(
-            update={"ready": [a.id for a in ready], "epoch": latest.meta.epoch + 1}
+            update={
+                "ready": [a.id for a in ready],
+                "epoch": latest.meta.epoch + 1,
+                "usage": usage.restarted(latest.meta.usage),
+            }
         ),
     )
     return Transition(ckpt, ready, record=record)
@@ -362,6 +368,7 @@ def resumed(
                 "resumed_from": source.id,
                 "pause_reason": None,
                 "awaiting": None,
+                "usage": usage.resumed(latest.meta.usage, source.meta.usage, record.done),
                 **meta,
             }
         ),

@@ -166,6 +166,7 @@ def forked(
             ),
             "created_at": time.time(),
             "error": None,
+            "usage": None,  # the source step's tokens, not this checkpoint's
         },
         deep=True,
     )
