@@ -18,7 +18,13 @@ from runner.errors import RunFailed
 from runner.store.models import RunStatus
 from runner.store.timers import ANSWERS, Timers
 from tests._dist_support import private_pool
-from tests.flows.asking import DeadlineFlow, DeskInterviewFlow, InterviewFlow, LockedFlow
+from tests.flows.asking import (
+    DeadlineFlow,
+    DeskInterviewFlow,
+    InterviewFlow,
+    LockedFlow,
+    PanelFlow,
+)
 from tests.flows.dist import executions
 
 
@@ -32,6 +38,18 @@ def asked(handle: RunHandle, message: str, timeout: float = 20) -> Any:
             return latest
         time.sleep(0.05)
     raise AssertionError(f"run {handle.run_id} did not ask {message!r}: {handle.latest().event}")
+
+
+def next_pause(handle: RunHandle, timeout: float = 20) -> Any:
+    """The run's checkpoint once it is paused on a question (after an answer: the next), or
+    once it ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = handle.latest()
+        if latest.status.finished or latest.meta.awaiting is not None:
+            return latest
+        time.sleep(0.05)
+    raise AssertionError(f"run {handle.run_id} did not pause: {handle.latest().event}")
 
 
 def answered(handle: RunHandle, activation: str, timeout: float = 20) -> None:
@@ -126,6 +144,24 @@ def test_a_question_whose_metadata_has_no_json_form_fails_its_step_saying_so(rt:
     assert error.message.startswith(
         "the metadata of ask_with_a_lock's ask is not JSON-serializable: "
     )
+
+
+def test_parallel_questions_are_each_asked_and_answered_in_turn_and_the_join_runs_once(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    handle = PanelFlow.submit({}, rt=rt)
+    asked_of = set()
+    while (latest := next_pause(handle)).status is RunStatus.PAUSED:
+        asked_of.add(latest.meta.awaiting.metadata["user"])
+        control.answer(handle.run_id, "yes", rt=rt)
+    assert asked_of == {"alice", "bob"}  # one question at a time, none lost
+    assert handle.result(timeout=30) == "both answered"
+    answers = handle.latest().meta.answers
+    assert {k: [a.text for a in v] for k, v in answers.items()} == {
+        "ask_alice#1": ["yes"],
+        "ask_bob#1": ["yes"],
+    }
+    assert executions(redis_client, handle.run_id, "report") == 1
 
 
 @pytest.mark.slow

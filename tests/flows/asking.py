@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from runner import Flow, FlowState, listen, start
+from runner import Flow, FlowState, and_, listen, start
 
-from .dist import executed
+from .dist import barrier, executed
 
 
 class Interview(FlowState):
@@ -75,3 +75,26 @@ class LockedFlow(Flow[dict]):
     @start()
     def ask_with_a_lock(self) -> str | None:
         return self.ask("who holds it?", metadata={"lock": threading.Lock()})
+
+
+class PanelFlow(Flow[dict]):
+    """Two listeners of one start ask at the same time; a join reports both answers."""
+
+    @start()
+    def open_panel(self) -> str:
+        return "go"
+
+    @listen(open_panel)
+    def ask_alice(self) -> str | None:
+        barrier(self.state["id"], "panel", 2)  # both questions are put while both run
+        return self.ask("alice?", metadata={"user": "alice"})
+
+    @listen(open_panel)
+    def ask_bob(self) -> str | None:
+        barrier(self.state["id"], "panel", 2)
+        return self.ask("bob?", metadata={"user": "bob"})
+
+    @listen(and_(ask_alice, ask_bob))
+    def report(self) -> str:
+        executed(self.state["id"], "report")
+        return "both answered"
