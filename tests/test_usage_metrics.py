@@ -9,9 +9,11 @@ The flows are :mod:`tests.flows.tokens`: ``Spender`` spends 120 (plan), 40 (writ
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runner import CheckpointConfig, UsageMetrics, record_usage
+from runner import CheckpointConfig, Flow, UsageMetrics, and_, listen, record_usage, start
 from runner.distributed import control
 from runner.distributed.client import submit
 from runner.flow.children import child_run_id
@@ -207,6 +209,36 @@ def test_in_process_usage_is_kept_per_step_and_summed_over_the_last_kickoff(
     assert latest.meta.usage.total.total_tokens == 340
 
 
+class Branches(Flow):
+    """Parallel branches, one async, recording on their own threads and event loop."""
+
+    @start()
+    def fan(self) -> None:
+        record_usage(prompt_tokens=1)
+
+    @listen(fan)
+    async def left(self) -> None:
+        await asyncio.sleep(0.01)
+        record_usage(prompt_tokens=10)
+
+    @listen(fan)
+    def right(self) -> None:
+        time.sleep(0.01)
+        record_usage(prompt_tokens=100)
+
+    @listen(and_(left, right))
+    def join(self) -> None:
+        record_usage(prompt_tokens=1000)
+
+
+def test_in_process_parallel_and_async_steps_each_keep_their_own_usage() -> None:
+    flow = Branches()
+    flow.kickoff()
+    assert flow.usage_metrics == UsageMetrics(
+        total_tokens=1111, prompt_tokens=1111, successful_requests=4
+    )
+
+
 def test_in_process_a_crews_usage_is_summed_into_the_step_that_ran_it(
     store: RedisProvider,
 ) -> None:
@@ -302,7 +334,8 @@ def test_on_workers_a_crew_child_runs_usage_is_summed_into_its_parent(rt: Any) -
     assert _steps(child) == {"draft:finished": 120, "edit:finished": 60, "polish:finished": 36}
     sums = parent[-1].meta.usage
     assert sums is not None and sums.total.total_tokens == 15 + 5 + CREW_TOKENS
-    assert sums.total.successful_requests == 5
+    assert handle.usage_metrics == sums.last == sums.total
+    assert handle.usage_metrics.successful_requests == 5
 
 
 def test_on_workers_a_resume_shows_what_it_saved_in_runner_steps_and_the_console(
@@ -320,6 +353,7 @@ def test_on_workers_a_resume_shows_what_it_saved_in_runner_steps_and_the_console
         50,
         120,
     )
+    assert handle.usage_metrics.total_tokens == 50
 
     out = _runner(worker_env, "steps", handle.run_id).stdout
     rows = [line.split() for line in out.splitlines() if line.startswith("write")]

@@ -32,8 +32,9 @@ from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.loading import load_flow
+from runner.flow.usage import last_of
 from runner.store.base import CheckpointStore
-from runner.store.models import Checkpoint, RunInfo, RunStatus
+from runner.store.models import Checkpoint, RunInfo, RunStatus, UsageMetrics
 from runner.store.timers import DEADLINES, STARTS, Timers
 
 from . import routing
@@ -316,6 +317,13 @@ class RunHandle:
         if ckpt is None:
             raise RunNotFound(f"no run {self.run_id}", run_id=self.run_id)
         return ckpt
+
+    @property
+    def usage_metrics(self) -> UsageMetrics:
+        """The tokens the run spent since its latest start or resume, its child runs' included
+        (``flow.usage_metrics`` of a run on workers; ``latest().meta.usage`` has its total
+        and what a resume saved)."""
+        return last_of(self.latest())
 
     def wait(self, timeout: float | None = None, interval: float = 0.5) -> RunStatus:
         """Block until the run stops (succeeded, failed, cancelled or paused).
