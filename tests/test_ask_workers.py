@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 
+from runner import CheckpointConfig
 from runner.distributed import control
 from runner.distributed.client import RunHandle
 from runner.errors import RunFailed
@@ -179,3 +180,35 @@ def test_a_question_outlives_every_worker_and_its_timeout_is_kept_while_none_is_
         answered(handle, "question#1")
         assert handle.result(timeout=30) == "no answer"
         assert executions(redis_client, handle.run_id, "question") == 2
+
+
+class Clerk:
+    """An input provider in this process: answers every question it is given, and notes it."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+        self.asked: list[str] = []
+
+    def request_input(self, message: str, flow: Any, metadata: Any = None) -> str:
+        self.asked.append(message)
+        return self.answer
+
+
+@pytest.mark.slow
+def test_a_run_answered_on_workers_goes_on_in_process_replaying_its_answers(
+    worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    with private_pool(worker_env, str(tmp_path)) as (pool, rt, _):
+        worker = pool.start(concurrency=1)
+        handle = RunHandle(InterviewFlow.submit({}, rt=rt).run_id, rt)
+        asked(handle, "your name?")
+        pool.kill(worker)  # the answer's message waits in the queue; this process goes on
+        control.answer(handle.run_id, "Ana", rt=rt)
+        clerk = Clerk("teal")
+        flow = InterviewFlow(input_provider=clerk)
+        config = CheckpointConfig(provider=rt.store, restore_from=handle.run_id)
+        assert flow.kickoff(from_checkpoint=config) == "ANA LIKES TEAL"
+        assert clerk.asked == ["favourite colour, Ana?"]  # the first question was answered
+        assert [e["response"] for e in flow._input_history] == ["Ana", "teal"]
+        assert executions(redis_client, handle.run_id, "greet") == 1
+        assert executions(redis_client, handle.run_id, "interview") == 2

@@ -90,7 +90,7 @@ class PanelFlow(Flow[dict]):
         return self.ask("alice?", metadata={"user": "alice"})
 
     @listen(open_panel)
-    def ask_bob(self) -> str | None:
+    async def ask_bob(self) -> str | None:  # an async method asks the same way
         barrier(self.state["id"], "panel", 2)
         return self.ask("bob?", metadata={"user": "bob"})
 
