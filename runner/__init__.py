@@ -23,6 +23,14 @@ if TYPE_CHECKING:
     from runner.flow.decorators import listen, router, start
     from runner.flow.events import EventListener, FlowEvent
     from runner.flow.flow import Flow
+    from runner.flow.human_feedback import (
+        HumanFeedbackConfig,
+        HumanFeedbackPending,
+        HumanFeedbackProvider,
+        HumanFeedbackResult,
+        PendingFeedbackContext,
+        human_feedback,
+    )
     from runner.flow.input_provider import (
         ConsoleProvider,
         FlowConfig,
@@ -58,6 +66,14 @@ _HOMES = {
     "runner.flow.decorators": ("listen", "router", "start"),
     "runner.flow.events": ("EventListener", "FlowEvent"),
     "runner.flow.flow": ("Flow",),
+    "runner.flow.human_feedback": (
+        "HumanFeedbackConfig",
+        "HumanFeedbackPending",
+        "HumanFeedbackProvider",
+        "HumanFeedbackResult",
+        "PendingFeedbackContext",
+        "human_feedback",
+    ),
     "runner.flow.input_provider": (
         "ConsoleProvider",
         "FlowConfig",
@@ -90,6 +106,12 @@ def _kickoff(*args: Any) -> Any:
     return kickoff(*args)
 
 
+def _answer(*args: Any) -> Any:
+    from runner.flow.local import answer
+
+    return answer(*args)
+
+
 def _submit(flow_cls: Any, inputs: dict[str, Any] | None, **options: Any) -> Any:
     from runner.distributed.client import submit
 
@@ -100,6 +122,7 @@ def _submit(flow_cls: Any, inputs: dict[str, Any] | None, **options: Any) -> Any
 # first, plugs them into Flow.kickoff and Flow.submit (each imported on its first call).
 EXECUTORS.in_process = _kickoff
 EXECUTORS.on_workers = _submit
+EXECUTORS.answer_in_process = _answer
 
 
 def __getattr__(name: str) -> Any:
@@ -130,9 +153,14 @@ __all__ = [
     "FlowEvent",
     "FlowPersistence",
     "FlowState",
+    "HumanFeedbackConfig",
+    "HumanFeedbackPending",
+    "HumanFeedbackProvider",
+    "HumanFeedbackResult",
     "InputProvider",
     "InputResponse",
     "JsonProvider",
+    "PendingFeedbackContext",
     "RedisFlowPersistence",
     "RedisProvider",
     "RunHandle",
@@ -149,6 +177,7 @@ __all__ = [
     "append",
     "default_flow_persistence",
     "flow_config",
+    "human_feedback",
     "listen",
     "merge_dict",
     "or_",

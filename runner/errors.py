@@ -55,6 +55,11 @@ class SelfTrigger(DefinitionError, ValueError):
     """A method listens to itself (a ``ValueError`` too, as CrewAI raises)."""
 
 
+class InvalidFeedback(DefinitionError, ValueError):
+    """``@human_feedback`` given options that cannot work (a ``ValueError`` too, as CrewAI
+    raises)."""
+
+
 class DefinitionWarning(UserWarning):
     """A flow definition that works but is probably a mistake, e.g. a listener of a label
     no router returns (it never runs). ``Flow(strict=True)`` makes it an error."""
@@ -128,6 +133,11 @@ class RunFailed(RunStateError):
 
 class RunTimeout(RunStateError):
     """Waiting for a run took longer than allowed."""
+
+
+class NoPendingFeedback(RunStateError, ValueError):
+    """A run was to be answered in process (``Flow.from_pending``, ``flow.resume``) but
+    waits for no review (a ``ValueError`` too, as CrewAI raises)."""
 
 
 class CycleLimitExceeded(RunStateError):

@@ -1,14 +1,8 @@
 """``Agent``: a role, a goal and a backstory around any LLM client.
 
 The runner prescribes no LLM library and makes no network call itself: ``llm`` is whatever
-the user passes, called with one prompt string. Supported shapes, tried in this order:
-an object with ``.call(prompt)`` (CrewAI's ``LLM``), with ``.invoke(prompt)`` (LangChain
-chat models; a message's ``.content`` is used), or any callable ``llm(prompt)``.
-
-Each call's token usage is recorded for the step running it (:mod:`runner.flow.usage`):
-read from the answer's usage fields (OpenAI's ``usage``, LangChain's ``usage_metadata``, a
-usage dict, ...), else from how much the client's own counters grew
-(CrewAI's ``LLM.get_token_usage_summary()``).
+the user passes, called with one prompt string (:func:`runner.flow.llm.call_llm`: ``.call``,
+``.invoke`` or a callable), each call's token usage recorded for the step running it.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ from typing import Any
 from runner.checkpointing import CheckpointConfig
 from runner.crew.task import TaskInput, fill
 from runner.errors import DefinitionError
-from runner.flow import usage
+from runner.flow.llm import call_llm, is_llm
 
 _PROMPT = """You are {role}. {backstory}
 Your personal goal is: {goal}
@@ -45,7 +39,7 @@ class Agent:
         llm: Any = None,
         checkpoint: CheckpointConfig | bool | None = None,
     ) -> None:
-        if llm is not None and not _callable_llm(llm):
+        if llm is not None and not is_llm(llm):
             raise DefinitionError(
                 f"agent {role!r}: llm must be callable or have .call() or .invoke(); got {llm!r}",
                 agent=role,
@@ -87,23 +81,3 @@ class Agent:
                 agent=self.role,
             )
         return call_llm(self.llm, self.prompt(task_input))
-
-
-def call_llm(llm: Any, prompt: str) -> Any:
-    """Call any supported LLM client with ``prompt``; a chat message gives its ``content``.
-    The call's token usage is recorded for the step running it."""
-    before = usage.counters(llm)
-    for method in ("call", "invoke"):
-        bound = getattr(llm, method, None)
-        if callable(bound):
-            answer = bound(prompt)
-            break
-    else:
-        answer = llm(prompt)
-    usage.record(usage.usage_of(answer) or usage.since(before, usage.counters(llm)))
-    content = getattr(answer, "content", None)
-    return content if isinstance(content, str) else answer
-
-
-def _callable_llm(llm: Any) -> bool:
-    return callable(llm) or any(callable(getattr(llm, m, None)) for m in ("call", "invoke"))

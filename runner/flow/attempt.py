@@ -67,6 +67,15 @@ current_answers: contextvars.ContextVar[Answers | None] = contextvars.ContextVar
 """Set while a step runs (both executors): what it was answered (see :class:`Answers`)."""
 
 
+@dataclass(frozen=True)
+class Routed:
+    """What a router's method returns when its output is not its label (a reviewed method
+    with ``emit``: its output stays what it returned, the answer's label routes)."""
+
+    output: Any
+    label: str | None
+
+
 @dataclass
 class StepResult:
     """What one attempt of a step produced."""
@@ -112,10 +121,15 @@ def run_step(
         state_obj = flow._state_from_json(base_state)
         token = current_state.set(state_obj)
         method = getattr(flow, activation.method)
-        value = method(json_copy(arg)) if spec.takes_arg else method()
+        value = (
+            method(flow._step_argument(activation, json_copy(arg))) if spec.takes_arg else method()
+        )
         if inspect.isawaitable(value):
             value = run_awaitable(value)
-        result.label = route_label(value) if spec.is_router else None
+        if isinstance(value, Routed):  # a router whose output is not its label
+            result.label, value = value.label, value.output
+        elif spec.is_router:
+            result.label = route_label(value)
         result.output = to_json(value, activation.method)
         result.new_state = flow._dump_state(state_obj)
     except AwaitInput as waiting:

@@ -24,6 +24,9 @@ class Executors:
     """``(flow, inputs, restore, restore_from_state_id, strict) -> output``."""
     on_workers: Callable[..., Any] | None = None
     """``(flow_class, inputs, **options) -> RunHandle``."""
+    answer_in_process: Callable[..., Any] | None = None
+    """``(flow, paused_checkpoint, answer) -> output``: :meth:`Flow.resume` of a run paused
+    for a review (see :func:`runner.flow.local.answer`)."""
 
 
 EXECUTORS = Executors()

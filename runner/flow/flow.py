@@ -36,6 +36,7 @@ from runner.checkpointing import (
     sink_for,
 )
 from runner.errors import DefinitionError, InvalidInputs
+from runner.flow import human_feedback as reviewing
 from runner.flow import input_provider as asking
 from runner.flow import usage
 from runner.flow.attempt import current_activation, current_sleeps, current_state, json_copy
@@ -112,6 +113,14 @@ class Flow(Generic[StateT]):
         """The current in-process run keeps no checkpoints (see :meth:`_dump_state`)."""
         self._input_history: list[dict[str, Any]] = []
         """What ``ask`` asked and was answered, in order (CrewAI's record of them)."""
+        self.human_feedback_history: list[reviewing.HumanFeedbackResult] = []
+        """The ``@human_feedback`` reviews this flow object saw, in order (CrewAI's)."""
+        self.last_human_feedback: reviewing.HumanFeedbackResult | None = None
+        """The latest of them."""
+        self._feedback_pending: reviewing.HumanFeedbackPending | None = None
+        """What a provider raised to pause the current in-process run (kickoff returns it)."""
+        self._feedback_checkpoint: Any = None
+        """The checkpoint paused for a review that :meth:`resume` answers."""
         init = kwargs.pop("initial_state", type(self).initial_state)
         self._model = _model_of(init) if init is not type(self).initial_state else None
         self._state = self._initial_state(init)
@@ -270,7 +279,15 @@ class Flow(Generic[StateT]):
 
     def _record_output(self, method: str, output: Any) -> None:
         """Told by the in-process run each time ``method`` finished with ``output``."""
-        self._method_outputs.append(output)
+        self._method_outputs.append(reviewing.as_output(getattr(type(self), method, None), output))
+
+    def _step_argument(self, activation: Any, arg: Any) -> Any:
+        """What a step taking an argument receives: its trigger's committed output, as the
+        trigger gave it (a reviewed method's ``HumanFeedbackResult``)."""
+        trigger = activation.trigger
+        if trigger is None or trigger not in type(self).graph().methods:
+            return arg
+        return reviewing.as_output(getattr(type(self), trigger, None), arg)
 
     def run_crew(self, crew: Any, inputs: dict[str, Any] | None = None) -> Any:
         """Run ``crew`` as a child run of this method; return it as the method's output.
@@ -338,6 +355,97 @@ class Flow(Generic[StateT]):
     def _resolve_input_provider(self) -> asking.InputProvider:
         """The provider ``ask`` uses in process (CrewAI's resolution order)."""
         return asking.resolve_provider(self) or asking.ConsoleProvider()
+
+    # -- @human_feedback: a run paused for a person's review ---------------------------------
+
+    @property
+    def pending_feedback(self) -> reviewing.PendingFeedbackContext | None:
+        """The review this flow object's run waits on (after a pause or ``from_pending``)."""
+        ckpt = self._feedback_checkpoint
+        return None if ckpt is None else reviewing.PendingFeedbackContext.of(ckpt)
+
+    @property
+    def persistence(self) -> Any:
+        """The persistence this flow object was given (or took for a pause; CrewAI's)."""
+        return self._persistence
+
+    @classmethod
+    def from_pending(cls, flow_id: str, persistence: Any = None, **kwargs: Any) -> Flow[Any]:
+        """A flow holding run ``flow_id``, paused for a review, with its state: ``resume``
+        it with the feedback. ``persistence`` is where it was kept (default: the flow's
+        checkpoint store, else the default persistence); a run that waits for no review
+        is :class:`~runner.errors.NoPendingFeedback` (a ``ValueError``)."""
+        flow = cls(persistence=persistence, **kwargs)
+        found, kept_in = reviewing.find_pending(flow_id, persistence, flow._sink().store)
+        if flow._persistence is None and flow._sink().store is None:
+            flow._persistence = kept_in  # the run goes on where it was kept
+        flow._set_state(found.state)
+        flow._feedback_checkpoint = found
+        return flow
+
+    def resume(self, feedback: str = "") -> Any:
+        """Answer the review the run waits on with ``feedback`` and run the flow on in this
+        process: the reviewed method does not run again; its result (and, with ``emit``, the
+        label ``feedback`` comes to) decides what runs next. Returns what ``kickoff`` would:
+        the last output, or a new :class:`~runner.flow.human_feedback.HumanFeedbackPending`."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._answer_review(feedback)
+        raise RuntimeError(
+            "resume() cannot be called from within an async context; "
+            "use 'await flow.resume_async(feedback)'"
+        )
+
+    async def resume_async(self, feedback: str = "") -> Any:
+        """``resume`` without blocking the event loop."""
+        return await asyncio.to_thread(self._answer_review, feedback)
+
+    def _answer_review(self, feedback: str) -> Any:
+        paused = self._feedback_checkpoint
+        if paused is None or paused.meta.awaiting is None:
+            raise reviewing.NoPendingFeedback(
+                "No pending feedback context: this flow waits for no review "
+                "(use Flow.from_pending(flow_id, persistence))"
+            )
+        self._feedback_checkpoint = None
+        reviewing.check_still_pending(self._sink().store, paused)
+        if self._persistence is not None and getattr(self._persistence, "store", None) is None:
+            self._persistence.clear_pending_feedback(paused.run_id)  # a CrewAI-style backend
+        self._method_outputs = []
+        self._usage = UsageMetrics()
+        self._transient = not self._sink().persists
+        given = reviewing.Answer(text=feedback, awaited=paused.meta.awaiting)
+        assert EXECUTORS.answer_in_process is not None, "runner/__init__.py plugs it in"
+        try:
+            return EXECUTORS.answer_in_process(self, paused, given)
+        finally:
+            self._transient = False
+
+    def _request_human_feedback(
+        self,
+        message: str,
+        output: Any,
+        metadata: dict[str, Any] | None = None,
+        emit: Any = None,
+        method_name: str = "",
+    ) -> str:
+        """Ask on the terminal for feedback on ``output`` (a review with no provider, in
+        process)."""
+        context = reviewing.PendingFeedbackContext(
+            flow_id=self.flow_id,
+            flow_class=self.flow_path(),
+            method_name=method_name,
+            method_output=output,
+            message=message,
+            emit=list(emit) if emit is not None else None,
+            metadata=dict(metadata or {}),
+        )
+        return asking.ConsoleProvider().request_feedback(context, self)
+
+    def _collapse_to_outcome(self, feedback: str, outcomes: Any, llm: Any) -> str:
+        """The one of ``outcomes`` that ``llm`` reads ``feedback`` as."""
+        return reviewing.collapse(feedback, list(outcomes), llm)
 
     def pause(self, reason: str = "waiting for input") -> None:
         """Pause the run here; ``resume`` with inputs re-runs this method."""

@@ -27,6 +27,7 @@ from runner.checkpointing import (
 )
 from runner.errors import InvalidInputs, RunNotFound
 from runner.flow import events as ev
+from runner.flow import human_feedback as reviewing
 from runner.flow import lifecycle, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
@@ -37,7 +38,7 @@ from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import reducers_for
 from runner.settings import get_settings
-from runner.store.models import Checkpoint, Lineage
+from runner.store.models import Answer, Checkpoint, Lineage
 
 WORKER = socket.gethostname()
 """What in-process checkpoints record as their ``worker``."""
@@ -104,6 +105,15 @@ def resume(
         return orch.last_output(record)
     latest = sink.latest(ckpt.run_id) or ckpt
     return LocalRun(flow, graph, sink).run(tr.resumed(latest, ckpt, state))
+
+
+def answer(flow: Any, paused: Checkpoint, given: Answer) -> Any:
+    """Go on here with the run ``paused`` for a review, ``given`` its answer (``Flow.resume``):
+    the step that waited runs again and finds the answer, in a new epoch."""
+    graph = flow.graph()
+    check_graph(graph, paused)
+    sink = WatchedSink(flow._sink(), flow._record_output)
+    return LocalRun(flow, graph, sink).run(tr.answered(paused, given))
 
 
 def check_graph(graph: FlowGraph, ckpt: Checkpoint) -> None:
@@ -174,9 +184,12 @@ class LocalRun:
             assert self.failure.error is not None
             raise self.failure.error
         if self.paused is not None:
-            return self.paused
+            assert self.latest is not None
+            return reviewing.keep_pending(self.flow, self.sink.store, self.latest) or self.paused
         assert self.record is not None
-        return orch.last_output(self.record)
+        last = orch.last_method(self.record)
+        method = None if last is None else getattr(type(self.flow), last, None)
+        return reviewing.as_output(method, orch.last_output(self.record))
 
     def _advance(self, step: tr.Transition) -> None:
         """Write ``step``'s checkpoint, and the run's closing one if it ends the run (each if

@@ -274,8 +274,14 @@ def completed_steps(record: ExecutionRecord) -> frozenset[str]:
 
 def last_output(record: ExecutionRecord) -> Any:
     """The output of the most recently committed activation (what ``kickoff`` returns)."""
+    method = last_method(record)
+    return None if method is None else record.outputs.get(method)
+
+
+def last_method(record: ExecutionRecord) -> str | None:
+    """The method of the most recently committed activation, or ``None``."""
     act = _latest_done(record, record.done)
-    return None if act is None else record.outputs.get(parse_activation(act)[0])
+    return None if act is None else parse_activation(act)[0]
 
 
 def check_graph(

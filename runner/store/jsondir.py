@@ -61,6 +61,7 @@ from runner.store._files import (
     write_atomic,
 )
 from runner.store.models import Checkpoint, RunInfo, RunStatus
+from runner.store.pending import PendingFeedbackStore
 
 INDEX = "index.runs"
 META = "meta.run"
@@ -68,7 +69,7 @@ OLD_INDEX = "index.json"
 OLD_META = "meta.json"
 
 
-class JsonProvider:
+class JsonProvider(PendingFeedbackStore):
     """Checkpoint store in a directory of JSON files.
 
     ``JsonProvider()`` without a directory takes its location from the

@@ -19,6 +19,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from runner.errors import NotSerializable
 from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint
+from runner.store.pending import PendingFeedbackContext, clear_pending, load_pending, save_pending
 from runner.store.sqlite import SqliteProvider
 
 if TYPE_CHECKING:
@@ -51,6 +52,28 @@ class FlowPersistence(ABC):
     def load_state(self, flow_uuid: str) -> dict[str, Any] | None:
         """The most recently saved state of ``flow_uuid``, or ``None``."""
 
+    # A run paused for a person's review (``@human_feedback``); CrewAI's defaults, which a
+    # backend of its own overrides to keep the review.
+
+    def save_pending_feedback(
+        self,
+        flow_uuid: str,
+        context: PendingFeedbackContext,
+        state_data: dict[str, Any] | BaseModel,
+    ) -> None:
+        """Keep the state of a run paused for ``context``'s review (here: only the state)."""
+        self.save_state(flow_uuid, context.method_name, state_data)
+
+    def load_pending_feedback(
+        self, flow_uuid: str
+    ) -> tuple[dict[str, Any], PendingFeedbackContext] | None:
+        """The state and review run ``flow_uuid`` waits on, or ``None`` (here: none kept)."""
+        return None
+
+    def clear_pending_feedback(self, flow_uuid: str) -> None:
+        """Stop run ``flow_uuid`` waiting for a review (here: nothing kept to clear)."""
+        return None
+
 
 class StorePersistence(FlowPersistence):
     """:class:`FlowPersistence` over any :class:`CheckpointStore`."""
@@ -77,6 +100,25 @@ class StorePersistence(FlowPersistence):
         """The state of the run's latest checkpoint, or ``None`` for an unknown run."""
         latest = self.store.latest(flow_uuid)
         return None if latest is None else latest.state
+
+    def save_pending_feedback(
+        self,
+        flow_uuid: str,
+        context: PendingFeedbackContext,
+        state_data: dict[str, Any] | BaseModel,
+    ) -> None:
+        """Commit a checkpoint of run ``flow_uuid`` paused for ``context``'s review."""
+        save_pending(self.store, flow_uuid, context, state_data)
+
+    def load_pending_feedback(
+        self, flow_uuid: str
+    ) -> tuple[dict[str, Any], PendingFeedbackContext] | None:
+        """The state and review of the run's latest checkpoint, if it waits on one."""
+        return load_pending(self.store, flow_uuid)
+
+    def clear_pending_feedback(self, flow_uuid: str) -> None:
+        """Stop the run waiting for its review (it stays paused)."""
+        clear_pending(self.store, flow_uuid)
 
     def close(self) -> None:
         """Close the underlying store."""

@@ -76,6 +76,7 @@ from runner.store.base import (
 )
 from runner.store.keys import CLUSTER_SHARDS, Keys
 from runner.store.models import Checkpoint, RunInfo, RunStatus
+from runner.store.pending import PendingFeedbackStore
 
 T = TypeVar("T")
 
@@ -107,7 +108,7 @@ _NEW_RUN = ("name", "parent_run_id", "parent_checkpoint_id", "branch")
 """Metadata set when a commit creates the run besides the script's (run_id, created_at)."""
 
 
-class RedisProvider:
+class RedisProvider(PendingFeedbackStore):
     """Checkpoint store on Redis or Redis Cluster; see :class:`~runner.store.base.CoordinatedStore`.
 
     A ``redis+cluster://`` URL or a ``redis.cluster.RedisCluster`` client selects the

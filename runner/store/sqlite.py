@@ -38,6 +38,7 @@ from runner.store._common import (
     run_info_updated,
 )
 from runner.store.models import Checkpoint, RunInfo, RunStatus
+from runner.store.pending import PendingFeedbackStore
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -88,7 +89,7 @@ ORDER BY c.seq
 _BUSY_TIMEOUT = 30.0
 
 
-class SqliteProvider:
+class SqliteProvider(PendingFeedbackStore):
     """Checkpoint store in a SQLite database file (``":memory:"`` for a private one).
 
     ``SqliteProvider()`` without a path is a private in-memory store when used directly, and
