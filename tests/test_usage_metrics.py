@@ -16,16 +16,30 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 
-from runner import CheckpointConfig, Flow, UsageMetrics, and_, listen, record_usage, start
+from runner import (
+    CheckpointConfig,
+    Flow,
+    HumanFeedbackPending,
+    PendingFeedbackContext,
+    SQLiteFlowPersistence,
+    UsageMetrics,
+    and_,
+    human_feedback,
+    listen,
+    record_usage,
+    start,
+)
 from runner.distributed import control
 from runner.distributed.client import submit
 from runner.flow.children import child_run_id
 from runner.flow.usage import usage_of
+from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
 from tests._dist_support import history
@@ -47,7 +61,7 @@ def _steps(ckpts: list[Checkpoint]) -> dict[str, int | None]:
     }
 
 
-def _store_history(store: RedisProvider, run_id: str) -> list[Checkpoint]:
+def _store_history(store: CheckpointStore, run_id: str) -> list[Checkpoint]:
     return list(reversed(store.history(run_id, limit=1000)))
 
 
@@ -237,6 +251,60 @@ def test_in_process_parallel_and_async_steps_each_keep_their_own_usage() -> None
     assert flow.usage_metrics == UsageMetrics(
         total_tokens=1111, prompt_tokens=1111, successful_requests=4
     )
+
+
+class Later:
+    """A feedback provider that lets the run pause for a person elsewhere."""
+
+    def request_feedback(self, context: PendingFeedbackContext, flow: Any) -> str:
+        raise HumanFeedbackPending(context)
+
+
+def judge(prompt: str) -> Any:
+    """The review's llm: an OpenAI-style answer (7 tokens) naming a label."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    return SimpleNamespace(content="approved", usage=usage)
+
+
+class Reviewed(Flow):
+    """draft (100 tokens) -> review (50, then waits for a person; the answer's label costs
+    the llm 7) -> publish (5)."""
+
+    @start()
+    def draft(self) -> str:
+        record_usage(prompt_tokens=100)
+        return "draft"
+
+    @listen(draft)
+    @human_feedback(message="Ship it?", emit=["approved", "rejected"], llm=judge, provider=Later())
+    def review(self) -> str:
+        record_usage(prompt_tokens=50)
+        return "article"
+
+    @listen("approved")
+    def publish(self) -> str:
+        record_usage(prompt_tokens=5)
+        return "published"
+
+
+def test_in_process_a_review_pause_keeps_what_the_reviewed_method_spent(tmp_path: Path) -> None:
+    persistence = SQLiteFlowPersistence(tmp_path / "flows.db")
+    flow = Reviewed(persistence=persistence)
+    pending = flow.kickoff()
+    assert isinstance(pending, HumanFeedbackPending)
+    assert flow.usage_metrics.total_tokens == 150
+    run_id = pending.context.flow_id
+
+    answered = Reviewed.from_pending(run_id, persistence)
+    assert answered.resume("looks good") == "published"
+    assert answered.usage_metrics.total_tokens == 12  # the llm's label and publish
+    ckpts = _store_history(persistence.store, run_id)
+    paused = [c.usage.total_tokens for c in ckpts if c.event == "flow_paused" and c.usage]
+    assert paused == [50]
+    sums = ckpts[-1].meta.usage
+    assert sums is not None and sums.saved is not None
+    # The reviewed method never runs again: the answer's resume saved it with the draft.
+    assert (sums.total.total_tokens, sums.saved.total_tokens) == (162, 150)
 
 
 def test_in_process_a_crews_usage_is_summed_into_the_step_that_ran_it(

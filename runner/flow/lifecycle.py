@@ -51,6 +51,7 @@ from runner.store.models import (
     StepError,
     UsageMetrics,
 )
+from runner.store.pending import FEEDBACK
 
 log = logging.getLogger("runner.lifecycle")
 
@@ -194,7 +195,10 @@ def settle(
         raise ValueError(f"settle() takes done, paused, sleeping or failed, not {outcome}")
     ckpt = settled.transition.checkpoint
     ckpt.worker, ckpt.duration, ckpt.attempts = worker, result.duration, result.attempts
-    done = act.method if settled.outcome is Outcome.DONE else None
+    # What a resume will not spend again: a completed step's, and a reviewed method's (its
+    # output under review is kept with the pause; the method never runs again).
+    reviewed = result.awaiting is not None and result.awaiting.kind == FEEDBACK
+    done = act.method if settled.outcome is Outcome.DONE or reviewed else None
     usage.charge(ckpt, settled.transition.closing, result.usage, done)
     return settled
 

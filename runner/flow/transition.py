@@ -368,7 +368,7 @@ def resumed(
                 "resumed_from": source.id,
                 "pause_reason": None,
                 "awaiting": None,
-                "usage": usage.resumed(latest.meta.usage, source.meta.usage, record.done),
+                "usage": usage.resumed(latest.meta.usage, source.meta.usage),
                 **meta,
             }
         ),

@@ -282,14 +282,17 @@ def charge(
 
 
 def resumed(
-    latest: RunUsage | None, source: RunUsage | None, completed: Collection[str]
+    latest: RunUsage | None, source: RunUsage | None, kept: Collection[str] | None = None
 ) -> RunUsage | None:
-    """The run's sums when it goes on from a checkpoint with ``source``'s sums and the
-    ``completed`` methods (``latest``'s are the run's newest; ``None`` for a fork, a new
-    run): ``last`` starts again, what the completed steps spent is ``saved``."""
+    """The run's sums when it goes on from a checkpoint with ``source``'s sums (``latest``'s
+    are the run's newest; ``None`` for a fork, a new run): ``last`` starts again, what the
+    completed steps spent is ``saved``; ``kept`` names the methods whose spend is kept when
+    not all are (a fork's ``--rerun`` runs the others again)."""
     if latest is None and source is None:
         return None
-    done = {m: spent for m, spent in (source.done if source else {}).items() if m in completed}
+    done = dict(source.done) if source is not None else {}
+    if kept is not None:
+        done = {m: spent for m, spent in done.items() if m in kept}
     saved = UsageMetrics()
     for spent in done.values():
         saved.add_usage_metrics(spent)
