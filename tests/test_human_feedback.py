@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 from runner import (
+    EventListener,
     Flow,
+    FlowEvent,
     FlowState,
     HumanFeedbackPending,
     HumanFeedbackResult,
@@ -172,6 +174,35 @@ def test_the_llm_collapses_an_answer_to_a_label_whose_listeners_run() -> None:
 
     reviewer.answers.append("needs work")
     assert flow_cls().kickoff() == "shelved"  # "The outcome is: rejected." names rejected
+
+
+class Heard(EventListener):
+    def __init__(self) -> None:
+        self.events: list[FlowEvent] = []
+
+    def on_event(self, event: FlowEvent) -> None:
+        self.events.append(event)
+
+
+def test_a_review_tells_its_request_and_its_answer_to_the_flows_listeners() -> None:
+    heard = Heard()
+    flow_cls = reviewed_flow(
+        Publishing, emit=["approved", "rejected"], llm=Keywords(), provider=Scripted("ship it")
+    )
+    flow_cls(listeners=[heard]).kickoff()
+    told = [(e.type, e.method, e.data) for e in heard.events if "feedback" in e.type]
+    assert told == [
+        (
+            "human_feedback_requested",
+            "review",
+            {
+                "message": "Publish this?",
+                "output": {"title": "Otters", "body": "they hold hands"},
+                "emit": ["approved", "rejected"],
+            },
+        ),
+        ("human_feedback_received", "review", {"feedback": "ship it", "outcome": "approved"}),
+    ]
 
 
 def test_an_empty_answer_takes_the_default_outcome_without_asking_the_llm() -> None:

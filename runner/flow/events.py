@@ -41,8 +41,15 @@ INPUT_REQUESTED = "flow_input_requested"
 """``self.ask`` put a question to someone (``data``: ``message``, ``metadata``)."""
 INPUT_RECEIVED = "flow_input_received"
 """``self.ask`` got its answer (``data`` adds ``response``, ``response_metadata``)."""
+FEEDBACK_REQUESTED = "human_feedback_requested"
+"""A ``@human_feedback`` method's output went to review (``data``: ``message``, ``output``,
+``emit``)."""
+FEEDBACK_RECEIVED = "human_feedback_received"
+"""The review was answered (``data``: ``feedback``, ``outcome``)."""
 
 __all__ = [
+    "FEEDBACK_RECEIVED",
+    "FEEDBACK_REQUESTED",
     "FLOW_FAILED",
     "FLOW_FINISHED",
     "FLOW_PAUSED",

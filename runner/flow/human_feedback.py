@@ -32,6 +32,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from runner.checkpointing import persistable
 from runner.errors import AwaitInput, InvalidFeedback, NoPendingFeedback, RunnerError
+from runner.flow import events as ev
 from runner.flow.attempt import (
     Routed,
     current_activation,
@@ -283,6 +284,8 @@ def ask_reviewer(flow: Any, config: HumanFeedbackConfig, method: str, output: An
     step runs on a worker with no provider to ask."""
     context = context_for(flow, config, method, output)
     provider = config.provider if config.provider is not None else flow_config.hitl_provider
+    data = {"message": config.message, "output": context.awaiting().output, "emit": context.emit}
+    _tell(flow, ev.FEEDBACK_REQUESTED, method, data)
     try:
         if provider is not None:
             answer = provider.request_feedback(context, flow)
@@ -334,7 +337,12 @@ def finalize(
     )
     flow.human_feedback_history.append(result)
     flow.last_human_feedback = result
+    _tell(flow, ev.FEEDBACK_RECEIVED, method, {"feedback": feedback, "outcome": outcome})
     return result
+
+
+def _tell(flow: Any, kind: str, method: str, data: dict[str, Any]) -> None:
+    ev.tell(kind, flow.flow_id, flow.flow_name(), flow._listeners, method=method, data=data)
 
 
 _COLLAPSE = """A person reviewed a piece of work and answered:
