@@ -179,6 +179,23 @@ def test_a_clients_usage_fields_are_read_as_crewai_reads_them(answer: Any, expec
     assert usage_of(answer) == expected
 
 
+def test_usage_metrics_has_crewais_methods() -> None:
+    assert UsageMetrics.from_provider_dict(None) is None
+    assert UsageMetrics.from_provider_dict({}) is None
+    assert UsageMetrics.from_provider_dict({"prompt_tokens": 4, "completion_tokens": 6}) == (
+        UsageMetrics(total_tokens=10, prompt_tokens=4, completion_tokens=6, successful_requests=1)
+    )
+    spent = UsageMetrics(total_tokens=10, prompt_tokens=4, successful_requests=1)
+    spent.add_usage_metrics(UsageMetrics(total_tokens=5, completion_tokens=5))
+    assert spent == UsageMetrics(
+        total_tokens=15, prompt_tokens=4, completion_tokens=5, successful_requests=1
+    )
+    later = UsageMetrics(total_tokens=40, prompt_tokens=30, successful_requests=3)
+    assert later.delta_since(spent) == UsageMetrics(
+        total_tokens=25, prompt_tokens=26, successful_requests=2
+    )
+
+
 def test_record_usage_outside_a_step_records_nothing_and_bad_input_is_one_error() -> None:
     assert record_usage(prompt_tokens=5) is None
     with pytest.raises(ValueError, match="found no usage fields"):
@@ -187,6 +204,8 @@ def test_record_usage_outside_a_step_records_nothing_and_bad_input_is_one_error(
         record_usage(prompt=5)
     with pytest.raises(ValueError, match=">= 0"):
         record_usage(prompt_tokens=-1)
+    with pytest.raises(ValueError, match="whole numbers"):
+        record_usage(prompt_tokens="12")
     with pytest.raises(ValueError, match="takes a usage"):
         record_usage()
 

@@ -24,7 +24,13 @@ import threading
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from runner.store.models import Checkpoint, RunUsage, UsageMetrics
+from runner.store.models import (
+    COMPLETION_KEYS,
+    PROMPT_KEYS,
+    Checkpoint,
+    RunUsage,
+    UsageMetrics,
+)
 
 __all__ = ["UsageMetrics", "record_usage", "usage_of"]
 
@@ -113,7 +119,10 @@ def _from_counts(counts: dict[str, int]) -> UsageMetrics:
             f"record_usage has no count {', '.join(unknown)}; "
             f"it takes {', '.join(UsageMetrics.model_fields)}"
         )
-    given = {k: _int(v) for k, v in counts.items()}
+    bad = {k: v for k, v in counts.items() if isinstance(v, bool) or not isinstance(v, int)}
+    if bad:
+        raise ValueError(f"record_usage takes whole numbers of tokens, not {bad}")
+    given = dict(counts)
     given.setdefault("successful_requests", 1)
     prompt, completion = given.get("prompt_tokens", 0), given.get("completion_tokens", 0)
     given.setdefault("total_tokens", prompt + completion)
@@ -174,65 +183,16 @@ def _as_dict(value: Any) -> dict[str, Any] | None:
     return dict(fields) if isinstance(fields, dict) else None
 
 
-_PROMPT = ("prompt_tokens", "prompt_token_count", "input_tokens")
-_COMPLETION = ("completion_tokens", "candidates_token_count", "output_tokens")
-_CACHED = ("cached_prompt_tokens", "cached_tokens", "cache_read_input_tokens")
-_CREATED = ("cache_creation_tokens", "cache_creation_input_tokens")
-_REASONING = ("reasoning_tokens", "thoughts_token_count")
-
-
 def _normalized(data: dict[str, Any] | None) -> UsageMetrics | None:
-    """CrewAI's reading of a provider's usage fields (``UsageMetrics.from_provider_dict``):
-    the total is prompt plus completion; an Anthropic ``input_tokens`` beside its cache
-    counters is only the uncached part, so the prompt adds them."""
-    if not data or not any(k in data for k in (*_PROMPT, *_COMPLETION)):
+    """``data`` read by :meth:`UsageMetrics.from_provider_dict` if it has a prompt or
+    completion count (its ``*_details`` may be objects too), else ``None``."""
+    if not data or not any(k in data for k in (*PROMPT_KEYS, *COMPLETION_KEYS)):
         return None
-    prompt = _first(data, _PROMPT)
-    anthropic_cache = ("cache_read_input_tokens", "cache_creation_input_tokens")
-    if "input_tokens" in data and any(k in data for k in anthropic_cache):
-        prompt = (
-            _int(data.get("input_tokens"))
-            + _int(data.get("cache_read_input_tokens"))
-            + _int(data.get("cache_creation_input_tokens"))
-        )
-    completion = _first(data, _COMPLETION)
-    prompt_details = _as_dict(data.get("prompt_tokens_details")) or {}
-    input_details = _as_dict(data.get("input_token_details")) or {}
-    output_details = {
-        **(_as_dict(data.get("completion_tokens_details")) or {}),
-        **(_as_dict(data.get("output_token_details")) or {}),
+    plain = {
+        k: _as_dict(v) if k.endswith("_details") and not isinstance(v, Mapping) else v
+        for k, v in data.items()
     }
-    return UsageMetrics(
-        total_tokens=prompt + completion,
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        cached_prompt_tokens=_first(data, _CACHED)
-        or _int(prompt_details.get("cached_tokens"))
-        or _int(input_details.get("cache_read")),
-        cache_creation_tokens=_first(data, _CREATED) or _int(input_details.get("cache_creation")),
-        reasoning_tokens=_first(data, _REASONING)
-        or _int(output_details.get("reasoning_tokens"))
-        or _int(output_details.get("reasoning")),
-        successful_requests=1,
-    )
-
-
-def _first(data: Mapping[str, Any], keys: tuple[str, ...]) -> int:
-    for key in keys:
-        value = _int(data.get(key))
-        if value:
-            return value
-    return 0
-
-
-def _int(value: Any) -> int:
-    """A count as an int; anything else (``None``, ``"n/a"``) counts 0, as in CrewAI."""
-    if isinstance(value, bool):
-        return 0
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
+    return UsageMetrics.from_provider_dict(plain)
 
 
 def counters(llm: Any) -> UsageMetrics | None:
@@ -244,16 +204,18 @@ def counters(llm: Any) -> UsageMetrics | None:
     fields = _as_dict(summary())
     if fields is None:
         return None
-    return UsageMetrics(**{k: _int(fields.get(k)) for k in UsageMetrics.model_fields})
+    known = {k: v for k, v in fields.items() if k in UsageMetrics.model_fields and v is not None}
+    try:
+        return UsageMetrics.model_validate(known)
+    except ValueError:  # counters that are not counts: nothing to read
+        return None
 
 
 def since(before: UsageMetrics | None, after: UsageMetrics | None) -> UsageMetrics | None:
     """What lifetime counters grew by between two readings (``None``: nothing)."""
     if before is None or after is None:
         return None
-    grew = UsageMetrics(
-        **{k: max(getattr(after, k) - getattr(before, k), 0) for k in UsageMetrics.model_fields}
-    )
+    grew = after.delta_since(before)
     return None if grew.empty else grew
 
 

@@ -7,6 +7,7 @@ they reach a record, so a store never sees a Python object it cannot write.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -125,10 +126,87 @@ class UsageMetrics(BaseModel):
         both.add_usage_metrics(other)
         return both
 
+    def delta_since(self, baseline: UsageMetrics) -> UsageMetrics:
+        """What these counts (a client's lifetime counters) grew by since ``baseline`` was
+        read from them, never below 0 (as CrewAI's)."""
+        return UsageMetrics(**{k: max(v - getattr(baseline, k), 0) for k, v in self})
+
+    @classmethod
+    def from_provider_dict(cls, usage_data: Mapping[str, Any] | None) -> UsageMetrics | None:
+        """One request's usage from a provider's usage dict, read as CrewAI reads it
+        (``None`` for none): ``prompt_tokens`` / ``prompt_token_count`` (Gemini) /
+        ``input_tokens`` (Anthropic, LangChain; with Anthropic's cache counters beside it the
+        uncached part, so they are added), the completion and cache aliases, OpenAI's
+        ``prompt_tokens_details`` and LangChain's ``input_token_details`` /
+        ``output_token_details`` dicts; the total is prompt plus completion; a count that is
+        not a number counts 0."""
+        if not usage_data:
+            return None
+        data = usage_data
+        prompt = _first_count(data, PROMPT_KEYS)
+        if "input_tokens" in data and any(k in data for k in _ANTHROPIC_CACHE):
+            prompt = sum(_count(data.get(k)) for k in ("input_tokens", *_ANTHROPIC_CACHE))
+        completion = _first_count(data, COMPLETION_KEYS)
+        prompt_details = _details(data, "prompt_tokens_details")
+        input_details = _details(data, "input_token_details")
+        output_details = {
+            **_details(data, "completion_tokens_details"),
+            **_details(data, "output_token_details"),
+        }
+        cached = (
+            _first_count(data, ("cached_prompt_tokens", "cached_tokens", "cache_read_input_tokens"))
+            or _count(prompt_details.get("cached_tokens"))
+            or _count(input_details.get("cache_read"))
+        )
+        created = _first_count(
+            data, ("cache_creation_tokens", "cache_creation_input_tokens")
+        ) or _count(input_details.get("cache_creation"))
+        reasoning = (
+            _first_count(data, ("reasoning_tokens", "thoughts_token_count"))
+            or _count(output_details.get("reasoning_tokens"))
+            or _count(output_details.get("reasoning"))
+        )
+        return cls(
+            total_tokens=prompt + completion,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cached_prompt_tokens=cached,
+            cache_creation_tokens=created,
+            reasoning_tokens=reasoning,
+            successful_requests=1,
+        )
+
     @property
     def empty(self) -> bool:
         """Nothing recorded: no request, no token."""
         return not any(value for _, value in self)
+
+
+PROMPT_KEYS = ("prompt_tokens", "prompt_token_count", "input_tokens")
+"""A provider's names of the prompt's token count (OpenAI, Gemini, Anthropic/LangChain)."""
+COMPLETION_KEYS = ("completion_tokens", "candidates_token_count", "output_tokens")
+"""... and of the completion's."""
+_ANTHROPIC_CACHE = ("cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def _count(value: Any) -> int:
+    """A token count as an int; anything else (``None``, ``"n/a"``) counts 0, as in CrewAI."""
+    if isinstance(value, bool):
+        return 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _first_count(data: Mapping[str, Any], keys: tuple[str, ...]) -> int:
+    """The first non-zero count among ``keys``."""
+    return next((n for n in (_count(data.get(k)) for k in keys) if n), 0)
+
+
+def _details(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    found = data.get(key)
+    return found if isinstance(found, Mapping) else {}
 
 
 class RunUsage(BaseModel):
