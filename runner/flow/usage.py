@@ -97,7 +97,10 @@ def record_usage(usage: Any = None, /, **counts: int) -> UsageMetrics | None:
     keywords: ``record_usage(prompt_tokens=120, completion_tokens=40)``. Each call counts
     as one request unless ``successful_requests`` says otherwise. Returns what was
     recorded; ``None`` outside a step (nothing is recorded then). Input with no usage
-    fields, or negative counts, is a :class:`ValueError`.
+    fields, or counts that are not whole numbers >= 0, is a :class:`ValueError`.
+
+    Call it from the step's own thread or task: a thread the method starts itself does not
+    inherit the step's context (start it with ``contextvars.copy_context().run``).
     """
     if (usage is None) == (not counts):
         raise ValueError(
