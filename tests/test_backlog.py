@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.distributed import handoff
+from runner.distributed import broker, handoff
 from runner.distributed.client import RunHandle, submit
 from runner.distributed.engine import Runtime, first_checkpoint
 from runner.distributed.processes import WorkerProcess
@@ -78,7 +78,7 @@ def test_a_backlog_three_leases_long_runs_every_step_once_from_one_message(
         assert len(sent) == STEPS and set(sent.values()) == {1}, sent
         started = Counter(e["uuid"] for e in events if e.get("type") == "task-started")
         assert set(started.values()) == {1}, started
-        assert redis_client.llen(env["RUNNER_QUEUE"]) == 0
+        assert broker.queue_length(rt.app, env["RUNNER_QUEUE"]) == 0
     finally:
         _stop(rt, workers)
 

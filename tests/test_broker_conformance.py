@@ -123,9 +123,15 @@ def monitored(url: str) -> Iterator[list[tuple[str, str]]]:
         client.close()
 
 
-def pushes(commands: list[tuple[str, str]], queue: str) -> list[tuple[str, str, bool]]:
-    """For each message pushed onto ``queue``: (origin, task id, whether its dispatch
-    marker was written before it: whether the commit that made its step ready came first)."""
+def pushes(commands: list[tuple[str, str]], rt: Runtime, queue: str) -> list[tuple[str, str, bool]]:
+    """For each message pushed onto ``queue`` (any of its priority lists): (origin, task id,
+    whether its dispatch marker was written before it: whether the commit that made its step
+    ready came first)."""
+    # MONITOR writes a key's unprintable characters (the priority lists' separator) as \xNN.
+    lists = {
+        "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in key)
+        for key in broker.Layout.of(rt.app).queue_keys(queue)
+    }
     marked: set[tuple[str, str]] = set()
     found = []
     for origin, command in commands:
@@ -134,8 +140,8 @@ def pushes(commands: list[tuple[str, str]], queue: str) -> list[tuple[str, str, 
         if name.upper() in ("HSETNX", "HSET") and words[0].endswith(":dispatched"):
             run = words[0][words[0].index("{") + 1 : words[0].index("}")]
             marked.update((run, field) for field in words[1::2])
-        elif name.upper() == "LPUSH" and words[0] == queue:
-            raw = rest[len(queue) + 1 :]
+        elif name.upper() == "LPUSH" and words[0] in lists:
+            raw = rest[len(words[0]) + 1 :]
             task = broker.task_id_of(raw) or re.search(r'"id": "([^"]+)"', raw).group(1)  # type: ignore[union-attr]
             run, epoch, act = task.rsplit(":", 2)
             found.append((origin, task, (run, activation_key_in(int(epoch), act)) in marked))
@@ -207,7 +213,7 @@ def test_the_outbox_queues_each_step_inside_its_commit_and_flower_sees_it_sent_o
             handles = [submit(DistFan, rt=rt) for _ in range(3)]
             assert [h.result(timeout=60) for h in handles] == [10, 10, 10]
             time.sleep(0.5)  # the last events
-        queued = pushes(commands, env["RUNNER_QUEUE"])
+        queued = pushes(commands, rt, env["RUNNER_QUEUE"])
         assert len(queued) == 3 * 12  # root, ten branches, gather
         # Every message went onto the queue inside the script of the commit that made its
         # step ready (kombu built it, the commit ran its LPUSH), never before.
@@ -236,7 +242,7 @@ def test_with_the_batch_factory_looked_up_on_the_class_runs_finish_and_none_is_s
             assert handoff.flush(5.0)
             for handle in handles:
                 assert rt.coord.leases(handle.run_id) == {}
-        queued = pushes(commands, env["RUNNER_QUEUE"])
+        queued = pushes(commands, rt, env["RUNNER_QUEUE"])
         assert len(queued) == runs * 12
         # Sent by kombu itself (the outbox is off), each after its commit.
         assert {(origin, after) for origin, _, after in queued} == {("tcp", True)}
@@ -346,7 +352,7 @@ def test_an_unexpected_command_after_the_check_sends_after_the_commit_from_then_
         first = submit(DistEcho, {"count": 1}, rt=rt)
         second = submit(DistEcho, {"count": 2}, rt=rt)
         # Both sent after their commit, by kombu: the queue has them, no sender lease is left.
-        assert redis_client.llen(env["RUNNER_QUEUE"]) == 2
+        assert broker.queue_length(rt.app, env["RUNNER_QUEUE"]) == 2
         assert handoff.flush(5.0)
         for handle in (first, second):
             assert set(rt.coord.dispatched(handle.run_id)) == {"hello#1"}

@@ -23,7 +23,7 @@ import redis
 
 from runner.distributed import handoff
 from runner.distributed.app import make_app
-from runner.distributed.broker import QUEUE_READ_LIMIT, BrokerView
+from runner.distributed.broker import QUEUE_READ_LIMIT, BrokerView, queue_length
 from runner.distributed.engine import Runtime, first_checkpoint, task_id
 from runner.distributed.recovery import recover
 from runner.settings import RunnerSettings
@@ -73,10 +73,10 @@ def test_a_message_lost_between_queue_and_worker_is_sent_again_once(
     assert recover(lone, force=True) == {run: ["one#1"]}
 
     # The message sent again waits in the queue: a backlog, never re-sent however long.
-    assert redis_client.llen(lone.settings.queue) == 1
+    assert queue_length(lone.app, lone.settings.queue) == 1
     time.sleep(LEASE + 0.2)
     assert recover(lone, force=True) == {}
-    assert redis_client.llen(lone.settings.queue) == 1
+    assert queue_length(lone.app, lone.settings.queue) == 1
 
 
 def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again_once(
@@ -121,4 +121,4 @@ def test_past_the_queue_read_limit_a_step_counts_as_queued(
     redis_client.ltrim(lone.settings.queue, 0, QUEUE_READ_LIMIT - 2)  # short enough to read
     assert _view(lone).lost(task_id(run, 0, "one#1"), "LinearParity.one") is True
     assert recover(lone, force=True) == {run: ["one#1"]}
-    assert redis_client.llen(lone.settings.queue) == QUEUE_READ_LIMIT
+    assert queue_length(lone.app, lone.settings.queue) == QUEUE_READ_LIMIT

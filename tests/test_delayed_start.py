@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 
+from runner.distributed import broker
 from runner.errors import InvalidInputs
 from runner.store.models import RunStatus
 from tests.flows.dist import executions
@@ -23,7 +24,7 @@ GREET = "tests.flows.timing:GreetFlow"
 
 def queued(redis_client: redis.Redis, rt: Any) -> int:
     """Messages waiting in the workers' queue (the broker is the store's Redis)."""
-    return int(redis_client.llen(rt.settings.queue))
+    return broker.queue_length(rt.app, rt.settings.queue)
 
 
 def test_a_delayed_run_is_stored_scheduled_and_starts_after_its_countdown(

@@ -11,7 +11,7 @@ import redis
 from kombu import Connection
 
 from runner.distributed import handoff
-from runner.distributed.broker import recording, unrecordable
+from runner.distributed.broker import queue_length, recording, unrecordable
 from runner.distributed.client import submit
 from runner.store.models import RunStatus
 from tests._dist_support import private_pool
@@ -28,7 +28,7 @@ def test_a_start_is_queued_by_the_commit_that_creates_its_run(
         handle = submit(DistEcho, {"count": 2}, rt=rt)
         # Nothing runs yet: the message is in the queue, marked sent, and nobody holds a
         # lease for it (nor ever did: no let-go is left to drop one).
-        assert redis_client.llen(env["RUNNER_QUEUE"]) == 1
+        assert queue_length(rt.app, env["RUNNER_QUEUE"]) == 1
         assert set(rt.coord.dispatched(handle.run_id)) == {"hello#1"}
         assert rt.coord.leases(handle.run_id) == {}
         assert handoff.flush(0.0)
@@ -36,7 +36,7 @@ def test_a_start_is_queued_by_the_commit_that_creates_its_run(
         pool.start()
         assert handle.result(timeout=30) == 4
         assert rt.coord.leases(handle.run_id) == {}
-        assert redis_client.llen(env["RUNNER_QUEUE"]) == 0
+        assert queue_length(rt.app, env["RUNNER_QUEUE"]) == 0
 
 
 def test_with_a_broker_of_its_own_a_step_is_sent_after_its_commit(
@@ -50,7 +50,7 @@ def test_with_a_broker_of_its_own_a_step_is_sent_after_its_commit(
         with rt.app.producer_or_acquire() as producer:
             assert unrecordable(producer) is None  # its channel could be: the URL decides
         handle = submit(DistEcho, {"count": 2}, rt=rt)
-        assert redis_client.llen(env["RUNNER_QUEUE"]) == 1
+        assert queue_length(rt.app, env["RUNNER_QUEUE"]) == 1
         assert handoff.flush(5.0)  # the sender's lease, taken by the commit, is dropped
         assert rt.coord.leases(handle.run_id) == {}
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.distributed import routing
+from runner.distributed import broker, routing
 from runner.distributed.client import RunHandle, submit
 from runner.store.models import RunStatus
 from tests._dist_support import eventually, private_pool
@@ -38,7 +38,7 @@ def test_a_gpu_step_waits_for_a_gpu_worker_and_runs_only_there(
         # Nobody consumes gpu: the step stays queued there, the run keeps running.
         time.sleep(3)
         assert RunHandle(run.run_id, rt).status() is RunStatus.RUNNING
-        assert rt.store.client.llen(gpu) == 1
+        assert broker.queue_length(rt.app, gpu) == 1
         # ... and says so: `runner status` and `runner steps` name the queue it waits for.
         shown = CliRunner().invoke(app, ["status", run.run_id], env=env)
         assert shown.exit_code == 0, shown.output

@@ -186,7 +186,7 @@ def test_a_step_message_a_failover_lost_is_sent_again_by_recovery(
             handle = submit(ProdSplit, rt=rt)  # committed (and replicated), then queued
             queue = broker.Layout.of(rt.app).queue_keys(rt.settings.queue)
             client = broker.broker_client(rt.app)
-            assert client.llen(queue[0]) == 1
+            assert broker.queue_length(rt.app, rt.settings.queue) == 1
             # What a failover loses: a message pushed to the old primary that never reached
             # the replica Sentinel promotes. Its step stays marked sent, with no lease.
             client.delete(*queue)

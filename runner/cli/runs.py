@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from runner.errors import CorruptCheckpoint, InvalidInputs, RunTimeout
+from runner.flow.rates import PRIORITIES
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.views import asleep, scheduled_until, woken_at
 
@@ -103,6 +104,17 @@ def submit(
             help="Cancel the run if it has not finished this long after now.",
         ),
     ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            "--priority",
+            min=min(PRIORITIES),
+            max=max(PRIORITIES),
+            metavar="0-9",
+            help="Its steps' priority, 0 (lowest) to 9 (highest); default: each method's "
+            "priority=, else 5. Workers take higher ones first; a resume keeps it.",
+        ),
+    ] = None,
     wait: WaitOpt = False,
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
@@ -134,6 +146,7 @@ def submit(
         countdown=countdown,
         eta=start,
         deadline=deadline,
+        priority=priority,
         rt=rt,
     )
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)

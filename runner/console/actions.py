@@ -276,6 +276,7 @@ def submit(
     if_exists: str,
     countdown: float | None,
     deadline: float | None,
+    priority: int | None = None,
 ) -> RunHandle:
     """Start a run of ``flow`` (a path in the workers' allow-list), as ``runner submit``:
     a repeated submit of one ``run_id`` with the same flow and inputs returns that run."""
@@ -286,6 +287,7 @@ def submit(
         if_exists=if_exists,
         countdown=countdown,
         deadline=deadline,
+        priority=priority,
         rt=rt,
     )
 

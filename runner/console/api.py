@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from runner.flow.rates import PRIORITIES
 from runner.store.models import RunStatus
 
 from . import actions, data
@@ -43,6 +44,13 @@ class SubmitBody(BaseModel):
     )
     deadline: float | None = Field(
         default=None, gt=0, description="Cancel the run if it has not finished by then (s)."
+    )
+    priority: int | None = Field(
+        default=None,
+        ge=min(PRIORITIES),
+        le=max(PRIORITIES),
+        description="Its steps' priority, 0 (lowest) to 9 (highest); default: each method's "
+        "priority=, else 5. Kept when the run is resumed.",
     )
 
 
@@ -170,6 +178,7 @@ def post_submit(request: Request, body: SubmitBody) -> Started:
         if_exists=body.if_exists,
         countdown=body.countdown,
         deadline=body.deadline,
+        priority=body.priority,
     )
     return Started(run_id=handle.run_id, status=handle.status())
 

@@ -28,7 +28,7 @@ from runner.errors import StoreUnavailable
 from runner.settings import RunnerSettings, get_settings
 from runner.store import connection
 
-from . import routing
+from . import broker, routing
 
 REQUIRED: dict[str, Any] = {
     "task_serializer": "json",
@@ -94,6 +94,7 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
     conf["task_default_queue"] = settings.queue
     app.conf.update(conf)
     app.conf.runner_redis_url = url
+    broker.configure_priorities(app)  # every step message carries a priority the broker honours
     routing.install(app, settings)  # before any send: every step goes to its method's queue
     return app
 

@@ -25,6 +25,20 @@ What the runner takes from them that is not their public API, and what it expect
   requests the pool runs (``active_requests``), prefetched ones (``reserved_requests``) and
   ones waiting for an ETA or a countdown (``scheduled_requests``).
 * **Routing** (:func:`queue_of`): ``app.amqp.router.route`` names the queue of a task.
+* **Priorities** (:func:`configure_priorities`, :func:`wire_priority`): every step message
+  carries a priority, in the broker's terms. kombu's Redis transport keeps a queue's
+  messages of priority ``p`` in the list ``<queue><sep><p>`` (``p`` rounded down to one of
+  ``priority_steps``; ``p = 0``, or none given, in the queue's own list) and pops the lists
+  in the order of the steps: **0 first**, so the runner's 9 (the highest) is sent as 0, and
+  ``priority_steps`` is every value 0-9 (one list each) unless the broker's transport options
+  say otherwise. RabbitMQ takes the highest first from a queue declared with
+  ``x-max-priority`` (Celery's ``task_queue_max_priority`` declares every task queue so); a
+  queue that exists without it cannot be redeclared with it (406 PRECONDITION_FAILED), which
+  :class:`QueueWithoutPriorities` says in one line with the fix
+  (:func:`check_priority_queues` at a worker's start, :func:`priority_queues` around sends).
+  A retry or a deferral (Celery's ``Task.retry``) republishes the message with the priority
+  it came with (Celery 5.7 copies ``delivery_info['priority']``); ``pytest -m broker`` checks
+  both orders on real brokers.
 * **A lost connection's second close** (:func:`guard_closed_channels`): a worker survives
   Celery closing a dead connection twice, where kombu's Redis channel would read a client
   the first close dropped.
@@ -65,6 +79,8 @@ from kombu import Exchange, Producer, Queue
 from kombu.exceptions import BatchPublishError, OperationalError
 from kombu.transport.redis import Channel as RedisChannel
 
+from runner.errors import RunnerError
+from runner.flow.rates import PRIORITIES
 from runner.store import connection
 from runner.store.base import OUTBOX_COMMANDS, OutboxCommand
 
@@ -595,6 +611,95 @@ def queue_of(app: Celery, name: str, default: str) -> str:
         return str(app.amqp.router.route({}, name, (), {})["queue"].name)
     except Exception:  # a user's router that needs arguments: the default queue
         return default
+
+
+# --- priorities -----------------------------------------------------------------------------
+
+TOP_PRIORITY = max(PRIORITIES)
+
+
+def configure_priorities(app: Celery) -> None:
+    """Make ``app``'s broker take messages by priority: on Redis one list per priority
+    (kombu's ``priority_steps``, unless the broker's transport options set them), on
+    RabbitMQ task queues declared with ``x-max-priority`` (unless the config sets one)."""
+    if redis_broker(app):
+        options = dict(app.conf.broker_transport_options or {})
+        options.setdefault("priority_steps", list(PRIORITIES))
+        app.conf.broker_transport_options = options
+    elif app.conf.task_queue_max_priority is None:
+        app.conf.task_queue_max_priority = TOP_PRIORITY
+
+
+def wire_priority(app: Celery, priority: int) -> int:
+    """A step's ``priority`` (0 lowest, 9 highest) as ``app``'s broker reads it: reversed on
+    Redis, whose transport takes 0 first (so the mapping is its own inverse)."""
+    return TOP_PRIORITY - priority if redis_broker(app) else priority
+
+
+class QueueWithoutPriorities(RunnerError):
+    """A RabbitMQ queue exists without ``x-max-priority`` and cannot take the runner's."""
+
+
+def _without_priorities(exc: BaseException) -> str | None:
+    """The queue a broker error says exists without priorities, or ``None`` (another error)."""
+    # py-amqp 5: PreconditionFailed (reply code 406) "... inequivalent arg 'x-max-priority'
+    # for queue 'NAME' in vhost ...".
+    text = str(exc)
+    if getattr(exc, "reply_code", None) != 406 or "x-max-priority" not in text:
+        return None
+    _, _, rest = text.partition("for queue '")
+    return rest.partition("'")[0] or "?"
+
+
+def _refused(queue: str) -> QueueWithoutPriorities:
+    return QueueWithoutPriorities(
+        f"the RabbitMQ queue {queue!r} exists without the runner's priorities (x-max-priority "
+        f"{TOP_PRIORITY}), as an earlier runner declared it, and RabbitMQ refuses to declare it "
+        "again with them "
+        f"(406 PRECONDITION_FAILED): stop its workers once it is empty, delete it "
+        f"(rabbitmqctl delete_queue {queue}) and start them again; they declare it anew",
+        queue=queue,
+    )
+
+
+@contextmanager
+def priority_queues(app: Celery) -> Iterator[None]:
+    """Around a send: a queue that exists without priorities is :class:`QueueWithoutPriorities`
+    (one line naming it and the fix) instead of py-amqp's ``PreconditionFailed``."""
+    try:
+        yield
+    except Exception as exc:
+        causes = (e for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+        queue = next((q for e in causes if (q := _without_priorities(e))), None)
+        if queue is None:
+            raise
+        raise _refused(queue) from None
+
+
+def check_priority_queues(app: Celery, queues: Collection[str]) -> None:
+    """At a worker's start on RabbitMQ: declare ``queues`` as Celery will
+    (:class:`QueueWithoutPriorities` for one that exists without priorities). Nothing to
+    check on Redis; a broker that cannot be reached now is checked by Celery's own declare."""
+    if redis_broker(app):
+        return
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1)
+            for name in queues:
+                with priority_queues(app):
+                    app.amqp.queues[name](conn.channel()).declare()
+    except QueueWithoutPriorities:
+        raise
+    except (OperationalError, OSError) as exc:
+        log.debug("could not check the queues' priorities now: %s", exc)
+
+
+def queue_length(app: Celery, queue: str) -> int:
+    """How many messages a Redis broker's ``queue`` holds, in all its priority lists."""
+    pipe = broker_client(app).pipeline(transaction=False)
+    for name in Layout.of(app).queue_keys(queue):
+        pipe.llen(name)
+    return int(sum(pipe.execute()))
 
 
 # --- worker state ---------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.loading import load_flow
+from runner.flow.rates import priority_problem
 from runner.flow.usage import last_of
 from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus, UsageMetrics
@@ -178,6 +179,7 @@ def submit(
     countdown: float | None = None,
     eta: datetime | float | None = None,
     deadline: float | None = None,
+    priority: int | None = None,
     rt: Runtime | None = None,
 ) -> RunHandle:
     """Validate ``inputs``, create the run, and enqueue its start on the workers.
@@ -194,7 +196,9 @@ def submit(
     worker's recovery pass sends its starts after that time (see :mod:`.recovery`); nothing
     of it waits in the broker. ``deadline`` (seconds from now, else the flow's
     ``run_deadline``) cancels the run if it has not finished by then, as ``runner cancel``
-    does.
+    does. ``priority`` (0 lowest to 9 highest) goes with every step of the run, also after a
+    recovery, a retry or a resume; without it each step takes its method's ``priority=``,
+    else 5. Workers take the steps of higher priority first.
     """
     if if_exists not in IF_EXISTS:
         raise InvalidInputs(
@@ -214,6 +218,8 @@ def submit(
             )
         inputs["id"] = id
     check_fields(flow_cls, inputs)
+    if priority is not None and (problem := priority_problem(priority)):
+        raise InvalidInputs(problem, priority=priority)
     now = time.time()
     not_before = start_time(now, countdown, eta)
     seconds = flow_cls.run_deadline if deadline is None else deadline
@@ -228,6 +234,7 @@ def submit(
     first.checkpoint.meta.submitted = digest
     first.checkpoint.meta.not_before = not_before
     first.checkpoint.meta.deadline = None if seconds is None else now + seconds
+    first.checkpoint.meta.priority = priority
     run_id = first.checkpoint.run_id
     # Timers set before the commit, so no run lacks one; a timer left for a run another
     # submit created is checked against that run's own checkpoint.

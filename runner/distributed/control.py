@@ -116,7 +116,9 @@ def resume(
     assert done is not None
     ckpt, step = done
     routing.learn(rt.app, flow_cls)
-    dispatch(rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready)
+    dispatch(
+        rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready, priority=ckpt.meta.priority
+    )
     return RunHandle(run_id, rt)
 
 
@@ -164,7 +166,9 @@ def answer(
     assert done is not None
     ckpt, step = done
     routing.learn(rt.app, flow_cls)
-    dispatch(rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready)
+    dispatch(
+        rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready, priority=ckpt.meta.priority
+    )
     return RunHandle(run_id, rt)
 
 
@@ -225,7 +229,7 @@ def fork(
     )
     rt.store.commit(start, expected_seq=first.seq)
     routing.learn(rt.app, flow_cls)
-    dispatch(rt, flow_cls.flow_name(), new_id, 0, pending)
+    dispatch(rt, flow_cls.flow_name(), new_id, 0, pending, priority=start.meta.priority)
     return RunHandle(new_id, rt)
 
 

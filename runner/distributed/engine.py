@@ -50,7 +50,7 @@ from runner.store.base import CommitRequest
 from runner.store.models import Checkpoint, ParentLink, RunStatus, UsageMetrics
 from runner.store.redis import RedisProvider
 
-from . import handoff, outbox, state_copy
+from . import handoff, outbox, routing, state_copy
 from .coord import Coordinator
 
 if TYPE_CHECKING:
@@ -128,9 +128,11 @@ def dispatch(
     epoch: int,
     acts: list[Activation],
     *,
+    priority: int | None,
     force: bool = False,
 ) -> list[str]:
-    """Send each activation once (``force`` re-sends); return the ids sent."""
+    """Send each activation once (``force`` re-sends) with its run's ``priority``
+    (``RunMeta.priority``); return the ids sent."""
     if not acts:
         return []
     keys = [tr.activation_key_in(epoch, a.id) for a in acts]
@@ -142,11 +144,20 @@ def dispatch(
     )
     for act in chosen if force else ():
         rt.coord.redispatch_stamp(run_id, tr.activation_key_in(epoch, act.id))
-    return send(rt, flow_name, run_id, epoch, chosen)
+    return send(rt, flow_name, run_id, epoch, chosen, priority=priority)
 
 
-def send(rt: Runtime, flow_name: str, run_id: str, epoch: int, acts: list[Activation]) -> list[str]:
-    """Send each activation's task (already marked dispatched); return the ids sent.
+def send(
+    rt: Runtime,
+    flow_name: str,
+    run_id: str,
+    epoch: int,
+    acts: list[Activation],
+    *,
+    priority: int | None,
+) -> list[str]:
+    """Send each activation's task (already marked dispatched) with its priority (see
+    :func:`.routing.step_priority`; ``priority`` is the run's); return the ids sent.
 
     The messages (and their ``task-sent`` events) go in one batch: one round trip to a
     Redis broker however many steps a commit made ready (kombu's ``Producer.batch``;
@@ -158,25 +169,35 @@ def send(rt: Runtime, flow_name: str, run_id: str, epoch: int, acts: list[Activa
         return []
     from kombu.exceptions import BatchPublishError  # loaded with the app that sends: no cost
 
-    try:
-        with rt.app.producer_or_acquire() as producer, producer.batch():
+    from . import broker
+
+    with broker.priority_queues(rt.app):
+        try:
+            with rt.app.producer_or_acquire() as producer, producer.batch():
+                for act in acts:
+                    _send_task(rt, flow_name, run_id, epoch, act, producer, priority)
+        except BatchPublishError:
+            # The batch's round trip failed and which messages arrived is unknown: send each
+            # again on its own, under the publish retry policy (a duplicate is turned away).
             for act in acts:
-                _send_task(rt, flow_name, run_id, epoch, act, producer)
-    except BatchPublishError:
-        # The batch's round trip failed and which messages arrived is unknown: send each
-        # again on its own, under the publish retry policy (a duplicate is turned away).
-        for act in acts:
-            _send_task(rt, flow_name, run_id, epoch, act, None)
+                _send_task(rt, flow_name, run_id, epoch, act, None, priority)
     # The broker has them: from now on the steps are queued, not lost.
     handoff.let_go(rt.coord, run_id, [tr.activation_key_in(epoch, act.id) for act in acts])
     return [act.id for act in acts]
 
 
 def _send_task(
-    rt: Runtime, flow_name: str, run_id: str, epoch: int, act: Activation, producer: Any
+    rt: Runtime,
+    flow_name: str,
+    run_id: str,
+    epoch: int,
+    act: Activation,
+    producer: Any,
+    run_priority: int | None,
 ) -> None:
+    name = task_name(flow_name, act.method)
     rt.app.send_task(
-        task_name(flow_name, act.method),
+        name,
         kwargs={
             "run_id": run_id,
             "activation": act.id,
@@ -186,10 +207,19 @@ def _send_task(
         task_id=task_id(run_id, epoch, act.id),
         kwargsrepr=kwargs_repr(run_id, act.id),
         producer=producer,
+        priority=message_priority(rt, name, run_priority),
         # Without results (the default) the sender has nothing to wait for: no subscription
         # to the step's result channel, which Celery otherwise opens on every send.
         ignore_result=not rt.settings.task_results,
     )
+
+
+def message_priority(rt: Runtime, task: str, run_priority: int | None) -> int:
+    """The priority, in the broker's terms, of the message of a step of ``task`` in a run
+    of ``run_priority`` (see :func:`.routing.step_priority`)."""
+    from .broker import wire_priority  # loaded with the app that sends
+
+    return wire_priority(rt.app, routing.step_priority(rt.app, task, run_priority))
 
 
 def dispatch_pending(rt: Runtime, latest: Checkpoint) -> list[str]:
@@ -198,7 +228,14 @@ def dispatch_pending(rt: Runtime, latest: Checkpoint) -> list[str]:
     if latest.status is not RunStatus.RUNNING:
         return []
     pending = orch.pending(tr.record_of(latest))
-    return dispatch(rt, str(latest.meta.name), latest.run_id, latest.meta.epoch, pending)
+    return dispatch(
+        rt,
+        str(latest.meta.name),
+        latest.run_id,
+        latest.meta.epoch,
+        pending,
+        priority=latest.meta.priority,
+    )
 
 
 def first_checkpoint(flow_cls: Any, inputs: dict[str, Any]) -> tr.Transition:
@@ -286,8 +323,11 @@ def commit_and_send(
     epoch, run_id, name = checkpoint.meta.epoch, checkpoint.run_id, str(checkpoint.meta.name)
     if ready and checkpoint.status is RunStatus.RUNNING:
         marks = [tr.activation_key_in(epoch, a.id) for a in ready]
+    priority = checkpoint.meta.priority
     messages = (
-        outbox_commands(rt, name, run_id, epoch, ready) if marks and rt.sends_in_commit else None
+        outbox_commands(rt, name, run_id, epoch, ready, priority=priority)
+        if marks and rt.sends_in_commit
+        else None
     )
     ckpt = rt.store.commit_request(
         CommitRequest(
@@ -301,19 +341,25 @@ def commit_and_send(
         )
     )
     if marks and messages is None:
-        send(rt, name, run_id, epoch, ready)
+        send(rt, name, run_id, epoch, ready, priority=priority)
     return ckpt
 
 
 def outbox_commands(
-    rt: Runtime, flow_name: str, run_id: str, epoch: int, acts: list[Activation]
+    rt: Runtime,
+    flow_name: str,
+    run_id: str,
+    epoch: int,
+    acts: list[Activation],
+    *,
+    priority: int | None,
 ) -> list[outbox.Command] | None:
-    """The Redis commands that would send ``acts``, unsent (``None``: the outbox is off
-    here; send them after the commit)."""
+    """The Redis commands that would send ``acts`` of a run of ``priority``, unsent
+    (``None``: the outbox is off here; send them after the commit)."""
 
     def publish(producer: Any) -> None:
         for act in acts:
-            _send_task(rt, flow_name, run_id, epoch, act, producer)
+            _send_task(rt, flow_name, run_id, epoch, act, producer, priority)
 
     return outbox.recorded(rt.app, publish)
 
@@ -398,6 +444,7 @@ def start_child(
     if existing is None:
         first = first_checkpoint(child_cls, {**child.inputs, "id": child_id})
         first.checkpoint.meta.parent = ParentLink(run_id=parent_run_id, activation=act.id)
+        first.checkpoint.meta.priority = parent.meta.priority  # its steps go as its parent's
         with contextlib.suppress(CommitConflict):  # an earlier attempt created it
             rt.store.commit(first.checkpoint, expected_seq=0)
     elif existing.status is RunStatus.SUCCEEDED:
@@ -407,7 +454,9 @@ def start_child(
         resumed = commit_on_latest(rt, child_id, _resume_stopped)
         if resumed is not None:
             ckpt, step = resumed
-            dispatch(rt, child.name, child_id, ckpt.meta.epoch, step.ready)
+            dispatch(
+                rt, child.name, child_id, ckpt.meta.epoch, step.ready, priority=ckpt.meta.priority
+            )
         return {**reply, "resumed": True}
     created = rt.store.latest(child_id)
     return {**reply, "dispatched": dispatch_pending(rt, created) if created else []}

@@ -179,7 +179,15 @@ def _recover_run(rt: Runtime, run_id: str, broker: BrokerView) -> list[str]:
         stale = [act for act in stale if act.id not in waiting]
     if not stale:
         return []
-    return dispatch(rt, flow_cls.flow_name(), run_id, latest.meta.epoch, stale, force=True)
+    return dispatch(
+        rt,
+        flow_cls.flow_name(),
+        run_id,
+        latest.meta.epoch,
+        stale,
+        priority=latest.meta.priority,
+        force=True,
+    )
 
 
 def _stale(

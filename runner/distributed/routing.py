@@ -8,6 +8,12 @@ outbox or after its commit), recovery's re-send, a retry, a resume. A worker con
 ``RUNNER_WORKER_QUEUES`` (``default`` names the default queue) and says so in Redis every
 recovery interval, so ``runner status`` can tell a step that waits for a queue no live worker
 consumes (:func:`unconsumed`).
+
+Priorities go the same way: a step's is its run's (``submit(priority=...)``, kept in the
+run's meta), else its method's ``priority=``, else :data:`~runner.flow.rates.DEFAULT_PRIORITY`
+(:func:`step_priority`, for every send that routing decides: first send, outbox, recovery,
+resume). Every step message carries one, in the broker's own terms
+(:func:`runner.distributed.broker.wire_priority`); a retry or a deferral keeps the message's.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from runner.flow.rates import check_name, parse_limits
+from runner.flow.rates import DEFAULT_PRIORITY, check_name, parse_limits
 from runner.settings import RunnerSettings
 from runner.store.keys import Keys
 
@@ -48,13 +54,16 @@ class Routes:
     def __init__(self, settings: RunnerSettings) -> None:
         self.settings = settings
         self.queues: dict[str, str] = {}
+        self.priorities: dict[str, int] = {}
 
     def learn(self, flow_cls: Any) -> None:
-        """Route the tasks of ``flow_cls``'s methods that name a queue."""
+        """Route the tasks of ``flow_cls``'s methods that name a queue or a priority."""
         name = flow_cls.flow_name()
         for method, spec in flow_cls.graph().methods.items():
             if spec.queue is not None:
                 self.queues[f"{name}.{method}"] = queue_name(self.settings, spec.queue)
+            if spec.priority is not None:
+                self.priorities[f"{name}.{method}"] = spec.priority
 
     def __call__(self, name: str, *_: Any, **__: Any) -> dict[str, str] | None:
         queue = self.queues.get(name)
@@ -87,6 +96,14 @@ def task_queue(app: Celery, task: str) -> str:
     """The queue a task of this deployment is sent to."""
     routes = routes_of(app)
     return routes.queues.get(task, routes.settings.queue)
+
+
+def step_priority(app: Celery, task: str, run_priority: int | None) -> int:
+    """The priority (0 lowest, 9 highest) of a step of task ``task`` in a run of
+    ``run_priority``: the run's, else its method's, else the default."""
+    if run_priority is not None:
+        return run_priority
+    return routes_of(app).priorities.get(task, DEFAULT_PRIORITY)
 
 
 # --- who consumes what ----------------------------------------------------------------------
@@ -122,17 +139,21 @@ def unconsumed(client: redis.Redis, keys: Keys, settings: RunnerSettings, name: 
 
 
 def serve(app: Celery, client: redis.Redis, keys: Keys, settings: RunnerSettings) -> list[str]:
-    """In a worker: check ``RUNNER_LIMITS``, consume the queues of ``RUNNER_WORKER_QUEUES``
-    (unless the command line names queues with ``-Q``, which Celery applies after this) and,
-    once the worker is ready, say so in Redis every recovery interval until it shuts down.
-    Returns the queues."""
+    """In a worker: check ``RUNNER_LIMITS`` and (on RabbitMQ) the queues' priorities,
+    consume the queues of ``RUNNER_WORKER_QUEUES`` (unless the command line names queues
+    with ``-Q``, which Celery applies after this) and, once the worker is ready, say so in
+    Redis every recovery interval until it shuts down. Returns the queues."""
     import threading
 
     from celery import signals
 
+    from .broker import check_priority_queues
+
     queues = consumed(settings)
     parse_limits(settings.limits)  # a bad RUNNER_LIMITS stops the worker here, in one line
     app.amqp.queues.select(queues)
+    # A RabbitMQ queue declared without priorities stops it here too, naming the fix.
+    check_priority_queues(app, queues)
     stop = threading.Event()
     ttl = max(3 * settings.recovery_interval, 2.0)
 

@@ -60,6 +60,7 @@ from .engine import (
     dispatch_pending,
     fail_not_allowed,
     kwargs_repr,
+    message_priority,
     start_child,
     task_id,
     task_name,
@@ -524,6 +525,7 @@ def hard_time_limit(
         assert act is not None
         graph = flow_cls.graph()
         spec = graph.methods[act.method]
+        name = task_name(flow_cls.flow_name(), act.method)
         result = StepResult(act, dict(latest.state), error=error, attempts=attempt)
         if lifecycle.decide(result, spec, rt.settings) is Outcome.RETRY:
             _hand_on(
@@ -532,11 +534,13 @@ def hard_time_limit(
                 result,
                 lease,
                 lambda delay: rt.app.send_task(
-                    task_name(flow_cls.flow_name(), act.method),
+                    name,
                     kwargs={**kwargs, "attempt": attempt + 1},
                     task_id=task_id(run_id, epoch, activation),
                     countdown=delay,
                     kwargsrepr=kwargs_repr(run_id, activation, attempt + 1),
+                    # A fresh message, not Celery's retry: the step's priority given anew.
+                    priority=message_priority(rt, name, latest.meta.priority),
                 ),
             )
             return "retried"

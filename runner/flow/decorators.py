@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from runner.errors import DefinitionError
 from runner.flow.conditions import Cond, normalize, or_
-from runner.flow.rates import Rate, check_name, parse_rate
+from runner.flow.rates import Rate, check_name, parse_rate, priority_problem
 
 STEP_ATTR = "__runner_step__"
 """The attribute under which a decorated function carries its :class:`StepDecl`."""
@@ -39,6 +39,7 @@ FIELDS = (
     "rate",
     "limits",
     "limit_key",
+    "priority",
 )
 """The options of :class:`StepOptions`, in order."""
 
@@ -65,6 +66,8 @@ class StepOptions:
     """Named limits (``RUNNER_LIMITS``, :func:`runner.set_limit`) the method counts against."""
     limit_key: Callable[[Any], object] | None = None
     """Computes a key from the run's state: the rate and concurrency hold per key."""
+    priority: int | None = None
+    """Its steps' priority (0 lowest, 9 highest) in runs submitted without one."""
 
     def merged(self, other: StepOptions) -> StepOptions:
         """Options set on either; the same option set differently on both is an error."""
@@ -126,6 +129,8 @@ def _check_options(opts: StepOptions) -> StepOptions:
         check_name(name, "limits")
     if opts.limit_key is not None and not callable(opts.limit_key):
         raise bad("limit_key", opts.limit_key, "a function of the state")
+    if opts.priority is not None and (problem := priority_problem(opts.priority)):
+        raise DefinitionError(problem, option="priority")
     return opts
 
 
@@ -136,6 +141,7 @@ def control(
     burst: int | None = None,
     limits: list[str] | tuple[str, ...] | None = None,
     limit_key: Callable[[Any], object] | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """The flow-control options of a decorator (or a crew's task) as :class:`StepOptions`
     fields; ``burst`` without ``rate_limit`` is an error."""
@@ -149,6 +155,7 @@ def control(
         "rate": None if rate_limit is None else parse_rate(rate_limit, burst),
         "limits": None if limits is None else tuple(limits),
         "limit_key": limit_key,
+        "priority": priority,
     }
 
 
@@ -223,6 +230,7 @@ def start(
     burst: int | None = None,
     limits: list[str] | tuple[str, ...] | None = None,
     limit_key: Callable[[Any], object] | None = None,
+    priority: int | None = None,
 ) -> Callable[[F], F]:
     """Mark a method that runs at kickoff.
 
@@ -233,9 +241,11 @@ def start(
     its steps go to), ``concurrency=`` (attempts at once across all workers),
     ``rate_limit="60/m"`` with ``burst=`` (starts per second, minute or hour across all
     workers), ``limits=[...]`` (named limits shared with other methods) and
-    ``limit_key=lambda state: ...`` (the limits hold per key); see the README's Flow control.
+    ``limit_key=lambda state: ...`` (the limits hold per key) and ``priority=`` (0 lowest to
+    9 highest: its steps' priority in runs submitted without one); see the README's Flow
+    control.
     """
-    flow_control = control(queue, concurrency, rate_limit, burst, limits, limit_key)
+    flow_control = control(queue, concurrency, rate_limit, burst, limits, limit_key, priority)
     opts = _check_options(
         StepOptions(retries, retry_backoff, time_limit, max_calls, **flow_control)
     )
@@ -256,13 +266,14 @@ def listen(
     burst: int | None = None,
     limits: list[str] | tuple[str, ...] | None = None,
     limit_key: Callable[[Any], object] | None = None,
+    priority: int | None = None,
 ) -> Callable[[F], F]:
     """Mark a method that runs when ``condition`` (or any of ``condition, *more``) fires.
 
     If the method takes an argument besides ``self`` it receives the output of the
     method (or router) whose event fired it.
     """
-    flow_control = control(queue, concurrency, rate_limit, burst, limits, limit_key)
+    flow_control = control(queue, concurrency, rate_limit, burst, limits, limit_key, priority)
     opts = _check_options(
         StepOptions(retries, retry_backoff, time_limit, max_calls, **flow_control)
     )
@@ -284,6 +295,7 @@ def router(
     burst: int | None = None,
     limits: list[str] | tuple[str, ...] | None = None,
     limit_key: Callable[[Any], object] | None = None,
+    priority: int | None = None,
 ) -> Callable[[F], F]:
     """Mark a method whose return value (a string or Enum member) is a label to emit.
 
@@ -292,7 +304,7 @@ def router(
     ``return`` statements. A router needs a trigger unless it is stacked with ``@start()``
     or ``@listen(...)``, which then give it.
     """
-    flow_control = control(queue, concurrency, rate_limit, burst, limits, limit_key)
+    flow_control = control(queue, concurrency, rate_limit, burst, limits, limit_key, priority)
     opts = _check_options(
         StepOptions(retries, retry_backoff, time_limit, max_calls, **flow_control)
     )

@@ -79,6 +79,8 @@ class MethodSpec:
     """Named limits it counts against."""
     limit_key: Callable[[Any], object] | None = None
     """Computes the key its limits hold per, from the run's state."""
+    priority: int | None = None
+    """Its steps' priority in runs submitted without one (``None``: the default)."""
 
     @property
     def limited(self) -> bool:
@@ -293,6 +295,7 @@ def _spec(name: str, fn: Callable[..., Any], decl: StepDecl, owner: type) -> Met
         rate=opts.rate,
         limits=opts.limits or (),
         limit_key=opts.limit_key,
+        priority=opts.priority,
     )
 
 

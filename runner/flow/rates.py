@@ -61,6 +61,21 @@ def check_name(name: object, what: str) -> str:
     return name
 
 
+PRIORITIES = range(10)
+"""A step's priorities: 0 (the lowest) to 9 (the highest), as in Celery and AMQP."""
+
+DEFAULT_PRIORITY = 5
+"""The priority of a step whose method and run give none: in the middle, so a run or a
+method can be put before the others or after them."""
+
+
+def priority_problem(value: object, what: str = "priority") -> str | None:
+    """Why ``value`` is not a priority (``None`` if it is one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITIES:
+        return f"{what}={value!r}: must be an int from 0 (the lowest) to 9 (the highest)"
+    return None
+
+
 def parse_limits(text: str) -> dict[str, Rate]:
     """``"openai=500/m,search=5/s"`` (``RUNNER_LIMITS``) as named rates."""
     found: dict[str, Rate] = {}
