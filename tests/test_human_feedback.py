@@ -379,6 +379,20 @@ def test_a_transient_flow_keeps_its_pause_in_the_default_persistence_and_resumes
     assert RAN[pending.context.flow_id] == ["gather", "draft", "review", "publish"]
 
 
+def test_a_run_kicked_off_again_by_its_id_is_reviewed_again(tmp_path: Path) -> None:
+    persistence = SQLiteFlowPersistence(tmp_path / "flows.db")
+    pending = Pipeline(persistence=persistence).kickoff({"topic": "rays"})
+    run_id = pending.context.flow_id
+    assert (
+        Pipeline.from_pending(run_id, persistence).resume("ship it") == "published article on rays"
+    )
+    # CrewAI's restart by id runs every step again: the review asks again, the answer given
+    # to the first run's review#1 is not this one's.
+    again = Pipeline(persistence=persistence).kickoff({"id": run_id})
+    assert isinstance(again, HumanFeedbackPending)
+    assert RAN[run_id].count("review") == 2
+
+
 def test_resume_async_answers_and_resume_refuses_a_running_loop(tmp_path: Path) -> None:
     persistence = SQLiteFlowPersistence(tmp_path / "flows.db")
     pending = Pipeline(persistence=persistence).kickoff({"topic": "eels"})

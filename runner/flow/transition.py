@@ -121,6 +121,11 @@ def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Tran
                 "ready": [a.id for a in ready],
                 "epoch": latest.meta.epoch + 1,
                 "usage": usage.restarted(latest.meta.usage),
+                # Its activations begin again at #1: what earlier ones were answered or
+                # slept is not theirs.
+                "answers": {},
+                "awaiting": None,
+                "sleeps": {},
             }
         ),
     )
