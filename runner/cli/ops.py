@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import time
 from typing import Annotated
 
@@ -38,6 +39,27 @@ def resume(
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
     location: LocationOpt = None,
+    feedback: Annotated[
+        str | None,
+        typer.Option(
+            "--feedback",
+            metavar="TEXT",
+            help="Answer what the run awaits: a review of a step's output (@human_feedback) "
+            "or a question (ask). The step goes on with it; the reviewed method is not re-run.",
+        ),
+    ] = None,
+    outcome: Annotated[
+        str | None,
+        typer.Option(
+            "--outcome",
+            metavar="LABEL",
+            help="With a review that routes (emit=...): pick its label directly.",
+        ),
+    ] = None,
+    by: Annotated[
+        str | None,
+        typer.Option("--by", metavar="WHO", help="Who answers (default: your user name)."),
+    ] = None,
 ) -> None:
     """Continue a failed, cancelled or paused run; completed steps are not re-run.
 
@@ -47,8 +69,28 @@ def resume(
     resumed through its parent chain: the topmost failed parent is resumed, which resumes
     the child at its failed task. With --wait, follow it and print how it ended; exit 1 if
     it failed again. With --location (a run kept in a JSON directory or SQLite file), it
-    runs on in this process, as `kickoff(from_checkpoint=...)` does, to its end.
+    runs on in this process, as `kickoff(from_checkpoint=...)` does, to its end. A run
+    paused for a person's answer (a review, a question) takes it with --feedback (and
+    --outcome, --by); `runner status RUN` shows what it awaits.
     """
+    if feedback is not None or outcome is not None:
+        if from_checkpoint is not None or inputs or location is not None:
+            raise BadUsage(
+                "--feedback and --outcome answer the run where it waits: "
+                "not with --from, --input or --location"
+            )
+        rt = session(ctx).rt
+        handle = control.answer(
+            refs.resolve_run(rt, run),
+            feedback if feedback is not None else "",
+            by=by or getpass.getuser(),
+            outcome=outcome,
+            rt=rt,
+        )
+        follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
+        return
+    if by is not None:
+        raise BadUsage("--by goes with --feedback or --outcome (who answers)")
     if location is not None:
         if timeout is not None:
             raise BadUsage("--timeout does not apply with --location: the run resumes here")

@@ -177,6 +177,7 @@ def status_view(
         grid.add_row("lineage", lineage + (f" (branch {info.branch})" if info.branch else ""))
     if info.status is RunStatus.PAUSED and latest.meta.pause_reason:
         grid.add_row("paused", latest.meta.pause_reason)
+    _awaiting_rows(grid, info, latest)
     if latest.meta.deadline is not None:
         grid.add_row("deadline", when(latest.meta.deadline))
     sleeping = [f"{act}: {why}" for act in latest.in_flight if (why := asleep(latest, act))]
@@ -196,6 +197,21 @@ def status_view(
         ]
         grid.add_row("child runs", "\n".join(lines))
     return grid
+
+
+def _awaiting_rows(grid: Table, info: RunInfo, latest: Checkpoint) -> None:
+    """What a paused run waits for a person to answer, and how to answer it."""
+    waiting = latest.meta.awaiting
+    if info.status is not RunStatus.PAUSED or waiting is None:
+        return
+    what = "a review" if waiting.kind == "feedback" else "an answer"
+    grid.add_row("awaits", f"{what} at {waiting.method}: {waiting.message}")
+    if waiting.kind == "feedback":
+        shown = waiting.output if isinstance(waiting.output, str) else json.dumps(waiting.output)
+        grid.add_row("under review", shown)
+    if waiting.emit:
+        grid.add_row("outcomes", ", ".join(waiting.emit))
+    grid.add_row("answer", f"runner resume {info.run_id} --feedback TEXT")
 
 
 def progress_view(

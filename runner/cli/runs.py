@@ -183,6 +183,9 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                 "pause_reason": latest.meta.pause_reason
                 if info.status is RunStatus.PAUSED
                 else None,
+                "awaiting": latest.meta.awaiting.model_dump(mode="json")
+                if info.status is RunStatus.PAUSED and latest.meta.awaiting is not None
+                else None,
                 "scheduled_until": scheduled_until(latest),
                 "sleeping": {
                     act: woken_at(latest, act) for act in latest.in_flight if asleep(latest, act)

@@ -299,6 +299,14 @@ def resume(
     return control.resume(run_id, from_checkpoint or None, inputs or None, rt=rt)
 
 
+def answer(
+    rt: Runtime, run_id: str, feedback: str, *, outcome: str | None, by: str | None
+) -> RunHandle:
+    """Give the run the answer it awaits (a review's feedback, or a label chosen directly;
+    a question's answer), as ``runner resume RUN --feedback`` does."""
+    return control.answer(run_id, feedback, by=by, outcome=outcome or None, rt=rt)
+
+
 def cancel(rt: Runtime, run_id: str) -> Checkpoint:
     """Cancel the run: no more steps are sent, running ones are stopped. Resumable."""
     handle = RunHandle(run_id, rt)

@@ -67,6 +67,22 @@ class ResumeBody(BaseModel):
     )
 
 
+class FeedbackBody(BaseModel):
+    """Answer what a paused run awaits (``runner resume RUN --feedback``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    feedback: str = Field(
+        default="",
+        description="The review of the step's output under review (@human_feedback), or the "
+        "answer to the question (ask); empty: no feedback (a review's default outcome).",
+    )
+    outcome: str | None = Field(
+        default=None, description="One of the review's emit labels, chosen directly."
+    )
+    by: str | None = Field(default=None, description="Who answers (kept in the run's history).")
+
+
 class ForkBody(BaseModel):
     """Fork a checkpoint into a new run (``runner fork``)."""
 
@@ -188,6 +204,18 @@ def post_resume(request: Request, run_id: str, body: ResumeBody | None = None) -
     """Continue a failed, cancelled or paused run; completed steps are not re-run."""
     body = body or ResumeBody()
     handle = actions.resume(console_of(request).rt, run_id, body.from_checkpoint, body.inputs)
+    return Started(run_id=handle.run_id, status=handle.status())
+
+
+@router.post("/runs/{run_id}/feedback", status_code=202, summary="Answer a paused run")
+def post_feedback(request: Request, run_id: str, body: FeedbackBody) -> Started:
+    """Give a run paused for a person its answer: the step that waits goes on with it (a
+    reviewed method is not run again; with ``outcome``, or the label the feedback comes to,
+    that label's listeners run). A run that awaits no answer is 409, an ``outcome`` that is
+    not one of the labels 422."""
+    handle = actions.answer(
+        console_of(request).rt, run_id, body.feedback, outcome=body.outcome, by=body.by or "api"
+    )
     return Started(run_id=handle.run_id, status=handle.status())
 
 

@@ -22,7 +22,7 @@ from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow import usage
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
-from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
+from runner.store.models import FLOW_RESUMED, Checkpoint, RunInfo, RunStatus, StepError
 from runner.store.redis import RedisProvider
 from runner.store.schedules import ScheduleBook
 from runner.views import asleep, checkpoint_diff, scheduled_until
@@ -279,6 +279,33 @@ def timeline_row(ckpt: Checkpoint, flower_url: str | None) -> dict[str, Any]:
     }
 
 
+def awaiting_of(status: RunStatus, latest: Checkpoint) -> dict[str, Any] | None:
+    """What a paused run waits for a person to answer, as JSON, or ``None``."""
+    waiting = latest.meta.awaiting
+    if status is not RunStatus.PAUSED or waiting is None:
+        return None
+    return waiting.model_dump(mode="json")
+
+
+def answers_given(history: list[Checkpoint]) -> dict[str, dict[str, Any]]:
+    """Checkpoint id -> the answer a person gave that it records (the checkpoint that
+    resumed the run with it): what was answered, by whom, and to which step."""
+    given: dict[str, dict[str, Any]] = {}
+    seen = 0
+    for ckpt in reversed(history):  # oldest first
+        kept = [a for answers in ckpt.meta.answers.values() for a in answers]
+        if ckpt.event == FLOW_RESUMED and len(kept) > seen:
+            newest = max(kept, key=lambda a: a.at)
+            given[ckpt.id] = {
+                "text": newest.text,
+                "outcome": newest.outcome,
+                "by": newest.by,
+                "method": newest.awaited.method,
+            }
+        seen = len(kept)
+    return given
+
+
 def last_error(status: RunStatus, history: list[Checkpoint]) -> tuple[StepError, str] | None:
     """The error that failed the run and its step: the newest failure in its history.
 
@@ -368,6 +395,7 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
     failure = last_error(info.status, history)
     methods = method_states(graph, latest, failure[1] if failure else None)
     parent = latest.meta.parent
+    answers = answers_given(history)
     return {
         "run": run_row(info, latest),
         "checkpoint": latest.id,
@@ -376,6 +404,8 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         # In-flight step -> what it waits for (a limit, a queue no live worker consumes).
         "waiting": waits_of(rt.store.client, rt.store.keys, rt.settings, latest),
         "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
+        # A person's answer it waits for: a review of a step's output, or a question.
+        "awaiting": awaiting_of(info.status, latest),
         # Time (README, Time and identity): a delayed start, durable sleeps, the deadline.
         "scheduled_until": scheduled_until(latest),
         "sleeping": {act: why for act in latest.in_flight if (why := asleep(latest, act))},
@@ -387,7 +417,7 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "methods": methods,
         "mermaid": mermaid(graph, methods) if graph is not None else None,
         "error": ({**failure[0].model_dump(mode="json"), "step": failure[1]} if failure else None),
-        "timeline": [timeline_row(c, flower_url) for c in history],
+        "timeline": [{**timeline_row(c, flower_url), "answer": answers.get(c.id)} for c in history],
         # Tokens (runner.flow.usage): in all, since the latest start or resume, and saved.
         "usage": usage.run_sums(latest),
         "parent": parent.model_dump(mode="json") if parent is not None else None,

@@ -221,6 +221,18 @@ def resume_submit(
     return _redirect(f"/runs/{run_id}")
 
 
+@router.post("/runs/{run_id}/feedback")
+def feedback_submit(
+    request: Request,
+    run_id: str,
+    feedback: Annotated[str, Form()] = "",
+    outcome: Annotated[str, Form()] = "",
+) -> Response:
+    """Answer what the run awaits (the feedback box, or a label's button) and reload its page."""
+    actions.answer(console_of(request).rt, run_id, feedback, outcome=outcome or None, by="console")
+    return _redirect(f"/runs/{run_id}")
+
+
 @router.post("/runs/{run_id}/cancel")
 def cancel_submit(request: Request, run_id: str) -> Response:
     """Cancel the run and reload its page."""

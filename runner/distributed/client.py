@@ -39,6 +39,7 @@ from runner.store.models import Checkpoint, RunInfo, RunStatus, UsageMetrics
 from runner.store.timers import DEADLINES, STARTS, Timers
 
 from . import routing
+from .answers import deliver
 from .cancel import cancel_run
 from .engine import (
     FlowNotAllowed,
@@ -366,6 +367,18 @@ class RunHandle:
             run_id=self.run_id,
             step=stopped.step,
         )
+
+    def resume(
+        self, feedback: str = "", *, outcome: str | None = None, by: str | None = None
+    ) -> RunHandle:
+        """Give the run the answer it awaits and let it go on: ``feedback`` for the output
+        a ``@human_feedback`` step has under review (``outcome``: one of its ``emit`` labels,
+        chosen directly) or for a question ``ask`` put; ``by``: who answers. The step that
+        waited is sent again; a run that awaits no answer is
+        :class:`~runner.errors.RunStateError` (resume a failed or cancelled run with
+        ``runner resume RUN``)."""
+        deliver(self.rt, self.run_id, feedback, by=by, outcome=outcome)
+        return self
 
     def cancel(self) -> Checkpoint:
         """Cancel the run: no step is sent after it, the steps running are told to stop and

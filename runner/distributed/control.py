@@ -28,9 +28,10 @@ from runner.flow import usage
 from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
 from runner.flow.local import check_graph
-from runner.store.models import Answer, Checkpoint, RunStatus
+from runner.store.models import Checkpoint, RunStatus
 
 from . import routing
+from .answers import deliver
 from .client import RunHandle, check_fields, load_flow, runtime
 from .engine import Runtime, commit_on_latest, dispatch
 
@@ -135,40 +136,9 @@ def answer(
     the step that waited is sent again in a new epoch. ``outcome`` picks an ``emit`` label
     directly instead of collapsing ``text`` to one. Every way of answering (the CLI's
     ``resume --feedback``, ``RunHandle.resume(feedback=)``, the console and its API, an
-    ``ask`` timeout with ``text=None``) comes here."""
+    ``ask`` timeout with ``text=None``) comes here (:func:`.answers.deliver`)."""
     rt = rt or runtime()
-    latest = _source(rt, run_id, None)
-    awaited = latest.meta.awaiting
-    if awaited is None or latest.status is not RunStatus.PAUSED:
-        raise RunStateError(
-            f"run {run_id} awaits no answer (it is {latest.status.value})", run_id=run_id
-        )
-    if outcome is not None and outcome not in (awaited.emit or ()):
-        labels = ", ".join(awaited.emit or ()) or "none"
-        raise InvalidInputs(
-            f"{outcome!r} is not an outcome of {awaited.method}; its outcomes: {labels}",
-            run_id=run_id,
-        )
-    flow_cls = load_flow(str(latest.flow))
-    check_graph(flow_cls.graph(), latest)
-    given = Answer(text=text, outcome=outcome, by=by, awaited=awaited)
-
-    def build(now: Checkpoint) -> tr.Transition:
-        if now.id != latest.id:
-            # Answered already, or resumed or cancelled meanwhile: this answer is not for it.
-            raise RunStateError(
-                f"run {run_id} changed while answering (now at seq {now.seq}); try again",
-                run_id=run_id,
-            )
-        return tr.answered(now, given)
-
-    done = commit_on_latest(rt, run_id, build)
-    assert done is not None
-    ckpt, step = done
-    routing.learn(rt.app, flow_cls)
-    dispatch(
-        rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready, priority=ckpt.meta.priority
-    )
+    deliver(rt, run_id, text, by=by, outcome=outcome)
     return RunHandle(run_id, rt)
 
 

@@ -1,0 +1,70 @@
+"""Giving a paused run the answer it awaits: the one delivery every way of answering uses.
+
+``@human_feedback``'s review and ``self.ask``'s question pause a run with ``meta.awaiting``
+(see :mod:`runner.flow.human_feedback`, :mod:`runner.flow.input_provider`). :func:`deliver`
+records the answer (its text, a label chosen directly, who gave it, when) in the run's
+``meta.answers`` and sends the step that waited again, in a new epoch. The CLI's
+``resume --feedback``, ``RunHandle.resume(feedback=)``, the console and its API,
+``control.answer`` and an ``ask`` timeout all come here.
+"""
+
+from __future__ import annotations
+
+from runner.errors import InvalidInputs, RunNotFound, RunStateError
+from runner.flow import transition as tr
+from runner.flow.loading import load_flow
+from runner.flow.local import check_graph
+from runner.store.models import Answer, Checkpoint, RunStatus
+
+from . import routing
+from .engine import Runtime, commit_on_latest, dispatch
+
+
+def deliver(
+    rt: Runtime,
+    run_id: str,
+    text: str | None,
+    *,
+    by: str | None = None,
+    outcome: str | None = None,
+) -> Checkpoint:
+    """Answer what run ``run_id`` awaits with ``text`` (``outcome``: an ``emit`` label chosen
+    directly instead of collapsing ``text`` to one; ``by``: who answers) and send the step
+    that waited again; the checkpoint that records the answer. A run that awaits nothing is
+    :class:`~runner.errors.RunStateError`; an ``outcome`` not among the labels,
+    :class:`~runner.errors.InvalidInputs`."""
+    latest = rt.store.latest(run_id)
+    if latest is None:
+        raise RunNotFound(f"no run {run_id}", run_id=run_id)
+    awaited = latest.meta.awaiting
+    if awaited is None or latest.status is not RunStatus.PAUSED:
+        raise RunStateError(
+            f"run {run_id} awaits no answer (it is {latest.status.value})", run_id=run_id
+        )
+    if outcome is not None and outcome not in (awaited.emit or ()):
+        labels = ", ".join(awaited.emit or ()) or "none"
+        raise InvalidInputs(
+            f"{outcome!r} is not an outcome of {awaited.method}; its outcomes: {labels}",
+            run_id=run_id,
+        )
+    flow_cls = load_flow(str(latest.flow))
+    check_graph(flow_cls.graph(), latest)
+    given = Answer(text=text, outcome=outcome, by=by, awaited=awaited)
+
+    def build(now: Checkpoint) -> tr.Transition:
+        if now.id != latest.id:
+            # Answered already, or resumed or cancelled meanwhile: this answer is not for it.
+            raise RunStateError(
+                f"run {run_id} changed while answering (now at seq {now.seq}); try again",
+                run_id=run_id,
+            )
+        return tr.answered(now, given)
+
+    done = commit_on_latest(rt, run_id, build)
+    assert done is not None
+    ckpt, step = done
+    routing.learn(rt.app, flow_cls)
+    dispatch(
+        rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready, priority=ckpt.meta.priority
+    )
+    return ckpt

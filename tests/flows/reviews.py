@@ -1,0 +1,81 @@
+"""A four-step flow with a ``@human_feedback`` review in the middle; the test workers import
+this module (allow-list). Each method counts its executions (:func:`tests.flows.dist.executed`).
+"""
+
+from __future__ import annotations
+
+from runner import Flow, FlowState, human_feedback, listen, start
+
+from .dist import executed
+
+
+def editor(prompt: str) -> str:
+    """The LLM that collapses a review: "ship it" approves, anything else rejects."""
+    return "approved" if "ship it" in prompt else "rejected"
+
+
+class Article(FlowState):
+    topic: str = ""
+    notes: str = ""
+    draft: str = ""
+    verdict: str = ""
+
+
+class ArticleFlow(Flow[Article]):
+    """research -> write -> review (a person reviews the draft) -> publish | shelve."""
+
+    @start()
+    def research(self) -> str:
+        executed(self.state.id, "research")
+        self.state.notes = f"notes on {self.state.topic}"
+        return self.state.notes
+
+    @listen(research)
+    def write(self, notes: str) -> str:
+        executed(self.state.id, "write")
+        self.state.draft = f"draft from {notes}"
+        return self.state.draft
+
+    @listen(write)
+    @human_feedback(
+        message="Publish this draft?",
+        emit=["approved", "rejected"],
+        llm=editor,
+        metadata={"channel": "#editors"},
+    )
+    def review(self, draft: str) -> dict[str, str]:
+        executed(self.state.id, "review")
+        self.state.verdict = "in review"  # committed with the pause
+        return {"title": self.state.topic, "body": draft}
+
+    @listen("approved")
+    def publish(self, article: dict[str, str]) -> str:
+        executed(self.state.id, "publish")
+        self.state.verdict = "published"
+        return f"published {article['title']}"
+
+    @listen("rejected")
+    def shelve(self) -> str:
+        executed(self.state.id, "shelve")
+        self.state.verdict = "shelved"
+        return "shelved"
+
+
+class Notes(FlowState):
+    topic: str = ""
+
+
+class NotesFlow(Flow[Notes]):
+    """outline (reviewed, no emit) -> expand, which receives the review's result."""
+
+    @start()
+    @human_feedback(message="Any notes on the outline?")
+    def outline(self) -> str:
+        executed(self.state.id, "outline")
+        return f"outline of {self.state.topic}"
+
+    @listen(outline)
+    def expand(self, review: object) -> str:
+        executed(self.state.id, "expand")
+        feedback = getattr(review, "feedback", None)
+        return f"expanded {getattr(review, 'output', None)} with {feedback!r}"

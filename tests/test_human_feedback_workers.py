@@ -1,0 +1,175 @@
+"""``@human_feedback`` on real workers: a step whose output a person must review pauses the run
+durably (the output under review and the method's state changes in the paused checkpoint, no
+worker waiting); the answer routes to the label's listener; neither an earlier step nor the
+reviewed method runs again."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from runner.cli import app
+from runner.distributed import control
+from runner.distributed.client import RunHandle
+from runner.errors import InvalidInputs, RunStateError
+from runner.store.models import Checkpoint, RunStatus
+from tests.console_support import serving
+from tests.flows.dist import executions
+from tests.flows.reviews import ArticleFlow, NotesFlow
+
+
+def paused(handle: RunHandle, timeout: float = 30) -> Checkpoint:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = handle.latest()
+        if latest.status is RunStatus.PAUSED:
+            return latest
+        time.sleep(0.05)
+    raise AssertionError(f"run {handle.run_id} did not pause: {handle.latest().event}")
+
+
+def ran(r: redis.Redis, run_id: str, *methods: str) -> list[int]:
+    return [executions(r, run_id, m) for m in methods]
+
+
+STEPS = ("research", "write", "review", "publish", "shelve")
+
+
+def test_a_review_in_the_middle_pauses_and_the_answer_routes_without_rerunning_anything(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    handle = ArticleFlow.submit({"topic": "otters"}, rt=rt)
+    latest = paused(handle)
+    waiting = latest.meta.awaiting
+    assert waiting is not None
+    assert (waiting.kind, waiting.method, waiting.activation) == ("feedback", "review", "review#1")
+    assert waiting.output == {"title": "otters", "body": "draft from notes on otters"}
+    assert (waiting.message, waiting.emit) == ("Publish this draft?", ["approved", "rejected"])
+    assert waiting.metadata == {"channel": "#editors"}
+    assert latest.state["verdict"] == "in review"  # the method's changes, kept with the pause
+    assert ran(redis_client, handle.run_id, *STEPS) == [1, 1, 1, 0, 0]
+
+    with pytest.raises(InvalidInputs, match="its outcomes: approved, rejected"):
+        control.answer(handle.run_id, "", outcome="maybe", rt=rt)
+    control.answer(handle.run_id, "ship it, lovely", by="ana", rt=rt)
+    assert handle.result(timeout=30) == "published otters"
+    assert ran(redis_client, handle.run_id, *STEPS) == [1, 1, 1, 1, 0]
+    final = handle.latest()
+    assert final.state["verdict"] == "published"
+    assert final.record.outputs["review"] == waiting.output  # the method's output, not the label
+    assert final.record.routes["review"] == "approved"
+    answered = [c for c in rt.store.history(handle.run_id, limit=100) if c.meta.answers]
+    (given,) = answered[-1].meta.answers["review#1"]
+    assert (given.text, given.by, given.awaited.method) == ("ship it, lovely", "ana", "review")
+    with pytest.raises(RunStateError, match="awaits no answer"):
+        control.answer(handle.run_id, "late", rt=rt)
+
+
+def test_an_outcome_chosen_directly_routes_to_its_listener(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    handle = ArticleFlow.submit({"topic": "eels"}, rt=rt)
+    paused(handle)
+    control.answer(handle.run_id, "", outcome="rejected", by="bo", rt=rt)
+    assert handle.result(timeout=30) == "shelved"
+    assert ran(redis_client, handle.run_id, *STEPS) == [1, 1, 1, 0, 1]
+
+
+def test_a_review_without_emit_hands_its_result_to_the_listener_on_another_worker(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    handle = NotesFlow.submit({"topic": "seals"}, rt=rt)
+    assert paused(handle).meta.awaiting.output == "outline of seals"  # type: ignore[union-attr]
+    control.answer(handle.run_id, "more detail", rt=rt)
+    assert handle.result(timeout=30) == "expanded outline of seals with 'more detail'"
+    assert ran(redis_client, handle.run_id, "outline", "expand") == [1, 1]
+
+
+# --- every way of answering: Python, the CLI, the API ----------------------------------------
+
+
+def test_run_handle_resume_gives_the_feedback(rt: Any, redis_client: redis.Redis) -> None:
+    handle = ArticleFlow.submit({"topic": "crabs"}, rt=rt)
+    paused(handle)
+    assert handle.resume(feedback="too thin", by="dee") is handle
+    assert handle.result(timeout=30) == "shelved"
+    assert ran(redis_client, handle.run_id, *STEPS) == [1, 1, 1, 0, 1]
+    with pytest.raises(RunStateError, match="awaits no answer"):
+        handle.resume(feedback="again")
+
+
+def test_runner_resume_feedback_answers_from_the_shell(
+    rt: Any, worker_env: dict[str, str], redis_client: redis.Redis
+) -> None:
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(app, list(args), env=worker_env)
+
+    handle = ArticleFlow.submit({"topic": "newts"}, rt=rt)
+    latest = paused(handle)
+    shown = cli("status", handle.run_id)
+    assert "a review at review: Publish this draft?" in shown.stdout
+    assert "draft from notes on newts" in shown.stdout and "approved, rejected" in shown.stdout
+    assert f"runner resume {handle.run_id} --feedback TEXT" in shown.stdout
+    status = json.loads(cli("status", handle.run_id, "--json").stdout)
+    assert status["awaiting"]["output"]["body"] == "draft from notes on newts"
+    refused = [
+        cli("resume", handle.run_id, "--outcome", "maybe"),
+        cli("resume", handle.run_id, "--feedback", "x", "--from", latest.id),
+        cli("resume", handle.run_id, "--by", "ana"),
+        cli("resume", handle.run_id),  # a plain resume would run the reviewed method again
+    ]
+    for result in refused:
+        assert result.exit_code != 0
+        said = result.stderr.strip().splitlines()
+        assert len(said) == 1 and said[0].startswith("error:"), said
+    assert "its outcomes: approved, rejected" in refused[0].stderr
+    assert "--feedback TEXT" in refused[3].stderr
+    assert handle.latest().id == latest.id  # refusals store nothing
+
+    done = cli("resume", handle.run_id, "--feedback", "ship it", "--by", "cleo", "--wait")
+    assert done.exit_code == 0, (done.stdout, done.stderr)
+    assert "published newts" in done.stdout
+    assert ran(redis_client, handle.run_id, *STEPS) == [1, 1, 1, 1, 0]
+    kept = [
+        a
+        for c in rt.store.history(handle.run_id, limit=100)
+        for a in c.meta.answers.get("review#1", [])
+    ]
+    assert {(a.text, a.by) for a in kept} == {("ship it", "cleo")}
+
+
+def test_the_api_shows_the_review_and_takes_the_answer(rt: Any, redis_client: redis.Redis) -> None:
+    handle = ArticleFlow.submit({"topic": "voles"}, rt=rt)
+    paused(handle)
+    token = "feedback-t0ken"
+    with (
+        serving(rt, token=token) as url,
+        httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as http,
+    ):
+        run = http.get(f"/api/runs/{handle.run_id}").json()
+        assert run["awaiting"]["output"] == {"title": "voles", "body": "draft from notes on voles"}
+        assert (run["awaiting"]["message"], run["awaiting"]["emit"]) == (
+            "Publish this draft?",
+            ["approved", "rejected"],
+        )
+        bad = http.post(f"/api/runs/{handle.run_id}/feedback", json={"outcome": "maybe"})
+        assert bad.status_code == 422 and "its outcomes" in bad.json()["error"]["message"]
+        missing = http.post("/api/runs/no-such-run/feedback", json={"feedback": "x"})
+        assert missing.status_code == 404
+        given = http.post(
+            f"/api/runs/{handle.run_id}/feedback", json={"outcome": "approved", "by": "eve"}
+        )
+        assert given.status_code == 202, given.text
+        assert handle.result(timeout=30) == "published voles"
+        again = http.post(f"/api/runs/{handle.run_id}/feedback", json={"feedback": "late"})
+        assert again.status_code == 409 and "awaits no answer" in again.json()["error"]["message"]
+        timeline = http.get(f"/api/runs/{handle.run_id}").json()["timeline"]
+        answered = [row["answer"] for row in timeline if row["answer"]]
+        assert answered == [{"text": "", "outcome": "approved", "by": "eve", "method": "review"}]
+    assert ran(redis_client, handle.run_id, *STEPS) == [1, 1, 1, 1, 0]
