@@ -27,6 +27,7 @@ from tests.flows.asking import (
     PanelFlow,
 )
 from tests.flows.dist import executions
+from tests.test_cli import Cli
 
 
 def asked(handle: RunHandle, message: str, timeout: float = 20) -> Any:
@@ -64,7 +65,7 @@ def answered(handle: RunHandle, activation: str, timeout: float = 20) -> None:
 
 
 def test_each_question_pauses_the_run_and_its_answer_goes_on_where_it_stopped(
-    rt: Any, redis_client: redis.Redis
+    rt: Any, redis_client: redis.Redis, worker_env: dict[str, str]
 ) -> None:
     handle = InterviewFlow.submit({}, rt=rt)
     first = asked(handle, "your name?")
@@ -74,12 +75,14 @@ def test_each_question_pauses_the_run_and_its_answer_goes_on_where_it_stopped(
     assert first.state["stage"] == "asked for a name"  # the state so far, kept while it waits
     assert rt.coord.leases(handle.run_id) == {}  # no worker holds the step while it waits
 
-    control.answer(handle.run_id, "Ana", by="lead", rt=rt)
+    cli = Cli(dict(worker_env))
+    assert "your name?" in cli.ok("status", handle.run_id).stdout
+    handle.resume(feedback="Ana", by="lead")  # RunHandle.resume(feedback=) answers a question
     second = asked(handle, "favourite colour, Ana?")
     assert (second.state["name"], second.state["stage"]) == ("Ana", "asked for a colour")
     assert second.meta.awaiting.activation == "interview#1"
 
-    control.answer(handle.run_id, "teal", rt=rt)
+    cli.ok("resume", handle.run_id, "--feedback", "teal", "--by", "ana")  # and the CLI
     assert handle.result(timeout=30) == "ANA LIKES TEAL"
     assert executions(redis_client, handle.run_id, "greet") == 1  # earlier steps never again
     assert executions(redis_client, handle.run_id, "interview") == 3  # once per question + end
@@ -87,7 +90,7 @@ def test_each_question_pauses_the_run_and_its_answer_goes_on_where_it_stopped(
     given = handle.latest().meta.answers["interview#1"]
     assert [(a.text, a.by, a.awaited.message) for a in given] == [
         ("Ana", "lead", "your name?"),
-        ("teal", None, "favourite colour, Ana?"),
+        ("teal", "ana", "favourite colour, Ana?"),
     ]
 
 

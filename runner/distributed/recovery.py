@@ -60,7 +60,7 @@ from runner.store.models import Checkpoint, RunStatus
 from runner.store.timers import ANSWERS, DEADLINES, STARTS, Timers
 from runner.views import woken_at
 
-from . import control
+from .answers import deliver
 from .cancel import cancel_run
 from .engine import (
     Runtime,
@@ -259,8 +259,8 @@ def enforce_deadlines(rt: Runtime, now: float) -> list[str]:
 
 
 def answer_overdue(rt: Runtime, now: float) -> list[str]:
-    """Answer ``None`` (:func:`control.answer <runner.distributed.control.answer>`, as a
-    person would) for every run still paused on a question whose deadline is not after
+    """Answer ``None`` (:func:`~runner.distributed.answers.deliver`, as a person's answer
+    comes) for every run still paused on a question whose deadline is not after
     ``now`` (``ask(timeout=)``): the step runs again and that ``ask`` returns ``None``. The
     ids answered.
 
@@ -285,7 +285,7 @@ def answer_overdue(rt: Runtime, now: float) -> list[str]:
                 continue
             # Answered, resumed or cancelled meanwhile (RunStateError): nothing is due.
             with contextlib.suppress(RunStateError):
-                control.answer(run_id, None, rt=rt)
+                deliver(rt, run_id, None)
                 answered.append(run_id)
                 log.info("run %s: %r had no answer in time; None", run_id, awaited.message)
         timers.done(run_id, now)
