@@ -679,7 +679,7 @@ def priority_queues(app: Celery) -> Iterator[None]:
 def check_priority_queues(app: Celery, queues: Collection[str]) -> None:
     """At a worker's start on RabbitMQ: declare ``queues`` as Celery will
     (:class:`QueueWithoutPriorities` for one that exists without priorities). Nothing to
-    check on Redis; a broker that cannot be reached now is checked by Celery's own declare."""
+    check on Redis; a broker that cannot be reached now is left to Celery's own start."""
     if redis_broker(app):
         return
     try:
@@ -690,7 +690,7 @@ def check_priority_queues(app: Celery, queues: Collection[str]) -> None:
                     app.amqp.queues[name](conn.channel()).declare()
     except QueueWithoutPriorities:
         raise
-    except (OperationalError, OSError) as exc:
+    except Exception as exc:  # unreachable, refused: Celery's own start reports the broker
         log.debug("could not check the queues' priorities now: %s", exc)
 
 
