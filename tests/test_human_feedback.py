@@ -31,6 +31,7 @@ from runner import (
     RedisProvider,
     SQLiteFlowPersistence,
     SqliteProvider,
+    and_,
     human_feedback,
     listen,
     start,
@@ -377,6 +378,45 @@ def test_a_transient_flow_keeps_its_pause_in_the_default_persistence_and_resumes
     assert isinstance(flow.persistence, RedisFlowPersistence)  # as CrewAI takes its default
     assert flow.resume("ship it") == "published article on seals"
     assert RAN[pending.context.flow_id] == ["gather", "draft", "review", "publish"]
+
+
+class Twins(Flow[dict[str, Any]]):
+    """Two reviews paused in parallel: the run has one question at a time."""
+
+    @start()
+    def begin(self) -> str:
+        return "begin"
+
+    @listen(begin)
+    @human_feedback(message="left?", provider=Later())
+    def left(self) -> str:
+        RAN.setdefault(self.state["id"], []).append("left")
+        return "L"
+
+    @listen(begin)
+    @human_feedback(message="right?", provider=Later())
+    def right(self) -> str:
+        RAN.setdefault(self.state["id"], []).append("right")
+        return "R"
+
+    @listen(and_(left, right))
+    def join(self, _: Any = None) -> str:
+        return "joined"
+
+
+def test_reviews_paused_in_parallel_are_asked_in_turn_without_running_a_method_twice(
+    tmp_path: Path,
+) -> None:
+    persistence = SQLiteFlowPersistence(tmp_path / "flows.db")
+    first = Twins(persistence=persistence).kickoff()
+    assert isinstance(first, HumanFeedbackPending)
+    run_id = first.context.flow_id
+    second = Twins.from_pending(run_id, persistence).resume("ok")
+    assert isinstance(second, HumanFeedbackPending)
+    assert {first.context.method_name, second.context.method_name} == {"left", "right"}
+    assert second.context.method_output in ("L", "R")
+    assert Twins.from_pending(run_id, persistence).resume("ok too") == "joined"
+    assert sorted(RAN[run_id]) == ["left", "right"]
 
 
 def test_a_run_kicked_off_again_by_its_id_is_reviewed_again(tmp_path: Path) -> None:

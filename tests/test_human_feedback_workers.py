@@ -21,7 +21,7 @@ from runner.errors import InvalidInputs, RunStateError
 from runner.store.models import Checkpoint, RunStatus
 from tests.console_support import serving
 from tests.flows.dist import executions
-from tests.flows.reviews import ArticleFlow, NotesFlow
+from tests.flows.reviews import ArticleFlow, NotesFlow, TwinReviewFlow
 
 
 def paused(handle: RunHandle, timeout: float = 30) -> Checkpoint:
@@ -89,6 +89,27 @@ def test_a_review_without_emit_hands_its_result_to_the_listener_on_another_worke
     control.answer(handle.run_id, "more detail", rt=rt)
     assert handle.result(timeout=30) == "expanded outline of seals with 'more detail'"
     assert ran(redis_client, handle.run_id, "outline", "expand") == [1, 1]
+
+
+def test_two_reviews_paused_in_parallel_are_asked_in_turn_and_neither_method_runs_twice(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    handle = TwinReviewFlow.submit({"topic": "kelp"}, rt=rt)
+    first = paused(handle).meta.awaiting
+    assert first is not None
+    # The run has one question at a time: when both reviewed methods ran before the first
+    # pause, the other review waits with it (meta.reviews) and is asked next.
+    handle.resume(feedback=f"fine {first.method}")
+    deadline, second = time.monotonic() + 30, None
+    while second is None or second.method == first.method:
+        assert time.monotonic() < deadline, "the other review was never asked"
+        latest = handle.latest()
+        second = latest.meta.awaiting if latest.status is RunStatus.PAUSED else None
+        time.sleep(0.05)
+    assert second.output == f"{second.method} on kelp"
+    handle.resume(feedback=f"fine {second.method}")
+    assert handle.result(timeout=30) == "joined"
+    assert ran(redis_client, handle.run_id, "begin", "left", "right", "join") == [1, 1, 1, 1]
 
 
 # --- every way of answering: Python, the CLI, the API ----------------------------------------

@@ -272,8 +272,8 @@ def _run(
     sleeps = current_sleeps.set(Sleeps(list(latest.meta.sleeps.get(act.id, []))))
     try:
         with deferring():  # starting a child run returns a ChildRun marker instead of blocking
-            answers = latest.meta.answers.get(act.id)
-            result = run_step(flow, graph, act, dict(latest.state), arg, answers)
+            answers, review = latest.meta.answers.get(act.id), latest.meta.reviews.get(act.id)
+            result = run_step(flow, graph, act, dict(latest.state), arg, answers, review)
     finally:
         current_sleeps.reset(sleeps)
     result.attempts = attempt

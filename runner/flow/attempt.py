@@ -59,6 +59,9 @@ class Answers:
     recorded: list[Any]
     """:class:`runner.store.models.Answer` records."""
     calls: int = 0
+    review: Any = None
+    """The :class:`runner.store.models.Awaiting` of the review the step's output went to
+    before (``RunMeta.reviews``), if it paused for one."""
 
 
 current_answers: contextvars.ContextVar[Answers | None] = contextvars.ContextVar(
@@ -105,15 +108,17 @@ def run_step(
     base_state: dict[str, Any],
     arg: Any,
     answers: list[Any] | None = None,
+    review: Any = None,
 ) -> StepResult:
     """Run ``activation``'s method once on a fresh copy of ``base_state``; ``answers`` are
-    the ones people gave it so far (``RunMeta.answers``)."""
+    the ones people gave it so far (``RunMeta.answers``), ``review`` the review its output
+    went to (``RunMeta.reviews``)."""
     spec = graph.methods[activation.method]
     began = time.perf_counter()
     result = StepResult(activation, base_state)
     token = None
     running = current_activation.set((flow, activation))
-    answering = current_answers.set(Answers(list(answers or ())))
+    answering = current_answers.set(Answers(list(answers or ()), review=review))
     metering = usage.start_meter()
     try:
         # A private copy (no list or dict shared with ``base_state``): changes a parallel

@@ -45,7 +45,7 @@ from runner.flow.decorators import router
 from runner.flow.input_provider import ConsoleProvider, flow_config
 from runner.flow.llm import call_llm, is_llm
 from runner.store.base import CheckpointStore
-from runner.store.models import Answer, Checkpoint
+from runner.store.models import Answer, Awaiting, Checkpoint
 from runner.store.pending import FEEDBACK, PendingFeedbackContext, pending_checkpoint, state_json
 from runner.store.persistence_factory import default_flow_persistence
 
@@ -213,8 +213,11 @@ def _reviewed(fn: F, config: HumanFeedbackConfig) -> F:
         async def review_async(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not _in_step(self, name):
                 return await fn(self, *args, **kwargs)
-            answer = _answer()
-            output = await fn(self, *args, **kwargs) if answer is None else answer.awaited.output
+            answer, under_review = _answer(), _under_review()
+            if under_review is None:
+                output = await fn(self, *args, **kwargs)
+            else:
+                output = under_review.output
             return review(self, config, name, output, answer)
 
         wrapper: Any = review_async
@@ -224,8 +227,8 @@ def _reviewed(fn: F, config: HumanFeedbackConfig) -> F:
         def review_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not _in_step(self, name):
                 return fn(self, *args, **kwargs)
-            answer = _answer()
-            output = fn(self, *args, **kwargs) if answer is None else answer.awaited.output
+            answer, under_review = _answer(), _under_review()
+            output = fn(self, *args, **kwargs) if under_review is None else under_review.output
             return review(self, config, name, output, answer)
 
         wrapper = review_sync
@@ -246,6 +249,16 @@ def _answer() -> Answer | None:
     answers = current_answers.get()
     given = [a for a in (answers.recorded if answers else ()) if a.awaited.kind == FEEDBACK]
     return given[-1] if given else None
+
+
+def _under_review() -> Awaiting | None:
+    """The review this step's output went to already (its method then never runs again):
+    the one answered, else the one it paused on before, if any."""
+    answer = _answer()
+    if answer is not None:
+        return answer.awaited
+    answers = current_answers.get()
+    return None if answers is None else answers.review
 
 
 def review(

@@ -205,22 +205,30 @@ class LocalRun:
         (a method may start one of its own, as async methods do)."""
         return not self.loop_here and not self.graph.methods[act.method].is_async
 
-    def _call(self, act: Activation) -> tuple[Activation, dict[str, Any], Any, list[Any] | None]:
-        """The arguments of :meth:`_attempt` for ``act``: its base state, argument and the
-        answers people gave it."""
+    def _call(
+        self, act: Activation
+    ) -> tuple[Activation, dict[str, Any], Any, list[Any] | None, Any]:
+        """The arguments of :meth:`_attempt` for ``act``: its base state, argument, the
+        answers people gave it and the review its output went to."""
         assert self.latest is not None and self.record is not None
         arg = orch.argument_for(self.graph, self.record, act)
-        return act, self.latest.state, arg, self.latest.meta.answers.get(act.id)
+        meta = self.latest.meta
+        return act, self.latest.state, arg, meta.answers.get(act.id), meta.reviews.get(act.id)
 
     def _attempt(
-        self, act: Activation, base: dict[str, Any], arg: Any, answers: list[Any] | None
+        self,
+        act: Activation,
+        base: dict[str, Any],
+        arg: Any,
+        answers: list[Any] | None,
+        review: Any,
     ) -> StepResult:
         """Run ``act`` until it does not ask for a retry (on a pool thread)."""
         spec = self.graph.methods[act.method]
         attempt = 1
         while True:
             self._emit(ev.METHOD_STARTED, method=act.method, data={"attempt": attempt})
-            result = run_step(self.flow, self.graph, act, base, arg, answers)
+            result = run_step(self.flow, self.graph, act, base, arg, answers, review)
             result.attempts = attempt
             if lifecycle.decide(result, spec, self.settings) is not Outcome.RETRY:
                 return result

@@ -33,6 +33,7 @@ from runner.store.models import (
     RunStatus,
     StepError,
 )
+from runner.store.pending import FEEDBACK
 
 OPENING = frozenset({FLOW_STARTED, FLOW_RESUMED})
 """Events of a checkpoint that opens an epoch of a run (a start, restart, resume or fork)."""
@@ -125,6 +126,7 @@ def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Tran
                 # slept is not theirs.
                 "answers": {},
                 "awaiting": None,
+                "reviews": {},
                 "sleeps": {},
             }
         ),
@@ -294,12 +296,16 @@ def step_awaiting(
     record = record_of(latest) if record is None else record
     where = {"activation": activation.id, "method": activation.method}
     awaiting = awaiting.model_copy(update=where)
+    reviews = latest.meta.reviews
+    if awaiting.kind == FEEDBACK:  # the output under review outlives this pause
+        reviews = {**reviews, activation.id: awaiting}
     meta = latest.meta.model_copy(
         update={
             "ready": [],
             "conflicts": conflicts,
             "awaiting": awaiting,
             "pause_reason": awaiting.message,
+            "reviews": reviews,
         }
     )
     ckpt = with_record(

@@ -332,6 +332,10 @@ class RunMeta(BaseModel):
     """Set while the run is paused for a person's answer (``control.answer`` gives it)."""
     answers: dict[str, list[Answer]] = Field(default_factory=dict)
     """Activation id -> the answers given to it, in order (as ``sleeps`` are kept)."""
+    reviews: dict[str, Awaiting] = Field(default_factory=dict)
+    """Activation id -> the review (``@human_feedback``) its method's output went to, from
+    its first pause on: sent again before it is answered (another step's pause took the
+    run's ``awaiting``), the step asks again without running its method."""
     usage: RunUsage | None = None
     """Tokens the run spent (``None`` until a step records some)."""
     opener: str | None = None

@@ -4,7 +4,7 @@ this module (allow-list). Each method counts its executions (:func:`tests.flows.
 
 from __future__ import annotations
 
-from runner import Flow, FlowState, human_feedback, listen, start
+from runner import Flow, FlowState, and_, human_feedback, listen, start
 
 from .dist import executed
 
@@ -79,3 +79,33 @@ class NotesFlow(Flow[Notes]):
         executed(self.state.id, "expand")
         feedback = getattr(review, "feedback", None)
         return f"expanded {getattr(review, 'output', None)} with {feedback!r}"
+
+
+class Twins(FlowState):
+    topic: str = ""
+
+
+class TwinReviewFlow(Flow[Twins]):
+    """start -> (left, right: both reviewed, in parallel) -> join, after both."""
+
+    @start()
+    def begin(self) -> str:
+        executed(self.state.id, "begin")
+        return self.state.topic
+
+    @listen(begin)
+    @human_feedback(message="Left draft ok?")
+    def left(self, topic: str) -> str:
+        executed(self.state.id, "left")
+        return f"left on {topic}"
+
+    @listen(begin)
+    @human_feedback(message="Right draft ok?")
+    def right(self, topic: str) -> str:
+        executed(self.state.id, "right")
+        return f"right on {topic}"
+
+    @listen(and_(left, right))
+    def join(self) -> str:
+        executed(self.state.id, "join")
+        return "joined"
