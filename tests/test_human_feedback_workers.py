@@ -62,6 +62,13 @@ def test_a_review_in_the_middle_pauses_and_the_answer_routes_without_rerunning_a
     assert ran(redis_client, handle.run_id, *STEPS) == [1, 1, 1, 1, 0]
     final = handle.latest()
     assert final.state["verdict"] == "published"
+    assert final.state["heard"] == "ship it, lovely -> approved"  # self.last_human_feedback
+    (kept,) = final.meta.feedback
+    assert (kept["output"], kept["outcome"], kept["method_name"]) == (
+        waiting.output,
+        "approved",
+        "review",
+    )
     assert final.record.outputs["review"] == waiting.output  # the method's output, not the label
     assert final.record.routes["review"] == "approved"
     answered = [c for c in rt.store.history(handle.run_id, limit=100) if c.meta.answers]

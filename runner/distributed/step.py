@@ -43,6 +43,7 @@ from runner.flow.attempt import Sleeps, StepResult, current_sleeps, run_step
 from runner.flow.children import ChildRun, deferring
 from runner.flow.flow import bind_trigger_payload, listeners_of, set_usage_metrics
 from runner.flow.graph import TRIGGER_PAYLOAD
+from runner.flow.human_feedback import restore_history
 from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
@@ -259,6 +260,7 @@ def _run(
     """Run ``act``'s method once on a copy of ``latest``'s state."""
     flow, graph = flow_cls(), flow_cls.graph()
     set_usage_metrics(flow, last_of(latest))  # self.usage_metrics: the run's part so far
+    restore_history(flow, latest.meta.feedback)  # self.last_human_feedback: the run's so far
     if latest.meta.trigger_payload is not None:
         bind_trigger_payload(flow, {TRIGGER_PAYLOAD: latest.meta.trigger_payload})
     run_id, name, listeners = latest.run_id, str(latest.meta.name), listeners_of(flow)

@@ -62,6 +62,8 @@ class Answers:
     review: Any = None
     """The :class:`runner.store.models.Awaiting` of the review the step's output went to
     before (``RunMeta.reviews``), if it paused for one."""
+    reviewed: Any = None
+    """The ``HumanFeedbackResult`` this attempt's review came to (set by ``@human_feedback``)."""
 
 
 current_answers: contextvars.ContextVar[Answers | None] = contextvars.ContextVar(
@@ -97,6 +99,8 @@ class StepResult:
     """The durable sleep the step stopped at (on workers)."""
     duration: float = 0.0
     attempts: int = 1
+    review: Any = None
+    """The JSON of the ``HumanFeedbackResult`` a reviewed step came to."""
     usage: UsageMetrics | None = None
     """What the attempt's LLM calls spent (:mod:`runner.flow.usage`), if it recorded any."""
 
@@ -118,7 +122,8 @@ def run_step(
     result = StepResult(activation, base_state)
     token = None
     running = current_activation.set((flow, activation))
-    answering = current_answers.set(Answers(list(answers or ()), review=review))
+    given = Answers(list(answers or ()), review=review)
+    answering = current_answers.set(given)
     metering = usage.start_meter()
     try:
         # A private copy (no list or dict shared with ``base_state``): changes a parallel
@@ -136,6 +141,8 @@ def run_step(
         elif spec.is_router:
             result.label = route_label(value)
         result.output = to_json(value, activation.method)
+        if given.reviewed is not None:
+            result.review = to_json(given.reviewed, activation.method)
         result.new_state = flow._dump_state(state_obj)
     except AwaitInput as waiting:
         result.paused = waiting.message

@@ -350,6 +350,9 @@ def finalize(
     )
     flow.human_feedback_history.append(result)
     flow.last_human_feedback = result
+    answers = current_answers.get()
+    if answers is not None:  # kept with the step's commit (meta.feedback)
+        answers.reviewed = result
     _tell(flow, ev.FEEDBACK_RECEIVED, method, {"feedback": feedback, "outcome": outcome})
     return result
 
@@ -483,3 +486,10 @@ def check_still_pending(store: CheckpointStore | None, paused: Checkpoint) -> No
             "it was answered or resumed elsewhere",
             run_id=paused.run_id,
         )
+
+
+def restore_history(flow: Any, kept: list[dict[str, Any]]) -> None:
+    """Give a flow object made for one step on a worker the run's reviews so far
+    (``meta.feedback``) as its ``human_feedback_history`` and ``last_human_feedback``."""
+    flow.human_feedback_history = [HumanFeedbackResult.from_json(r) for r in kept]
+    flow.last_human_feedback = flow.human_feedback_history[-1] if kept else None

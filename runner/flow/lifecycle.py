@@ -223,6 +223,7 @@ def _done(
         reducers=reducers,
         attempt=token,
         record=record,
+        review=result.review,
     )
 
 

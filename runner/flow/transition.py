@@ -126,6 +126,7 @@ def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Tran
                 # slept is not theirs.
                 "answers": {},
                 "awaiting": None,
+                "feedback": [],
                 "reviews": {},
                 "sleeps": {},
             }
@@ -146,18 +147,24 @@ def step_done(
     reducers: dict[str, Reducer],
     attempt: str | None = None,
     record: ExecutionRecord | None = None,
+    review: Any = None,
 ) -> Transition:
     """Apply a finished step's state changes and output onto ``latest``.
 
-    ``record`` is ``latest``'s record if the caller has it. A run that already failed
-    keeps its status and error: a parallel step finishing later does not hide the failure.
+    ``record`` is ``latest``'s record if the caller has it; ``review`` the JSON of the
+    ``HumanFeedbackResult`` a reviewed step came to (kept in ``meta.feedback``). A run that
+    already failed keeps its status and error: a parallel step finishing later does not
+    hide the failure.
     """
     changes = diff(base_state, new_state)
     merged, conflicts = apply_changes(latest.state, base_state, changes, reducers)
     before = record_of(latest) if record is None else record
     record, ready = orch.complete(graph, before, activation.id, output, label)
     finished = orch.is_finished(record) and latest.status is RunStatus.RUNNING
-    meta = latest.meta.model_copy(update={"ready": [a.id for a in ready], "conflicts": conflicts})
+    update: dict[str, Any] = {"ready": [a.id for a in ready], "conflicts": conflicts}
+    if review is not None:
+        update["feedback"] = [*latest.meta.feedback, review]
+    meta = latest.meta.model_copy(update=update)
     ckpt = with_record(
         latest,
         record,

@@ -332,6 +332,10 @@ class RunMeta(BaseModel):
     """Set while the run is paused for a person's answer (``control.answer`` gives it)."""
     answers: dict[str, list[Answer]] = Field(default_factory=dict)
     """Activation id -> the answers given to it, in order (as ``sleeps`` are kept)."""
+    feedback: list[dict[str, Any]] = Field(default_factory=list)
+    """The reviews (``@human_feedback``) the run's committed steps came to, in commit order,
+    each a ``HumanFeedbackResult`` as JSON: a step on workers sees them as the flow's
+    ``human_feedback_history`` and ``last_human_feedback``."""
     reviews: dict[str, Awaiting] = Field(default_factory=dict)
     """Activation id -> the review (``@human_feedback``) its method's output went to, from
     its first pause on: sent again before it is answered (another step's pause took the

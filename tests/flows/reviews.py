@@ -19,6 +19,7 @@ class Article(FlowState):
     notes: str = ""
     draft: str = ""
     verdict: str = ""
+    heard: str = ""
 
 
 class ArticleFlow(Flow[Article]):
@@ -52,6 +53,8 @@ class ArticleFlow(Flow[Article]):
     def publish(self, article: dict[str, str]) -> str:
         executed(self.state.id, "publish")
         self.state.verdict = "published"
+        heard = self.last_human_feedback  # the review, on whichever worker this runs
+        self.state.heard = f"{heard.feedback} -> {heard.outcome}" if heard else "nothing"
         return f"published {article['title']}"
 
     @listen("rejected")
