@@ -83,7 +83,7 @@ def resume(
         handle = control.answer(
             refs.resolve_run(rt, run),
             feedback if feedback is not None else "",
-            by=by or getpass.getuser(),
+            by=by or _who(),
             outcome=outcome,
             rt=rt,
         )
@@ -112,6 +112,14 @@ def resume(
         )
     handle = control.resume(target, checkpoint, parse_pairs(inputs, "--input"), rt=rt)
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
+
+
+def _who() -> str | None:
+    """The user answering from this shell, when the system knows a name for them."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container's anonymous uid)
+        return None
 
 
 def _stopped_ancestor(rt: engine.Runtime, run_id: str) -> str:
