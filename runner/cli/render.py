@@ -19,6 +19,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from runner.flow.rates import priority_text
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
 from runner.views import asleep, duration, scheduled_until, when
 
@@ -180,6 +181,8 @@ def status_view(
     _awaiting_rows(grid, info, latest)
     if latest.meta.deadline is not None:
         grid.add_row("deadline", when(latest.meta.deadline))
+    if latest.meta.priority is not None:
+        grid.add_row("priority", priority_text(latest.meta.priority))
     sleeping = [f"{act}: {why}" for act in latest.in_flight if (why := asleep(latest, act))]
     if sleeping:
         grid.add_row("sleeping", "\n".join(sleeping))

@@ -191,6 +191,7 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                     act: woken_at(latest, act) for act in latest.in_flight if asleep(latest, act)
                 },
                 "deadline": latest.meta.deadline,
+                "priority": latest.meta.priority,
                 "cancel_reason": latest.meta.cancel_reason
                 if info.status is RunStatus.CANCELLED
                 else None,

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from runner.errors import InvalidInputs
+from runner.flow.rates import priority_problem
 from runner.store.schedules import ScheduleBook, make_schedule
 from runner.views import when
 
@@ -50,8 +52,19 @@ def add(
             metavar=FLAG,
         ),
     ] = False,
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            "--priority",
+            metavar="0-9",
+            help="Each tick's run's priority, 0 (lowest) to 9 (highest); default: each "
+            "method's priority=, else 5.",
+        ),
+    ] = None,
 ) -> None:
     """Add schedule NAME: start FLOW at each tick; each tick's run is NAME-<UTC time>."""
+    if priority is not None and (problem := priority_problem(priority, "--priority")):
+        raise InvalidInputs(problem, priority=priority)
     values = load_inputs(inputs, None)
     # Only `add` loads the flow (with the client and the flow core): `list` reads alone.
     from runner.distributed import client
@@ -63,7 +76,13 @@ def add(
     client.check_allowed(flow_cls, session(ctx).rt)
     period = None if every is None else parse_duration(every)
     schedule = make_schedule(
-        name, flow_cls.flow_path(), values, cron=cron, every=period, catch_up=catch_up
+        name,
+        flow_cls.flow_path(),
+        values,
+        cron=cron,
+        every=period,
+        catch_up=catch_up,
+        priority=priority,
     )
     book = ScheduleBook(session(ctx).reader.store)
     book.add(schedule)
@@ -72,7 +91,7 @@ def add(
 
 @schedule_app.command("list")
 def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """List the schedules: flow, when, next tick, paused."""
+    """List the schedules: flow, when, next tick, catch-up, priority, paused."""
     book = ScheduleBook(session(ctx).reader.store)
     found = book.all()
     if as_json:
@@ -84,7 +103,7 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     from rich.table import Table  # a view only
 
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
-    for column in ("name", "flow", "when", "next tick", "catch-up", "state"):
+    for column in ("name", "flow", "when", "next tick", "catch-up", "priority", "state"):
         table.add_column(column, overflow="fold")
     for s in found:
         table.add_row(
@@ -93,6 +112,7 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             s.describe(),
             _next(book, s.name),
             "yes" if s.catch_up else "no",
+            "-" if s.priority is None else str(s.priority),
             "paused" if s.paused else "active",
         )
     console().print(table)

@@ -410,6 +410,8 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "scheduled_until": scheduled_until(latest),
         "sleeping": {act: why for act in latest.in_flight if (why := asleep(latest, act))},
         "deadline": latest.meta.deadline,
+        # Its steps' priority (submit(priority=...)); None: each method's, else the default.
+        "priority": latest.meta.priority,
         "cancel_reason": latest.meta.cancel_reason if info.status is RunStatus.CANCELLED else None,
         "inputs": inputs_of(first_checkpoint(rt.store, run_id, history)),
         "result": result_of(info.status, latest),

@@ -7,6 +7,7 @@ from typing import Any
 
 import jinja2
 
+from runner.flow.rates import priority_text
 from runner.flow.usage import tokens_text
 from runner.views import duration, when
 
@@ -25,4 +26,11 @@ def short(text: str | None, keep: int = 12) -> str:
 
 def install(env: jinja2.Environment) -> None:
     """Register the filters on ``env``."""
-    env.filters.update(when=when, duration=duration, pretty=pretty, short=short, tokens=tokens_text)
+    env.filters.update(
+        when=when,
+        duration=duration,
+        pretty=pretty,
+        short=short,
+        tokens=tokens_text,
+        priority=priority_text,
+    )

@@ -224,6 +224,7 @@ def compile_crew(crew: Crewlike) -> type[CrewFlow]:
             "queue": task.queue,
             "concurrency": task.concurrency,
             "rate_limit": task.rate_limit,
+            "priority": task.priority,
         }
         decorate = start(**options) if previous is None else listen(previous, **options)
         namespace[task.name] = previous = decorate(method)

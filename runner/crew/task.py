@@ -190,6 +190,7 @@ class Task:
         queue: str | None = None,
         concurrency: int | None = None,
         rate_limit: str | None = None,
+        priority: int | None = None,
     ) -> None:
         if not isinstance(description, str) or not description.strip():
             raise DefinitionError("a task needs a non-empty description")
@@ -221,6 +222,9 @@ class Task:
         """Attempts of this task running at once across the deployment (``None``: no limit)."""
         self.rate_limit = rate_limit
         """How often this task may start across the deployment, e.g. ``"60/m"``."""
+        self.priority = priority
+        """Its step's priority, 0 (lowest) to 9 (highest), in crew runs submitted without one
+        (``None``: the default); a child run takes its parent run's, if that has one."""
 
     def __repr__(self) -> str:
         return f"Task(name={self.name!r})"

@@ -59,7 +59,7 @@ def _fire(rt: Runtime, book: ScheduleBook, schedule: Schedule, now: float) -> li
     for tick in ticks if schedule.catch_up else ticks[-1:]:
         run_id = run_id_of(schedule.name, tick)
         try:
-            submit(schedule.flow, schedule.inputs, id=run_id, rt=rt)
+            submit(schedule.flow, schedule.inputs, id=run_id, priority=schedule.priority, rt=rt)
         except RunExists:
             log.warning("schedule %s: run %s exists with other inputs", schedule.name, run_id)
         fired.append(run_id)

@@ -76,6 +76,11 @@ def priority_problem(value: object, what: str = "priority") -> str | None:
     return None
 
 
+def priority_text(value: int) -> str:
+    """A run's priority as ``runner status`` and the console's run page show it."""
+    return f"{value} (0 lowest, 9 highest)"
+
+
 def parse_limits(text: str) -> dict[str, Rate]:
     """``"openai=500/m,search=5/s"`` (``RUNNER_LIMITS``) as named rates."""
     found: dict[str, Rate] = {}

@@ -41,6 +41,10 @@ class Schedule(BaseModel):
     """A period in seconds (at least 1)."""
     catch_up: bool = False
     """Fire every tick missed while no worker ran (else only the latest one)."""
+    priority: int | None = None
+    """The priority each tick's run is submitted with (0 lowest, 9 highest); ``None``: each
+    step takes its method's ``priority=``, else the default. ``submit`` refuses a bad one;
+    the CLI checks it when the schedule is added."""
     paused: bool = False
     created_at: float = Field(default_factory=time.time)
 
@@ -85,6 +89,7 @@ def make_schedule(
     cron: str | None = None,
     every: float | None = None,
     catch_up: bool = False,
+    priority: int | None = None,
 ) -> Schedule:
     """A valid :class:`Schedule` (``InvalidInputs`` naming what is wrong)."""
     if NAME.fullmatch(name) is None:
@@ -102,7 +107,13 @@ def make_schedule(
         except CronSimError as exc:
             raise InvalidInputs(f"--cron {cron!r}: {exc}") from None
     return Schedule(
-        name=name, flow=flow, inputs=dict(inputs or {}), cron=cron, every=every, catch_up=catch_up
+        name=name,
+        flow=flow,
+        inputs=dict(inputs or {}),
+        cron=cron,
+        every=every,
+        catch_up=catch_up,
+        priority=priority,
     )
 
 
