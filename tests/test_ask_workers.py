@@ -54,11 +54,20 @@ def next_pause(handle: RunHandle, timeout: float = 20) -> Any:
     raise AssertionError(f"run {handle.run_id} did not pause: {handle.latest().event}")
 
 
+def recorded(handle: RunHandle) -> dict[str, list[Any]]:
+    """Each activation's answers as the run's history recorded them (an activation's
+    answers go with its commit, so the latest checkpoint of a finished run has none)."""
+    found: dict[str, list[Any]] = {}
+    for ckpt in reversed(handle.rt.store.history(handle.run_id, limit=200)):  # oldest first
+        found.update(ckpt.meta.answers)
+    return found
+
+
 def answered(handle: RunHandle, activation: str, timeout: float = 20) -> None:
     """Wait until ``activation`` of the run has an answer recorded."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if handle.latest().meta.answers.get(activation):
+        if recorded(handle).get(activation):
             return
         time.sleep(0.05)
     raise AssertionError(f"run {handle.run_id} got no answer: {handle.latest().event}")
@@ -87,7 +96,7 @@ def test_each_question_pauses_the_run_and_its_answer_goes_on_where_it_stopped(
     assert executions(redis_client, handle.run_id, "greet") == 1  # earlier steps never again
     assert executions(redis_client, handle.run_id, "interview") == 3  # once per question + end
     assert executions(redis_client, handle.run_id, "close") == 1
-    given = handle.latest().meta.answers["interview#1"]
+    given = recorded(handle)["interview#1"]
     assert [(a.text, a.by, a.awaited.message) for a in given] == [
         ("Ana", "lead", "your name?"),
         ("teal", "ana", "favourite colour, Ana?"),
@@ -106,7 +115,7 @@ def test_a_question_nobody_answers_in_time_goes_on_with_none(
 
     answered(handle, "question#1")  # by nobody
     assert handle.result(timeout=20) == "no answer"
-    (given,) = handle.latest().meta.answers["question#1"]
+    (given,) = recorded(handle)["question#1"]
     assert given.text is None and given.by is None
     assert given.at >= deadline
     assert executions(redis_client, handle.run_id, "question") == 2
@@ -121,7 +130,7 @@ def test_a_question_answered_before_its_deadline_is_not_answered_again(
     control.answer(handle.run_id, "yes", by="ana", rt=rt)
     assert handle.result(timeout=20) == "yes"
     time.sleep(max(deadline - time.time(), 0) + 1.5)  # the deadline and a recovery pass go by
-    (given,) = handle.latest().meta.answers["question#1"]
+    (given,) = recorded(handle)["question#1"]
     assert (given.text, given.by) == ("yes", "ana")
     assert handle.status() is RunStatus.SUCCEEDED
     assert executions(redis_client, handle.run_id, "question") == 2
@@ -136,7 +145,7 @@ def test_a_provider_the_flow_names_answers_on_workers_too_and_nothing_pauses(
     assert executions(redis_client, handle.run_id, "interview") == 1
     history = rt.store.history(handle.run_id, limit=50)
     assert RunStatus.PAUSED not in {c.status for c in history}
-    assert handle.latest().meta.answers == {}
+    assert recorded(handle) == {}
 
 
 def test_a_question_whose_metadata_has_no_json_form_fails_its_step_saying_so(rt: Any) -> None:
@@ -160,7 +169,7 @@ def test_parallel_questions_are_each_asked_and_answered_in_turn_and_the_join_run
         control.answer(handle.run_id, "yes", rt=rt)
     assert asked_of == {"alice", "bob"}  # one question at a time, none lost
     assert handle.result(timeout=30) == "both answered"
-    answers = handle.latest().meta.answers
+    answers = recorded(handle)
     assert {k: [a.text for a in v] for k, v in answers.items()} == {
         "ask_alice#1": ["yes"],
         "ask_bob#1": ["yes"],
@@ -178,7 +187,7 @@ def test_a_question_outlives_every_worker_and_its_timeout_is_kept_while_none_is_
         deadline = asked(handle, "proceed?").meta.awaiting.deadline
         pool.kill(first)  # no worker is up when the deadline passes
         time.sleep(max(deadline - time.time(), 0) + 1)
-        assert handle.status() is RunStatus.PAUSED and not handle.latest().meta.answers
+        assert handle.status() is RunStatus.PAUSED and not recorded(handle)
         pool.start(concurrency=1)  # the first recovery pass of the new worker answers
         answered(handle, "question#1")
         assert handle.result(timeout=30) == "no answer"

@@ -71,7 +71,9 @@ def test_an_async_step_sleeps_twice_on_workers_and_each_part_runs_once(
     assert time.time() - began >= 2
     assert executions(redis_client, handle.run_id, "half") == 2  # before the second sleep
     assert executions(redis_client, handle.run_id, "woke") == 1
-    assert len(handle.latest().meta.sleeps["nap#1"]) == 2
+    history = rt.store.history(handle.run_id, limit=50)
+    assert max(len(c.meta.sleeps.get("nap#1", [])) for c in history) == 2
+    assert handle.latest().meta.sleeps == {}  # a step's sleeps go with its commit
 
 
 def test_in_process_a_sleep_simply_sleeps() -> None:

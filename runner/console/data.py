@@ -291,18 +291,19 @@ def answers_given(history: list[Checkpoint]) -> dict[str, dict[str, Any]]:
     """Checkpoint id -> the answer a person gave that it records (the checkpoint that
     resumed the run with it): what was answered, by whom, and to which step."""
     given: dict[str, dict[str, Any]] = {}
-    seen = 0
+    seen: set[tuple[str, float]] = set()  # (activation, when): a step's answers go with its commit
     for ckpt in reversed(history):  # oldest first
-        kept = [a for answers in ckpt.meta.answers.values() for a in answers]
-        if ckpt.event == FLOW_RESUMED and len(kept) > seen:
-            newest = max(kept, key=lambda a: a.at)
+        kept = {(act, a.at): a for act, answers in ckpt.meta.answers.items() for a in answers}
+        new = [a for key, a in kept.items() if key not in seen]
+        if ckpt.event == FLOW_RESUMED and new:
+            newest = max(new, key=lambda a: a.at)
             given[ckpt.id] = {
                 "text": newest.text,
                 "outcome": newest.outcome,
                 "by": newest.by,
                 "method": newest.awaited.method,
             }
-        seen = len(kept)
+        seen.update(kept)
     return given
 
 

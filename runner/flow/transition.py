@@ -162,6 +162,7 @@ def step_done(
     record, ready = orch.complete(graph, before, activation.id, output, label)
     finished = orch.is_finished(record) and latest.status is RunStatus.RUNNING
     update: dict[str, Any] = {"ready": [a.id for a in ready], "conflicts": conflicts}
+    update.update(notes_without(latest.meta, activation.id))
     if review is not None:
         update["feedback"] = [*latest.meta.feedback, review]
     meta = latest.meta.model_copy(update=update)
@@ -178,6 +179,22 @@ def step_done(
         meta=meta,
     )
     return Transition(ckpt, ready, conflicts, record, closing_of(latest, ckpt))
+
+
+ACTIVATION_NOTES = ("sleeps", "answers", "reviews")
+"""The :class:`RunMeta` fields that keep notes per activation for its later attempts."""
+
+
+def notes_without(meta: RunMeta, activation_id: str) -> dict[str, Any]:
+    """``meta``'s per-activation notes without ``activation_id``'s (the fields that had
+    some): they serve only its attempts, so they go with its commit, and a loop of sleeps or
+    reviews does not pile them up in every later checkpoint (the checkpoints of its pauses
+    and answers keep them in the run's history)."""
+    return {
+        name: {key: note for key, note in notes.items() if key != activation_id}
+        for name in ACTIVATION_NOTES
+        if activation_id in (notes := getattr(meta, name))
+    }
 
 
 def activation_key(latest: Checkpoint, activation_id: str) -> str:
