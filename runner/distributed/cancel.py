@@ -18,13 +18,26 @@ and a run's deadline.
 
 Either way the stopped step is still in flight in the cancelled checkpoint, and ``runner
 resume`` runs it again in a new epoch, under new task ids the revoke does not touch.
+
+A cancel takes the run's whole tree: the child runs its in-flight steps wait on (crews a step
+started, see :mod:`runner.flow.children`), and theirs, are cancelled the same way, every
+status first (top down), then every attempt told to stop. Each child's ``cancel_reason``
+names its parent (and the parent's own reason). Resuming the parent sends its waiting step
+again, which resumes the child at its first unfinished task
+(:func:`runner.distributed.engine.start_child`). A child its parent's step created just as
+the parent was cancelled, after the cancel looked for children, is cancelled by
+:func:`follow_parent`, which the step calls once the child is started. A child cancelled by
+itself only ends that child: its parent's step fails with it, as when it fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
+from runner.errors import RunNotFound
 from runner.flow import transition as tr
+from runner.flow.children import child_run_id
 from runner.store.models import FLOW_CANCELLED, Checkpoint, RunStatus
 
 from .engine import Runtime, commit_on_latest, task_id
@@ -33,12 +46,55 @@ log = logging.getLogger("runner.worker")
 
 
 def cancel_run(rt: Runtime, run_id: str, reason: str | None = None) -> Checkpoint | None:
-    """Cancel ``run_id`` and stop its attempts in flight (see the module docstring); the
-    checkpoint that records it, or ``None`` when the run had already finished.
+    """Cancel ``run_id`` and its child runs and stop their attempts in flight (see the module
+    docstring); the checkpoint that records the run's cancel, or ``None`` when the run had
+    already finished.
 
     ``reason`` is kept as the run's ``cancel_reason`` (``None``: cancelled by hand).
     ``RunNotFound`` when there is no such run.
     """
+    tree = _commit_cancels(rt, run_id, reason)
+    if not tree:
+        return None
+    for ckpt in tree:
+        stop_attempts(rt, ckpt)
+    return tree[0]
+
+
+def follow_parent(rt: Runtime, child_id: str) -> Checkpoint | None:
+    """Cancel child run ``child_id`` if its parent is cancelled (see the module docstring):
+    for a step that started the child, once it is started. The child's cancel checkpoint,
+    or ``None`` when its parent is not cancelled or the child is not running."""
+    child = rt.store.latest(child_id)
+    link = None if child is None else child.meta.parent
+    if child is None or link is None or child.status.finished:
+        return None
+    parent = rt.store.latest(link.run_id)
+    if parent is None or parent.status is not RunStatus.CANCELLED:
+        return None
+    if child_id not in _waited_on(parent):
+        return None
+    return cancel_run(rt, child_id, _parent_cancelled(parent.run_id, parent.meta.cancel_reason))
+
+
+def _parent_cancelled(parent_id: str, reason: str | None) -> str:
+    """The ``cancel_reason`` of a child run cancelled with its parent."""
+    return f"its parent run {parent_id} was cancelled" + (f": {reason}" if reason else "")
+
+
+def _waited_on(ckpt: Checkpoint) -> list[str]:
+    """The child runs ``ckpt``'s in-flight steps wait on (a link copied into a fork names
+    the source run's child, which is not this run's)."""
+    return [
+        link.run_id
+        for act, link in ckpt.meta.children.items()
+        if link.waiting and act in ckpt.in_flight and link.run_id == child_run_id(ckpt.run_id, act)
+    ]
+
+
+def _commit_cancels(rt: Runtime, run_id: str, reason: str | None) -> list[Checkpoint]:
+    """Commit the cancel of ``run_id``, then of the children it waits on, and theirs; the
+    checkpoints that record them, top down (none when the run had already finished)."""
 
     def build(latest: Checkpoint) -> tr.Transition | None:
         if latest.status.finished:
@@ -49,10 +105,15 @@ def cancel_run(rt: Runtime, run_id: str, reason: str | None = None) -> Checkpoin
 
     done = commit_on_latest(rt, run_id, build)
     if done is None:
-        return None
+        return []
     ckpt = done[0]
-    stop_attempts(rt, ckpt)
-    return ckpt
+    tree = [ckpt]
+    why = _parent_cancelled(run_id, reason)
+    for child_id in _waited_on(ckpt):
+        # A linked child not created yet is cancelled by follow_parent once it is.
+        with contextlib.suppress(RunNotFound):
+            tree += _commit_cancels(rt, child_id, why)
+    return tree
 
 
 def stop_attempts(rt: Runtime, ckpt: Checkpoint) -> list[str]:

@@ -369,20 +369,27 @@ class RunHandle:
         )
 
     def resume(
-        self, feedback: str = "", *, outcome: str | None = None, by: str | None = None
+        self,
+        feedback: str = "",
+        *,
+        outcome: str | None = None,
+        by: str | None = None,
+        step: str | None = None,
     ) -> RunHandle:
         """Give the run the answer it awaits and let it go on: ``feedback`` for the output
         a ``@human_feedback`` step has under review (``outcome``: one of its ``emit`` labels,
         chosen directly) or for a question ``ask`` put; ``by``: who answers. The step that
         waited is sent again; a run that awaits no answer is
         :class:`~runner.errors.RunStateError` (resume a failed or cancelled run with
-        ``runner resume RUN``)."""
-        deliver(self.rt, self.run_id, feedback, by=by, outcome=outcome)
+        ``runner resume RUN``). ``step``: the step whose question was read (refused if the run
+        now awaits another)."""
+        deliver(self.rt, self.run_id, feedback, by=by, outcome=outcome, step=step)
         return self
 
     def cancel(self) -> Checkpoint:
-        """Cancel the run: no step is sent after it, the steps running are told to stop and
-        commit nothing (:mod:`.cancel`); a resume runs them again."""
+        """Cancel the run and the child runs it waits on: no step is sent after it, the
+        steps running are told to stop and commit nothing (:mod:`.cancel`); a resume runs
+        them again."""
         ckpt = cancel_run(self.rt, self.run_id)
         if ckpt is None:
             raise RunStateError(

@@ -53,6 +53,7 @@ from runner.store.models import Checkpoint, RunStatus
 from runner.store.timers import ANSWERS, STARTS, Timers
 
 from . import handoff, limits
+from .cancel import follow_parent
 from .coord import DONE, HELD, OK, attempt_token, holder_is_dead
 from .engine import (
     FlowNotAllowed,
@@ -300,7 +301,11 @@ def _settle(
     if outcome is Outcome.CHILD:
         marker = ChildRun.from_output(result.output)
         assert marker is not None
-        return start_child(rt, run_id, epoch, marker, result)
+        started = start_child(rt, run_id, epoch, marker, result)
+        # A cancel of the parent that came while the child was being created may have
+        # looked for it too early: the child then goes with its parent.
+        follow_parent(rt, started["child"])
+        return started
     recorded = latest.meta.sleeps.get(act.id, [])
     if outcome is Outcome.SLEEPING and result.sleep and result.sleep.index < len(recorded):
         # Sent before the wake-up of a sleep already recorded (a resume, a duplicate):

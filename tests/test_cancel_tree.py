@@ -1,0 +1,113 @@
+"""Cancelling a run cancels its whole tree: a child run (a crew a step started) is cancelled
+with its parent, with a cancel's guarantees (its running task is stopped, no later task
+runs, nothing is committed after the cancel) and a reason naming the parent; resuming the
+parent resumes the child where it stopped, its completed tasks not run again. The same
+holds for ``runner cancel``, the API and a run's deadline (one function cancels). A child
+cancelled directly fails its parent's step, as before."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+from runner.distributed import control
+from runner.distributed.client import RunHandle, submit
+from runner.distributed.engine import Runtime
+from runner.flow.children import child_run_id
+from runner.store.models import FLOW_CANCELLED, RunStatus
+from tests._dist_support import eventually, history
+from tests.flows.crew_tree import CrewTree
+from tests.flows.dist import executions, key
+from tests.test_cli import Cli, cli  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def _child_crawling(rt: Runtime, r: redis.Redis, parent: RunHandle) -> tuple[RunHandle, int]:
+    """The parent's child run once its slow task s2 runs, and the pid running it."""
+    child = RunHandle(child_run_id(parent.run_id, "stage#1"), rt)
+    eventually(lambda: executions(r, child.run_id, "s2") == 1)
+    pid = int(r.lrange(key(child.run_id, "pids", "s2"), 0, 0)[0])
+    assert _alive(pid)
+    return child, pid
+
+
+def _tree_stopped(
+    rt: Runtime, r: redis.Redis, parent: RunHandle, child: RunHandle, pid: int
+) -> str:
+    """Both runs are cancelled, the child's task process is gone, no later task ran and no
+    commit followed either cancel; the child's cancel reason."""
+    eventually(lambda: not _alive(pid), timeout=5)
+    time.sleep(3)  # several recovery passes and lease lengths: they leave the tree stopped
+    assert parent.status() is RunStatus.CANCELLED
+    stopped = child.latest()
+    assert stopped.status is RunStatus.CANCELLED
+    assert stopped.event == FLOW_CANCELLED
+    assert history(rt, child.run_id)[-1].id == stopped.id  # nothing committed after it
+    assert history(rt, parent.run_id)[-1].event == FLOW_CANCELLED
+    assert stopped.in_flight == ["s2#1"]  # the stopped task was not completed
+    assert [executions(r, child.run_id, t) for t in ("s1", "s2", "s3")] == [1, 1, 0]
+    assert executions(r, parent.run_id, "finish") == 0
+    reason = stopped.meta.cancel_reason
+    assert reason is not None and f"its parent run {parent.run_id} was cancelled" in reason
+    return reason
+
+
+def _resumed_tree_finishes(rt: Runtime, r: redis.Redis, parent: RunHandle, child: str) -> None:
+    """Resuming the parent resumes the child at its stopped task: each completed task ran
+    exactly once, the stopped one twice, and the parent finishes with the crew's output."""
+    assert control.resume(parent.run_id, rt=rt).result(timeout=30) == "s3(s2(s1(bees)))"
+    assert [executions(r, child, t) for t in ("s1", "s2", "s3")] == [1, 2, 1]
+    assert executions(r, parent.run_id, "finish") == 1
+    assert RunHandle(child, rt).status() is RunStatus.SUCCEEDED
+
+
+def test_runner_cancel_of_a_parent_cancels_its_child_and_resume_finishes_the_tree(
+    rt: Runtime,
+    redis_client: redis.Redis,
+    cli: Cli,  # noqa: F811
+) -> None:
+    parent = submit(CrewTree, {}, rt=rt)
+    child, pid = _child_crawling(rt, redis_client, parent)
+    out = json.loads(cli.ok("cancel", parent.run_id, "--json").stdout)
+    assert out["status"] == "cancelled"
+    reason = _tree_stopped(rt, redis_client, parent, child, pid)
+    assert reason == f"its parent run {parent.run_id} was cancelled"
+    assert parent.latest().meta.cancel_reason is None  # the parent was cancelled by hand
+    _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
+
+
+def test_a_parent_s_deadline_cancels_its_child_too(rt: Runtime, redis_client: redis.Redis) -> None:
+    parent = submit(CrewTree, {}, deadline=2.5, rt=rt)
+    child, pid = _child_crawling(rt, redis_client, parent)
+    assert parent.wait(timeout=15) is RunStatus.CANCELLED
+    reason = _tree_stopped(rt, redis_client, parent, child, pid)
+    assert reason.startswith(f"its parent run {parent.run_id} was cancelled: its deadline passed")
+    _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
+
+
+def test_cancelling_a_child_fails_its_parent_step_and_resuming_the_parent_finishes(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    parent = submit(CrewTree, {}, rt=rt)
+    child, pid = _child_crawling(rt, redis_client, parent)
+    child.cancel()
+    assert parent.wait(timeout=15) is RunStatus.FAILED
+    error = parent.latest().error
+    assert error is not None and error.type == "ChildRunFailed"
+    assert f"child run {child.run_id} cancelled" in error.message
+    eventually(lambda: not _alive(pid), timeout=5)
+    assert child.latest().meta.cancel_reason is None  # cancelled by hand
+    _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
