@@ -47,7 +47,11 @@ def test_a_run_waits_for_an_answer_then_goes_on_where_it_stopped(
         control.answer(handle.run_id, None, outcome="maybe", rt=rt)
     assert handle.latest().id == latest.id  # refusals store nothing
 
-    control.answer(handle.run_id, "looks good", by="ana", outcome="yes", rt=rt)
+    with pytest.raises(RunStateError, match="now awaits approve .*, not publish"):
+        control.answer(handle.run_id, "yes", step="publish", rt=rt)  # read another question
+    assert handle.latest().id == latest.id  # refusals store nothing
+
+    control.answer(handle.run_id, "looks good", by="ana", outcome="yes", step="approve#1", rt=rt)
     assert handle.result(timeout=30) == "published (yes by ana)"
     assert executions(redis_client, handle.run_id, "write") == 1
     assert executions(redis_client, handle.run_id, "approve") == 2
@@ -69,3 +73,22 @@ def test_in_process_the_same_step_pauses_with_its_question() -> None:
     outcome = flow.kickoff({"topic": "owls"})
     assert getattr(outcome, "reason", None) == "approve 'draft on owls'?"
     assert flow.state.verdict == "pending"
+
+
+def test_the_cli_and_the_api_refuse_an_answer_to_a_question_the_run_no_longer_asks(
+    rt: Any, worker_env: dict[str, str]
+) -> None:
+    from tests.test_cli import Cli
+
+    handle = SignOffFlow.submit({"topic": "moles"}, rt=rt)
+    latest = paused(handle)
+    cli = Cli(worker_env)
+    done = cli("resume", handle.run_id, "--feedback", "fine", "--step", "write")
+    assert done.exit_code == 1
+    assert done.stderr.strip().splitlines() == [
+        f"error: run {handle.run_id} now awaits approve (\"approve 'draft on moles'?\"), "
+        "not write: read the question again before answering"
+    ]
+    assert handle.latest().id == latest.id
+    cli.ok("resume", handle.run_id, "--outcome", "no", "--step", "approve", "--by", "bo")
+    assert handle.result(timeout=30) == "published (no by bo)"

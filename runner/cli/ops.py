@@ -60,6 +60,14 @@ def resume(
         str | None,
         typer.Option("--by", metavar="WHO", help="Who answers (default: your user name)."),
     ] = None,
+    step: Annotated[
+        str | None,
+        typer.Option(
+            "--step",
+            metavar="STEP",
+            help="The step whose question you answer: refused if the run now awaits another.",
+        ),
+    ] = None,
 ) -> None:
     """Continue a failed, cancelled or paused run; completed steps are not re-run.
 
@@ -85,12 +93,13 @@ def resume(
             feedback if feedback is not None else "",
             by=by or _who(),
             outcome=outcome,
+            step=step,
             rt=rt,
         )
         follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
         return
-    if by is not None:
-        raise BadUsage("--by goes with --feedback or --outcome (who answers)")
+    if by is not None or step is not None:
+        raise BadUsage("--by and --step go with --feedback or --outcome (who answers what)")
     if location is not None:
         if timeout is not None:
             raise BadUsage("--timeout does not apply with --location: the run resumes here")

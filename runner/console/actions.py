@@ -300,11 +300,17 @@ def resume(
 
 
 def answer(
-    rt: Runtime, run_id: str, feedback: str, *, outcome: str | None, by: str | None
+    rt: Runtime,
+    run_id: str,
+    feedback: str,
+    *,
+    outcome: str | None,
+    by: str | None,
+    step: str | None = None,
 ) -> RunHandle:
     """Give the run the answer it awaits (a review's feedback, or a label chosen directly;
     a question's answer), as ``runner resume RUN --feedback`` does."""
-    return control.answer(run_id, feedback, by=by, outcome=outcome or None, rt=rt)
+    return control.answer(run_id, feedback, by=by, outcome=outcome or None, step=step, rt=rt)
 
 
 def cancel(rt: Runtime, run_id: str) -> Checkpoint:

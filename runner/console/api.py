@@ -81,6 +81,11 @@ class FeedbackBody(BaseModel):
         default=None, description="One of the review's emit labels, chosen directly."
     )
     by: str | None = Field(default=None, description="Who answers (kept in the run's history).")
+    step: str | None = Field(
+        default=None,
+        description="The step (method or activation id) whose question is answered: 409 if "
+        "the run now awaits another one.",
+    )
 
 
 class ForkBody(BaseModel):
@@ -214,7 +219,12 @@ def post_feedback(request: Request, run_id: str, body: FeedbackBody) -> Started:
     that label's listeners run). A run that awaits no answer is 409, an ``outcome`` that is
     not one of the labels 422."""
     handle = actions.answer(
-        console_of(request).rt, run_id, body.feedback, outcome=body.outcome, by=body.by or "api"
+        console_of(request).rt,
+        run_id,
+        body.feedback,
+        outcome=body.outcome,
+        by=body.by or "api",
+        step=body.step,
     )
     return Started(run_id=handle.run_id, status=handle.status())
 

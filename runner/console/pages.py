@@ -227,9 +227,18 @@ def feedback_submit(
     run_id: str,
     feedback: Annotated[str, Form()] = "",
     outcome: Annotated[str, Form()] = "",
+    step: Annotated[str, Form()] = "",
 ) -> Response:
-    """Answer what the run awaits (the feedback box, or a label's button) and reload its page."""
-    actions.answer(console_of(request).rt, run_id, feedback, outcome=outcome or None, by="console")
+    """Answer what the run awaits (the feedback box, or a label's button) and reload its page;
+    ``step`` is the activation whose question the page showed."""
+    actions.answer(
+        console_of(request).rt,
+        run_id,
+        feedback,
+        outcome=outcome or None,
+        by="console",
+        step=step or None,
+    )
     return _redirect(f"/runs/{run_id}")
 
 

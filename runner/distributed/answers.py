@@ -27,12 +27,18 @@ def deliver(
     *,
     by: str | None = None,
     outcome: str | None = None,
+    step: str | None = None,
 ) -> Checkpoint:
     """Answer what run ``run_id`` awaits with ``text`` (``outcome``: an ``emit`` label chosen
     directly instead of collapsing ``text`` to one; ``by``: who answers) and send the step
     that waited again; the checkpoint that records the answer. A run that awaits nothing is
     :class:`~runner.errors.RunStateError`; an ``outcome`` not among the labels,
-    :class:`~runner.errors.InvalidInputs`."""
+    :class:`~runner.errors.InvalidInputs`.
+
+    ``step`` (a method name or an activation id) is the step the answerer read the question
+    of: when the run now awaits another one (two steps paused in parallel, and the later
+    pause holds the run's one question), the answer is refused rather than given to a
+    question its author never saw."""
     latest = rt.store.latest(run_id)
     if latest is None:
         raise RunNotFound(f"no run {run_id}", run_id=run_id)
@@ -40,6 +46,12 @@ def deliver(
     if awaited is None or latest.status is not RunStatus.PAUSED:
         raise RunStateError(
             f"run {run_id} awaits no answer (it is {latest.status.value})", run_id=run_id
+        )
+    if step is not None and step not in (awaited.activation, awaited.method):
+        raise RunStateError(
+            f"run {run_id} now awaits {awaited.method} ({awaited.message!r}), not {step}: "
+            "read the question again before answering",
+            run_id=run_id,
         )
     if outcome is not None and outcome not in (awaited.emit or ()):
         labels = ", ".join(awaited.emit or ()) or "none"
@@ -62,9 +74,14 @@ def deliver(
 
     done = commit_on_latest(rt, run_id, build)
     assert done is not None
-    ckpt, step = done
+    ckpt, went_on = done
     routing.learn(rt.app, flow_cls)
     dispatch(
-        rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready, priority=ckpt.meta.priority
+        rt,
+        flow_cls.flow_name(),
+        run_id,
+        ckpt.meta.epoch,
+        went_on.ready,
+        priority=ckpt.meta.priority,
     )
     return ckpt

@@ -129,6 +129,7 @@ def answer(
     *,
     by: str | None = None,
     outcome: str | None = None,
+    step: str | None = None,
     rt: Runtime | None = None,
 ) -> RunHandle:
     """Give a paused run the answer it awaits (``@human_feedback``'s review, ``self.ask``'s
@@ -136,9 +137,10 @@ def answer(
     the step that waited is sent again in a new epoch. ``outcome`` picks an ``emit`` label
     directly instead of collapsing ``text`` to one. Every way of answering (the CLI's
     ``resume --feedback``, ``RunHandle.resume(feedback=)``, the console and its API, an
-    ``ask`` timeout with ``text=None``) comes here (:func:`.answers.deliver`)."""
+    ``ask`` timeout with ``text=None``) comes here (:func:`.answers.deliver`, which also
+    says what ``step`` guards against)."""
     rt = rt or runtime()
-    deliver(rt, run_id, text, by=by, outcome=outcome)
+    deliver(rt, run_id, text, by=by, outcome=outcome, step=step)
     return RunHandle(run_id, rt)
 
 
