@@ -47,7 +47,7 @@ def test_a_run_waits_for_an_answer_then_goes_on_where_it_stopped(
         control.answer(handle.run_id, None, outcome="maybe", rt=rt)
     assert handle.latest().id == latest.id  # refusals store nothing
 
-    with pytest.raises(RunStateError, match="now awaits approve .*, not publish"):
+    with pytest.raises(RunStateError, match=r"now awaits approve .*, not publish"):
         control.answer(handle.run_id, "yes", step="publish", rt=rt)  # read another question
     assert handle.latest().id == latest.id  # refusals store nothing
 
