@@ -62,7 +62,7 @@ def add(
         ),
     ] = None,
 ) -> None:
-    """Add schedule NAME: start FLOW at each tick; each tick's run is NAME-<UTC time>."""
+    """Add schedule NAME: start FLOW at each tick; each tick's run is `NAME-<UTC time>`."""
     if priority is not None and (problem := priority_problem(priority, "--priority")):
         raise InvalidInputs(problem, priority=priority)
     values = load_inputs(inputs, None)
