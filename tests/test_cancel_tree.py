@@ -14,8 +14,10 @@ import pytest
 import redis
 
 from runner.distributed import control
+from runner.distributed.cancel import follow_parent
 from runner.distributed.client import RunHandle, submit
-from runner.distributed.engine import Runtime
+from runner.distributed.engine import Runtime, commit_on_latest
+from runner.flow import transition as tr
 from runner.flow.children import child_run_id
 from runner.store.models import FLOW_CANCELLED, RunStatus
 from tests._dist_support import eventually, history
@@ -86,6 +88,8 @@ def test_runner_cancel_of_a_parent_cancels_its_child_and_resume_finishes_the_tre
     reason = _tree_stopped(rt, redis_client, parent, child, pid)
     assert reason == f"its parent run {parent.run_id} was cancelled"
     assert parent.latest().meta.cancel_reason is None  # the parent was cancelled by hand
+    shown = json.loads(cli.ok("status", child.run_id, "--json").stdout)
+    assert (shown["status"], shown["cancel_reason"]) == ("cancelled", reason)
     _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
 
 
@@ -111,3 +115,25 @@ def test_cancelling_a_child_fails_its_parent_step_and_resuming_the_parent_finish
     eventually(lambda: not _alive(pid), timeout=5)
     assert child.latest().meta.cancel_reason is None  # cancelled by hand
     _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
+
+
+def test_a_child_started_after_its_parent_s_cancel_looked_for_children_goes_with_it(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    parent = submit(CrewTree, {}, rt=rt)
+    child, pid = _child_crawling(rt, redis_client, parent)
+    # The parent's cancel committed while its step was creating the child, so the cancel
+    # found no child to take along: the step's follow_parent, once the child is started.
+    commit_on_latest(
+        rt,
+        parent.run_id,
+        lambda latest: tr.Transition(tr.status_change(latest, FLOW_CANCELLED, RunStatus.CANCELLED)),
+    )
+    assert child.status() is RunStatus.RUNNING
+    cancelled = follow_parent(rt, child.run_id)
+    assert cancelled is not None and cancelled.status is RunStatus.CANCELLED
+    assert follow_parent(rt, child.run_id) is None  # once
+    reason = _tree_stopped(rt, redis_client, parent, child, pid)
+    assert reason == f"its parent run {parent.run_id} was cancelled"
+    _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
+    assert follow_parent(rt, child.run_id) is None  # its parent is no longer cancelled

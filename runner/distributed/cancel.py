@@ -1,10 +1,10 @@
 """Cancelling a run: the one place that does it, for ``runner cancel``, the API, the console
 and a run's deadline.
 
-1. A compare-and-set commit records the status ``cancelled`` (and why, for a deadline); it
-   is declined when the run already finished. The commit drops the run's leases and
-   dispatch markers, so no step is sent after it, and a message already queued is skipped
-   when it arrives (its run is cancelled).
+1. A compare-and-set commit records the status ``cancelled`` (and why: a deadline, a
+   parent's cancel); it is declined when the run already finished. The commit drops the
+   run's leases and dispatch markers, so no step is sent after it, and a message already
+   queued is skipped when it arrives (its run is cancelled).
 2. The attempts in flight at that checkpoint are told to stop: Celery's public
    ``control.revoke(..., terminate=True, signal="SIGTERM")`` for their task ids
    (``<run>:<epoch>:<activation>``, deterministic), broadcast on the deployment's control
