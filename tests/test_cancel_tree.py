@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import pytest
 import redis
 
@@ -21,6 +22,7 @@ from runner.flow import transition as tr
 from runner.flow.children import child_run_id
 from runner.store.models import FLOW_CANCELLED, RunStatus
 from tests._dist_support import eventually, history
+from tests.console_support import serving
 from tests.flows.crew_tree import CrewTree
 from tests.flows.dist import executions, key
 from tests.test_cli import Cli, cli  # noqa: F401  (fixture)
@@ -91,6 +93,28 @@ def test_runner_cancel_of_a_parent_cancels_its_child_and_resume_finishes_the_tre
     shown = json.loads(cli.ok("status", child.run_id, "--json").stdout)
     assert (shown["status"], shown["cancel_reason"]) == ("cancelled", reason)
     _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
+
+
+def test_the_console_s_cancel_takes_the_child_and_its_resume_finishes_the_tree(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    parent = submit(CrewTree, {}, rt=rt)
+    child, pid = _child_crawling(rt, redis_client, parent)
+    token = "tree-token"
+    with (
+        serving(rt, token=token) as url,
+        httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as http,
+    ):
+        response = http.post(f"/api/runs/{parent.run_id}/cancel")
+        assert response.status_code == 200, response.text
+        assert response.json()["status"] == "cancelled"
+        _tree_stopped(rt, redis_client, parent, child, pid)
+        shown = http.get(f"/api/runs/{child.run_id}").json()
+        assert shown["cancel_reason"] == f"its parent run {parent.run_id} was cancelled"
+        assert http.post(f"/api/runs/{parent.run_id}/resume").status_code == 202
+        assert parent.wait(timeout=30) is RunStatus.SUCCEEDED
+    assert [executions(redis_client, child.run_id, t) for t in ("s1", "s2", "s3")] == [1, 2, 1]
+    assert executions(redis_client, parent.run_id, "finish") == 1
 
 
 def test_a_parent_s_deadline_cancels_its_child_too(rt: Runtime, redis_client: redis.Redis) -> None:
