@@ -23,7 +23,7 @@ from runner.flow.children import child_run_id
 from runner.store.models import FLOW_CANCELLED, RunStatus
 from tests._dist_support import eventually, history
 from tests.console_support import serving
-from tests.flows.crew_tree import CrewTree
+from tests.flows.crew_tree import CrewPair, CrewTree
 from tests.flows.dist import executions, key
 from tests.test_cli import Cli, cli  # noqa: F401  (fixture)
 
@@ -39,9 +39,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _child_crawling(rt: Runtime, r: redis.Redis, parent: RunHandle) -> tuple[RunHandle, int]:
-    """The parent's child run once its slow task s2 runs, and the pid running it."""
-    child = RunHandle(child_run_id(parent.run_id, "stage#1"), rt)
+def _child_crawling(
+    rt: Runtime, r: redis.Redis, parent: RunHandle, activation: str = "stage#1"
+) -> tuple[RunHandle, int]:
+    """The child run of the parent's ``activation`` once its slow task s2 runs, and the pid
+    running it."""
+    child = RunHandle(child_run_id(parent.run_id, activation), rt)
     eventually(lambda: executions(r, child.run_id, "s2") == 1)
     pid = int(r.lrange(key(child.run_id, "pids", "s2"), 0, 0)[0])
     assert _alive(pid)
@@ -49,24 +52,28 @@ def _child_crawling(rt: Runtime, r: redis.Redis, parent: RunHandle) -> tuple[Run
 
 
 def _tree_stopped(
-    rt: Runtime, r: redis.Redis, parent: RunHandle, child: RunHandle, pid: int
-) -> str:
-    """Both runs are cancelled, the child's task process is gone, no later task ran and no
-    commit followed either cancel; the child's cancel reason."""
-    eventually(lambda: not _alive(pid), timeout=5)
+    rt: Runtime, r: redis.Redis, parent: RunHandle, *crawling: tuple[RunHandle, int]
+) -> list[str]:
+    """The parent and its ``crawling`` children are cancelled, each child's task process is
+    gone, no later task ran and no commit followed any cancel; the children's reasons."""
+    for _, pid in crawling:
+        eventually(lambda pid=pid: not _alive(pid), timeout=5)
     time.sleep(3)  # several recovery passes and lease lengths: they leave the tree stopped
     assert parent.status() is RunStatus.CANCELLED
-    stopped = child.latest()
-    assert stopped.status is RunStatus.CANCELLED
-    assert stopped.event == FLOW_CANCELLED
-    assert history(rt, child.run_id)[-1].id == stopped.id  # nothing committed after it
     assert history(rt, parent.run_id)[-1].event == FLOW_CANCELLED
-    assert stopped.in_flight == ["s2#1"]  # the stopped task was not completed
-    assert [executions(r, child.run_id, t) for t in ("s1", "s2", "s3")] == [1, 1, 0]
     assert executions(r, parent.run_id, "finish") == 0
-    reason = stopped.meta.cancel_reason
-    assert reason is not None and f"its parent run {parent.run_id} was cancelled" in reason
-    return reason
+    reasons = []
+    for child, _ in crawling:
+        stopped = child.latest()
+        assert stopped.status is RunStatus.CANCELLED
+        assert stopped.event == FLOW_CANCELLED
+        assert history(rt, child.run_id)[-1].id == stopped.id  # nothing committed after it
+        assert stopped.in_flight == ["s2#1"]  # the stopped task was not completed
+        assert [executions(r, child.run_id, t) for t in ("s1", "s2", "s3")] == [1, 1, 0]
+        reason = stopped.meta.cancel_reason
+        assert reason is not None and f"its parent run {parent.run_id} was cancelled" in reason
+        reasons.append(reason)
+    return reasons
 
 
 def _resumed_tree_finishes(rt: Runtime, r: redis.Redis, parent: RunHandle, child: str) -> None:
@@ -87,12 +94,27 @@ def test_runner_cancel_of_a_parent_cancels_its_child_and_resume_finishes_the_tre
     child, pid = _child_crawling(rt, redis_client, parent)
     out = json.loads(cli.ok("cancel", parent.run_id, "--json").stdout)
     assert out["status"] == "cancelled"
-    reason = _tree_stopped(rt, redis_client, parent, child, pid)
+    [reason] = _tree_stopped(rt, redis_client, parent, (child, pid))
     assert reason == f"its parent run {parent.run_id} was cancelled"
     assert parent.latest().meta.cancel_reason is None  # the parent was cancelled by hand
     shown = json.loads(cli.ok("status", child.run_id, "--json").stdout)
     assert (shown["status"], shown["cancel_reason"]) == ("cancelled", reason)
     _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
+
+
+def test_every_child_a_parent_waits_on_is_cancelled_and_resumed_with_it(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    parent = submit(CrewPair, {}, rt=rt)
+    left = _child_crawling(rt, redis_client, parent, "left#1")
+    right = _child_crawling(rt, redis_client, parent, "right#1")
+    parent.cancel()
+    _tree_stopped(rt, redis_client, parent, left, right)
+    assert control.resume(parent.run_id, rt=rt).result(timeout=30) == "both crews done"
+    for child, _ in (left, right):
+        assert [executions(redis_client, child.run_id, t) for t in ("s1", "s2", "s3")] == [1, 2, 1]
+        assert child.status() is RunStatus.SUCCEEDED
+    assert executions(redis_client, parent.run_id, "finish") == 1
 
 
 def test_the_console_s_cancel_takes_the_child_and_its_resume_finishes_the_tree(
@@ -108,7 +130,7 @@ def test_the_console_s_cancel_takes_the_child_and_its_resume_finishes_the_tree(
         response = http.post(f"/api/runs/{parent.run_id}/cancel")
         assert response.status_code == 200, response.text
         assert response.json()["status"] == "cancelled"
-        _tree_stopped(rt, redis_client, parent, child, pid)
+        _tree_stopped(rt, redis_client, parent, (child, pid))
         shown = http.get(f"/api/runs/{child.run_id}").json()
         assert shown["cancel_reason"] == f"its parent run {parent.run_id} was cancelled"
         assert http.post(f"/api/runs/{parent.run_id}/resume").status_code == 202
@@ -121,7 +143,7 @@ def test_a_parent_s_deadline_cancels_its_child_too(rt: Runtime, redis_client: re
     parent = submit(CrewTree, {}, deadline=2.5, rt=rt)
     child, pid = _child_crawling(rt, redis_client, parent)
     assert parent.wait(timeout=15) is RunStatus.CANCELLED
-    reason = _tree_stopped(rt, redis_client, parent, child, pid)
+    [reason] = _tree_stopped(rt, redis_client, parent, (child, pid))
     assert reason.startswith(f"its parent run {parent.run_id} was cancelled: its deadline passed")
     _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
 
@@ -157,7 +179,7 @@ def test_a_child_started_after_its_parent_s_cancel_looked_for_children_goes_with
     cancelled = follow_parent(rt, child.run_id)
     assert cancelled is not None and cancelled.status is RunStatus.CANCELLED
     assert follow_parent(rt, child.run_id) is None  # once
-    reason = _tree_stopped(rt, redis_client, parent, child, pid)
+    [reason] = _tree_stopped(rt, redis_client, parent, (child, pid))
     assert reason == f"its parent run {parent.run_id} was cancelled"
     _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
     assert follow_parent(rt, child.run_id) is None  # its parent is no longer cancelled

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runner import Flow, FlowState, listen, start
+from runner import Flow, FlowState, and_, listen, start
 from runner.crew import Crew, Task, TaskInput
 
 from .dist import executed
@@ -37,7 +37,7 @@ slow_crew = Crew(
 
 
 class TreeState(FlowState):
-    """The topic, the task that crawls, for how long; the crew's result."""
+    """The topic, the task that crawls, for how long; the crew's result (or results)."""
 
     topic: str = "bees"
     slow: str = "s2"
@@ -58,4 +58,28 @@ class CrewTree(Flow[TreeState]):
     def finish(self, crew_output: dict[str, Any]) -> str:
         executed(self.state.id, "finish")
         self.state.summary = crew_output["raw"]
+        return self.state.summary
+
+
+class CrewPair(Flow[TreeState]):
+    """``left`` and ``right`` each run :data:`slow_crew` as a child run, in parallel;
+    ``finish`` keeps both results."""
+
+    def _crew(self, method: str, topic: str) -> Any:
+        executed(self.state.id, method)
+        inputs = {"topic": topic, "slow": self.state.slow, "seconds": self.state.seconds}
+        return self.run_crew(slow_crew, inputs)
+
+    @start()
+    def left(self) -> Any:
+        return self._crew("left", self.state.topic)
+
+    @start()
+    def right(self) -> Any:
+        return self._crew("right", f"{self.state.topic}!")
+
+    @listen(and_(left, right))
+    def finish(self) -> str:
+        executed(self.state.id, "finish")
+        self.state.summary = "both crews done"
         return self.state.summary
