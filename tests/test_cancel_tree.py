@@ -139,13 +139,23 @@ def test_the_console_s_cancel_takes_the_child_and_its_resume_finishes_the_tree(
     assert executions(redis_client, parent.run_id, "finish") == 1
 
 
-def test_a_parent_s_deadline_cancels_its_child_too(rt: Runtime, redis_client: redis.Redis) -> None:
+def test_a_parent_s_deadline_cancels_its_child_too_and_resuming_the_child_resumes_the_tree(
+    rt: Runtime,
+    redis_client: redis.Redis,
+    cli: Cli,  # noqa: F811
+) -> None:
     parent = submit(CrewTree, {}, deadline=2.5, rt=rt)
     child, pid = _child_crawling(rt, redis_client, parent)
     assert parent.wait(timeout=15) is RunStatus.CANCELLED
     [reason] = _tree_stopped(rt, redis_client, parent, (child, pid))
     assert reason.startswith(f"its parent run {parent.run_id} was cancelled: its deadline passed")
-    _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
+    # runner resume of the child resumes the parent it was cancelled with, which resumes it.
+    resumed = cli.ok("resume", child.run_id, "--wait", "--timeout", "30")
+    assert f"resuming {parent.run_id}" in resumed.stderr
+    assert parent.status() is RunStatus.SUCCEEDED
+    assert parent.latest().state["summary"] == "s3(s2(s1(bees)))"
+    assert [executions(redis_client, child.run_id, t) for t in ("s1", "s2", "s3")] == [1, 2, 1]
+    assert executions(redis_client, parent.run_id, "finish") == 1
 
 
 def test_cancelling_a_child_fails_its_parent_step_and_resuming_the_parent_finishes(
