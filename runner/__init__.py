@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         InputResponse,
         flow_config,
     )
+    from runner.flow.llm import register_llm
     from runner.flow.state import FlowState, add, append, merge_dict
     from runner.flow.usage import UsageMetrics, record_usage
     from runner.store.jsondir import JsonProvider
@@ -81,6 +82,7 @@ _HOMES = {
         "InputResponse",
         "flow_config",
     ),
+    "runner.flow.llm": ("register_llm",),
     "runner.flow.state": ("FlowState", "add", "append", "merge_dict"),
     "runner.flow.usage": ("UsageMetrics", "record_usage"),
     "runner.store.jsondir": ("JsonProvider",),
@@ -183,6 +185,7 @@ __all__ = [
     "or_",
     "persist",
     "record_usage",
+    "register_llm",
     "router",
     "set_flow_persistence_factory",
     "set_limit",

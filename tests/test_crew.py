@@ -263,9 +263,9 @@ def test_the_agent_prompt_has_role_task_and_context() -> None:
     assert prompt.endswith("This is the context you're working with:\nNOTES")
 
 
-def test_an_llm_that_is_not_callable_is_refused() -> None:
-    with pytest.raises(DefinitionError, match="llm must be callable"):
-        Agent("Writer", llm="gpt-4o")
+def test_an_llm_that_is_neither_a_client_nor_a_name_is_refused() -> None:
+    with pytest.raises(DefinitionError, match="llm must be a client"):
+        Agent("Writer", llm=42)
 
 
 # --- checkpoints -----------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def refuse(prompt: str) -> str:
         ({"emit": ["a", "b"]}, "llm is required"),
         ({"default_outcome": "a"}, "requires emit"),
         ({"emit": ["a", "b"], "llm": Keywords(), "default_outcome": "c"}, "must be one of"),
-        ({"emit": ["a", "b"], "llm": "gpt-4o-mini"}, "llm must be callable"),
+        ({"emit": ["a", "b"], "llm": 42}, "llm must be a client"),  # a name is a str
         ({"emit": "a", "llm": Keywords()}, "emit takes a list"),
         ({"provider": object()}, "provider must have request_feedback"),
     ],

@@ -2,7 +2,10 @@
 
 The runner prescribes no LLM library and makes no network call itself: ``llm`` is whatever
 the user passes, called with one prompt string (:func:`runner.flow.llm.call_llm`: ``.call``,
-``.invoke`` or a callable), each call's token usage recorded for the step running it.
+``.invoke`` or a callable), each call's token usage recorded for the step running it. A
+string (CrewAI's ``Agent(llm="gpt-4o-mini")``) names a client given to
+:func:`runner.flow.llm.register_llm`, resolved when the agent works a task (on a worker:
+in the worker, which registers it by importing the module that does).
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ class Agent:
     ) -> None:
         if llm is not None and not is_llm(llm):
             raise DefinitionError(
-                f"agent {role!r}: llm must be callable or have .call() or .invoke(); got {llm!r}",
+                f"agent {role!r}: llm must be a client (callable, .call() or .invoke()) or a "
+                f"name given to runner.register_llm; got {llm!r}",
                 agent=role,
             )
         self.role = role
@@ -51,7 +55,8 @@ class Agent:
         self.backstory = backstory
         """Who the agent is; part of every prompt."""
         self.llm = llm
-        """Any LLM client: ``.call(prompt)``, ``.invoke(prompt)`` or ``llm(prompt)``."""
+        """Any LLM client (``.call(prompt)``, ``.invoke(prompt)`` or ``llm(prompt)``), or the
+        name it is registered under."""
         self.checkpoint = checkpoint
         """``None`` inherits from the crew; ``True`` defaults; ``False`` opts its tasks out."""
 

@@ -5,9 +5,12 @@ After the decorated method returns, its output goes to a reviewer: the decorator
 becomes a :class:`HumanFeedbackResult` in ``flow.last_human_feedback`` and
 ``flow.human_feedback_history``. Without ``emit`` that result is the method's output (its
 listeners receive it). With ``emit`` the method is a router: ``llm`` (anything an ``Agent``
-takes: a callable, ``.call`` or ``.invoke``) collapses the answer to one of the labels, an
-empty answer gives ``default_outcome`` (else the first label), that label's listeners run,
-and the method's output stays what it returned.
+takes: a callable, ``.call`` or ``.invoke``, or the name of one given to
+:func:`~runner.flow.llm.register_llm`, as CrewAI's ``llm="gpt-4o-mini"``) collapses the
+answer to one of the labels, an empty answer gives ``default_outcome`` (else the first
+label), that label's listeners run, and the method's output stays what it returned. An
+answer that picks its label (``outcome``: the console's label buttons, ``--outcome``) or is
+empty needs no ``llm`` call, so a name needs registering only where text is collapsed.
 
 **Durable waiting.** A provider raising :class:`HumanFeedbackPending`, or on workers a
 review nobody answers at once (no provider), pauses the run: the method's state changes and
@@ -43,7 +46,7 @@ from runner.flow.attempt import (
 )
 from runner.flow.decorators import router
 from runner.flow.input_provider import ConsoleProvider, flow_config
-from runner.flow.llm import call_llm, is_llm
+from runner.flow.llm import call_llm, is_llm, resolve_llm
 from runner.store.base import CheckpointStore
 from runner.store.models import Answer, Awaiting, Checkpoint
 from runner.store.pending import FEEDBACK, PendingFeedbackContext, pending_checkpoint, state_json
@@ -107,7 +110,8 @@ class HumanFeedbackConfig:
     emit: Sequence[str] | None = None
     """The labels the answer is collapsed to (the method is then a router)."""
     llm: Any = None
-    """What collapses an answer to a label: a callable, ``.call`` or ``.invoke``."""
+    """What collapses an answer to a label: a callable, ``.call`` or ``.invoke``, or the name
+    it is registered under (resolved when a collapse is needed)."""
     default_outcome: str | None = None
     """The label of an empty answer (default: the first)."""
     metadata: dict[str, Any] | None = None
@@ -169,6 +173,9 @@ def human_feedback(
     return decorate
 
 
+_LLM_SHAPES = "a client (callable, .call() or .invoke()) or a name given to runner.register_llm"
+
+
 def _checked(
     message: str, emit: Sequence[str] | None, llm: Any, default_outcome: str | None, provider: Any
 ) -> list[str] | None:
@@ -183,7 +190,7 @@ def _checked(
         if default_outcome is not None:
             raise bad("default_outcome requires emit to be specified")
         if llm is not None and not is_llm(llm):
-            raise bad(f"llm must be callable or have .call() or .invoke(); got {llm!r}")
+            raise bad(f"llm must be {_LLM_SHAPES}; got {llm!r}")
         return None
     if isinstance(emit, str) or not emit or not all(isinstance(e, str) and e for e in emit):
         raise bad(f"emit takes a list of labels (non-empty strings), not {emit!r}")
@@ -191,8 +198,8 @@ def _checked(
         raise bad("llm is required when emit is specified (it collapses an answer to a label)")
     if not is_llm(llm):
         raise bad(
-            f"llm must be callable or have .call() or .invoke(); got {llm!r} (the runner "
-            "makes no network call: pass your client, e.g. CrewAI's LLM(model=...))"
+            f"llm must be {_LLM_SHAPES}; got {llm!r} (the runner makes no network call: pass "
+            "your client, e.g. CrewAI's LLM(model=...), or register it under a name)"
         )
     if default_outcome is not None and default_outcome not in emit:
         raise bad(
@@ -373,10 +380,13 @@ def collapse(feedback: str, outcomes: Sequence[str], llm: Any) -> str:
     """The one of ``outcomes`` ``llm`` reads ``feedback`` as. Its reply is matched as it
     is, as JSON ``{"outcome": ...}``, then by the first outcome it mentions; a reply that
     names none, or an ``llm`` that fails, gives the first outcome (with a warning), as
-    CrewAI does."""
+    CrewAI does. A name nobody registered is no failing ``llm`` but a mistake in the set-up:
+    its :class:`~runner.errors.DefinitionError` fails the step, which a resume retries once
+    the name is registered (a guessed label would route the run for good)."""
     prompt = _COLLAPSE.format(feedback=feedback, outcomes=", ".join(outcomes))
+    client = resolve_llm(llm)
     try:
-        reply = call_llm(llm, prompt)
+        reply = call_llm(client, prompt)
     except Exception as exc:
         log.warning(
             "collapsing feedback to %s failed (%s: %s); taking %r",
