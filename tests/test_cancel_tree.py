@@ -93,7 +93,7 @@ def test_runner_cancel_of_a_parent_cancels_its_child_and_resume_finishes_the_tre
     parent = submit(CrewTree, {}, rt=rt)
     child, pid = _child_crawling(rt, redis_client, parent)
     out = json.loads(cli.ok("cancel", parent.run_id, "--json").stdout)
-    assert out["status"] == "cancelled"
+    assert (out["status"], out["children"]) == ("cancelled", [child.run_id])
     [reason] = _tree_stopped(rt, redis_client, parent, (child, pid))
     assert reason == f"its parent run {parent.run_id} was cancelled"
     assert parent.latest().meta.cancel_reason is None  # the parent was cancelled by hand
@@ -103,12 +103,16 @@ def test_runner_cancel_of_a_parent_cancels_its_child_and_resume_finishes_the_tre
 
 
 def test_every_child_a_parent_waits_on_is_cancelled_and_resumed_with_it(
-    rt: Runtime, redis_client: redis.Redis
+    rt: Runtime,
+    redis_client: redis.Redis,
+    cli: Cli,  # noqa: F811
 ) -> None:
     parent = submit(CrewPair, {}, rt=rt)
     left = _child_crawling(rt, redis_client, parent, "left#1")
     right = _child_crawling(rt, redis_client, parent, "right#1")
-    parent.cancel()
+    said = cli.ok("cancel", parent.run_id).stdout
+    assert "with it child run(s)" in said
+    assert left[0].run_id in said and right[0].run_id in said
     _tree_stopped(rt, redis_client, parent, left, right)
     assert control.resume(parent.run_id, rt=rt).result(timeout=30) == "both crews done"
     for child, _ in (left, right):

@@ -334,17 +334,32 @@ def list_runs(
 @app.command()
 def cancel(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     """Cancel a run: no more steps are sent, running ones are stopped and commit nothing.
+    The child runs it waits on (crews its steps run) are cancelled with it.
 
-    Resume it later with `resume`: the stopped steps run again."""
+    Resume it later with `resume`: the stopped steps run again, its children's too."""
     from runner.distributed import client
+    from runner.distributed.cancel import waited_on
 
     rt = session(ctx).rt
     handle = client.RunHandle(refs.resolve_run(rt, run), rt)
     ckpt = handle.cancel()
+    children = [
+        c
+        for c in waited_on(ckpt)
+        if (info := rt.store.run(c)) and info.status is RunStatus.CANCELLED
+    ]
     if as_json:
-        print_json({"run_id": handle.run_id, "status": ckpt.status.value, "checkpoint": ckpt.id})
+        print_json(
+            {
+                "run_id": handle.run_id,
+                "status": ckpt.status.value,
+                "checkpoint": ckpt.id,
+                "children": children,
+            }
+        )
     else:
-        typer.echo(f"cancelled {handle.run_id} (checkpoint {ckpt.id})")
+        with_it = f"; with it child run(s) {', '.join(children)}" if children else ""
+        typer.echo(f"cancelled {handle.run_id} (checkpoint {ckpt.id}){with_it}")
 
 
 def _children(reader: Reader, latest: Checkpoint) -> list[dict[str, Any]]:

@@ -72,7 +72,7 @@ def follow_parent(rt: Runtime, child_id: str) -> Checkpoint | None:
     parent = rt.store.latest(link.run_id)
     if parent is None or parent.status is not RunStatus.CANCELLED:
         return None
-    if child_id not in _waited_on(parent):
+    if child_id not in waited_on(parent):
         return None
     return cancel_run(rt, child_id, _parent_cancelled(parent.run_id, parent.meta.cancel_reason))
 
@@ -82,7 +82,7 @@ def _parent_cancelled(parent_id: str, reason: str | None) -> str:
     return f"its parent run {parent_id} was cancelled" + (f": {reason}" if reason else "")
 
 
-def _waited_on(ckpt: Checkpoint) -> list[str]:
+def waited_on(ckpt: Checkpoint) -> list[str]:
     """The child runs ``ckpt``'s in-flight steps wait on (a link copied into a fork names
     the source run's child, which is not this run's)."""
     return [
@@ -109,7 +109,7 @@ def _commit_cancels(rt: Runtime, run_id: str, reason: str | None) -> list[Checkp
     ckpt = done[0]
     tree = [ckpt]
     why = _parent_cancelled(run_id, reason)
-    for child_id in _waited_on(ckpt):
+    for child_id in waited_on(ckpt):
         # A linked child not created yet is cancelled by follow_parent once it is.
         with contextlib.suppress(RunNotFound):
             tree += _commit_cancels(rt, child_id, why)
