@@ -108,11 +108,15 @@ def test_the_live_view_keeps_a_long_worker_name_on_one_row_at_80_columns(
     for row in rows:
         row.worker = LONG_WORKER  # as a worker on a node with a long host name records it
     shown = refs.short_ids([r.checkpoint for r in rows if r.checkpoint], refs.MIN_CHECKPOINT)
-    out = Console(width=80, record=True, force_terminal=True, color_system=None)
-    out.print(render.progress_view(info, latest, rows, 3, None, shown))
-    lines = out.export_text().splitlines()
-    assert all(len(line) <= 80 for line in lines)
-    for step in ("fetch#1", "check#1", "report#1"):
-        (line,) = [line for line in lines if step in line]
-        assert LONG_WORKER[:8] in line and "…" in line
-    assert not [line for line in lines if LONG_WORKER[-6:] in line]  # nothing folded over
+    for spent in (None, {"total_tokens": 123456}):  # a run with LLM usage has a tokens column
+        for row in rows:
+            row.usage = spent
+        out = Console(width=80, record=True, force_terminal=True, color_system=None)
+        out.print(render.progress_view(info, latest, rows, 3, None, shown))
+        lines = out.export_text().splitlines()
+        assert all(len(line) <= 80 for line in lines)
+        for step in ("fetch#1", "check#1", "report#1"):
+            (line,) = [line for line in lines if step in line]
+            assert LONG_WORKER[:8] in line and "…" in line
+            assert ("123,456" in line) is (spent is not None)
+        assert not [line for line in lines if LONG_WORKER[-6:] in line]  # nothing folded over

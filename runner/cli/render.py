@@ -130,9 +130,19 @@ def steps_table(rows: list[Any], shown: dict[str, str], *, one_row: bool = False
     table.add_column("worker", overflow="fold")
     table.add_column("start", no_wrap=True)
     table.add_column("took", justify="right", no_wrap=True)
-    table.add_column("checkpoint", no_wrap=True)
-    table.add_column("tokens", justify="right", no_wrap=True)
+    # Only a run whose steps recorded LLM usage gets a tokens column, and in the live view it
+    # takes the checkpoint's place (`runner steps` has both): at 80 columns one more column
+    # made step names wrap.
+    spent = any(row.usage for row in rows)
+    keep_checkpoint = not (spent and one_row)
+    if keep_checkpoint:
+        table.add_column("checkpoint", no_wrap=True)
+    if spent:
+        table.add_column("tokens", justify="right", no_wrap=True)
     for row in rows:
+        cells = [shown.get(row.checkpoint or "", row.checkpoint or "-")] if keep_checkpoint else []
+        if spent:
+            cells.append(f"{row.usage['total_tokens']:,}" if row.usage else "-")
         table.add_row(
             "  " * row.depth + row.step,
             Text(row.outcome, style=OUTCOME_STYLE.get(row.outcome, "")),
@@ -142,8 +152,7 @@ def steps_table(rows: list[Any], shown: dict[str, str], *, one_row: bool = False
             else row.worker or "-",
             clock(row.started),
             duration(row.duration),
-            shown.get(row.checkpoint or "", row.checkpoint or "-"),
-            f"{row.usage['total_tokens']:,}" if row.usage else "-",
+            *cells,
         )
     return table
 
