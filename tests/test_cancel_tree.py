@@ -121,7 +121,7 @@ def test_every_child_a_parent_waits_on_is_cancelled_and_resumed_with_it(
     assert executions(redis_client, parent.run_id, "finish") == 1
 
 
-def test_the_console_s_cancel_takes_the_child_and_its_resume_finishes_the_tree(
+def test_the_console_s_cancel_takes_the_child_and_resuming_the_child_there_finishes_the_tree(
     rt: Runtime, redis_client: redis.Redis
 ) -> None:
     parent = submit(CrewTree, {}, rt=rt)
@@ -137,7 +137,11 @@ def test_the_console_s_cancel_takes_the_child_and_its_resume_finishes_the_tree(
         _tree_stopped(rt, redis_client, parent, (child, pid))
         shown = http.get(f"/api/runs/{child.run_id}").json()
         assert shown["cancel_reason"] == f"its parent run {parent.run_id} was cancelled"
-        assert http.post(f"/api/runs/{parent.run_id}/resume").status_code == 202
+        # Resuming the child from the console resumes the parent it was cancelled with (the
+        # one rule of control.resume), which resumes the child where it stopped.
+        response = http.post(f"/api/runs/{child.run_id}/resume")
+        assert response.status_code == 202, response.text
+        assert response.json()["run_id"] == parent.run_id
         assert parent.wait(timeout=30) is RunStatus.SUCCEEDED
     assert [executions(redis_client, child.run_id, t) for t in ("s1", "s2", "s3")] == [1, 2, 1]
     assert executions(redis_client, parent.run_id, "finish") == 1

@@ -113,13 +113,13 @@ def resume(
     rt = session(ctx).rt
     run_id = refs.resolve_run(rt, run)
     checkpoint = refs.resolve_checkpoint(rt, from_checkpoint).id if from_checkpoint else None
-    target = run_id if checkpoint else _stopped_ancestor(rt, run_id)
-    if target != run_id:
+    handle = control.resume(run_id, checkpoint, parse_pairs(inputs, "--input"), rt=rt)
+    if handle.run_id != run_id:
         typer.echo(
-            f"run {run_id} is a child of {target}, which stopped with it: resuming {target}",
+            f"run {run_id} is a child of {handle.run_id}, which stopped with it: "
+            f"resuming {handle.run_id}",
             err=True,
         )
-    handle = control.resume(target, checkpoint, parse_pairs(inputs, "--input"), rt=rt)
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
 
 
@@ -129,22 +129,6 @@ def _who() -> str | None:
         return getpass.getuser()
     except (OSError, KeyError):  # no login name (a container's anonymous uid)
         return None
-
-
-def _stopped_ancestor(rt: engine.Runtime, run_id: str) -> str:
-    """The topmost run above ``run_id`` whose chain of parents all failed or were cancelled.
-
-    A parent still running waits on the child and continues when it succeeds; one that
-    failed or was cancelled must be resumed itself, and resuming it resumes the child.
-    """
-    current = run_id
-    while True:
-        latest = rt.store.latest(current)
-        parent = latest.meta.parent if latest is not None else None
-        info = rt.store.run(parent.run_id) if parent is not None else None
-        if info is None or info.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
-            return current
-        current = info.run_id
 
 
 @app.command()

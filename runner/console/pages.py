@@ -217,8 +217,8 @@ def resume_submit(
     """Resume the run (with optional JSON inputs) and reload its page."""
     console = console_of(request)
     values = actions.parse_json_object(inputs, "inputs")
-    actions.resume(console.rt, run_id, from_checkpoint.strip() or None, values)
-    return _redirect(f"/runs/{run_id}")
+    handle = actions.resume(console.rt, run_id, from_checkpoint.strip() or None, values)
+    return _redirect(f"/runs/{handle.run_id}")  # a child's stopped parent, when resumed instead
 
 
 @router.post("/runs/{run_id}/feedback")

@@ -75,11 +75,26 @@ def resume(
     *,
     rt: Runtime | None = None,
 ) -> RunHandle:
-    """Continue ``run_id`` on the workers; completed steps are never re-run."""
+    """Continue ``run_id`` on the workers; completed steps are never re-run.
+
+    A child run (a crew a step started) whose parent stopped with it (failed, or cancelled
+    with its tree) is continued through its parent: the topmost stopped parent is resumed,
+    which resumes the child where it stopped. The handle is of the run resumed (compare its
+    ``run_id``); inputs given for such a child are refused, as they would go to the parent.
+    """
     rt = rt or runtime()
     info = rt.store.run(run_id)
     if info is None:
         raise RunNotFound(f"no run {run_id}", run_id=run_id)
+    top = stopped_ancestor(rt, run_id) if from_checkpoint is None else run_id
+    if top != run_id:
+        if inputs:
+            raise InvalidInputs(
+                f"run {run_id} is a child of {top}, which stopped with it: resume {top} "
+                "(inputs apply to the run resumed)",
+                run_id=run_id,
+            )
+        return resume(top, rt=rt)
     source = _source(rt, run_id, from_checkpoint)
     if from_checkpoint is None and info.status is RunStatus.SUCCEEDED:
         raise RunStateError(f"run {run_id} already succeeded; fork it to run again", run_id=run_id)
@@ -121,6 +136,23 @@ def resume(
         rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready, priority=ckpt.meta.priority
     )
     return RunHandle(run_id, rt)
+
+
+def stopped_ancestor(rt: Runtime, run_id: str) -> str:
+    """The topmost run above ``run_id`` whose chain of parents all failed or were cancelled
+    (``run_id`` itself when its parent is not stopped, or it has none).
+
+    A parent still running waits on the child and continues when it succeeds; one that
+    failed or was cancelled must be resumed itself, and resuming it resumes the child.
+    """
+    current = run_id
+    while True:
+        latest = rt.store.latest(current)
+        parent = latest.meta.parent if latest is not None else None
+        info = rt.store.run(parent.run_id) if parent is not None else None
+        if info is None or info.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+            return current
+        current = info.run_id
 
 
 def answer(
