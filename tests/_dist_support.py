@@ -69,8 +69,7 @@ def private_pool(
         yield pool, rt, env
     finally:
         pool.stop_all()
-        rt.app.close()
-        rt.store.close()
+        rt.close()
 
 
 def events_of(events: list[dict[str, Any]], uuid_: str) -> list[dict[str, Any]]:

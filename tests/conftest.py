@@ -233,8 +233,7 @@ def rt(worker_env: dict[str, str], worker_pool: WorkerPool) -> Iterator[Any]:
     set_runtime(runtime)
     yield runtime
     set_runtime(None)
-    runtime.app.close()
-    runtime.store.close()
+    runtime.close()
 
 
 @contextlib.contextmanager

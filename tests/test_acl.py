@@ -86,8 +86,7 @@ def test_workers_producers_and_a_read_only_console_run_with_least_privilege(
         }
         probe = runtime_for(env)
         rules = acl_rules(probe.app, probe.settings)
-        probe.app.close()
-        probe.store.close()
+        probe.close()
         for role, rule in rules.items():
             admin.execute_command("ACL", "SETUSER", role, "on", f">{secrets[role]}", *rule.split())
         admin.execute_command("ACL", "SETUSER", "admin", "on", ">admin", "~*", "&*", "+@all")
@@ -117,8 +116,7 @@ def test_workers_producers_and_a_read_only_console_run_with_least_privilege(
                 assert gated.wait(timeout=60) is RunStatus.FAILED
                 resumed = control.resume(gated.run_id, inputs={"open": True}, rt=rt)
                 assert resumed.result(timeout=60) == ["first", "gate", "last"]
-                rt.app.close()
-                rt.store.close()
+                rt.close()
 
             console_login = {"RUNNER_REDIS_USERNAME": "console"}
             with runner_env({**console_login, "RUNNER_REDIS_PASSWORD": secrets["console"]}):
@@ -135,8 +133,7 @@ def test_workers_producers_and_a_read_only_console_run_with_least_privilege(
                     control.fork(split.run_id, rerun=["join"], rt=rt)
                 with pytest.raises(redis.ResponseError, match=REFUSED):
                     rt.store.client.set(f"{env['RUNNER_PREFIX']}:x", "1")
-                rt.app.close()
-                rt.store.close()
+                rt.close()
             # Only the console's refused writes were denied: workers and producers never.
             denied = admin.acl_log()
             assert {entry["username"] for entry in denied} == {"console"}, denied

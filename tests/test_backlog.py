@@ -50,8 +50,7 @@ def _env(worker_env: dict[str, str]) -> dict[str, str]:
 def _stop(rt: Runtime, workers: list[WorkerProcess]) -> None:
     for worker in workers:
         worker.stop()
-    rt.app.close()
-    rt.store.close()
+    rt.close()
 
 
 def test_a_backlog_three_leases_long_runs_every_step_once_from_one_message(

@@ -78,8 +78,7 @@ def test_a_step_whose_worker_died_runs_again_within_10s(
     finally:
         for worker in workers:
             worker.stop()
-        rt.app.close()
-        rt.store.close()
+        rt.close()
 
 
 def test_a_slow_step_three_leases_long_runs_once(
@@ -95,5 +94,4 @@ def test_a_slow_step_three_leases_long_runs_once(
     finally:
         for worker in workers:
             worker.stop()
-        rt.app.close()
-        rt.store.close()
+        rt.close()

@@ -157,8 +157,7 @@ class Session:
     def close(self) -> None:
         """Close the connections opened; forget the settings read for this invocation."""
         if self._rt is not None:
-            self._rt.app.close()
-            self._rt.store.close()
+            self._rt.close()
             self._rt = None
         if self._view is not None:
             self._view.store.close()

@@ -71,8 +71,7 @@ def build_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         if owned:  # a runtime passed in belongs to the caller
-            runtime.app.close()
-            runtime.store.close()
+            runtime.close()
 
     app = FastAPI(
         lifespan=lifespan,

@@ -97,6 +97,14 @@ class Runtime:
             sends_in_commit=app.conf.broker_url == store.url and not store.cluster,
         )
 
+    def close(self) -> None:
+        """Drop the sender leases still to drop, then close the app's and the store's
+        connections: a drop after the store closed would open a connection nobody closes
+        (and the lease would lapse instead of going at once)."""
+        handoff.flush()
+        self.app.close()
+        self.store.close()
+
 
 def task_name(flow_name: str, method: str) -> str:
     """The Celery task name of a flow method: ``<Flow>.<method>``."""
