@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from runner.store.models import Checkpoint, RunStatus
+from runner.store.models import FLOW_RESUMED, Answer, Checkpoint, RunStatus
 
 
 def when(ts: float | None) -> str:
@@ -92,3 +92,19 @@ def _walk(
             _walk(a[key], b[key], f"{path}.", added, removed, changed)
         elif a[key] != b[key]:
             changed[path] = [a[key], b[key]]
+
+
+def answers_given(history: list[Checkpoint]) -> dict[str, Answer]:
+    """Checkpoint id -> the answer a person gave that it records: the checkpoint that resumed
+    the run with it (``history`` newest first, as the stores list it). An activation's
+    answers stay in the checkpoints after it until it commits, so an answer is the one a
+    resuming checkpoint holds that none before it did."""
+    given: dict[str, Answer] = {}
+    seen: set[tuple[str, float]] = set()
+    for ckpt in reversed(history):  # oldest first
+        kept = {(act, a.at): a for act, answers in ckpt.meta.answers.items() for a in answers}
+        new = [a for key, a in kept.items() if key not in seen]
+        if ckpt.event == FLOW_RESUMED and new:
+            given[ckpt.id] = max(new, key=lambda a: a.at)
+        seen.update(kept)
+    return given

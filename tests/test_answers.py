@@ -92,3 +92,7 @@ def test_the_cli_and_the_api_refuse_an_answer_to_a_question_the_run_no_longer_as
     assert handle.latest().id == latest.id
     cli.ok("resume", handle.run_id, "--outcome", "no", "--step", "approve", "--by", "bo")
     assert handle.result(timeout=30) == "published (no by bo)"
+    # The run's history says who answered what, where it resumed with the answer.
+    listed = cli("checkpoints", handle.run_id, env={"COLUMNS": "200"})
+    (line,) = [row for row in listed.stdout.splitlines() if "answered" in row]
+    assert "approve answered by bo: -> no" in line and "resumed" in line

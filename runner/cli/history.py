@@ -8,7 +8,7 @@ import typer
 
 from runner.flow.loading import load_flow
 from runner.flow.usage import run_sums, run_sums_text
-from runner.views import checkpoint_diff
+from runner.views import answers_given, checkpoint_diff
 
 from . import progress, refs
 from ._app import commands
@@ -40,10 +40,11 @@ def checkpoints(
     if as_json:
         print_json([c.model_dump(mode="json") for c in found])
         return
-    every = [c.id for c in progress.history(reader, run_id)]
+    every = progress.history(reader, run_id)
     from . import render  # rich: a view only (see render)
 
-    console().print(render.history_table(found, refs.short_ids(every, refs.MIN_CHECKPOINT)))
+    shown = refs.short_ids([c.id for c in every], refs.MIN_CHECKPOINT)
+    console().print(render.history_table(found, shown, answers_given(list(reversed(every)))))
 
 
 @app.command()

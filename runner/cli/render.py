@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.flow.rates import priority_text
-from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
+from runner.store.models import Answer, Checkpoint, RunInfo, RunStatus, StepError
 from runner.views import asleep, duration, scheduled_until, when
 
 STATUS_STYLE = {
@@ -264,8 +264,12 @@ def progress_view(
 # --- checkpoints ----------------------------------------------------------------------------
 
 
-def history_table(ckpts: list[Checkpoint], shown: dict[str, str]) -> Table:
-    """``runner checkpoints``: seq, id (its unique prefix), event, step, status, time."""
+def history_table(
+    ckpts: list[Checkpoint], shown: dict[str, str], answers: dict[str, Answer] | None = None
+) -> Table:
+    """``runner checkpoints``: seq, id (its unique prefix), event, step, status, time; a
+    checkpoint that resumed the run with a person's answer (``answers``) says who gave it
+    and what."""
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
     table.add_column("seq", justify="right", no_wrap=True)
     table.add_column("checkpoint", no_wrap=True)
@@ -277,12 +281,25 @@ def history_table(ckpts: list[Checkpoint], shown: dict[str, str]) -> Table:
         table.add_row(
             str(ckpt.seq),
             shown.get(ckpt.id, ckpt.id),
-            short_event(ckpt.event),
+            short_event(ckpt.event) + _answered((answers or {}).get(ckpt.id)),
             ckpt.activation.rpartition("/")[2] if ckpt.activation else ckpt.step or "-",
             status_text(ckpt.status),
             stamp(ckpt.created_at),
         )
     return table
+
+
+def _answered(answer: Answer | None) -> str:
+    """`` (review answered by ana: 'ship it' -> approved)``, or nothing."""
+    if answer is None:
+        return ""
+    said = [repr(answer.text)] if answer.text else []
+    if answer.outcome:
+        said.append(f"-> {answer.outcome}")
+    if answer.text is None and not answer.outcome:
+        said = ["no answer in time"]
+    who = f" by {answer.by}" if answer.by else ""
+    return f" ({answer.awaited.method} answered{who}: {' '.join(said) or repr('')})"
 
 
 def checkpoint_view(ckpt: Checkpoint) -> RenderableType:

@@ -22,10 +22,10 @@ from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow import usage
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
-from runner.store.models import FLOW_RESUMED, Checkpoint, RunInfo, RunStatus, StepError
+from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
 from runner.store.redis import RedisProvider
 from runner.store.schedules import ScheduleBook
-from runner.views import asleep, checkpoint_diff, scheduled_until
+from runner.views import answers_given, asleep, checkpoint_diff, scheduled_until
 
 HISTORY_LIMIT = 500
 """Checkpoints of one run shown on its page (newest first)."""
@@ -287,26 +287,6 @@ def awaiting_of(status: RunStatus, latest: Checkpoint) -> dict[str, Any] | None:
     return waiting.model_dump(mode="json")
 
 
-def answers_given(history: list[Checkpoint]) -> dict[str, dict[str, Any]]:
-    """Checkpoint id -> the answer a person gave that it records (the checkpoint that
-    resumed the run with it): what was answered, by whom, and to which step."""
-    given: dict[str, dict[str, Any]] = {}
-    seen: set[tuple[str, float]] = set()  # (activation, when): a step's answers go with its commit
-    for ckpt in reversed(history):  # oldest first
-        kept = {(act, a.at): a for act, answers in ckpt.meta.answers.items() for a in answers}
-        new = [a for key, a in kept.items() if key not in seen]
-        if ckpt.event == FLOW_RESUMED and new:
-            newest = max(new, key=lambda a: a.at)
-            given[ckpt.id] = {
-                "text": newest.text,
-                "outcome": newest.outcome,
-                "by": newest.by,
-                "method": newest.awaited.method,
-            }
-        seen.update(kept)
-    return given
-
-
 def last_error(status: RunStatus, history: list[Checkpoint]) -> tuple[StepError, str] | None:
     """The error that failed the run and its step: the newest failure in its history.
 
@@ -396,7 +376,15 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
     failure = last_error(info.status, history)
     methods = method_states(graph, latest, failure[1] if failure else None)
     parent = latest.meta.parent
-    answers = answers_given(history)
+    answers = {
+        ckpt_id: {
+            "text": a.text,
+            "outcome": a.outcome,
+            "by": a.by,
+            "method": a.awaited.method,
+        }
+        for ckpt_id, a in answers_given(history).items()
+    }
     return {
         "run": run_row(info, latest),
         "checkpoint": latest.id,
