@@ -120,3 +120,41 @@ def test_the_live_view_keeps_a_long_worker_name_on_one_row_at_80_columns(
             assert LONG_WORKER[:8] in line and "…" in line
             assert ("123,456" in line) is (spent is not None)
         assert not [line for line in lines if LONG_WORKER[-6:] in line]  # nothing folded over
+
+
+@pytest.mark.parametrize("one_row", [False, True], ids=["runner steps", "live view"])
+def test_step_names_keep_their_width_at_80_columns_beside_same_millisecond_checkpoint_ids(
+    one_row: bool,
+) -> None:
+    # Checkpoints one process commits in the same millisecond share all but their last digit,
+    # so their shortest unique prefixes are whole 28-digit ids (seen in CI: crew tasks of
+    # 0.00 s on one worker); with a tokens column the step names were folded letter by letter.
+    ids = [f"{0x01A2166FE0AD:012x}{0x4D29000000000000 + n:016x}" for n in range(4)]
+    steps = [(0, "stage1#1"), (1, "a1#1"), (0, "stage3#1"), (1, "c2#1")]
+    rows = [
+        progress.StepRow(
+            run_id="r",
+            depth=depth,
+            step=step,
+            outcome="done",
+            attempts=1,
+            worker="celery@w-4-abcdef",
+            started=1.7e9,
+            duration=0.001,
+            checkpoint=ckpt,
+            usage={"total_tokens": 1234} if n == 1 else None,
+        )
+        for n, ((depth, step), ckpt) in enumerate(zip(steps, ids, strict=True))
+    ]
+    shown = refs.short_ids(ids, refs.MIN_CHECKPOINT)
+    assert {len(s) for s in shown.values()} == {28}
+    out = Console(width=80, record=True, color_system=None)
+    out.print(render.steps_table(rows, shown, one_row=one_row))
+    lines = out.export_text().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    for depth, step in steps:
+        (line,) = [line for line in lines if f"{'  ' * depth}{step} " in line]
+        assert ("1,234" in line) is (step == "a1#1")
+    if not one_row:  # nothing is cut: an id folds onto the rows below its step's
+        text = "".join(line.split("│")[-2].strip() for line in lines if "│" in line)
+        assert all(ckpt in text for ckpt in ids)

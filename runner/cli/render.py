@@ -114,6 +114,10 @@ def runs_table(
     return table
 
 
+STEP_WIDTH = 24
+"""The width a steps table keeps for step names however narrow the screen."""
+
+
 def steps_table(rows: list[Any], shown: dict[str, str], *, one_row: bool = False) -> Table:
     """``runner steps``: each activation, a child run's steps indented under the step that
     started it (``runner runs`` shows the child runs' ids).
@@ -122,7 +126,11 @@ def steps_table(rows: list[Any], shown: dict[str, str], *, one_row: bool = False
     column cut with an ellipsis; otherwise nothing is cut (long names fold).
     """
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
-    table.add_column("step", overflow="fold")
+    # A step name keeps its width (up to STEP_WIDTH) however narrow the screen: the columns
+    # that give way are the worker's and the checkpoint's, whose ids fold (two checkpoints
+    # one process made in the same millisecond share all but their last digit).
+    longest = max((len("  " * row.depth + row.step) for row in rows), default=4)
+    table.add_column("step", overflow="fold", min_width=min(longest, STEP_WIDTH))
     table.add_column("outcome", no_wrap=True)
     table.add_column("try", justify="right", no_wrap=True)
     # The column may narrow as the step's does when the screen is narrow; in the live view
@@ -135,8 +143,11 @@ def steps_table(rows: list[Any], shown: dict[str, str], *, one_row: bool = False
     # made step names wrap.
     spent = any(row.usage for row in rows)
     keep_checkpoint = not (spent and one_row)
-    if keep_checkpoint:
-        table.add_column("checkpoint", no_wrap=True)
+    if keep_checkpoint:  # in the live view cut like the worker's name, else folded
+        if one_row:
+            table.add_column("checkpoint", no_wrap=True, overflow="ellipsis", max_width=17)
+        else:
+            table.add_column("checkpoint", overflow="fold")
     if spent:
         table.add_column("tokens", justify="right", no_wrap=True)
     for row in rows:
