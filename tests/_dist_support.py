@@ -11,7 +11,7 @@ from typing import Any
 from runner.distributed.app import make_app
 from runner.distributed.engine import Runtime
 from runner.settings import RunnerSettings
-from runner.store.models import Checkpoint
+from runner.store.models import Checkpoint, RunStatus
 from tests.conftest import WorkerPool, _settings_kwargs
 
 
@@ -25,6 +25,16 @@ def eventually(check: Callable[[], Any], timeout: float = 15.0, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"not true after {timeout}s: {check}")
         time.sleep(interval)
+
+
+def paused(handle: Any, timeout: float = 30.0) -> Checkpoint:
+    """The latest checkpoint of ``handle``'s run once the run is paused."""
+
+    def latest_paused() -> Checkpoint | None:
+        latest = handle.latest()
+        return latest if latest.status is RunStatus.PAUSED else None
+
+    return eventually(latest_paused, timeout)
 
 
 def history(rt: Runtime, run_id: str) -> list[Checkpoint]:

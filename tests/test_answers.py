@@ -5,28 +5,16 @@ again; nothing before it runs again, and a plain resume or a wrong answer is ref
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 import redis
 
 from runner.distributed import control
-from runner.distributed.client import RunHandle
 from runner.errors import InvalidInputs, RunStateError
-from runner.store.models import RunStatus
+from tests._dist_support import paused
 from tests.flows.answers import SignOffFlow
 from tests.flows.dist import executions
-
-
-def paused(handle: RunHandle, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        latest = handle.latest()
-        if latest.status is RunStatus.PAUSED:
-            return latest
-        time.sleep(0.05)
-    raise AssertionError(f"run {handle.run_id} did not pause: {handle.latest().event}")
 
 
 def test_a_run_waits_for_an_answer_then_goes_on_where_it_stopped(

@@ -16,22 +16,12 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.distributed import control
-from runner.distributed.client import RunHandle
 from runner.errors import InvalidInputs, RunStateError
-from runner.store.models import Checkpoint, RunStatus
+from runner.store.models import RunStatus
+from tests._dist_support import paused
 from tests.console_support import serving
 from tests.flows.dist import executions
 from tests.flows.reviews import ArticleFlow, NotesFlow, TwinReviewFlow
-
-
-def paused(handle: RunHandle, timeout: float = 30) -> Checkpoint:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        latest = handle.latest()
-        if latest.status is RunStatus.PAUSED:
-            return latest
-        time.sleep(0.05)
-    raise AssertionError(f"run {handle.run_id} did not pause: {handle.latest().event}")
 
 
 def ran(r: redis.Redis, run_id: str, *methods: str) -> list[int]:
