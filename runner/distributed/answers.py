@@ -16,8 +16,7 @@ from runner.flow.loading import load_flow
 from runner.flow.local import check_graph
 from runner.store.models import Answer, Checkpoint, RunStatus
 
-from . import routing
-from .engine import Runtime, commit_on_latest, dispatch
+from .engine import Runtime, commit_on_latest, dispatch_ready
 
 
 def deliver(
@@ -75,13 +74,5 @@ def deliver(
     done = commit_on_latest(rt, run_id, build)
     assert done is not None
     ckpt, went_on = done
-    routing.learn(rt.app, flow_cls)
-    dispatch(
-        rt,
-        flow_cls.flow_name(),
-        run_id,
-        ckpt.meta.epoch,
-        went_on.ready,
-        priority=ckpt.meta.priority,
-    )
+    dispatch_ready(rt, flow_cls, ckpt, went_on.ready)
     return ckpt

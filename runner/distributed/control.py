@@ -30,10 +30,9 @@ from runner.flow.graph import FlowGraph
 from runner.flow.local import check_graph
 from runner.store.models import Checkpoint, RunStatus
 
-from . import routing
 from .answers import deliver
 from .client import RunHandle, check_fields, load_flow, runtime
-from .engine import Runtime, commit_on_latest, dispatch
+from .engine import Runtime, commit_on_latest, dispatch_ready
 
 
 class ForkChangesNothing(InvalidInputs):
@@ -131,10 +130,7 @@ def resume(
     done = commit_on_latest(rt, run_id, build)
     assert done is not None
     ckpt, step = done
-    routing.learn(rt.app, flow_cls)
-    dispatch(
-        rt, flow_cls.flow_name(), run_id, ckpt.meta.epoch, step.ready, priority=ckpt.meta.priority
-    )
+    dispatch_ready(rt, flow_cls, ckpt, step.ready)
     return RunHandle(run_id, rt)
 
 
@@ -232,8 +228,7 @@ def fork(
         ),
     )
     rt.store.commit(start, expected_seq=first.seq)
-    routing.learn(rt.app, flow_cls)
-    dispatch(rt, flow_cls.flow_name(), new_id, 0, pending, priority=start.meta.priority)
+    dispatch_ready(rt, flow_cls, start, pending)
     return RunHandle(new_id, rt)
 
 

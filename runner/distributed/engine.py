@@ -230,6 +230,22 @@ def message_priority(rt: Runtime, task: str, run_priority: int | None) -> int:
     return wire_priority(rt.app, routing.step_priority(rt.app, task, run_priority))
 
 
+def dispatch_ready(
+    rt: Runtime, flow_cls: Any, ckpt: Checkpoint, acts: list[Activation]
+) -> list[str]:
+    """Send ``acts``, made ready by committed ``ckpt`` (a start, resume, answer or fork of a
+    run of ``flow_cls``), routed as the flow's steps are, with the run's priority."""
+    routing.learn(rt.app, flow_cls)
+    return dispatch(
+        rt,
+        flow_cls.flow_name(),
+        ckpt.run_id,
+        ckpt.meta.epoch,
+        acts,
+        priority=ckpt.meta.priority,
+    )
+
+
 def dispatch_pending(rt: Runtime, latest: Checkpoint) -> list[str]:
     """Dispatch (idempotently) a running run's in-flight steps not yet sent: after a
     redelivery, what the first commit made ready; for a new child run, its starts."""
