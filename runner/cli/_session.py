@@ -44,6 +44,7 @@ from runner.store.base import CheckpointStore
 from runner.store.redis import RedisProvider
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
     from rich.console import Console
 
     # The runtime carries the Celery app: imported when a command builds it.
@@ -212,27 +213,25 @@ def print_json(data: Any) -> None:
 # --- parsing --------------------------------------------------------------------------------
 
 
-def parse_value(text: str) -> Any:
-    """``text`` as JSON if it parses (``1``, ``true``, ``[1]``, ``"x"``), else the string."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def parse_pairs(pairs: list[str] | None, option: str) -> dict[str, Any]:
-    """``["k=v", ...]`` as a dict; each value through :func:`parse_value`."""
-    found: dict[str, Any] = {}
+def text_pairs(pairs: list[str] | None, option: str) -> dict[str, str]:
+    """``["k=v", ...]`` as a dict of the values' text; the flow's state model reads them
+    (``runner.flow.state.values_from_text``), so a ``str`` field keeps ``02134`` as typed."""
+    found: dict[str, str] = {}
     for pair in pairs or []:
         key, eq, value = pair.partition("=")
         if not eq or not key.strip():
             raise BadUsage(f"{option} {pair!r} is not of the form key=value")
-        found[key.strip()] = parse_value(value)
+        found[key.strip()] = value
     return found
 
 
-def load_inputs(pairs: list[str] | None, inputs_file: Path | None) -> dict[str, Any]:
-    """Inputs from ``--inputs-file`` (a JSON object), then ``--input k=v`` on top."""
+def load_inputs(
+    pairs: list[str] | None, inputs_file: Path | None, model: type[BaseModel] | None
+) -> dict[str, Any]:
+    """Inputs from ``--inputs-file`` (a JSON object), then ``--input k=v`` on top, read as
+    ``model`` (the flow's state model, ``None`` for dict state) types them."""
+    from runner.flow.state import values_from_text
+
     inputs: dict[str, Any] = {}
     if inputs_file is not None:
         try:
@@ -244,7 +243,7 @@ def load_inputs(pairs: list[str] | None, inputs_file: Path | None) -> dict[str, 
         if not isinstance(data, dict):
             raise BadUsage(f"{inputs_file} must hold a JSON object, not {type(data).__name__}")
         inputs.update(data)
-    inputs.update(parse_pairs(pairs, "--input"))
+    inputs.update(values_from_text(model, text_pairs(pairs, "--input")))
     return inputs
 
 

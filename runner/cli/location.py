@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -112,7 +112,7 @@ def resume_here(
     view: History,
     run: str,
     from_checkpoint: str | None,
-    inputs: dict[str, Any],
+    texts: dict[str, str],
     *,
     as_json: bool,
 ) -> NoReturn:
@@ -122,6 +122,7 @@ def resume_here(
     from runner.flow import orchestrator as orch
     from runner.flow import transition as tr
     from runner.flow.loading import load_flow
+    from runner.flow.state import values_from_text
 
     run_id = refs.resolve_run(view, run)
     if from_checkpoint is None:
@@ -140,7 +141,9 @@ def resume_here(
         raise RunStateError(f"checkpoint {source.id} has no step left to run", run_id=run_id)
     before = view.store.latest(run_id)
     before_id = before.id if before is not None else None
-    flow = load_flow(str(source.flow))()
+    flow_cls = load_flow(str(source.flow))
+    inputs = values_from_text(flow_cls.state_type(), texts)
+    flow = flow_cls()
     # The run goes on in the store it is kept in, as a restore config naming one says.
     restore = CheckpointConfig(provider=view.store, restore_from=source.id)
     try:

@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import getpass
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from runner.distributed import control, engine, recovery
 from runner.distributed.client import load_flow
 from runner.errors import FlowImportError
-from runner.store.models import RunStatus
+from runner.flow.state import values_from_text
+from runner.store.models import Checkpoint, RunStatus
 
 from . import refs
 from ._app import commands
 from ._outcome import follow
-from ._session import FLAG, BadUsage, console, parse_duration, parse_pairs, print_json, session
+from ._session import FLAG, BadUsage, console, parse_duration, print_json, session, text_pairs
 from .location import LocationOpt, located, resume_here
 from .runs import InputOpt, JsonOpt, RunArg, TimeoutOpt, WaitOpt
 
 app = commands()
 """This module's commands, loaded by the ``runner`` group when one is called."""
+
+
+def _typed(texts: dict[str, str], checkpoint: Checkpoint | None) -> dict[str, Any]:
+    """``--input``/``--set`` text read as the state model of the checkpoint's flow types it."""
+    model = load_flow(str(checkpoint.flow)).state_type() if checkpoint is not None else None
+    return values_from_text(model, texts)
 
 
 @app.command()
@@ -107,13 +114,15 @@ def resume(
             located(ctx, location),
             run,
             from_checkpoint,
-            parse_pairs(inputs, "--input"),
+            text_pairs(inputs, "--input"),
             as_json=as_json,
         )
     rt = session(ctx).rt
     run_id = refs.resolve_run(rt, run)
     checkpoint = refs.resolve_checkpoint(rt, from_checkpoint).id if from_checkpoint else None
-    handle = control.resume(run_id, checkpoint, parse_pairs(inputs, "--input"), rt=rt)
+    texts = text_pairs(inputs, "--input")
+    values = _typed(texts, rt.store.latest(run_id)) if texts else {}
+    handle = control.resume(run_id, checkpoint, values, rt=rt)
     if handle.run_id != run_id:
         typer.echo(
             f"run {run_id} is a child of {handle.run_id}, which stopped with it: "
@@ -176,8 +185,8 @@ def fork(
     that differs) is refused (exit 2).
     """
     rt = session(ctx).rt
-    values = parse_pairs(set_, "--set")
     source = refs.resolve_checkpoint_or_run(rt, ref)
+    values = _typed(text_pairs(set_, "--set"), source)
     handle = control.fork(source.id, values, rerun or [], branch, run_id, rt=rt)
     start = handle.latest()
     if start.event == "flow_started" and start.status is RunStatus.SUCCEEDED:

@@ -130,11 +130,11 @@ def submit(
     # `runner runs` does not pay for it.
     from runner.distributed import client
 
-    values = load_inputs(inputs, inputs_file)
     # Checked before connecting, so a typo is exit 2 even without Redis (submit checks
     # again, with the allow-list).
     flow_cls = client.load_flow(flow)
     client.check_importable(flow_cls)
+    values = load_inputs(inputs, inputs_file, flow_cls.state_type())
     client.check_fields(flow_cls, client.split_trigger_payload(values)[0])
     start = None if eta is None else client.start_time(time.time(), countdown, _instant(eta))
     rt = session(ctx).rt

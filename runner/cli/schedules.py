@@ -65,12 +65,12 @@ def add(
     """Add schedule NAME: start FLOW at each tick; each tick's run is `NAME-<UTC time>`."""
     if priority is not None and (problem := priority_problem(priority, "--priority")):
         raise InvalidInputs(problem, priority=priority)
-    values = load_inputs(inputs, None)
     # Only `add` loads the flow (with the client and the flow core): `list` reads alone.
     from runner.distributed import client
 
     flow_cls = client.load_flow(flow)
     client.check_importable(flow_cls)
+    values = load_inputs(inputs, None, flow_cls.state_type())
     client.check_fields(flow_cls, values)
     # As submit does: a schedule of a flow the workers will not run would fail every tick.
     client.check_allowed(flow_cls, session(ctx).rt)

@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import math
 import threading
+import types
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Protocol, Union, get_args, get_origin
 from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -101,6 +102,36 @@ def reducers_for(model_cls: type[BaseModel] | None) -> dict[str, Reducer]:
 
 
 # --- JSON -----------------------------------------------------------------------------------
+
+
+def values_from_text(model: type[BaseModel] | None, texts: Mapping[str, str]) -> dict[str, Any]:
+    """``key=value`` text (a command line's ``--input``/``--set``) as state values.
+
+    Each value is read as JSON when it parses (``3``, ``true``, ``[1, 2]``, ``"x"``), else
+    kept as text; but a field of ``model`` typed ``str`` (or ``str | None``) keeps its text
+    as typed when JSON would read it as another type, so ``zip=02134`` or an id such as
+    ``12345678`` stays the string the field wants.
+    """
+    fields = model.model_fields if model is not None else {}
+    values: dict[str, Any] = {}
+    for key, text in texts.items():
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        field = fields.get(key)
+        if field is not None and not isinstance(value, str) and _wants_text(field.annotation):
+            value = text
+        values[key] = value
+    return values
+
+
+def _wants_text(annotation: Any) -> bool:
+    if annotation is str:
+        return True
+    if get_origin(annotation) in (Union, types.UnionType):
+        return {a for a in get_args(annotation) if a is not type(None)} == {str}
+    return False
 
 
 def _not_serializable(path: str, value: object, detail: str = "") -> NotSerializable:
