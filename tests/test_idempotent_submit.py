@@ -114,10 +114,12 @@ def test_the_same_id_with_other_inputs_or_another_flow_is_refused_and_changes_no
     run_id = new_id()
     GreetFlow.submit({"customer": "di"}, id=run_id).result(timeout=30)
     before = [c.id for c in rt.store.history(run_id, limit=100)]
-    with pytest.raises(RunExists, match="not submitted with this flow and these inputs"):
+    with pytest.raises(RunExists, match="not submitted with this flow, these inputs"):
         GreetFlow.submit({"customer": "eve"}, id=run_id)
-    with pytest.raises(RunExists, match="not submitted with this flow and these inputs"):
+    with pytest.raises(RunExists, match="not submitted with this flow, these inputs"):
         SlowFlow.submit({"customer": "di"}, id=run_id)
+    with pytest.raises(RunExists, match="and this priority"):
+        GreetFlow.submit({"customer": "di"}, id=run_id, priority=9)
     with pytest.raises(RunExists, match="if_exists=reject"):
         GreetFlow.submit({"customer": "di"}, id=run_id, if_exists="reject")
     assert [c.id for c in rt.store.history(run_id, limit=100)] == before

@@ -231,7 +231,7 @@ def submit(
     first = first_checkpoint(flow_cls, inputs)
     first.checkpoint.meta.trigger_payload = payload
     routing.learn(rt.app, flow_cls)
-    digest = submission_digest(flow_cls.flow_path(), inputs, payload)
+    digest = submission_digest(flow_cls.flow_path(), inputs, payload, priority)
     first.checkpoint.meta.submitted = digest
     first.checkpoint.meta.not_before = not_before
     first.checkpoint.meta.deadline = None if seconds is None else now + seconds
@@ -256,7 +256,7 @@ def submit(
         why = (
             "if_exists=reject"
             if if_exists == "reject"
-            else "it was not submitted with this flow and these inputs"
+            else "it was not submitted with this flow, these inputs and this priority"
         )
         raise RunExists(
             f"run {run_id} already exists ({why}); resume or fork it, or submit another id",
@@ -281,16 +281,21 @@ def start_time(now: float, countdown: float | None, eta: datetime | float | None
     return None if eta is None else float(eta)
 
 
-def submission_digest(flow_path: str, inputs: dict[str, Any], payload: Any) -> str:
-    """What identifies a submission: its flow and inputs (a hash of their JSON, keys sorted),
-    so a retried submit finds the run it made."""
-    text = json.dumps(
+def submission_digest(
+    flow_path: str, inputs: dict[str, Any], payload: Any, priority: int | None = None
+) -> str:
+    """What identifies a submission: its flow, inputs and priority (a hash of their JSON,
+    keys sorted), so a retried submit finds the run it made and a conflicting one does not."""
+    identity: dict[str, Any] = {
+        "flow": flow_path,
         # Without the id: the run id names the run already, whether given as id= or an input.
-        {
-            "flow": flow_path,
-            "inputs": {k: v for k, v in inputs.items() if k != "id"},
-            "payload": payload,
-        },
+        "inputs": {k: v for k, v in inputs.items() if k != "id"},
+        "payload": payload,
+    }
+    if priority is not None:  # only when given, so runs submitted without one keep their digest
+        identity["priority"] = priority
+    text = json.dumps(
+        identity,
         sort_keys=True,
         separators=(",", ":"),
         default=str,
