@@ -201,3 +201,25 @@ def test_a_child_started_after_its_parent_s_cancel_looked_for_children_goes_with
     assert reason == f"its parent run {parent.run_id} was cancelled"
     _resumed_tree_finishes(rt, redis_client, parent, child.run_id)
     assert follow_parent(rt, child.run_id) is None  # its parent is no longer cancelled
+
+
+def test_a_child_whose_canceller_died_after_the_parent_s_cancel_stops_at_its_next_step(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    parent = submit(CrewTree, {"seconds": 1.5}, rt=rt)
+    child, _ = _child_crawling(rt, redis_client, parent)
+    # Only the parent's cancel committed (its canceller died before the child's): the
+    # child's running task commits, and its next task, instead of running, cancels the child.
+    commit_on_latest(
+        rt,
+        parent.run_id,
+        lambda latest: tr.Transition(tr.status_change(latest, FLOW_CANCELLED, RunStatus.CANCELLED)),
+    )
+    eventually(lambda: child.status() is RunStatus.CANCELLED, timeout=30)
+    stopped = child.latest()
+    assert stopped.in_flight == ["s3#1"]
+    assert stopped.meta.cancel_reason == f"its parent run {parent.run_id} was cancelled"
+    time.sleep(1)  # the skipped message is gone; nothing runs s3
+    assert [executions(redis_client, child.run_id, t) for t in ("s1", "s2", "s3")] == [1, 1, 0]
+    assert control.resume(parent.run_id, rt=rt).result(timeout=30) == "s3(s2(s1(bees)))"
+    assert [executions(redis_client, child.run_id, t) for t in ("s1", "s2", "s3")] == [1, 1, 1]

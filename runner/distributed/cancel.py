@@ -26,7 +26,9 @@ names its parent (and the parent's own reason). Resuming the parent sends its wa
 again, which resumes the child at its first unfinished task
 (:func:`runner.distributed.engine.start_child`). A child its parent's step created just as
 the parent was cancelled, after the cancel looked for children, is cancelled by
-:func:`follow_parent`, which the step calls once the child is started. A child cancelled by
+:func:`follow_parent`, which the step calls once the child is started; each step of a
+child run calls it too before it runs, so a canceller that died between its parent's cancel
+and the child's leaves the child running no further than its current step. A child cancelled by
 itself only ends that child: its parent's step fails with it, as when it fails.
 """
 
