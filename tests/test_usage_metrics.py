@@ -44,7 +44,7 @@ from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
 from tests._dist_support import history
 from tests.console_support import serving
-from tests.flows.tokens import CREW_TOKENS, CrewHost, Spender
+from tests.flows.tokens import CREW_TOKENS, CrewHost, Retrying, Spender
 
 
 def _tag() -> str:
@@ -242,6 +242,13 @@ def test_in_process_usage_is_kept_per_step_and_summed_over_the_last_kickoff(
     assert latest.meta.usage.total.total_tokens == 340
 
 
+def test_in_process_a_retried_step_keeps_what_every_attempt_spent(store: RedisProvider) -> None:
+    flow = Retrying(checkpoint=CheckpointConfig(provider=store))
+    assert flow.kickoff({"tag": _tag(), "fail": True}) == "written"
+    assert _steps(_store_history(store, flow.flow_id)) == {"write:finished": 80}
+    assert flow.usage_metrics.total_tokens == 80
+
+
 class Branches(Flow):
     """Parallel branches, one async, recording on their own threads and event loop."""
 
@@ -406,6 +413,15 @@ def test_on_workers_usage_is_kept_per_step_and_summed_per_run(rt: Any) -> None:
         cached_prompt_tokens=30,
         successful_requests=3,
     )
+
+
+def test_on_workers_a_retried_step_keeps_what_every_attempt_spent(rt: Any) -> None:
+    handle = submit(Retrying, {"tag": _tag(), "fail": True}, rt=rt)
+    assert handle.wait(timeout=30) is RunStatus.SUCCEEDED
+    ckpts = history(rt, handle.run_id)
+    assert _steps(ckpts) == {"write:finished": 80}  # the failed attempt's 40 and the retry's
+    assert ckpts[-1].meta.usage is not None
+    assert ckpts[-1].meta.usage.last.total_tokens == 80
 
 
 def test_on_workers_a_crew_child_runs_usage_is_summed_into_its_parent(rt: Any) -> None:

@@ -36,7 +36,7 @@ from celery.exceptions import Ignore, Retry
 
 from runner.errors import CorruptCheckpoint, RunnerError, StepFailed
 from runner.flow import events as ev
-from runner.flow import lifecycle
+from runner.flow import lifecycle, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import Sleeps, StepResult, current_sleeps, run_step
@@ -47,9 +47,8 @@ from runner.flow.human_feedback import restore_history
 from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
-from runner.flow.usage import last_of
 from runner.observe import metrics
-from runner.store.models import Checkpoint, RunStatus
+from runner.store.models import Checkpoint, RunStatus, UsageMetrics
 from runner.store.timers import ANSWERS, STARTS, Timers
 
 from . import handoff, limits
@@ -129,8 +128,10 @@ def execute(
     epoch: int,
     attempt: int,
     deployment: str | None = None,
+    spent: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Body of every step task (see the module docstring)."""
+    """Body of every step task (see the module docstring). ``spent``: the token usage of the
+    step's earlier attempts (a retry carries it), which its own usage includes."""
     if deployment is not None and deployment != rt.settings.prefix:
         return _hand_back(rt, task, run_id, activation, deployment)
     key, token = tr.activation_key_in(epoch, activation), attempt_token()
@@ -157,6 +158,8 @@ def execute(
             rt.coord.heartbeat(run_id, key, token),
         ):
             flow, result = _run(flow_cls, latest, act, attempt)
+            if spent is not None:
+                result.usage = usage.joined(UsageMetrics.model_validate(spent), result.usage)
             return _settle(rt, task, flow_cls, flow, latest, result, lease)
 
 
@@ -264,7 +267,7 @@ def _run(
 ) -> tuple[Any, StepResult]:
     """Run ``act``'s method once on a copy of ``latest``'s state."""
     flow, graph = flow_cls(), flow_cls.graph()
-    set_usage_metrics(flow, last_of(latest))  # self.usage_metrics: the run's part so far
+    set_usage_metrics(flow, usage.last_of(latest))  # self.usage_metrics: the run's part so far
     restore_history(flow, latest.meta.feedback)  # self.last_human_feedback: the run's so far
     if latest.meta.trigger_payload is not None:
         bind_trigger_payload(flow, {TRIGGER_PAYLOAD: latest.meta.trigger_payload})
@@ -407,6 +410,8 @@ def _commit_settled(
 def _retry(rt: Runtime, task: Any, spec: Any, result: StepResult, lease: Lease) -> None:
     """Hand the next attempt to Celery's retry, with the real error."""
     kwargs = {**task.request.kwargs, "attempt": result.attempts + 1}
+    if result.usage is not None:  # the next attempt's usage includes this one's
+        kwargs["spent"] = result.usage.model_dump(mode="json")
     retry = _hand_on(
         rt,
         spec,

@@ -129,10 +129,13 @@ def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
             epoch: int = 0,
             attempt: int = 1,
             deployment: str | None = None,
+            spent: dict[str, Any] | None = None,
         ) -> dict[str, Any]:
             with observe.Attempt(task, run_id, activation, epoch, attempt) as seen:
                 return seen.done(
-                    execute(rt, task, flow_cls, run_id, activation, epoch, attempt, deployment)
+                    execute(
+                        rt, task, flow_cls, run_id, activation, epoch, attempt, deployment, spent
+                    )
                 )
 
         body.__name__ = body.__qualname__ = f"{name}__{method}"

@@ -400,14 +400,8 @@ def child_finished(
     done = link.model_copy(update={"waiting": False, "before": {}, "after": {}})
     step.checkpoint.meta.children = {**latest.meta.children, activation_id: done}
     step.closing = tr.closing_of(latest, step.checkpoint)  # with the link as it is now
-    usage.charge(step.checkpoint, step.closing, _joined(link.usage, spent), act.method)
+    usage.charge(step.checkpoint, step.closing, usage.joined(link.usage, spent), act.method)
     return Settled(Outcome.DONE, step)
-
-
-def _joined(*parts: UsageMetrics | None) -> UsageMetrics | None:
-    """The sum of the usage ``parts`` recorded (``None`` if none)."""
-    found = [p for p in parts if p is not None]
-    return sum(found[1:], found[0]) if found else None
 
 
 def child_failed(
@@ -430,5 +424,5 @@ def child_failed(
     link = latest.meta.children.get(activation_id)
     before = link.usage if link is not None and link.run_id == child_id else None
     step = failed.transition
-    usage.charge(step.checkpoint, step.closing, _joined(before, spent), None)
+    usage.charge(step.checkpoint, step.closing, usage.joined(before, spent), None)
     return failed

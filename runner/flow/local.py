@@ -225,11 +225,13 @@ class LocalRun:
     ) -> StepResult:
         """Run ``act`` until it does not ask for a retry (on a pool thread)."""
         spec = self.graph.methods[act.method]
-        attempt = 1
+        attempt, spent = 1, None
         while True:
             self._emit(ev.METHOD_STARTED, method=act.method, data={"attempt": attempt})
             result = run_step(self.flow, self.graph, act, base, arg, answers, review)
             result.attempts = attempt
+            # What retried attempts spent counts too: the step's usage is all its attempts'.
+            result.usage = spent = usage.joined(spent, result.usage)
             if lifecycle.decide(result, spec, self.settings) is not Outcome.RETRY:
                 return result
             time.sleep(lifecycle.retry_delay(spec, self.settings, attempt, random.random()))

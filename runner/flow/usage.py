@@ -72,6 +72,12 @@ def stop_meter(token: contextvars.Token[Meter | None]) -> UsageMetrics | None:
     return None if spent is None or spent.empty else spent
 
 
+def joined(*parts: UsageMetrics | None) -> UsageMetrics | None:
+    """The sum of the usage ``parts`` recorded (``None`` if none)."""
+    found = [p for p in parts if p is not None]
+    return sum(found[1:], found[0]) if found else None
+
+
 def running_spend() -> UsageMetrics | None:
     """What the step attempt running in this context has recorded so far, if one runs."""
     meter = _meter.get()

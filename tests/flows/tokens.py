@@ -155,3 +155,15 @@ class CrewHost(Flow[Tokens]):
     @listen(stage)
     def done(self, crew_output: dict[str, Any]) -> str:
         return str(crew_output["raw"])
+
+
+class Retrying(Flow[Tokens]):
+    """``write`` spends 40 tokens an attempt and, with ``fail``, fails its first attempt
+    after spending them; ``retries=1`` runs it again: the step's usage is both attempts'."""
+
+    @start(retries=1, retry_backoff=0.05)
+    def write(self) -> str:
+        record_usage(prompt_tokens=30, completion_tokens=10)
+        if self.state.fail and first_time(self.state.tag, "retried-write"):
+            raise RuntimeError("planned failure after spending 40 tokens")
+        return "written"
