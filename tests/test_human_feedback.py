@@ -36,7 +36,7 @@ from runner import (
     listen,
     start,
 )
-from runner.errors import InvalidFeedback, NoPendingFeedback
+from runner.errors import InvalidFeedback, NoPendingFeedback, NotSerializable
 from runner.flow.human_feedback import collapse, match_outcome
 
 
@@ -488,6 +488,26 @@ def test_every_store_saves_loads_replaces_and_clears_pending_feedback(
     assert (state["n"], context.method_output, context.message) == (2, "v2", "Again:")
     store.clear_pending_feedback(run_id)
     assert store.load_pending_feedback(run_id) is None
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite-persistence", "redis-persistence"])
+def test_a_pending_state_that_is_no_json_is_refused_as_a_checkpoint_s_is_and_nothing_is_kept(
+    tmp_path: Path, kind: str
+) -> None:
+    """A state is restored from what is saved, so no value of it is kept as its ``str``: the
+    same one error a checkpoint of that state gives (``save_state``)."""
+    store = make_store(tmp_path, kind)
+    run_id = f"run-{uuid.uuid4().hex[:6]}"
+    context = PendingFeedbackContext(run_id, "m:F", "review", "draft", "Look:")
+    state = {"id": run_id, "lock": object()}
+    with pytest.raises(NotSerializable, match=f"state of flow {run_id} is not JSON") as pending:
+        store.save_pending_feedback(run_id, context, state)
+    with pytest.raises(NotSerializable) as saved:
+        store.save_state(run_id, "review", state)
+    assert str(pending.value) == str(saved.value)
+    assert store.load_pending_feedback(run_id) is None
+    assert store.load_state(run_id) is None
     store.close()
 
 

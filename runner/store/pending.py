@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic_core import to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from runner import ids
 from runner.errors import NotSerializable
@@ -193,15 +193,24 @@ def pending_checkpoint(
 
 
 def state_json(flow_uuid: str, state: Any) -> dict[str, Any]:
-    """A state as given to ``save_pending_feedback`` (a dict or a model), as JSON."""
-    data = state.model_dump(mode="json") if isinstance(state, BaseModel) else json_safe(state)
-    if not isinstance(data, dict):
+    """A flow's state (a dict or a pydantic model) as a JSON dict, for a checkpoint or a
+    pending review; :class:`NotSerializable` if it cannot be one: a state is restored from
+    it, so a value is never kept as its ``str``."""
+    try:
+        if isinstance(state, BaseModel):
+            return state.model_dump(mode="json")
+        if isinstance(state, dict):
+            data = to_jsonable_python(state)
+            if isinstance(data, dict):
+                return data
+    except (PydanticSerializationError, TypeError, ValueError) as exc:
         raise NotSerializable(
-            f"state of flow {flow_uuid} must be a dict or a pydantic model, "
-            f"not {type(state).__name__}",
-            run_id=flow_uuid,
-        )
-    return data
+            f"state of flow {flow_uuid} is not JSON: {exc}", run_id=flow_uuid
+        ) from None
+    raise NotSerializable(
+        f"state of flow {flow_uuid} must be a dict or a pydantic model, not {type(state).__name__}",
+        run_id=flow_uuid,
+    )
 
 
 def save_pending(

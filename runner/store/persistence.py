@@ -14,12 +14,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
-from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from runner.errors import NotSerializable
 from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint
-from runner.store.pending import PendingFeedbackContext, clear_pending, load_pending, save_pending
+from runner.store.pending import (
+    PendingFeedbackContext,
+    clear_pending,
+    load_pending,
+    save_pending,
+    state_json,
+)
 from runner.store.sqlite import SqliteProvider
 
 if TYPE_CHECKING:
@@ -92,7 +96,7 @@ class StorePersistence(FlowPersistence):
             run_id=flow_uuid,
             event="method_finished",
             step=method_name,
-            state=_state_dict(flow_uuid, state_data),
+            state=state_json(flow_uuid, state_data),
         )
         self.store.commit(checkpoint)
 
@@ -164,22 +168,3 @@ class RedisFlowPersistence(StorePersistence):
 
             provider = RedisProvider(url, prefix=prefix, max_checkpoints=max_checkpoints)
         super().__init__(provider)
-
-
-def _state_dict(flow_uuid: str, state: dict[str, Any] | BaseModel) -> dict[str, Any]:
-    """The state as a JSON dict; :class:`NotSerializable` if it cannot be one."""
-    try:
-        if isinstance(state, BaseModel):
-            return state.model_dump(mode="json")
-        if isinstance(state, dict):
-            data = to_jsonable_python(state)
-            if isinstance(data, dict):
-                return data
-    except (PydanticSerializationError, TypeError, ValueError) as exc:
-        raise NotSerializable(
-            f"state of flow {flow_uuid} is not JSON: {exc}", run_id=flow_uuid
-        ) from None
-    raise NotSerializable(
-        f"state of flow {flow_uuid} must be a dict or a pydantic model, not {type(state).__name__}",
-        run_id=flow_uuid,
-    )
