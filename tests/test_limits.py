@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from runner.distributed.client import RunHandle, submit
-from runner.store.models import RunStatus
-from tests._dist_support import eventually, private_pool
+from runner.store.models import METHOD_FINISHED, RunStatus
+from tests._dist_support import eventually, history, private_pool
 from tests.flows.flow_control import NarrowFlow, QuickFlow, RatedFlow, notes
 
 pytestmark = pytest.mark.slow
@@ -108,3 +108,35 @@ def test_a_slot_held_by_a_killed_worker_comes_back_with_its_lease(
         assert len({b["run"] for b in began}) == 6
         assert len(intervals) > 6  # the killed attempts ran again
         assert _most_at_once(intervals) <= 2
+
+
+def test_steps_a_rate_limit_deferred_survive_the_worker_holding_them_being_killed(
+    worker_env: dict[str, str], tmp_path: str
+) -> None:
+    """The deferred steps a killed worker held (messages due later, reserved by it) are
+    neither lost nor run twice: each run's step commits once, only a step that had already
+    started when the kill came starts again, and the limit still holds."""
+    with private_pool(worker_env, str(tmp_path)) as (pool, rt, _env):
+        pool.start()
+        pool.start()
+        group = uuid.uuid4().hex[:8]
+        runs = [submit(RatedFlow, {"group": group}, rt=rt) for _ in range(25)]
+        eventually(lambda: len(notes(group, "starts")) >= 5, timeout=20)  # the rest wait
+        killed_at = time.time()
+        pool.workers[0].kill()
+        pool.start()
+        for run in runs:
+            assert RunHandle(run.run_id, rt).wait(timeout=90) is RunStatus.SUCCEEDED
+        starts = notes(group, "starts")
+        per_run: dict[str, list[float]] = {}
+        for event in starts:
+            per_run.setdefault(str(event["run"]), []).append(float(event["at"]))
+        assert set(per_run) == {run.run_id for run in runs}
+        again = [times for times in per_run.values() if len(times) > 1]
+        print(f"{len(again)} step(s) started again after the kill")
+        assert all(min(times) <= killed_at for times in again)
+        for run in runs:
+            done = [c for c in history(rt, run.run_id) if c.event == METHOD_FINISHED]
+            assert [c.step for c in done] == ["call"]
+        moments = sorted(at for times in per_run.values() for at in times)
+        assert max(sum(1 for s in moments if t <= s < t + 1) for t in moments) <= 10
