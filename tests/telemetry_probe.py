@@ -72,3 +72,15 @@ class Gated(Flow[GatedState]):
                 raise RuntimeError("the gate is closed")
         self.state.checked = True
         return "checked"
+
+
+class Asking(Flow[dict[str, str]]):
+    """question (asks a person, pausing the run on a worker) -> reply."""
+
+    @start()
+    def question(self) -> str:
+        return str(self.ask("which topic?"))
+
+    @listen(question)
+    def reply(self, topic: str) -> str:
+        return f"about {topic}"

@@ -265,5 +265,8 @@ def test_events_of_a_paused_run(store):
     Hold(listeners=[recorder], checkpoint=CheckpointConfig(provider=store)).kickoff()
 
     assert recorder.types() == ["flow_started", "method_execution_started", "flow_paused"]
-    assert recorder.of("flow_paused")[0].data == {"reason": "sign here"}
-    assert recorder.of("flow_paused")[0].method == "wait_for_human"
+    paused = recorder.of("flow_paused")[0]
+    # The pause ends the run's part as an end does: its epoch, start and duration.
+    assert paused.data == {"reason": "sign here", "epoch": 0, "opened_at": paused.data["opened_at"]}
+    assert paused.duration is not None and 0 <= paused.duration < 5
+    assert paused.method == "wait_for_human"

@@ -219,6 +219,9 @@ def test_a_run_is_one_trace_with_a_span_per_step_attempt_under_its_run_span(
         assert gated.wait(timeout=30) is RunStatus.FAILED
         redis_client.set(gate(gated.run_id), 1)
         assert control.resume(gated.run_id, rt=rt).wait(timeout=30) is RunStatus.SUCCEEDED
+        asking = submit("tests.telemetry_probe:Asking", {}, rt=rt)
+        assert asking.wait(timeout=30) is RunStatus.PAUSED
+        assert control.answer(asking.run_id, "eels", rt=rt).result(timeout=30) == "about eels"
 
         def run_spans(run_id: str, count: int) -> list[dict[str, Any]]:
             found = _of_run(_spans(redis_client, key), run_id)
@@ -231,6 +234,8 @@ def test_a_run_is_one_trace_with_a_span_per_step_attempt_under_its_run_span(
         _fanout_is_one_trace(rt, fan.run_id, fan_spans, everything)
         _retries_join_the_trace(flaky.run_id, flaky_spans)
         _resumes_join_the_trace(rt, gated.run_id, gated_spans)
+        asking_spans = eventually(lambda: run_spans(asking.run_id, 5), timeout=20)
+        _a_pause_ends_its_epoch_s_run_span(asking.run_id, asking_spans)
 
 
 def _fanout_is_one_trace(
@@ -311,6 +316,22 @@ def _resumes_join_the_trace(rt: Runtime, run_id: str, spans: list[dict[str, Any]
     assert checks[1]["attributes"]["runner.outcome"] == "done"
     assert checks[1]["parent_id"] == runs[1]["context"]["span_id"]
     assert runs[1]["context"]["span_id"] == _hex(run_span_id(run_id, 1), 16)
+
+
+def _a_pause_ends_its_epoch_s_run_span(run_id: str, spans: list[dict[str, Any]]) -> None:
+    """The epoch a question paused has its run span, ended by the pause; the answer's epoch
+    has the next, and each attempt of the asking step hangs under its own epoch's."""
+    runs = {s["attributes"]["runner.epoch"]: s for s in spans if s["name"] == "run Asking"}
+    assert sorted(runs) == [0, 1]
+    assert runs[0]["attributes"]["runner.status"] == "paused"
+    assert runs[0]["status"]["status_code"] == "UNSET"
+    assert runs[0]["context"]["span_id"] == _hex(run_span_id(run_id, 0), 16)
+    assert runs[1]["attributes"]["runner.status"] == "succeeded"
+    asks = {s["attributes"]["runner.epoch"]: s for s in spans if s["name"] == "Asking.question"}
+    assert asks[0]["attributes"]["runner.outcome"] == "paused"
+    assert asks[0]["parent_id"] == runs[0]["context"]["span_id"]
+    assert asks[0]["start_time"] <= runs[0]["end_time"]
+    assert asks[1]["parent_id"] == runs[1]["context"]["span_id"]
 
 
 @pytest.mark.slow

@@ -78,6 +78,9 @@ class Settled:
     transition: tr.Transition
     error: BaseException | None = None
     """What failed the step (``FAILED``)."""
+    pauses_run: bool = False
+    """``PAUSED`` and the run was running: this commit ends the run's part (its epoch), as a
+    later pause of the same part (a parallel step's question) does not."""
 
 
 UNRETRYABLE: tuple[type[BaseException], ...] = (DefinitionError, CycleLimitExceeded)
@@ -166,7 +169,7 @@ def settle(
             )
         else:
             paused = tr.step_paused(latest, act, result.paused, record=record)
-        settled = Settled(outcome, paused)
+        settled = Settled(outcome, paused, pauses_run=latest.status is RunStatus.RUNNING)
     elif outcome is Outcome.SLEEPING:
         assert result.sleep is not None and result.new_state is not None
         sleeping = tr.step_sleeping(
@@ -256,7 +259,8 @@ def announce(
     executors and for child runs.
 
     ``method_execution_finished`` (after a ``state_conflict`` for each field parallel steps
-    both wrote, also logged), ``method_execution_failed`` or ``flow_paused``; then, if the
+    both wrote, also logged), ``method_execution_failed`` or ``flow_paused`` (when it pauses
+    a running run, with the same duration, ``epoch`` and ``opened_at`` as an end); then, if the
     commit ended the run, ``flow_finished`` or ``flow_failed``, once per run, with the
     duration of the run's part that ended (from its start, or its latest resume) and, in
     ``data``, that part's ``epoch`` and ``opened_at``. ``duration`` is the step's (its last
@@ -276,8 +280,13 @@ def announce(
     run_id, flow = ckpt.run_id, str(ckpt.meta.name)
     error = None if settled.error is None else described(settled.error)
     if settled.outcome is Outcome.PAUSED:
-        data = {"reason": ckpt.meta.pause_reason}
-        ev.tell(ev.FLOW_PAUSED, run_id, flow, listeners, method=ckpt.step, data=data)
+        data: dict[str, Any] = {"reason": ckpt.meta.pause_reason}
+        took = None
+        if settled.pauses_run:  # the part of the run this pause ends, as for the run's end
+            opened = ckpt.meta.opened_at
+            took = None if opened is None else max(ckpt.created_at - opened, 0.0)
+            data |= {"epoch": ckpt.meta.epoch, "opened_at": opened}
+        ev.tell(ev.FLOW_PAUSED, run_id, flow, listeners, method=ckpt.step, duration=took, data=data)
     elif settled.outcome is Outcome.FAILED:
         ev.tell(
             ev.METHOD_FAILED,

@@ -13,8 +13,10 @@ span of the same trace, whose parent is its epoch's run span:
   to Celery's consume span of the message (opentelemetry-instrumentation-celery), and the
   messages the step sends are published under it, so Celery's spans hang off the run's.
 * a **run span** (``run <Flow>``) per epoch, from its start to its end, sent by the worker
-  that commits the end (succeeded or failed), with ``ERROR`` status for a failed run. An
-  epoch that ends paused or cancelled sends none; its steps stay in the trace.
+  that commits the end (succeeded, failed, or paused for a person's answer: the answer
+  opens the next epoch), with ``ERROR`` status for a failed run. An epoch that ends
+  cancelled sends none (the cancel is committed by whoever cancels, maybe a process that
+  traces nothing); its steps stay in the trace.
 
 Sending the run span with its derived ids takes :class:`RunIds` as the tracer provider's id
 generator: the provider made here from the ``OTEL_*`` variables has it; a provider the process
@@ -204,14 +206,18 @@ class StepSpan:
         self.span.end()
 
 
+_ENDS = {ev.FLOW_FINISHED: "succeeded", ev.FLOW_FAILED: "failed", ev.FLOW_PAUSED: "paused"}
+"""The events that end an epoch (when they carry its ``epoch``), and the status they give."""
+
+
 class RunSpans(ev.EventListener):
-    """Sends an epoch's run span when the run ends (``flow_finished`` or ``flow_failed``,
-    told by the worker that commits the end), with the ids every step span named as its
-    parent."""
+    """Sends an epoch's run span when the epoch ends (``flow_finished``, ``flow_failed``, or
+    the ``flow_paused`` of a running run; told by the worker that commits it), with the ids
+    every step span named as its parent."""
 
     def on_event(self, event: ev.FlowEvent) -> None:
         """Send the run span of the epoch ``event`` ends, if it ends one."""
-        if event.type not in (ev.FLOW_FINISHED, ev.FLOW_FAILED) or event.duration is None:
+        if event.type not in _ENDS or event.duration is None:
             return
         epoch, opened = event.data.get("epoch"), event.data.get("opened_at")
         provider = trace.get_tracer_provider()
@@ -229,7 +235,7 @@ class RunSpans(ev.EventListener):
                     "runner.run_id": event.run_id,
                     "runner.flow": event.flow,
                     "runner.epoch": int(epoch),
-                    "runner.status": "succeeded" if event.type == ev.FLOW_FINISHED else "failed",
+                    "runner.status": _ENDS[event.type],
                 },
             )
         finally:
