@@ -50,6 +50,11 @@ def test_a_str_field_keeps_its_text_and_other_fields_read_json() -> None:
         "code": "x y",
         "note": "plain",
     }
+    # null is None for a field that takes None, and text for one that does not.
+    assert values_from_text(Form, {"note": "null", "code": "null"}) == {
+        "note": None,
+        "code": "null",
+    }
 
 
 def test_dict_state_reads_each_value_as_json_when_it_parses() -> None:

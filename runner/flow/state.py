@@ -110,7 +110,7 @@ def values_from_text(model: type[BaseModel] | None, texts: Mapping[str, str]) ->
     Each value is read as JSON when it parses (``3``, ``true``, ``[1, 2]``, ``"x"``), else
     kept as text; but a field of ``model`` typed ``str`` (or ``str | None``) keeps its text
     as typed when JSON would read it as another type, so ``zip=02134`` or an id such as
-    ``12345678`` stays the string the field wants.
+    ``12345678`` stays the string the field wants (``null`` is None where the field takes it).
     """
     fields = model.model_fields if model is not None else {}
     values: dict[str, Any] = {}
@@ -121,7 +121,9 @@ def values_from_text(model: type[BaseModel] | None, texts: Mapping[str, str]) ->
             value = text
         field = fields.get(key)
         if field is not None and not isinstance(value, str) and _wants_text(field.annotation):
-            value = text
+            # ``null`` stays None for a field that takes None (``str | None``).
+            keeps_none = value is None and _takes_none(field.annotation)
+            value = value if keeps_none else text
         values[key] = value
     return values
 
@@ -132,6 +134,10 @@ def _wants_text(annotation: Any) -> bool:
     if get_origin(annotation) in (Union, types.UnionType):
         return {a for a in get_args(annotation) if a is not type(None)} == {str}
     return False
+
+
+def _takes_none(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
 
 
 def _not_serializable(path: str, value: object, detail: str = "") -> NotSerializable:
