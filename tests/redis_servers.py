@@ -148,6 +148,45 @@ def sentinel(
         f"sentinel failover-timeout {SERVICE} 5000\n"
         + (f"sentinel auth-pass {SERVICE} {password}\n" if password else "")
     )
+    with _sentinel_process(folder, conf, port) as server:
+        yield server
+
+
+def tls_args(certs: Certificates) -> list[str]:
+    """``redis-server`` options of a TLS node with ``certs`` (clients must show a certificate
+    of the same CA; the server's own is shown when it connects out, as a replica does)."""
+    return [
+        *("--tls-ca-cert-file", str(certs.ca)),
+        *("--tls-cert-file", str(certs.server_cert)),
+        *("--tls-key-file", str(certs.server_key)),
+    ]
+
+
+@contextlib.contextmanager
+def tls_sentinel(
+    folder: Path, primary_port: int, certs: Certificates, quorum: int = 2
+) -> Iterator[RedisProcess]:
+    """A TLS-only sentinel (``port 0``, ``tls-port``) watching the TLS primary on
+    ``primary_port`` as :data:`SERVICE` over TLS (``tls-replication yes``), with the timings
+    of :func:`sentinel`."""
+    port = free_port()
+    conf = folder / f"sentinel-{port}.conf"
+    conf.write_text(
+        f"port 0\ntls-port {port}\nbind 127.0.0.1\ndir {folder}\n"
+        f"logfile {folder / f'sentinel-{port}.log'}\n"
+        f"tls-ca-cert-file {certs.ca}\ntls-cert-file {certs.server_cert}\n"
+        f"tls-key-file {certs.server_key}\ntls-replication yes\n"
+        f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} {quorum}\n"
+        f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+        f"sentinel failover-timeout {SERVICE} 5000\n"
+    )
+    with _sentinel_process(folder, conf, port) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _sentinel_process(folder: Path, conf: Path, port: int) -> Iterator[RedisProcess]:
+    """``redis-server CONF --sentinel``, listening on ``port``; killed on exit."""
     proc = subprocess.Popen(
         [find_redis_server(), str(conf), "--sentinel"],
         stdout=subprocess.DEVNULL,

@@ -1,7 +1,8 @@
 """How every process connects to Redis: TLS, ACL credentials and Sentinel, decided once.
 
 A Redis URL names where Redis is (``redis://``, ``rediss://`` for TLS, ``unix://``,
-``redis+cluster://`` or ``redis+sentinel://H:P,H:P,H:P/SERVICE/DB``); the settings say how to
+``redis+cluster://``, ``redis+sentinel://H:P,H:P,H:P/SERVICE/DB`` or, with TLS to the sentinels
+and to the group's primary, ``rediss+sentinel://H:P,H:P,H:P/SERVICE/DB``); the settings say how to
 talk to it: ``RUNNER_REDIS_USERNAME`` and ``RUNNER_REDIS_PASSWORD`` (or
 ``RUNNER_REDIS_PASSWORD_FILE``) for an ACL user, ``RUNNER_REDIS_SSL_*`` for TLS. A password
 never has to be put in a URL or on a command line, where ``ps`` and logs would show it; one in
@@ -27,12 +28,15 @@ from runner.settings import RunnerSettings, get_settings
 
 SENTINEL_SCHEME = "redis+sentinel://"
 """URL scheme of a Sentinel group: ``redis+sentinel://H:P,H:P/SERVICE/DB``."""
+SENTINEL_TLS_SCHEME = "rediss+sentinel://"
+"""URL scheme of a Sentinel group reached over TLS (the sentinels and the group's primary)."""
+SENTINEL_SCHEMES = (SENTINEL_SCHEME, SENTINEL_TLS_SCHEME)
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 """URL schemes of a Redis Cluster (``redis+cluster://host:port``: any node of it)."""
-_TLS_SCHEMES = ("rediss://", "rediss+cluster://")
+_TLS_SCHEMES = ("rediss://", "rediss+cluster://", SENTINEL_TLS_SCHEME)
 BROKER_REDIS_URL = "runner_broker_redis_url"
-"""The Celery setting :func:`celery_conf` keeps a Sentinel broker's ``redis+sentinel://`` URL
-in (``broker_url`` holds kombu's form of it), for :func:`client`."""
+"""The Celery setting :func:`celery_conf` keeps a Sentinel broker's ``redis+sentinel://`` (or
+``rediss+sentinel://``) URL in (``broker_url`` holds kombu's form of it), for :func:`client`."""
 TRANSPORT_OPTIONS = ("broker_transport_options", "result_backend_transport_options")
 """The Celery settings :func:`celery_conf` may give that merge with a config file's own."""
 
@@ -44,35 +48,48 @@ class BadRedisSettings(StoreError):
 
 @dataclass(frozen=True)
 class SentinelGroup:
-    """What a ``redis+sentinel://`` URL names."""
+    """What a ``redis+sentinel://`` or ``rediss+sentinel://`` URL names."""
 
     sentinels: tuple[tuple[str, int], ...]
     service: str
     db: int
+    tls: bool = False
+    """Reached over TLS (``rediss+sentinel://``): the sentinels and the primary alike."""
 
     @classmethod
     def parse(cls, url: str) -> SentinelGroup:
         """The group of ``url`` (:class:`BadRedisSettings` if it names none)."""
-        rest = url[len(SENTINEL_SCHEME) :]
+        scheme = next((s for s in SENTINEL_SCHEMES if url.startswith(s)), None)
+        if scheme is None:
+            raise BadRedisSettings(
+                f"a Sentinel URL starts with {SENTINEL_SCHEME} or {SENTINEL_TLS_SCHEME} (TLS)"
+            )
+        rest = url[len(scheme) :]
         hosts, _, path = rest.partition("/")
         service, _, db = path.partition("/")
         sentinels = []
         for item in filter(None, hosts.rpartition("@")[2].split(",")):
             host, _, port = item.rpartition(":")
             if not host or not port.isdigit():
-                raise BadRedisSettings(f"{SENTINEL_SCHEME}: {item!r} is not HOST:PORT")
+                raise BadRedisSettings(f"{scheme}: {item!r} is not HOST:PORT")
             sentinels.append((host, int(port)))
         if not sentinels or not service or not (db or "0").isdigit():
             raise BadRedisSettings(
-                f"a Sentinel URL is {SENTINEL_SCHEME}HOST:PORT,HOST:PORT/SERVICE/DB "
+                f"a Sentinel URL is {scheme}HOST:PORT,HOST:PORT/SERVICE/DB "
                 f"(sentinels, the monitored service's name, the database number)"
             )
-        return cls(tuple(sentinels), service, int(db or 0))
+        return cls(tuple(sentinels), service, int(db or 0), scheme == SENTINEL_TLS_SCHEME)
 
 
 def is_sentinel(url: str) -> bool:
-    """Whether ``url`` names a Sentinel group."""
-    return url.startswith(SENTINEL_SCHEME)
+    """Whether ``url`` names a Sentinel group (over TLS or not)."""
+    return url.startswith(SENTINEL_SCHEMES)
+
+
+def is_tls(url: str) -> bool:
+    """Whether ``url`` is reached over TLS (``rediss://``, ``rediss+cluster://``,
+    ``rediss+sentinel://``)."""
+    return url.startswith(_TLS_SCHEMES)
 
 
 def password(settings: RunnerSettings | None = None) -> str | None:
@@ -125,21 +142,42 @@ def tls_options(settings: RunnerSettings | None = None) -> dict[str, str]:
 def client_options(url: str, settings: RunnerSettings | None = None) -> dict[str, Any]:
     """redis-py keyword arguments for ``url``: credentials, and TLS options on ``rediss``."""
     options: dict[str, Any] = credentials(url, settings)
-    if url.startswith(_TLS_SCHEMES):
+    if is_tls(url):
         options.update(tls_options(settings))
+    return options
+
+
+def sentinel_options(
+    url: str, settings: RunnerSettings | None = None, **socket_options: Any
+) -> dict[str, Any]:
+    """redis-py keyword arguments of the connections to the sentinels of ``url`` themselves
+    (``sentinel_kwargs`` of redis-py, kombu and Celery): ``socket_options``, and on
+    ``rediss+sentinel://`` ``ssl=True`` with the settings' TLS options. redis-py gives the
+    sentinels none of the primary's options, so without these they would be asked in plain
+    text (and a TLS-only sentinel would close the connection)."""
+    options = dict(socket_options)
+    if url.startswith(SENTINEL_TLS_SCHEME):
+        options.update(ssl=True, **tls_options(settings))
     return options
 
 
 def client(url: str, **kwargs: Any) -> Any:
     """A redis-py client for ``url`` with the settings' credentials and TLS options: the
     Sentinel group's current primary for ``redis+sentinel://`` (found again after a
-    failover), a :class:`~redis.cluster.RedisCluster` for the ``+cluster`` schemes.
-    ``kwargs`` are redis-py's (timeouts, retry)."""
+    failover; over TLS to the sentinels and the primary for ``rediss+sentinel://``), a
+    :class:`~redis.cluster.RedisCluster` for the ``+cluster`` schemes. ``kwargs`` are
+    redis-py's (timeouts, retry)."""
     options = {**client_options(url), **kwargs}
     if is_sentinel(url):
         group = SentinelGroup.parse(url)
-        timeouts = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
-        sentinel = Sentinel(list(group.sentinels), sentinel_kwargs=timeouts, **options)
+        # The sentinels get the caller's timeouts and retries too: a probe that must answer at
+        # once is not held up by redis-py's default retries on each sentinel in turn.
+        timeouts = {k: v for k, v in kwargs.items() if k.startswith("socket_") or k == "retry"}
+        if group.tls:  # the primary's pool then makes SentinelManagedSSLConnections
+            options["ssl"] = True
+        sentinel = Sentinel(
+            list(group.sentinels), sentinel_kwargs=sentinel_options(url, **timeouts), **options
+        )
         return sentinel.master_for(group.service, db=group.db)
     for scheme in CLUSTER_SCHEMES:
         if url.startswith(scheme):
@@ -165,7 +203,8 @@ def celery_conf(
     becomes kombu's ``sentinel://`` transport on the same group, TLS options go in
     ``broker_use_ssl`` and ``redis_backend_use_ssl``, credentials in ``broker_user`` /
     ``broker_password`` (the broker URL stays as configured) and in the backend's URL, which
-    lives in this process only."""
+    lives in this process only. On ``rediss+sentinel://`` the TLS options reach the sentinels
+    too, as the transport option ``sentinel_kwargs`` (kombu's and Celery's backend's)."""
     settings = settings or get_settings()
     conf: dict[str, Any] = {"broker_url": broker_url, "result_backend": backend_url}
     if broker_url.startswith(("redis", "unix")):
@@ -173,14 +212,14 @@ def celery_conf(
         if creds:
             conf["broker_user"] = creds.get("username")
             conf["broker_password"] = creds.get("password")
-        if broker_url.startswith("rediss"):
+        if is_tls(broker_url):
             conf["broker_use_ssl"] = tls_options(settings)
         if is_sentinel(broker_url):
             group = SentinelGroup.parse(broker_url)
             conf["broker_url"] = ";".join(
                 f"sentinel://{host}:{port}/{group.db}" for host, port in group.sentinels
             )
-            conf["broker_transport_options"] = {"master_name": group.service}
+            conf["broker_transport_options"] = _sentinel_transport(broker_url, group, settings)
             conf[BROKER_REDIS_URL] = broker_url
     if backend_url and backend_url.startswith("redis"):
         creds = credentials(backend_url, settings)
@@ -188,12 +227,24 @@ def celery_conf(
             group = SentinelGroup.parse(backend_url)
             hosts = ";".join(f"sentinel://{h}:{p}/{group.db}" for h, p in group.sentinels)
             conf["result_backend"] = hosts
-            conf["result_backend_transport_options"] = {"master_name": group.service}
+            conf["result_backend_transport_options"] = _sentinel_transport(
+                backend_url, group, settings
+            )
         if creds:
             conf["result_backend"] = _with_credentials(conf["result_backend"], creds)
-        if backend_url.startswith("rediss"):
+        if is_tls(backend_url):
             conf["redis_backend_use_ssl"] = tls_options(settings)
     return conf
+
+
+def _sentinel_transport(url: str, group: SentinelGroup, settings: RunnerSettings) -> dict[str, Any]:
+    """The transport options of kombu's (or Celery's backend's) Sentinel on ``group``: its
+    service, and the sentinels' own connection options over TLS. Without TLS none are given,
+    so kombu keeps giving the sentinels its socket options as before."""
+    options: dict[str, Any] = {"master_name": group.service}
+    if group.tls:
+        options["sentinel_kwargs"] = sentinel_options(url, settings)
+    return options
 
 
 def _with_credentials(url: str, creds: dict[str, str]) -> str:
