@@ -57,6 +57,21 @@ def test_a_malformed_redis_url_is_bad_input_in_one_line(
     assert "s3cret" not in result.stderr and "does not answer" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel://127.0.0.1:1",  # no service
+        "rediss+sentinel://127.0.0.1:notaport/primary/0",
+    ],
+)
+def test_a_malformed_sentinel_url_is_bad_input_in_one_line(
+    cli: Cli,  # noqa: F811
+    url: str,
+) -> None:
+    result = cli("--redis-url", url, "runs")
+    assert_one_line_error(result, 2, "Sentinel URL" if "notaport" not in url else "HOST:PORT")
+
+
 def test_an_empty_store_says_no_runs_and_its_json_is_an_empty_list(
     cli: Cli,  # noqa: F811
 ) -> None:

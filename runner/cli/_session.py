@@ -41,6 +41,7 @@ from runner.errors import (
 )
 from runner.settings import RunnerSettings, get_settings, reset_settings
 from runner.store.base import CheckpointStore
+from runner.store.connection import BadRedisSettings
 from runner.store.redis import RedisProvider
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class BadUsage(RunnerError):
 BAD_INPUT: tuple[type[RunnerError], ...] = (
     BadUsage,
     BadRedisUrl,
+    BadRedisSettings,
     RunNotFound,
     CheckpointNotFound,
     DefinitionError,
