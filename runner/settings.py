@@ -40,16 +40,20 @@ class RunnerSettings(BaseSettings):
         default=None, description="File whose first line is the Redis password."
     )
     redis_ssl_ca_certs: str | None = Field(
-        default=None, description="CA bundle a `rediss://` or `rediss+sentinel://` server certificate is checked against."
+        default=None,
+        description="CA bundle a `rediss://` or `rediss+sentinel://` server certificate is "
+        "checked against.",
     )
     redis_ssl_certfile: str | None = Field(
-        default=None, description="Client certificate for `rediss://` and `rediss+sentinel://` (mutual TLS)."
+        default=None,
+        description="Client certificate for `rediss://` and `rediss+sentinel://` (mutual TLS).",
     )
     redis_ssl_keyfile: str | None = Field(
         default=None, description="Private key of the client certificate."
     )
     redis_ssl_cert_reqs: Literal["required", "optional", "none"] = Field(
-        default="required", description="Whether a `rediss://` or `rediss+sentinel://` server certificate is checked."
+        default="required",
+        description="Whether a `rediss://` or `rediss+sentinel://` server certificate is checked.",
     )
     redis_wait_replicas: int | None = Field(
         default=None,

@@ -98,6 +98,24 @@ def test_a_tls_sentinel_url_gives_kombu_and_the_backend_tls_to_the_sentinels_and
     assert SentinelGroup.parse(url.replace("rediss+", "redis+")).tls is False
 
 
+def test_a_config_file_s_sentinel_kwargs_are_kept_beside_the_tls_ones() -> None:
+    settings = RunnerSettings(redis_ssl_ca_certs=TLS["redis_ssl_ca_certs"])
+    url = f"rediss+sentinel://127.0.0.1:26379/{SERVICE}/0"
+    ours = connection.celery_conf(url, None, settings)["broker_transport_options"]
+    given = {"visibility_timeout": 99, "sentinel_kwargs": {"socket_timeout": 3, "ssl": False}}
+    assert connection.merged_options(given, ours) == {
+        "visibility_timeout": 99,
+        "master_name": SERVICE,
+        # The file's timeout is kept; TLS is the URL's to decide.
+        "sentinel_kwargs": {
+            "socket_timeout": 3,
+            "ssl": True,
+            "ssl_ca_certs": TLS["redis_ssl_ca_certs"],
+            "ssl_cert_reqs": "required",
+        },
+    }
+
+
 def test_a_tls_sentinel_client_speaks_tls_to_the_sentinels_and_to_the_primary(
     use_env: Callable[[dict[str, str]], None],
 ) -> None:

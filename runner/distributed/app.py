@@ -89,7 +89,7 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
     conf.update(load_config_module())
     for key in connection.TRANSPORT_OPTIONS:  # a config file's (visibility_timeout) kept
         if key in reach:
-            conf[key] = {**(conf.get(key) or {}), **reach[key]}
+            conf[key] = connection.merged_options(conf.get(key) or {}, reach[key])
     conf.update(REQUIRED)
     conf["task_default_queue"] = settings.queue
     app.conf.update(conf)

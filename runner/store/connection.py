@@ -247,6 +247,16 @@ def _sentinel_transport(url: str, group: SentinelGroup, settings: RunnerSettings
     return options
 
 
+def merged_options(given: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """A config file's transport options (``given``: ``visibility_timeout``, its sentinels'
+    socket timeouts) with :func:`celery_conf`'s on top; ``sentinel_kwargs`` merged one level
+    down, so the file's timeouts stay beside the TLS options the URL asks for."""
+    merged = {**given, **ours}
+    if isinstance(given.get("sentinel_kwargs"), dict) and "sentinel_kwargs" in ours:
+        merged["sentinel_kwargs"] = {**given["sentinel_kwargs"], **ours["sentinel_kwargs"]}
+    return merged
+
+
 def _with_credentials(url: str, creds: dict[str, str]) -> str:
     """``url`` (each ``;``-separated part) with ``creds`` as its userinfo."""
     user = quote(creds.get("username", ""), safe="")
