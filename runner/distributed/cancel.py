@@ -63,11 +63,13 @@ def cancel_run(rt: Runtime, run_id: str, reason: str | None = None) -> Checkpoin
     return tree[0]
 
 
-def follow_parent(rt: Runtime, child_id: str) -> Checkpoint | None:
+def follow_parent(rt: Runtime, child_id: str, child: Checkpoint | None = None) -> Checkpoint | None:
     """Cancel child run ``child_id`` if its parent is cancelled (see the module docstring):
-    for a step that started the child, once it is started. The child's cancel checkpoint,
-    or ``None`` when its parent is not cancelled or the child is not running."""
-    child = rt.store.latest(child_id)
+    for a step that started the child, once it is started, and before each step of a child
+    run (``child``: its latest checkpoint, when the caller has just read it). The child's
+    cancel checkpoint, or ``None`` when its parent is not cancelled or the child is not
+    running."""
+    child = child if child is not None else rt.store.latest(child_id)
     link = None if child is None else child.meta.parent
     if child is None or link is None or child.status.finished:
         return None

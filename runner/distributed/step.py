@@ -249,7 +249,7 @@ def _runnable(
         return _skipped(run_id, activation, f"the run is {latest.status.value}")
     # A canceller that died between its parent's cancel and this child's leaves the child
     # running: its next step finishes the cancel instead of spending more on a dead tree.
-    if latest.meta.parent is not None and follow_parent(rt, run_id) is not None:
+    if latest.meta.parent is not None and follow_parent(rt, run_id, latest) is not None:
         return _skipped(run_id, activation, "its parent run was cancelled")
     if latest.flow != flow_cls.flow_path():
         detail = f"{flow_cls.flow_name()} here is {flow_cls.flow_path()}"
