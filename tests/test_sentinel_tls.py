@@ -24,7 +24,7 @@ from redis.sentinel import SentinelManagedConnection, SentinelManagedSSLConnecti
 from runner.distributed.client import submit
 from runner.embedded import ping
 from runner.errors import StoreUnavailable
-from runner.settings import RunnerSettings, reset_settings
+from runner.settings import RunnerSettings
 from runner.store import connection
 from runner.store.connection import BadRedisSettings, SentinelGroup
 from runner.store.models import RunStatus
@@ -40,6 +40,7 @@ from tests.redis_servers import (
     tls_args,
     tls_sentinel,
 )
+from tests.test_tls import use_env  # noqa: F401  (fixture)
 
 TLS = {
     "redis_ssl_ca_certs": "/certs/ca.crt",
@@ -52,20 +53,6 @@ SSL_OPTIONS = {
     "ssl_keyfile": "/certs/client.key",
     "ssl_cert_reqs": "required",
 }
-
-
-@pytest.fixture
-def use_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[dict[str, str]], None]]:
-    """Set ``RUNNER_*`` variables of this process (the producer's) and re-read the settings."""
-
-    def apply(env: dict[str, str]) -> None:
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        reset_settings()
-
-    yield apply
-    monkeypatch.undo()
-    reset_settings()
 
 
 # --- no servers -----------------------------------------------------------------------------
@@ -117,7 +104,7 @@ def test_a_config_file_s_sentinel_kwargs_are_kept_beside_the_tls_ones() -> None:
 
 
 def test_a_tls_sentinel_client_speaks_tls_to_the_sentinels_and_to_the_primary(
-    use_env: Callable[[dict[str, str]], None],
+    use_env: Callable[[dict[str, str]], None],  # noqa: F811
 ) -> None:
     use_env({f"RUNNER_{key.upper()}": value for key, value in TLS.items()})
     url = f"rediss+sentinel://127.0.0.1:26379,127.0.0.1:26380/{SERVICE}/2"
@@ -230,7 +217,9 @@ def primary_port(sentinels: list[RedisProcess], certs: Certificates) -> int:
 
 
 def test_a_plain_sentinel_url_cannot_reach_a_tls_group_and_says_so_in_one_line(
-    certs: Certificates, tmp_path: Path, use_env: Callable[[dict[str, str]], None]
+    certs: Certificates,
+    tmp_path: Path,
+    use_env: Callable[[dict[str, str]], None],  # noqa: F811
 ) -> None:
     with tls_sentinel_group(tmp_path, certs) as (_primary, sentinels):
         url = tls_sentinel_url(sentinels)
@@ -251,7 +240,7 @@ def test_flows_run_over_a_tls_sentinel_group_and_finish_after_its_primary_dies(
     certs: Certificates,
     worker_env: dict[str, str],
     tmp_path: Path,
-    use_env: Callable[[dict[str, str]], None],
+    use_env: Callable[[dict[str, str]], None],  # noqa: F811
 ) -> None:
     with (
         tls_sentinel_group(tmp_path, certs) as (primary, sentinels),
