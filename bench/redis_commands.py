@@ -47,10 +47,21 @@ STEPS = 20
 WAIT = 120.0
 
 
+CPU = "~cpu-us"
+"""Pseudo-command: the server's CPU time (user + system, microseconds), I/O included."""
+NET = "~net-bytes"
+"""Pseudo-command: bytes the server read and wrote on its sockets."""
+
+
 def commandstats(client: redis.Redis) -> Counter[str]:
-    """Calls per command since the last reset (``cmdstat_evalsha`` -> ``evalsha``)."""
+    """Calls per command since the server started (``cmdstat_evalsha`` -> ``evalsha``), plus
+    the server's CPU microseconds and network bytes so far (the capacity model's inputs)."""
     stats = client.info("commandstats")
-    return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
+    out = Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
+    cpu, net = client.info("cpu"), client.info("stats")
+    out[CPU] = int((float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e6)
+    out[NET] = int(net["total_net_input_bytes"]) + int(net["total_net_output_bytes"])
+    return out
 
 
 def measured(client: redis.Redis, work: Callable[[], None]) -> tuple[Counter[str], float]:
@@ -123,6 +134,7 @@ def run(args: argparse.Namespace) -> None:
     steps = args.runs * STEPS
     mine = per_step(runner_case, runner_took, rate, steps)
     theirs = per_step(raw_case, raw_took, rate, steps)
+    extra = {name: (mine.pop(name, 0.0), theirs.pop(name, 0.0)) for name in (CPU, NET)}
     names = sorted(set(mine) | set(theirs), key=lambda k: -(mine.get(k, 0) + theirs.get(k, 0)))
     rows = [
         [name, f"{mine.get(name, 0):.1f}", f"{theirs.get(name, 0):.1f}"]
@@ -132,6 +144,22 @@ def run(args: argparse.Namespace) -> None:
     rows.append(["**total**", f"**{sum(mine.values()):.1f}**", f"**{sum(theirs.values()):.1f}**"])
     print(f"{args.runs} runs of a {STEPS}-step flow vs {args.runs} chains of {STEPS} no-op tasks\n")
     print_table(["Redis command", "runner, per step", "raw Celery, per task"], rows)
+    cpu_mine, cpu_theirs = extra[CPU]
+    net_mine, net_theirs = extra[NET]
+    print("\nCapacity of one Redis (one shard): its CPU is the bound, as Redis runs commands on")
+    print("one thread; steps/s = 1,000,000 / server CPU µs per step (broker and store on it).\n")
+    print_table(
+        ["per step", "runner", "raw Celery"],
+        [
+            ["server CPU µs", f"{cpu_mine:.0f}", f"{cpu_theirs:.0f}"],
+            ["network bytes", f"{net_mine:,.0f}", f"{net_theirs:,.0f}"],
+            [
+                "steps/s one Redis sustains",
+                f"{1e6 / cpu_mine:,.0f}" if cpu_mine else "-",
+                f"{1e6 / cpu_theirs:,.0f}" if cpu_theirs else "-",
+            ],
+        ],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
