@@ -83,6 +83,7 @@ def ping(url: str, timeout: float = PING_TIMEOUT) -> None:
         masked = mask_url(url)
     except ValueError as exc:  # not even a URL; none of it is shown: it may hold a password
         raise BadRedisUrl(f"the Redis URL cannot be read: {exc}") from None
+    connection.check_database(url)
     try:
         client = _client(url, timeout)
     except ValueError as exc:  # redis-py parses the URL here, before any connection

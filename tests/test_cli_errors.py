@@ -196,6 +196,19 @@ def test_redis_down_from_the_environment_too(cli: Cli) -> None:  # noqa: F811
     assert_one_line_error(result, 1, "does not answer")
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379/abc", "redis://127.0.0.1:6379/1/2", "unix:///tmp/r.sock?db=x"],
+)
+def test_a_database_part_that_is_not_a_number_is_bad_input_not_database_0(
+    cli: Cli,  # noqa: F811
+    url: str,
+) -> None:
+    # redis-py would drop the part and read database 0 of whatever Redis answers.
+    for result in (cli("runs", env={"RUNNER_REDIS_URL": url}), cli("--redis-url", url, "runs")):
+        assert_one_line_error(result, 2, "is not a number")
+
+
 def test_no_redis_url_is_an_error_not_a_private_embedded_redis(
     cli: Cli,  # noqa: F811
     tmp_path: Path,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import redis
 from redis.sentinel import MasterNotFoundError, Sentinel
@@ -79,6 +79,25 @@ class SentinelGroup:
                 f"(sentinels, the monitored service's name, the database number)"
             )
         return cls(tuple(sentinels), service, int(db or 0), scheme == SENTINEL_TLS_SCHEME)
+
+
+def check_database(url: str) -> None:
+    """:class:`BadRedisSettings` if ``url`` names a database that is not a number.
+
+    redis-py drops a database part it cannot read (``redis://host:6379/abc``) and connects to
+    database 0, where another deployment's data may be: refused here instead, for every
+    process that finds its Redis through :func:`runner.embedded.ping`.
+    """
+    if is_sentinel(url):
+        SentinelGroup.parse(url)  # checks its /SERVICE/DB
+        return
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        db = dict(parse_qsl(parts.query)).get("db", "0")
+    else:
+        db = parts.path.strip("/") or "0"
+    if not db.isdigit():
+        raise BadRedisSettings(f"the Redis URL's database {db!r} is not a number (e.g. /0)")
 
 
 def is_sentinel(url: str) -> bool:
