@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 CLUSTER_SHARDS = 64
 """Index shards on Redis Cluster: runs spread over up to this many slots. Fixed, because
@@ -219,5 +220,27 @@ class Keys:
         return [self._index(shard, name) for shard in range(max(self.shards, 1))]
 
 
+def match_prefix(text: str) -> str:
+    """A SCAN ``MATCH`` pattern of every member or field starting with ``text``."""
+    return _glob_escape(text) + "*"
+
+
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+class RedisHandle(Protocol):
+    """What the store's own modules (timers, schedules, limits, queues) are built on: a
+    redis-py client and the deployment's key builder, as a :class:`RedisProvider
+    <runner.store.redis.RedisProvider>` holds them. Code outside ``runner/store`` never
+    uses either; it asks the store (:class:`runner.store.base.DeploymentStore`)."""
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client."""
+        ...
+
+    @property
+    def keys(self) -> Keys:
+        """The deployment's key builder."""
+        ...
