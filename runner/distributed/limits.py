@@ -61,7 +61,9 @@ class Limits:
     slots: tuple[tuple[str, int], ...]
 
 
-def set_limit(name: str, rate: str, *, burst: int | None = None, store: Any = None) -> Rate:
+def set_limit(
+    name: str, rate: str, *, burst: int | None = None, store: DeploymentStore | None = None
+) -> Rate:
     """Set the named limit ``name`` to ``rate`` (``"500/m"``) for the whole deployment:
     every worker uses it from the next step on, over ``RUNNER_LIMITS``. ``store``: the
     deployment's store (default: the producer runtime's)."""
