@@ -169,7 +169,7 @@ def send(
     :func:`.routing.step_priority`; ``priority`` is the run's); return the ids sent.
 
     The messages (and their ``task-sent`` events) go in one batch: one round trip to a
-    Redis broker however many steps a commit made ready (kombu's ``Producer.batch``;
+    Redis broker however many steps a commit made ready (:func:`.broker.publish_batch`;
     with RabbitMQ each is published at once). The message names its deployment (the key
     prefix), so a worker of another deployment that receives it by mistake hands it back
     instead of running it.
