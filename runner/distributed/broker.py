@@ -24,7 +24,13 @@ What the runner takes from them that is not their public API, and what it expect
 * **Worker state** (:func:`in_pool`, :func:`held`): ``celery.worker.state`` keeps the
   requests the pool runs (``active_requests``), prefetched ones (``reserved_requests``) and
   ones waiting for an ETA or a countdown (``scheduled_requests``).
-* **Routing** (:func:`queue_of`): ``app.amqp.router.route`` names the queue of a task.
+* **Routing** (:func:`queue_of`): ``app.amqp.router.route`` names the queue of a task;
+  ``app.amqp.queues.select`` and ``consume_from`` choose and list the queues a worker
+  consumes (:func:`consume_only`, :func:`consuming`).
+* **Sending** (:func:`publish_batch`): kombu's ``Producer.batch()`` and its
+  ``BatchPublishError``; :func:`queue_depths` reads a queue's length by kombu's passive
+  ``queue_declare`` (``ChannelError`` for one that does not exist); :data:`CONNECTION_ERRORS`
+  are kombu's and redis-py's errors of a lost connection.
 * **Priorities** (:func:`configure_priorities`, :func:`wire_priority`): every step message
   carries a priority, in the broker's terms. kombu's Redis transport keeps a queue's
   messages of priority ``p`` in the list ``<queue><sep><p>`` (``p`` rounded down to one of
@@ -76,7 +82,7 @@ import redis
 from celery import Celery
 from celery.worker import state as worker_state
 from kombu import Exchange, Producer, Queue
-from kombu.exceptions import BatchPublishError, OperationalError
+from kombu.exceptions import BatchPublishError, ChannelError, OperationalError
 from kombu.transport.redis import Channel as RedisChannel
 
 from runner.errors import RunnerError
@@ -109,6 +115,14 @@ QUEUE_READ_LIMIT = 1000
 """Longest queue the recovery pass reads to tell a lost message from a queued one."""
 
 _CONNECTION_ERRORS = (redis.RedisError, OperationalError, OSError)
+
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    OperationalError,
+)
+"""What kombu and redis-py raise (and Celery logs) when the broker's or the result
+backend's connection is lost."""
 
 
 # --- the checks' verdicts -------------------------------------------------------------------
@@ -611,6 +625,53 @@ def queue_of(app: Celery, name: str, default: str) -> str:
         return str(app.amqp.router.route({}, name, (), {})["queue"].name)
     except Exception:  # a user's router that needs arguments: the default queue
         return default
+
+
+def consume_only(app: Celery, queues: Collection[str]) -> None:
+    """Make a worker of ``app`` consume ``queues`` (before it starts; ``-Q`` on the command
+    line is applied after this)."""
+    app.amqp.queues.select(list(queues))
+
+
+def consuming(app: Celery) -> list[str]:
+    """The queues a started worker of ``app`` consumes, by name."""
+    return sorted(str(q) for q in app.amqp.queues.consume_from)
+
+
+def publish_batch(app: Celery, publish: Callable[[Any], None]) -> None:
+    """Run ``publish(producer)``, whose sends go in one batch: one round trip to a Redis
+    broker however many messages (kombu's ``Producer.batch``; with RabbitMQ each is
+    published at once). If the batch's round trip fails, which messages arrived is unknown:
+    ``publish(None)`` sends each again on its own, under the publish retry policy (the
+    receiver turns a duplicate away)."""
+    try:
+        with app.producer_or_acquire() as producer, producer.batch():
+            publish(producer)
+    except BatchPublishError:
+        publish(None)
+
+
+def queue_depths(app: Celery, queues: Collection[str]) -> dict[str, int] | None:
+    """The messages waiting in each of ``queues`` (kombu's passive declare, on Redis and
+    RabbitMQ alike); ``None`` when the broker cannot be reached (logged)."""
+    try:
+        with app.connection_for_read() as conn:
+            return {queue: _depth(conn, queue) for queue in queues}
+    except (OperationalError, OSError) as exc:
+        log.warning("cannot read the queue depth (%s)", exc)
+        return None
+
+
+def _depth(conn: Any, queue: str) -> int:
+    # A channel of its own: a passive declare of a queue that does not exist (an empty
+    # queue on Redis has no key) closes a RabbitMQ channel.
+    channel = conn.channel()
+    try:
+        return int(channel.queue_declare(queue=queue, passive=True).message_count)
+    except ChannelError:
+        return 0
+    finally:
+        channel.close()
 
 
 # --- priorities -----------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from runner.flow.rates import priority_problem
 from runner.flow.usage import last_of
 from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus, UsageMetrics
-from runner.store.timers import DEADLINES, STARTS, Timers
+from runner.store.timers import DEADLINES, STARTS
 
 from . import routing
 from .answers import deliver
@@ -240,9 +240,9 @@ def submit(
     # Timers set before the commit, so no run lacks one; a timer left for a run another
     # submit created is checked against that run's own checkpoint.
     if seconds is not None:
-        Timers(rt.store, DEADLINES).set(run_id, now + seconds)
+        rt.store.set_timer(DEADLINES, run_id, now + seconds)
     if not_before is not None:
-        Timers(rt.store, STARTS).set(run_id, not_before)
+        rt.store.set_timer(STARTS, run_id, not_before)
     try:
         # Created only if new (seq 0), its starts sent once (see commit_and_send). They go
         # straight to their tasks (no hop through a start task): a worker that has not

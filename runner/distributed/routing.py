@@ -19,15 +19,13 @@ resume). Every step message carries one, in the broker's own terms
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from runner.flow.rates import DEFAULT_PRIORITY, check_name, parse_limits
 from runner.settings import RunnerSettings
-from runner.store.keys import Keys
+from runner.store.base import DeploymentStore
 
 if TYPE_CHECKING:
-    import redis
     from celery import Celery
 
 log = logging.getLogger("runner.worker")
@@ -109,36 +107,13 @@ def step_priority(app: Celery, task: str, run_priority: int | None) -> int:
 # --- who consumes what ----------------------------------------------------------------------
 
 
-def announce(client: redis.Redis, keys: Keys, queues: list[str], worker: str, ttl: float) -> None:
-    """Say that ``worker`` consumes ``queues`` for the next ``ttl`` seconds."""
-    until = time.time() + ttl
-    pipe = client.pipeline(transaction=False)
-    for queue in queues:
-        pipe.zadd(keys.consumers(queue), {worker: until})
-        pipe.expire(keys.consumers(queue), max(1, int(ttl * 4)))
-    pipe.execute()
+def unconsumed(store: DeploymentStore, settings: RunnerSettings, name: str | None) -> bool:
+    """Whether the queue ``name`` (a method's ``queue=``) has no live consumer (the records
+    are :mod:`runner.store.queues`')."""
+    return not store.queue_consumers(queue_name(settings, name))
 
 
-def retire(client: redis.Redis, keys: Keys, queues: list[str], worker: str) -> None:
-    """``worker`` stops consuming ``queues`` (a warm shutdown)."""
-    pipe = client.pipeline(transaction=False)
-    for queue in queues:
-        pipe.zrem(keys.consumers(queue), worker)
-    pipe.execute()
-
-
-def live_consumers(client: redis.Redis, keys: Keys, queue: str) -> list[str]:
-    """Workers that said they consume ``queue`` and whose word has not lapsed."""
-    found = client.zrangebyscore(keys.consumers(queue), time.time(), "+inf")
-    return sorted(w.decode() if isinstance(w, bytes) else str(w) for w in found)
-
-
-def unconsumed(client: redis.Redis, keys: Keys, settings: RunnerSettings, name: str | None) -> bool:
-    """Whether the queue ``name`` (a method's ``queue=``) has no live consumer."""
-    return not live_consumers(client, keys, queue_name(settings, name))
-
-
-def serve(app: Celery, client: redis.Redis, keys: Keys, settings: RunnerSettings) -> list[str]:
+def serve(app: Celery, store: DeploymentStore, settings: RunnerSettings) -> list[str]:
     """In a worker: check ``RUNNER_LIMITS`` and (on RabbitMQ) the queues' priorities,
     consume the queues of ``RUNNER_WORKER_QUEUES`` (unless the command line names queues
     with ``-Q``, which Celery applies after this) and, once the worker is ready, say so in
@@ -147,11 +122,11 @@ def serve(app: Celery, client: redis.Redis, keys: Keys, settings: RunnerSettings
 
     from celery import signals
 
-    from .broker import check_priority_queues
+    from .broker import check_priority_queues, consume_only, consuming
 
     queues = consumed(settings)
     parse_limits(settings.limits)  # a bad RUNNER_LIMITS stops the worker here, in one line
-    app.amqp.queues.select(queues)
+    consume_only(app, queues)
     # A RabbitMQ queue declared without priorities stops it here too, naming the fix.
     check_priority_queues(app, queues)
     stop = threading.Event()
@@ -160,19 +135,19 @@ def serve(app: Celery, client: redis.Redis, keys: Keys, settings: RunnerSettings
     def announcing(worker: str, mine: list[str]) -> None:
         while not stop.wait(settings.recovery_interval):
             try:
-                announce(client, keys, mine, worker, ttl)
+                store.announce_queues(mine, worker, ttl)
             except Exception as exc:  # Redis away: the word lapses, said again on return
                 log.debug("could not announce the queues of %s: %s", worker, exc)
 
     def ready(sender: Any = None, **_: Any) -> None:
         worker = str(getattr(sender, "hostname", "") or "worker")
-        mine = sorted(str(q) for q in app.amqp.queues.consume_from)
-        announce(client, keys, mine, worker, ttl)
+        mine = consuming(app)
+        store.announce_queues(mine, worker, ttl)
         threading.Thread(target=announcing, args=(worker, mine), name="queues", daemon=True).start()
 
         def shutdown(**_: Any) -> None:
             stop.set()
-            retire(client, keys, mine, worker)
+            store.retire_queues(mine, worker)
 
         signals.worker_shutdown.connect(shutdown, weak=False)
 
