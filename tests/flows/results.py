@@ -5,6 +5,8 @@ the test workers, which import this module (allow-list)."""
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from runner import Flow, FlowState, human_feedback, listen, router, start
@@ -82,3 +84,35 @@ class CrewEnd(Flow[Topic]):
     @listen(gather)
     def delegate(self, notes: str) -> Any:
         return self.run_crew(summary_crew, {"topic": notes})
+
+
+class Gate(FlowState):
+    topic: str = "bees"
+    gate: str = ""
+    """A file ``hold`` waits for (in process), or ``"sleep"``: ``hold`` sleeps durably."""
+
+
+class Held(Flow[Gate]):
+    """gather -> hold -> write: ``hold`` waits for the file ``gate`` names (polling, up to a
+    minute), or sleeps durably for ten minutes when ``gate`` is ``"sleep"`` (on workers: the
+    run stays running and holds no worker) -> write fails unless the topic is ``"fixed"``."""
+
+    @start()
+    def gather(self) -> str:
+        return f"notes on {self.state.topic}"
+
+    @listen(gather)
+    def hold(self, notes: str) -> str:
+        if self.state.gate == "sleep":
+            self.sleep(600)
+        elif self.state.gate:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(self.state.gate) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return notes
+
+    @listen(hold)
+    def write(self, notes: str) -> str:
+        if self.state.topic != "fixed":
+            raise RuntimeError(f"cannot write about {self.state.topic}")
+        return f"written from {notes}"
