@@ -38,7 +38,7 @@ from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import reducers_for
 from runner.settings import get_settings
 from runner.store.base import CoordinatedStore
-from runner.store.models import Answer, Checkpoint, Lineage
+from runner.store.models import FLOW_RESUMED, Answer, Checkpoint, Lineage
 
 # Who resumes what is decided once, for every executor (the in-process run's checks
 # were a copy of the workers' that disagreed).
@@ -205,11 +205,12 @@ class LocalRun:
             if step.closing is not None:
                 self.latest = self.sink.write(step.closing)
         except CommitConflict:
-            if self.latest is None:  # the opening itself: the run moved since it was read
+            if self.latest is None and step.checkpoint.event == FLOW_RESUMED:
+                # The resume itself: the run moved on since this process read it.
                 raise plans.changed_while_resuming(self.run_id, None) from None
             raise RunStateError(
                 f"run {self.run_id} changed elsewhere while it ran here (another process "
-                "resumed, answered or cancelled it); this process stopped it",
+                "started, resumed, answered or cancelled it); this process stopped it",
                 run_id=self.run_id,
             ) from None
         self.record = step.record if step.record is not None else tr.record_of(step.checkpoint)
