@@ -22,8 +22,8 @@ from runner.errors import (
     RunStateError,
     UnknownStep,
 )
+from runner.flow import epochs, plans, usage
 from runner.flow import orchestrator as orch
-from runner.flow import plans, usage
 from runner.flow import transition as tr
 from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
@@ -187,18 +187,14 @@ def fork(
         step=None,
         status=RunStatus.RUNNING if pending else RunStatus.SUCCEEDED,
         # The source's run-local notes (a pause, a resume, merge conflicts) are not the fork's.
-        meta=first.meta.model_copy(
-            update={
-                "pause_reason": None,
-                "awaiting": None,
-                "resumed_from": None,
-                "conflicts": [],
-                "ready": [a.id for a in pending],
-                "epoch": 0,
-                "forked_from": source.id,
-                # A new run: it spent nothing yet; the steps it keeps saved what they spent.
-                "usage": usage.resumed(None, first.meta.usage, record.done),
-            }
+        meta=epochs.carry(
+            first.meta,
+            epochs.Opening.FORK,
+            ready=[a.id for a in pending],
+            epoch=0,
+            forked_from=source.id,
+            # A new run: it spent nothing yet; the steps it keeps saved what they spent.
+            usage=usage.resumed(None, first.meta.usage, record.done),
         ),
     )
     rt.store.commit(start, expected_seq=first.seq)
