@@ -8,6 +8,7 @@ step receives from its child run all come from :func:`run_result` (or its JSON f
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from runner.errors import RunnerError
@@ -25,9 +26,9 @@ def run_result(latest: Checkpoint, flow_cls: Any = None) -> Any:
     HumanFeedbackResult` of a reviewed method without ``emit``), or for a flow class that
     says what its runs give (``result_of(state)``: a crew's output) that. ``flow_cls`` is
     the run's flow class, ``None`` where it cannot be imported (the stored output as is)."""
-    result_of = getattr(flow_cls, "result_of", None)
-    if callable(result_of):
-        return result_of(latest.state)
+    # A class method, so a flow's own step that happens to be named so is not taken for it.
+    if isinstance(inspect.getattr_static(flow_cls, "result_of", None), classmethod):
+        return flow_cls.result_of(latest.state)
     record = tr.record_of(latest)
     last = orch.last_method(record)
     method = None if flow_cls is None or last is None else getattr(flow_cls, last, None)
