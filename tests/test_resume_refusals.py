@@ -379,3 +379,79 @@ def test_an_in_process_run_cancelled_elsewhere_stops_instead_of_writing_over_it(
         if other.poll() is None:
             other.kill()
         other.communicate(timeout=10)
+
+
+# --- answering: RunHandle.resume(feedback=), runner resume --feedback, the API ------------------
+
+
+@dataclass(frozen=True)
+class Answering:
+    """One answer: the run, the text, a label chosen directly, the step the answerer read."""
+
+    run: str
+    text: str = "ship it"
+    outcome: str | None = None
+    step: str | None = None
+
+
+def answer_by_python(rt: Runtime, ask: Answering) -> Refusal:
+    try:
+        RunHandle(ask.run, rt).resume(ask.text, outcome=ask.outcome, step=ask.step)
+    except RunnerError as exc:
+        return Refusal.of(exc)
+    raise AssertionError(f"answered {ask.run}")
+
+
+def answer_by_cli(env: dict[str, str], ask: Answering) -> Refusal:
+    args = ["resume", ask.run, "--feedback", ask.text]
+    args += ["--outcome", ask.outcome] if ask.outcome is not None else []
+    args += ["--step", ask.step] if ask.step is not None else []
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.stderr.startswith("error: "), (result.exit_code, result.stdout, result.stderr)
+    return Refusal(result.stderr.strip().removeprefix("error: "), result.exit_code)
+
+
+def answer_by_api(http: httpx.Client, ask: Answering) -> Refusal:
+    body = {"feedback": ask.text, "outcome": ask.outcome, "step": ask.step}
+    response = http.post(f"/api/runs/{ask.run}/feedback", json=body)
+    assert response.status_code in API_CODES, response.text
+    return Refusal(response.json()["error"]["message"], API_CODES[response.status_code])
+
+
+def no_answer_awaited(s: Situations) -> tuple[Answering, Refusal]:
+    return Answering(s.failed), Refusal(f"run {s.failed} awaits no answer (it is failed)", 1)
+
+
+def another_question(s: Situations) -> tuple[Answering, Refusal]:
+    return Answering(s.awaiting, step="write"), Refusal(
+        f"run {s.awaiting} now awaits review ('Publish this draft?'), not write: "
+        "read the question again before answering",
+        1,
+    )
+
+
+def an_unknown_outcome(s: Situations) -> tuple[Answering, Refusal]:
+    return Answering(s.awaiting, outcome="maybe"), Refusal(
+        "'maybe' is not an outcome of review; its outcomes: approved, rejected", 2
+    )
+
+
+@pytest.mark.parametrize(
+    "situation", [no_answer_awaited, another_question, an_unknown_outcome], ids=lambda s: s.__name__
+)
+def test_every_way_of_answering_a_run_refuses_it_with_one_message_and_exit_code(
+    situation: Callable[[Situations], tuple[Answering, Refusal]],
+    runs: Situations,
+    api: httpx.Client,
+) -> None:
+    ask, expected = situation(runs)
+    before = {r.run_id: r.seq for r in runs.rt.store.runs(limit=1000)}
+
+    said = {
+        "RunHandle.resume(feedback=)": answer_by_python(runs.rt, ask),
+        "runner resume --feedback": answer_by_cli(runs.env, ask),
+        "the API": answer_by_api(api, ask),
+    }
+
+    assert said == dict.fromkeys(said, expected)
+    assert {r.run_id: r.seq for r in runs.rt.store.runs(limit=1000)} == before
