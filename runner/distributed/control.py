@@ -74,7 +74,9 @@ def resume(
     *,
     rt: Runtime | None = None,
 ) -> RunHandle:
-    """Continue ``run_id`` on the workers; completed steps are never re-run.
+    """Continue ``run_id`` on the workers; completed steps are never re-run. Whether it
+    may, and from what, :func:`runner.flow.plans.plan_resume` decides (as for every way of
+    resuming: one refusal wording and exit code each).
 
     A child run (a crew a step started) whose parent stopped with it (failed, or cancelled
     with its tree) is continued through its parent: the topmost stopped parent is resumed,

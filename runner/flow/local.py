@@ -3,7 +3,10 @@
 Ready methods run on a thread pool (parallel listeners run concurrently; a lone sync
 method runs on the calling thread); each finished method is turned into the next
 checkpoint on the calling thread, in completion order, and handed to the flow's sink,
-which writes it if persistence asks for it before any method it made ready starts.
+which writes it if persistence asks for it before any method it made ready starts, with
+compare-and-set on the run's sequence as workers commit. Whether a checkpoint may be
+resumed here is :func:`runner.flow.plans.plan_resume`'s decision, as everywhere; what the
+run returns, :func:`runner.flow.results.run_result`'s.
 """
 
 from __future__ import annotations
