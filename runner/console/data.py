@@ -18,9 +18,7 @@ from runner.distributed.control import find_checkpoint
 from runner.distributed.engine import Runtime, task_id
 from runner.distributed.waiting import waits_of
 from runner.errors import CorruptCheckpoint, RunnerError, RunNotFound
-from runner.flow import orchestrator as orch
-from runner.flow import transition as tr
-from runner.flow import usage
+from runner.flow import results, usage
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
 from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
@@ -346,10 +344,10 @@ def inputs_of(first: Checkpoint | None) -> dict[str, Any] | None:
     return inputs
 
 
-def result_of(status: RunStatus, latest: Checkpoint) -> Any:
+def result_of(status: RunStatus, latest: Checkpoint, flow_cls: Any = None) -> Any:
     """A succeeded run's result, as ``runner submit --wait`` prints it and
-    ``RunHandle.result()`` returns it: the last committed step's output."""
-    return orch.last_output(tr.record_of(latest)) if status is RunStatus.SUCCEEDED else None
+    ``RunHandle.result()`` returns it (:func:`runner.flow.results.result_json`)."""
+    return results.result_json(status, latest, flow_cls)
 
 
 def schedules(store: DeploymentStore) -> list[dict[str, Any]]:
@@ -405,7 +403,7 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "priority": latest.meta.priority,
         "cancel_reason": latest.meta.cancel_reason if info.status is RunStatus.CANCELLED else None,
         "inputs": inputs_of(first_checkpoint(rt.store, run_id, history)),
-        "result": result_of(info.status, latest),
+        "result": result_of(info.status, latest, flow_cls),
         "graph_error": problem,
         "methods": methods,
         "mermaid": mermaid(graph, methods) if graph is not None else None,

@@ -35,7 +35,7 @@ from runner.errors import (
     RunNotFound,
     StaleAttempt,
 )
-from runner.flow import lifecycle
+from runner.flow import lifecycle, results
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import StepResult
@@ -504,10 +504,7 @@ def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
         return []
     parent_cls = _flow_class(rt, str(parent.meta.name), str(parent.flow))
     child_cls = _flow_class(rt, str(child.meta.name), str(child.flow))
-    result_of = getattr(child_cls, "result_of", None)
-    output = (
-        result_of(child.state) if callable(result_of) else orch.last_output(tr.record_of(child))
-    )
+    output = results.result_json(child.status, child, child_cls)
     graph, reducers = parent_cls.graph(), reducers_for(parent_cls.state_type())
     committed = commit_on_latest(
         rt,
