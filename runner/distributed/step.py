@@ -39,8 +39,9 @@ from runner.flow import events as ev
 from runner.flow import lifecycle, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
-from runner.flow.attempt import Sleeps, StepResult, current_sleeps, run_step
-from runner.flow.children import ChildRun, deferring
+from runner.flow.attempt import StepResult, run_step
+from runner.flow.children import ChildRun
+from runner.flow.context import WORKER, Answers, Sleeps, StepContext
 from runner.flow.flow import bind_trigger_payload, listeners_of, set_usage_metrics
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.human_feedback import restore_history
@@ -278,16 +279,17 @@ def _run(
         ev.METHOD_STARTED, run_id, name, listeners, method=act.method, data={"attempt": attempt}
     )
     arg = orch.argument_for(graph, tr.record_of(latest), act)
-    # The sleeps earlier attempts reached: ``self.sleep`` passes those whose time has come.
-    sleeps = current_sleeps.set(Sleeps(list(latest.meta.sleeps.get(act.id, []))))
-    try:
-        with deferring():  # starting a child run returns a ChildRun marker instead of blocking
-            answers, review = latest.meta.answers.get(act.id), latest.meta.reviews.get(act.id)
-            result = run_step(flow, graph, act, dict(latest.state), arg, answers, review)
-    finally:
-        current_sleeps.reset(sleeps)
-    result.attempts = attempt
-    return flow, result
+    meta = latest.meta
+    ctx = StepContext(
+        flow,
+        act,
+        WORKER,
+        attempt,
+        Answers(list(meta.answers.get(act.id) or ()), review=meta.reviews.get(act.id)),
+        # The sleeps earlier attempts reached: ``self.sleep`` passes those whose time has come.
+        Sleeps(list(meta.sleeps.get(act.id, []))),
+    )
+    return flow, run_step(flow, graph, ctx, dict(latest.state), arg)
 
 
 def _settle(

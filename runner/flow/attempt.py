@@ -10,7 +10,6 @@ which label it chose.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import time
 from dataclasses import dataclass
@@ -21,55 +20,10 @@ from pydantic_core import to_jsonable_python
 
 from runner.errors import AwaitInput, NotSerializable, PauseRun, SleepRun
 from runner.flow import usage
+from runner.flow.context import StepContext, running
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation
 from runner.store.models import UsageMetrics
-
-current_state: contextvars.ContextVar[Any] = contextvars.ContextVar("runner_step_state")
-"""The state object of the step running in this thread or task."""
-
-current_activation: contextvars.ContextVar[tuple[Any, Activation] | None] = contextvars.ContextVar(
-    "runner_step_activation", default=None
-)
-"""The flow object and activation of the step running in this thread or task (child runs
-derive their id from it)."""
-
-
-@dataclass
-class Sleeps:
-    """The durable sleeps of the step running on a worker: the wake-up times recorded by its
-    earlier attempts, and how many sleep calls this attempt made so far."""
-
-    recorded: list[float]
-    calls: int = 0
-
-
-current_sleeps: contextvars.ContextVar[Sleeps | None] = contextvars.ContextVar(
-    "runner_step_sleeps", default=None
-)
-"""Set while a step runs on a worker: ``Flow.sleep`` is then durable (see :class:`Sleeps`)."""
-
-
-@dataclass
-class Answers:
-    """The answers people gave to the step running now (``RunMeta.answers`` of its
-    activation, in order), and how many of them this attempt consumed so far: its N-th
-    ``ask`` takes the N-th answer; ``@human_feedback`` takes the one to its review."""
-
-    recorded: list[Any]
-    """:class:`runner.store.models.Answer` records."""
-    calls: int = 0
-    review: Any = None
-    """The :class:`runner.store.models.Awaiting` of the review the step's output went to
-    before (``RunMeta.reviews``), if it paused for one."""
-    reviewed: Any = None
-    """The ``HumanFeedbackResult`` this attempt's review came to (set by ``@human_feedback``)."""
-
-
-current_answers: contextvars.ContextVar[Answers | None] = contextvars.ContextVar(
-    "runner_step_answers", default=None
-)
-"""Set while a step runs (both executors): what it was answered (see :class:`Answers`)."""
 
 
 @dataclass(frozen=True)
@@ -106,61 +60,51 @@ class StepResult:
 
 
 def run_step(
-    flow: Any,
-    graph: FlowGraph,
-    activation: Activation,
-    base_state: dict[str, Any],
-    arg: Any,
-    answers: list[Any] | None = None,
-    review: Any = None,
+    flow: Any, graph: FlowGraph, ctx: StepContext, base_state: dict[str, Any], arg: Any
 ) -> StepResult:
-    """Run ``activation``'s method once on a fresh copy of ``base_state``; ``answers`` are
-    the ones people gave it so far (``RunMeta.answers``), ``review`` the review its output
-    went to (``RunMeta.reviews``)."""
+    """Run ``ctx``'s activation's method once on a fresh copy of ``base_state``, with ``ctx``
+    as the running step's context (:mod:`runner.flow.context`): where it runs, which
+    attempt, the answers people gave it and the sleeps earlier attempts recorded."""
+    activation = ctx.activation
     spec = graph.methods[activation.method]
     began = time.perf_counter()
-    result = StepResult(activation, base_state)
-    token = None
-    running = current_activation.set((flow, activation))
-    given = Answers(list(answers or ()), review=review)
-    answering = current_answers.set(given)
+    result = StepResult(activation, base_state, attempts=ctx.attempt)
     metering = usage.start_meter()
     try:
-        # A private copy (no list or dict shared with ``base_state``): changes a parallel
-        # branch makes in place cannot leak into this step, nor a failed step's into the run.
-        state_obj = flow._state_from_json(base_state)
-        token = current_state.set(state_obj)
-        method = getattr(flow, activation.method)
-        value = (
-            method(flow._step_argument(activation, json_copy(arg))) if spec.takes_arg else method()
-        )
-        if inspect.isawaitable(value):
-            value = run_awaitable(value)
+        with running(ctx):
+            # A private copy (no list or dict shared with ``base_state``): changes a parallel
+            # branch makes in place cannot leak into this step, nor a failed step's into the
+            # run.
+            state_obj = ctx.state = flow._state_from_json(base_state)
+            method = getattr(flow, activation.method)
+            value = (
+                method(flow._step_argument(activation, json_copy(arg)))
+                if spec.takes_arg
+                else method()
+            )
+            if inspect.isawaitable(value):
+                value = run_awaitable(value)
         if isinstance(value, Routed):  # a router whose output is not its label
             result.label, value = value.label, value.output
         elif spec.is_router:
             result.label = route_label(value)
         result.output = to_json(value, activation.method)
-        if given.reviewed is not None:
-            result.review = to_json(given.reviewed, activation.method)
+        if ctx.answers.reviewed is not None:
+            result.review = to_json(ctx.answers.reviewed, activation.method)
         result.new_state = flow._dump_state(state_obj)
     except AwaitInput as waiting:
         result.paused = waiting.message
         result.awaiting = waiting.awaiting
-        result.new_state = flow._dump_state(state_obj)  # the state so far, kept while it waits
+        result.new_state = flow._dump_state(ctx.state)  # the state so far, kept while it waits
     except PauseRun as pause:
         result.paused = pause.message
     except SleepRun as sleep:
         result.sleep = sleep
-        result.new_state = flow._dump_state(state_obj)  # the state so far, committed with it
+        result.new_state = flow._dump_state(ctx.state)  # the state so far, committed with it
     except Exception as exc:
         result.error = exc
     finally:
-        if token is not None:
-            current_state.reset(token)
         result.usage = usage.stop_meter(metering)
-        current_answers.reset(answering)
-        current_activation.reset(running)
         result.duration = time.perf_counter() - began
     return result
 

@@ -32,6 +32,7 @@ from runner.flow import lifecycle, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import StepResult, run_step
+from runner.flow.context import PROCESS, Answers, StepContext
 from runner.flow.flow import apply_inputs, set_usage_metrics
 from runner.flow.graph import FlowGraph
 from runner.flow.lifecycle import Outcome
@@ -228,8 +229,10 @@ class LocalRun:
         attempt, spent = 1, None
         while True:
             self._emit(ev.METHOD_STARTED, method=act.method, data={"attempt": attempt})
-            result = run_step(self.flow, self.graph, act, base, arg, answers, review)
-            result.attempts = attempt
+            ctx = StepContext(
+                self.flow, act, PROCESS, attempt, Answers(list(answers or ()), review=review)
+            )
+            result = run_step(self.flow, self.graph, ctx, base, arg)
             # What retried attempts spent counts too: the step's usage is all its attempts'.
             result.usage = spent = usage.joined(spent, result.usage)
             if lifecycle.decide(result, spec, self.settings) is not Outcome.RETRY:
