@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import threading
 from collections.abc import Iterator
@@ -38,6 +37,8 @@ from runner.flow.rates import Rate, check_name, parse_limits, parse_rate
 from runner.settings import RunnerSettings
 from runner.store import scripts
 from runner.store.keys import Keys
+
+from .services import services
 
 log = logging.getLogger("runner.worker")
 
@@ -138,7 +139,7 @@ class Gate:
         self._renew = client.register_script(scripts.RENEW_SLOTS)
         self._held: dict[tuple[str, str], None] = {}
         self._lock = threading.Lock()
-        self._pid = 0
+        self._thread: threading.Thread | None = None
 
     def admit(self, limits: Limits, token: str, member: str) -> Waiting | None:
         """Take ``limits`` for the attempt ``token`` of ``member`` (``run|step``), or say how
@@ -198,12 +199,13 @@ class Gate:
             )
 
     def _keep_renewing(self) -> None:
-        # One thread per process, started on first use (a pool child starts its own).
+        # One thread per gate, started on first use (a forked pool child has gates and
+        # threads of its own: :func:`gate_of`).
         with self._lock:
-            if self._pid == os.getpid():
+            if self._thread is not None:
                 return
-            self._pid = os.getpid()
-        threading.Thread(target=self._renewing, name="limit-slots", daemon=True).start()
+            self._thread = threading.Thread(target=self._renewing, name="limit-slots", daemon=True)
+        self._thread.start()
 
     def _renewing(self) -> None:
         stop = threading.Event()
@@ -214,15 +216,11 @@ class Gate:
                 log.warning("could not renew concurrency slots: %s", exc)
 
 
-_gates: dict[tuple[int, str], Gate] = {}
-
-
 def gate_of(client: redis.Redis, keys: Keys, lease_seconds: float) -> Gate:
-    """This process's gate on ``client`` and ``keys``."""
-    found = _gates.get((id(client), keys.prefix))
-    if found is None:
-        found = _gates[(id(client), keys.prefix)] = Gate(client, keys, lease_seconds)
-    return found
+    """This process's gate on ``client`` and ``keys`` (a forked child makes its own)."""
+    return services().one(
+        (Gate, id(client), keys.prefix), lambda: Gate(client, keys, lease_seconds)
+    )
 
 
 @contextmanager

@@ -28,7 +28,6 @@ import hashlib
 import heapq
 import itertools
 import json
-import os
 import threading
 import time
 import weakref
@@ -108,6 +107,10 @@ _NEW_RUN = ("name", "parent_run_id", "parent_checkpoint_id", "branch")
 """Metadata set when a commit creates the run besides the script's (run_id, created_at)."""
 
 
+_live: weakref.WeakSet[RedisProvider] = weakref.WeakSet()
+"""Every provider of this process (:meth:`RedisProvider.live`)."""
+
+
 class RedisProvider(PendingFeedbackStore):
     """Checkpoint store on Redis or Redis Cluster; see :class:`~runner.store.base.CoordinatedStore`.
 
@@ -158,12 +161,9 @@ class RedisProvider(PendingFeedbackStore):
         self._take_over = client.register_script(scripts.TAKE_OVER)
         self._release = client.register_script(scripts.RELEASE)
         self._upgrade = client.register_script(scripts.UPGRADE_RUN)
-        # A forked child (a Celery pool process) gets a pool of its own: the parent's may be
-        # locked by one of its threads at the fork, and redis-py then waits for ever.
-        own = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _fresh_pool(own()))
         self._bases: OrderedDict[str, _Base] = OrderedDict()
         self._bases_lock = threading.Lock()
+        _live.add(self)  # reset in a forked child: :meth:`after_fork`
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -395,6 +395,19 @@ class RedisProvider(PendingFeedbackStore):
     def close(self) -> None:
         """Close the connection pool."""
         self.client.close()
+
+    @classmethod
+    def live(cls) -> list[RedisProvider]:
+        """The providers of this process not yet garbage-collected."""
+        return list(_live)
+
+    def after_fork(self) -> None:
+        """Make this provider a forked child's own (a Celery pool process): a new connection
+        pool and a fresh lock, as the parent's may be held by one of its threads at the fork
+        (redis-py would then wait for ever). The process's one at-fork hook calls it
+        (:mod:`runner.distributed.services`) for every live provider."""
+        self._bases_lock = threading.Lock()
+        _fresh_pool(self)
 
     # -- coordination: dispatch markers, leases, locks, stop notices --------------------------
 
@@ -947,11 +960,9 @@ class _StopNotices:
         return data.decode() if isinstance(data, bytes) else str(data)
 
 
-def _fresh_pool(provider: RedisProvider | None) -> None:
+def _fresh_pool(provider: RedisProvider) -> None:
     """Give ``provider``'s client a new connection pool with the same settings (in a
     forked child; a cluster client's nodes are left as they are)."""
-    if provider is None:
-        return
     pool = getattr(provider.client, "connection_pool", None)
     if pool is None:
         return
