@@ -24,7 +24,6 @@ from runner import ids
 from runner.distributed import broker, handoff, limits
 from runner.distributed.coord import Coordinator, attempt_token
 from runner.distributed.services import services
-from runner.store.keys import Keys
 from runner.store.models import Checkpoint
 from runner.store.redis import RedisProvider
 

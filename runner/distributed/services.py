@@ -71,7 +71,7 @@ class Services:
                 found = self.made.get(key)
                 if found is None:
                     found = self.made[key] = make()
-        return found  # type: ignore[no-any-return]
+        return found
 
     def adopt(self, part: ForkAware) -> None:
         """Have ``part.after_fork()`` called in every child forked from now (held weakly)."""
