@@ -35,26 +35,70 @@ class Routed:
     label: str | None
 
 
+@dataclass(frozen=True)
+class Returned:
+    """The method returned: what the state became and its output (JSON); a router's label;
+    the JSON of the ``HumanFeedbackResult`` a reviewed method came to. (Whether it is done
+    or started a child run, :func:`runner.flow.lifecycle.decide` tells from the output.)"""
+
+    new_state: dict[str, Any]
+    output: Any
+    label: str | None = None
+    review: Any = None
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The method waits for a person's answer (:class:`~runner.errors.AwaitInput`): the
+    run pauses with the state so far and what it waits for."""
+
+    new_state: dict[str, Any]
+    awaiting: Any
+    """The :class:`runner.store.models.Awaiting` the step paused on."""
+
+    @property
+    def reason(self) -> str:
+        """Why the run paused: the question."""
+        return str(self.awaiting.message)
+
+
+@dataclass(frozen=True)
+class Halted:
+    """The method paused the run (``self.pause(reason)``); its state changes are dropped
+    and it runs again on resume."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Slept:
+    """The method stopped at a durable sleep (on workers): the state so far is committed
+    with the wake-up time."""
+
+    new_state: dict[str, Any]
+    sleep: SleepRun
+
+
+@dataclass(frozen=True)
+class Raised:
+    """The method raised ``error`` (or its output or state is not JSON)."""
+
+    error: BaseException
+
+
+Ending = Returned | Asked | Halted | Slept | Raised
+"""How an attempt of a step ended: one of these variants, each with what that end has."""
+
+
 @dataclass
 class StepResult:
-    """What one attempt of a step produced."""
+    """What one attempt of a step produced: how it ended and what every attempt has."""
 
     activation: Activation
     base_state: dict[str, Any]
-    new_state: dict[str, Any] | None = None
-    output: Any = None
-    label: str | None = None
-    error: BaseException | None = None
-    paused: str | None = None
-    """The reason, when the step paused the run."""
-    awaiting: Any = None
-    """The :class:`runner.store.models.Awaiting` the step paused on (a person's answer)."""
-    sleep: SleepRun | None = None
-    """The durable sleep the step stopped at (on workers)."""
+    end: Ending
     duration: float = 0.0
     attempts: int = 1
-    review: Any = None
-    """The JSON of the ``HumanFeedbackResult`` a reviewed step came to."""
     usage: UsageMetrics | None = None
     """What the attempt's LLM calls spent (:mod:`runner.flow.usage`), if it recorded any."""
 
@@ -65,11 +109,27 @@ def run_step(
     """Run ``ctx``'s activation's method once on a fresh copy of ``base_state``, with ``ctx``
     as the running step's context (:mod:`runner.flow.context`): where it runs, which
     attempt, the answers people gave it and the sleeps earlier attempts recorded."""
+    began = time.perf_counter()
+    metering = usage.start_meter()
+    try:
+        end = _ending(flow, graph, ctx, base_state, arg)
+    finally:
+        spent = usage.stop_meter(metering)
+    return StepResult(
+        ctx.activation,
+        base_state,
+        end,
+        duration=time.perf_counter() - began,
+        attempts=ctx.attempt,
+        usage=spent,
+    )
+
+
+def _ending(
+    flow: Any, graph: FlowGraph, ctx: StepContext, base_state: dict[str, Any], arg: Any
+) -> Ending:
     activation = ctx.activation
     spec = graph.methods[activation.method]
-    began = time.perf_counter()
-    result = StepResult(activation, base_state, attempts=ctx.attempt)
-    metering = usage.start_meter()
     try:
         with running(ctx):
             # A private copy (no list or dict shared with ``base_state``): changes a parallel
@@ -84,29 +144,24 @@ def run_step(
             )
             if inspect.isawaitable(value):
                 value = run_awaitable(value)
+        label = None
         if isinstance(value, Routed):  # a router whose output is not its label
-            result.label, value = value.label, value.output
+            label, value = value.label, value.output
         elif spec.is_router:
-            result.label = route_label(value)
-        result.output = to_json(value, activation.method)
-        if ctx.answers.reviewed is not None:
-            result.review = to_json(ctx.answers.reviewed, activation.method)
-        result.new_state = flow._dump_state(state_obj)
+            label = route_label(value)
+        output = to_json(value, activation.method)
+        reviewed = ctx.answers.reviewed
+        review = None if reviewed is None else to_json(reviewed, activation.method)
+        return Returned(flow._dump_state(state_obj), output, label, review)
     except AwaitInput as waiting:
-        result.paused = waiting.message
-        result.awaiting = waiting.awaiting
-        result.new_state = flow._dump_state(ctx.state)  # the state so far, kept while it waits
+        # The state so far, kept while it waits.
+        return Asked(flow._dump_state(ctx.state), waiting.awaiting)
     except PauseRun as pause:
-        result.paused = pause.message
+        return Halted(pause.message)
     except SleepRun as sleep:
-        result.sleep = sleep
-        result.new_state = flow._dump_state(ctx.state)  # the state so far, committed with it
+        return Slept(flow._dump_state(ctx.state), sleep)  # the state so far, committed with it
     except Exception as exc:
-        result.error = exc
-    finally:
-        result.usage = usage.stop_meter(metering)
-        result.duration = time.perf_counter() - began
-    return result
+        return Raised(exc)
 
 
 def json_copy(value: Any) -> Any:

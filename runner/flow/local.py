@@ -31,7 +31,7 @@ from runner.flow import human_feedback as reviewing
 from runner.flow import lifecycle, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
-from runner.flow.attempt import StepResult, run_step
+from runner.flow.attempt import Asked, Halted, StepResult, run_step
 from runner.flow.context import PROCESS, Answers, StepContext
 from runner.flow.flow import apply_inputs, set_usage_metrics
 from runner.flow.graph import FlowGraph
@@ -258,9 +258,8 @@ class LocalRun:
         assert settled is not None  # this thread is the run's only committer
         self._advance(settled.transition)
         lifecycle.announce(settled, self.flow._listeners, duration=result.duration)
-        if settled.outcome is Outcome.PAUSED:
-            assert result.paused is not None
-            self.paused = self.paused or Paused(self.run_id, act.method, result.paused)
+        if settled.outcome is Outcome.PAUSED and isinstance(result.end, Asked | Halted):
+            self.paused = self.paused or Paused(self.run_id, act.method, result.end.reason)
             return []
         if settled.outcome is Outcome.FAILED:
             self.failure = self.failure or settled
