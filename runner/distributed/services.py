@@ -10,8 +10,9 @@ So everything per process is here, in :func:`services`, and one
 ``os.register_at_fork(after_in_child=...)`` hook (:meth:`Services.after_fork`) makes a
 child's own:
 
-* what this process made on demand (:meth:`Services.one`: the let-go thread, the sender
-  token, limit gates, broker clients) is forgotten: the child makes its own on first use;
+* what this process made on demand (:meth:`Services.one`: the let-go thread and its
+  leases, the sender token, limit gates and their slots, broker clients, where state
+  copies go, what the outbox said) is forgotten: the child makes its own on first use;
 * each object adopted with :meth:`Services.adopt` (a coordinator's heartbeats, the broker
   checks) gets fresh locks, forgets its parent's work and starts its thread again on
   first use;
