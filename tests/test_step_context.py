@@ -14,7 +14,8 @@ import pytest
 from runner import Flow, FlowState, listen, start
 from runner.distributed.client import submit
 from runner.errors import IgnoredOptionWarning
-from runner.flow.context import step_context
+from runner.flow.context import WORKER, StepContext, running, step_context
+from runner.flow.orchestrator import Activation
 from tests.flows.step_context import WhereFlow
 
 
@@ -85,3 +86,20 @@ def test_kickoff_of_a_flow_with_only_options_it_honours_warns_nothing() -> None:
         warnings.simplefilter("error")
         flow = WhereFlow()  # retries are honoured in process
         assert flow.kickoff(inputs={"id": str(uuid.uuid4())}) == "process:2 then process:1"
+
+
+class Napper(Flow[Controlled]):
+    @start()
+    def nap(self) -> str:
+        self.sleep(0.01)  # in process: a plain sleep, whatever runs around the kickoff
+        ctx = step_context()
+        assert ctx is not None
+        return ctx.executor
+
+
+def test_a_run_kicked_off_inside_a_step_on_a_worker_runs_its_own_steps_in_process() -> None:
+    outer = WhereFlow()
+    on_a_worker = StepContext(outer, Activation("where#1", "where", 1, None), WORKER)
+    with running(on_a_worker):
+        assert Napper().kickoff() == "process"
+        assert step_context() is on_a_worker  # the outer step's context again after it
