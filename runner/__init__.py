@@ -11,6 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# Installs the process's one at-fork hook (runner.distributed.services), which makes a
+# forked child's locks, threads and Redis pools its own; it imports no more than the ids.
+from runner.distributed import services as _at_fork  # noqa: F401
 from runner.flow.executors import EXECUTORS
 
 if TYPE_CHECKING:

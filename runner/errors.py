@@ -65,6 +65,13 @@ class DefinitionWarning(UserWarning):
     no router returns (it never runs). ``Flow(strict=True)`` makes it an error."""
 
 
+class IgnoredOptionWarning(DefinitionWarning):
+    """A step option the executor running it does not honour: ``kickoff()`` runs a flow in
+    this process, where ``time_limit``, ``rate_limit``, ``concurrency``, ``limits``,
+    ``queue`` and ``priority`` (honoured on Celery workers) do nothing. Given once per flow
+    class and option."""
+
+
 class FlowImportError(DefinitionError):
     """A ``pkg.mod:Flow`` path does not import, or is outside the allow-list."""
 

@@ -29,6 +29,7 @@ from runner.settings import RunnerSettings, get_settings
 from runner.store import connection
 
 from . import broker, routing
+from .services import services
 
 REQUIRED: dict[str, Any] = {
     "task_serializer": "json",
@@ -107,18 +108,15 @@ def _result_backend(url: str, broker_url: str | None) -> str | None:
     return broker_url if broker_url and broker_url.startswith(("redis", "rediss")) else None
 
 
-_app: Celery | None = None
-
-
 def get_app() -> Celery:
-    """The process-wide producer app (workers install theirs with :func:`set_app`)."""
-    global _app
-    if _app is None:
-        _app = make_app()
-    return _app
+    """The process-wide producer app (workers install theirs with :func:`set_app`), kept
+    in the process's services."""
+    own = services()
+    if own.app is None:
+        own.app = make_app()
+    return own.app
 
 
 def set_app(app: Celery | None) -> None:
     """Make ``app`` the one :func:`get_app` returns (``None`` forgets it)."""
-    global _app
-    _app = app
+    services().app = app

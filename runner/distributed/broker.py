@@ -66,11 +66,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,6 +87,8 @@ from runner.errors import RunnerError
 from runner.flow.rates import PRIORITIES
 from runner.store import connection
 from runner.store.base import OUTBOX_COMMANDS, OutboxCommand
+
+from .services import services
 
 log = logging.getLogger("runner.broker")
 
@@ -137,9 +137,12 @@ class Checks:
     def __init__(self) -> None:
         self.found: dict[str, str | None] = {}
         self.lock = threading.RLock()
-        own = weakref.ref(self)
-        # A pool child forked while another thread checks must not inherit a held lock.
-        os.register_at_fork(after_in_child=lambda: _fresh_lock(own()))
+        services().adopt(self)
+
+    def after_fork(self) -> None:
+        """A pool child forked while another thread checks must not inherit a held lock
+        (the verdicts it inherits stand)."""
+        self.lock = threading.RLock()
 
     def ready(self, capability: str, probe: Callable[[], str | None]) -> bool:
         """Whether ``capability`` is as expected, running ``probe`` (``None``: as expected,
@@ -180,11 +183,6 @@ class Checks:
             what,
             FALLBACKS[capability],
         )
-
-
-def _fresh_lock(checks: Checks | None) -> None:
-    if checks is not None:
-        checks.lock = threading.RLock()
 
 
 checks = Checks()
@@ -604,17 +602,17 @@ class BrokerView:
             return None
 
 
-_broker_clients: dict[str, redis.Redis] = {}
-
-
 def broker_client(app: Celery) -> redis.Redis:
-    """A plain client on ``app``'s Redis broker (one per URL and process); on a Sentinel
-    group's current primary for kombu's ``sentinel://`` form."""
+    """A plain client on ``app``'s Redis broker (one per URL and process: a forked child
+    makes its own); on a Sentinel group's current primary for kombu's ``sentinel://`` form."""
     url = str(app.conf.get(connection.BROKER_REDIS_URL) or app.conf.broker_url)
-    client = _broker_clients.get(url)
-    if client is None:
-        client = _broker_clients[url] = connection.client(url)  # TLS and ACL as configured
+    # TLS and ACL as configured
+    client: redis.Redis = services().one((BROKER_CLIENT, url), lambda: connection.client(url))
     return client
+
+
+BROKER_CLIENT = "broker.client"
+"""The key of this process's clients on a Redis broker in its services (with the URL)."""
 
 
 def queue_of(app: Celery, name: str, default: str) -> str:

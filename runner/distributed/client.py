@@ -48,24 +48,24 @@ from .engine import (
     ended,
     first_checkpoint,
 )
-
-_runtime: Runtime | None = None
+from .services import services
 
 
 def runtime() -> Runtime:
-    """The process-wide producer runtime (app + store) from the settings."""
-    global _runtime
-    if _runtime is None:
+    """The process-wide producer runtime (app + store) from the settings, kept in the
+    process's services."""
+    own = services()
+    if own.runtime is None:
         from .app import get_app
 
-        _runtime = Runtime.create(get_app())
-    return _runtime
+        own.runtime = Runtime.create(get_app())
+    found: Runtime = own.runtime
+    return found
 
 
 def set_runtime(rt: Runtime | None) -> None:
     """Use ``rt`` for submits in this process (tests, embedded demo)."""
-    global _runtime
-    _runtime = rt
+    services().runtime = rt
 
 
 def check_importable(flow_cls: Any) -> None:

@@ -39,7 +39,8 @@ from runner.errors import DefinitionError, InvalidInputs
 from runner.flow import human_feedback as reviewing
 from runner.flow import input_provider as asking
 from runner.flow import usage
-from runner.flow.attempt import current_activation, current_sleeps, current_state, json_copy
+from runner.flow.attempt import json_copy
+from runner.flow.context import step_context, warn_unhonoured
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph, compile_graph, unknown_trigger
@@ -132,8 +133,8 @@ class Flow(Generic[StateT]):
     @property
     def state(self) -> StateT:
         """The state: inside a running method its own copy, else the flow's."""
-        step_state = current_state.get(None)
-        return step_state if step_state is not None else self._state
+        ctx = step_context()
+        return ctx.state if ctx is not None and ctx.state is not None else self._state
 
     @property
     def _state(self) -> Any:
@@ -271,8 +272,8 @@ class Flow(Generic[StateT]):
         ``runner.record_usage`` recorded. Inside a running step it includes what that step
         recorded so far. On workers a run's sums are in its checkpoints (``meta.usage``)."""
         spent = self._usage.model_copy()
-        running = current_activation.get()
-        live = usage.running_spend() if running is not None and running[0] is self else None
+        ctx = step_context()
+        live = usage.running_spend() if ctx is not None and ctx.runs(self) else None
         if live is not None:
             spent.add_usage_metrics(live)
         return spent
@@ -327,9 +328,10 @@ class Flow(Generic[StateT]):
 
         if not seconds >= 0:
             raise ValueError(f"sleep takes seconds >= 0, not {seconds!r}")
-        sleeps = current_sleeps.get()
-        if sleeps is None:
+        ctx = step_context()
+        if ctx is None or not ctx.on_worker:
             return time.time() + seconds
+        sleeps = ctx.sleeps
         index = sleeps.calls
         sleeps.calls += 1
         if index < len(sleeps.recorded):
@@ -412,6 +414,7 @@ class Flow(Generic[StateT]):
         reviewing.check_still_pending(self._sink().store, paused)
         if self._persistence is not None and getattr(self._persistence, "store", None) is None:
             self._persistence.clear_pending_feedback(paused.run_id)  # a CrewAI-style backend
+        warn_unhonoured(type(self), self.graph(), stacklevel=4)
         self._method_outputs = []
         self._usage = UsageMetrics()
         self._transient = not self._sink().persists
@@ -480,6 +483,7 @@ class Flow(Generic[StateT]):
         self._pending_restore = None
         inputs = dict(inputs or {})
         bind_trigger_payload(self, inputs)
+        warn_unhonoured(type(self), self.graph())
         self._method_outputs = []
         self._usage = UsageMetrics()
         self._transient = restore is None and not self._sink().persists

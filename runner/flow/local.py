@@ -33,7 +33,8 @@ from runner.flow import human_feedback as reviewing
 from runner.flow import lifecycle, plans, results, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
-from runner.flow.attempt import StepResult, run_step
+from runner.flow.attempt import Asked, Halted, StepResult, run_step
+from runner.flow.context import PROCESS, Answers, StepContext
 from runner.flow.flow import apply_inputs, set_usage_metrics
 from runner.flow.graph import FlowGraph
 from runner.flow.lifecycle import Outcome
@@ -247,8 +248,10 @@ class LocalRun:
         attempt, spent = 1, None
         while True:
             self._emit(ev.METHOD_STARTED, method=act.method, data={"attempt": attempt})
-            result = run_step(self.flow, self.graph, act, base, arg, answers, review)
-            result.attempts = attempt
+            ctx = StepContext(
+                self.flow, act, PROCESS, attempt, Answers(list(answers or ()), review=review)
+            )
+            result = run_step(self.flow, self.graph, ctx, base, arg)
             # What retried attempts spent counts too: the step's usage is all its attempts'.
             result.usage = spent = usage.joined(spent, result.usage)
             if lifecycle.decide(result, spec, self.settings) is not Outcome.RETRY:
@@ -274,9 +277,8 @@ class LocalRun:
         assert settled is not None  # this thread is the run's only committer
         self._advance(settled.transition)
         lifecycle.announce(settled, self.flow._listeners, duration=result.duration)
-        if settled.outcome is Outcome.PAUSED:
-            assert result.paused is not None
-            self.paused = self.paused or Paused(self.run_id, act.method, result.paused)
+        if settled.outcome is Outcome.PAUSED and isinstance(result.end, Asked | Halted):
+            self.paused = self.paused or Paused(self.run_id, act.method, result.end.reason)
             return []
         if settled.outcome is Outcome.FAILED:
             self.failure = self.failure or settled

@@ -30,7 +30,6 @@ import hashlib
 import heapq
 import itertools
 import json
-import os
 import threading
 import time
 import weakref
@@ -110,6 +109,10 @@ _NEW_RUN = ("name", "parent_run_id", "parent_checkpoint_id", "branch")
 """Metadata set when a commit creates the run besides the script's (run_id, created_at)."""
 
 
+_live: weakref.WeakSet[RedisProvider] = weakref.WeakSet()
+"""Every provider of this process (:meth:`RedisProvider.live`)."""
+
+
 class RedisProvider(DeploymentRecords, PendingFeedbackStore):
     """Checkpoint store on Redis or Redis Cluster; see :class:`~runner.store.base.CoordinatedStore`.
 
@@ -160,12 +163,9 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         self._take_over = client.register_script(scripts.TAKE_OVER)
         self._release = client.register_script(scripts.RELEASE)
         self._upgrade = client.register_script(scripts.UPGRADE_RUN)
-        # A forked child (a Celery pool process) gets a pool of its own: the parent's may be
-        # locked by one of its threads at the fork, and redis-py then waits for ever.
-        own = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _fresh_pool(own()))
         self._bases: OrderedDict[str, _Base] = OrderedDict()
         self._bases_lock = threading.Lock()
+        _live.add(self)  # reset in a forked child: :meth:`after_fork`
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -420,6 +420,19 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
     def close(self) -> None:
         """Close the connection pool."""
         self.client.close()
+
+    @classmethod
+    def live(cls) -> list[RedisProvider]:
+        """The providers of this process not yet garbage-collected."""
+        return list(_live)
+
+    def after_fork(self) -> None:
+        """Make this provider a forked child's own (a Celery pool process): a new connection
+        pool and a fresh lock, as the parent's may be held by one of its threads at the fork
+        (redis-py would then wait for ever). The process's one at-fork hook calls it
+        (:mod:`runner.distributed.services`) for every live provider."""
+        self._bases_lock = threading.Lock()
+        _fresh_pool(self)
 
     # -- coordination: dispatch markers, leases, locks, stop notices --------------------------
 
@@ -962,7 +975,6 @@ class _StopNotices:
         return data.decode() if isinstance(data, bytes) else str(data)
 
 
-def _fresh_pool(provider: RedisProvider | None) -> None:
+def _fresh_pool(provider: RedisProvider) -> None:
     """Give ``provider``'s client a new connection pool (in a forked child)."""
-    if provider is not None:
-        pools.fresh_pool(provider.client)
+    pools.fresh_pool(provider.client)
