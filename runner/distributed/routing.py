@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.flow.rates import DEFAULT_PRIORITY, check_name, parse_limits
 from runner.settings import RunnerSettings
+from runner.store import roster
 from runner.store.keys import Keys
 
 if TYPE_CHECKING:
@@ -109,13 +110,23 @@ def step_priority(app: Celery, task: str, run_priority: int | None) -> int:
 # --- who consumes what ----------------------------------------------------------------------
 
 
-def announce(client: redis.Redis, keys: Keys, queues: list[str], worker: str, ttl: float) -> None:
-    """Say that ``worker`` consumes ``queues`` for the next ``ttl`` seconds."""
+def announce(
+    client: redis.Redis,
+    keys: Keys,
+    queues: list[str],
+    worker: str,
+    ttl: float,
+    about: dict[str, Any] | None = None,
+) -> None:
+    """Say that ``worker`` consumes ``queues`` for the next ``ttl`` seconds (and, with
+    ``about``, write its record in the workers' roster: :mod:`runner.store.roster`)."""
     until = time.time() + ttl
     pipe = client.pipeline(transaction=False)
     for queue in queues:
         pipe.zadd(keys.consumers(queue), {worker: until})
         pipe.expire(keys.consumers(queue), max(1, int(ttl * 4)))
+    if about is not None:
+        roster.write(pipe, keys, worker, {**about, "queues": queues}, ttl)
     pipe.execute()
 
 
@@ -124,6 +135,7 @@ def retire(client: redis.Redis, keys: Keys, queues: list[str], worker: str) -> N
     pipe = client.pipeline(transaction=False)
     for queue in queues:
         pipe.zrem(keys.consumers(queue), worker)
+    roster.remove(pipe, keys, worker)
     pipe.execute()
 
 
@@ -136,6 +148,28 @@ def live_consumers(client: redis.Redis, keys: Keys, queue: str) -> list[str]:
 def unconsumed(client: redis.Redis, keys: Keys, settings: RunnerSettings, name: str | None) -> bool:
     """Whether the queue ``name`` (a method's ``queue=``) has no live consumer."""
     return not live_consumers(client, keys, queue_name(settings, name))
+
+
+def about_this_worker(app: Celery) -> dict[str, Any]:
+    """What a worker says of itself in the roster beside its queues: the queues its flows
+    route to (so a queue no worker consumes is still known), its pid and versions."""
+    import os
+    import socket
+    from importlib import metadata
+
+    import celery
+
+    try:
+        version = metadata.version("celery-flows")
+    except metadata.PackageNotFoundError:  # a checkout that was never installed
+        version = "unknown"
+    return {
+        "routes": sorted(set(routes_of(app).queues.values())),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "runner": version,
+        "celery": celery.__version__,
+    }
 
 
 def serve(app: Celery, client: redis.Redis, keys: Keys, settings: RunnerSettings) -> list[str]:
@@ -157,18 +191,22 @@ def serve(app: Celery, client: redis.Redis, keys: Keys, settings: RunnerSettings
     stop = threading.Event()
     ttl = max(3 * settings.recovery_interval, 2.0)
 
-    def announcing(worker: str, mine: list[str]) -> None:
+    def announcing(worker: str, mine: list[str], about: dict[str, Any]) -> None:
         while not stop.wait(settings.recovery_interval):
             try:
-                announce(client, keys, mine, worker, ttl)
+                announce(client, keys, mine, worker, ttl, about)
             except Exception as exc:  # Redis away: the word lapses, said again on return
                 log.debug("could not announce the queues of %s: %s", worker, exc)
 
     def ready(sender: Any = None, **_: Any) -> None:
         worker = str(getattr(sender, "hostname", "") or "worker")
         mine = sorted(str(q) for q in app.amqp.queues.consume_from)
-        announce(client, keys, mine, worker, ttl)
-        threading.Thread(target=announcing, args=(worker, mine), name="queues", daemon=True).start()
+        about = about_this_worker(app)
+        announce(client, keys, mine, worker, ttl, about)
+        roster.forget_dead(client, keys)
+        threading.Thread(
+            target=announcing, args=(worker, mine, about), name="queues", daemon=True
+        ).start()
 
         def shutdown(**_: Any) -> None:
             stop.set()

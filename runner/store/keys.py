@@ -33,6 +33,7 @@ key                        type    holds
 ``P:{flow}:limit-specs``   hash    limit ``L`` -> ``rate:5/s`` or ``concurrency:2``
 ``P:{flow}:waiting:<L>``   zset    ``run|step`` deferred by ``L``, scored by when it may go
 ``P:{flow}:queue:<Q>``     zset    workers consuming queue ``Q``, scored by when that lapses
+``P:{flow}:workers``       hash    worker name -> what it said of itself last (JSON, roster)
 =========================  ======  ===========================================================
 
 On a single Redis (``shards=0``) the tag ``{T}`` is the run id (``P:{R}:meta``) and the
@@ -161,6 +162,10 @@ class Keys:
     def consumers(self, queue: str) -> str:
         """Workers consuming ``queue``, scored by when that lapses unless renewed."""
         return f"{self.prefix}:{{flow}}:queue:{queue}"
+
+    def workers(self) -> str:
+        """Worker name -> its last word on itself: queues, routes, versions, when (JSON)."""
+        return f"{self.prefix}:{{flow}}:workers"
 
     # -- time: run timers, one hash tag for all (read by the recovery pass) -------------------
 
