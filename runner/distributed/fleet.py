@@ -300,9 +300,16 @@ def _ask(app: Celery, timeout: float, expected: int) -> dict[str, dict[str, Any]
 
 
 def _pool_name(implementation: Any) -> str | None:
-    # Celery names it "celery.concurrency.prefork:TaskPool"; the -P option says "prefork".
+    """Celery's ``-P`` name of the pool class it reports (``celery.concurrency.thread:TaskPool``
+    is ``threads``)."""
     if not implementation:
         return None
+    import celery.concurrency
+
+    aliases = getattr(celery.concurrency, "ALIASES", {})  # name -> "module:Class", no import
+    named = [name for name, path in aliases.items() if path == str(implementation)]
+    if named:
+        return str(named[0])  # in Celery's order: prefork before its alias processes
     module = str(implementation).partition(":")[0]
     return module.rpartition(".")[2] or module
 
