@@ -61,7 +61,9 @@ DEFAULT_TIMEOUT = 1.0
 RABBITMQ_AGE = (
     "not measured on RabbitMQ: AMQP shows a queued message only by taking it off the queue"
 )
-REDIS_AGE = "the sent_at header of the next message of each of the queue's lists"
+REDIS_AGE = (
+    "from the sent_at header of the message next in line in each of the queue's priority lists"
+)
 
 
 # --- the sent time of every message ----------------------------------------------------------
