@@ -204,10 +204,11 @@ def backlog(
             consumers.setdefault(queue, []).append(worker.name)
     ordered = sorted(known, key=lambda q: (q != settings.queue, q))
     depths = _read_depths(app, ordered, now)
-    return [
-        QueueView(q, _label(settings, q), *depths.get(q, (None, None)), consumers.get(q, []))
-        for q in ordered
-    ]
+    views = []
+    for q in ordered:
+        depth, oldest = depths.get(q, (None, None))
+        views.append(QueueView(q, _label(settings, q), depth, oldest, consumers.get(q, [])))
+    return views
 
 
 def backlog_reader(rt: Runtime) -> Callable[[], list[tuple[str, int, float | None]]]:
