@@ -283,3 +283,10 @@ def test_on_rabbitmq_depth_is_the_broker_count_and_age_is_not_measured(
             with Connection(AMQP) as conn:
                 for name in (queue, f"{queue}.overnight"):
                     conn.default_channel.queue_delete(name)
+
+
+def test_a_bad_timeout_is_one_line_and_exit_2(worker_env: dict[str, str]) -> None:
+    done = runner_cli(worker_env, "workers", "--timeout", "0")
+    assert done.returncode == 2
+    assert done.stderr == "error: --timeout must be more than 0 seconds\n"
+    assert done.stdout == ""
