@@ -22,6 +22,7 @@ import pytest
 from kombu import Connection
 from prometheus_client.parser import text_string_to_metric_families
 
+from runner.distributed import broker
 from runner.distributed.client import RunHandle, submit
 from runner.distributed.engine import Runtime
 from runner.store.models import RunStatus
@@ -290,3 +291,30 @@ def test_a_bad_timeout_is_one_line_and_exit_2(worker_env: dict[str, str]) -> Non
     assert done.returncode == 2
     assert done.stderr == "error: --timeout must be more than 0 seconds\n"
     assert done.stdout == ""
+
+
+def test_a_worker_too_busy_to_answer_is_listed_from_its_heartbeat(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    # A solo pool runs the step in the worker's own thread: Celery's remote control cannot
+    # answer until it ends, but the worker's heartbeat (a thread of its own) goes on.
+    with private_pool(worker_env, str(tmp_path)) as (pool, rt, env):
+        pool.start(concurrency=1, pool="solo")
+        [solo] = pool.workers
+        handle = submit(DozeFlow, {"seconds": 8}, rt=rt)
+        # The worker took the message (prefetch 1: to run it), and is in the step.
+        eventually(lambda: broker.queue_length(rt.app, env["RUNNER_QUEUE"]) == 0)
+        time.sleep(1.0)
+        found = workers_json(env)
+        [worker] = found["workers"]
+        assert worker["name"] == solo.name and worker["answered"] is False
+        assert (worker["busy"], worker["pool"]) == (None, None)
+        assert worker["queues"] == [env["RUNNER_QUEUE"]]  # from its own word in Redis
+        assert worker["heartbeat_age"] < 3
+        shown = runner_cli(env, "workers", "--timeout", "0.5")
+        row = next(line for line in shown.stdout.splitlines() if line.startswith(solo.name))
+        assert "no answer" in row and "default" in row
+        assert handle.wait(timeout=30) is RunStatus.SUCCEEDED
+        # Idle again, it answers.
+        [worker] = workers_json(env)["workers"]
+        assert (worker["answered"], worker["pool"], worker["busy"]) == (True, "solo", 0)
