@@ -29,10 +29,12 @@ $(STAMP): pyproject.toml
 test: venv
 	$(BIN)/pytest -q
 
-# The broker conformance suite (pytest -m broker) on the newest kombu and Celery, past
-# pyproject's upper bounds: runner/distributed/broker.py uses their internals, so run this
-# before raising a bound. A virtualenv of its own, so .venv keeps the tested versions. When a
-# newer minor exists, pip reports that it conflicts with those bounds: that is the point.
+# The broker conformance suite (pytest -m broker) on the newest kombu and Celery, and the
+# tests of redis-py's pool internals (pytest -m redis_internals) on the newest redis-py, past
+# pyproject's upper bounds: runner/distributed/broker.py and runner/store/pools.py use their
+# internals, so run this before raising a bound. A virtualenv of its own, so .venv keeps the
+# tested versions. When a newer minor exists, pip reports that it conflicts with those
+# bounds: that is the point.
 LATEST := .venv-latest
 
 test-latest:
@@ -41,10 +43,11 @@ test-latest:
 		echo "creating $(LATEST) with $(BASE_PYTHON)"; $(BASE_PYTHON) -m venv $(LATEST); \
 	fi
 	$(LATEST)/bin/python -m pip install -q -e '.[dev]'
-	$(LATEST)/bin/python -m pip install -q --upgrade kombu 'celery[redis]'
-	@$(LATEST)/bin/python -c 'import celery, kombu; \
-		print(f"broker conformance suite on kombu {kombu.__version__}, celery {celery.__version__}")'
-	$(LATEST)/bin/pytest -q -m broker
+	$(LATEST)/bin/python -m pip install -q --upgrade kombu 'celery[redis]' 'redis[hiredis]'
+	@$(LATEST)/bin/python -c 'import celery, kombu, redis; \
+		print(f"broker and redis-internals suites on kombu {kombu.__version__}, " \
+		f"celery {celery.__version__}, redis-py {redis.__version__}")'
+	$(LATEST)/bin/pytest -q -m 'broker or redis_internals'
 
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)

@@ -21,12 +21,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 
 from runner.embedded import EmbeddedRedis, mask_url, ping
 from runner.errors import StoreUnavailable
+from runner.store.redis import RedisProvider
 
 BENCH_DB = 13
 """Default Redis DB number of the benchmarks (kept apart from the application's DB 0)."""
@@ -122,6 +124,16 @@ def scan_prefix(client: redis.Redis, prefix: str, count: int = 1000) -> Iterator
 def count_keys(client: redis.Redis, prefix: str) -> int:
     """How many keys start with ``prefix``."""
     return sum(1 for _ in scan_prefix(client, prefix))
+
+
+def raw_client(rt: Any) -> redis.Redis:
+    """The redis-py client under a runtime's store: a benchmark reads and cleans Redis
+    directly, which the runner itself never does outside ``runner/store``."""
+    store = rt.store
+    if not isinstance(store, RedisProvider):
+        raise TypeError(f"a benchmark needs the Redis store, not {type(store).__name__}")
+    client: redis.Redis = store.client
+    return client
 
 
 def delete_prefix(client: redis.Redis, prefix: str, batch: int = 500) -> int:

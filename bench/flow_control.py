@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/flow_control.py`
     sys.path.insert(0, str(ROOT))
 
 from bench._bench_limited import RATE, FreeFlow, LimitedFlow, starts_key  # noqa: E402
-from bench._common import bench_redis, delete_prefix, print_table  # noqa: E402
+from bench._common import bench_redis, delete_prefix, print_table, raw_client  # noqa: E402
 from runner.distributed.app import make_app  # noqa: E402
 from runner.distributed.client import submit  # noqa: E402
 from runner.distributed.engine import Runtime  # noqa: E402
@@ -80,9 +80,9 @@ def run(url: str, args: argparse.Namespace) -> None:
             for handle in runs:
                 if handle.wait(timeout=WAIT) is not RunStatus.SUCCEEDED:
                     raise RuntimeError("a LimitedFlow run did not succeed")
-            starts = sorted(float(s) for s in rt.store.client.lrange(starts_key(batch), 0, -1))
+            starts = sorted(float(s) for s in raw_client(rt).lrange(starts_key(batch), 0, -1))
     finally:
-        with contextlib.closing(rt.store.client) as client:
+        with contextlib.closing(raw_client(rt)) as client:
             delete_prefix(client, prefix)
             delete_prefix(client, f"bench-limits:{batch}:")
             client.delete(queue, f"_kombu.binding.{queue}")

@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/threads.py`: the repo root
 
 from celery import Celery, chain  # noqa: E402
 
-from bench._common import bench_redis, delete_prefix, print_table  # noqa: E402
+from bench._common import bench_redis, delete_prefix, print_table, raw_client  # noqa: E402
 from runner.distributed.app import make_app  # noqa: E402
 from runner.distributed.broker import Layout  # noqa: E402
 from runner.distributed.client import submit  # noqa: E402
@@ -118,7 +118,7 @@ def run(url: str, args: argparse.Namespace) -> None:
                 for name in names[i % len(names) :] + names[: i % len(names)]:
                     times[name].append(cases[name](args.runs))
     finally:
-        with contextlib.closing(rt.store.client) as client:
+        with contextlib.closing(raw_client(rt)) as client:
             delete_prefix(client, prefix)
             delete_prefix(client, "celery-task-meta-")
             for queue in (flow_q, raw_q):  # its lists (one per priority) and binding

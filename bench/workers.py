@@ -54,6 +54,7 @@ from bench._common import (  # noqa: E402
     delete_prefix,
     interleave,
     print_table,
+    raw_client,
     summarize,
 )
 from runner.distributed.app import make_app  # noqa: E402
@@ -169,7 +170,7 @@ def run(url: str, args: argparse.Namespace) -> None:
                 raw_rates.append(raw_throughput(raw, args.tasks))
             flow_tps, raw_tps = statistics.median(flow_rates), statistics.median(raw_rates)
     finally:
-        with contextlib.closing(rt.store.client) as client:
+        with contextlib.closing(raw_client(rt)) as client:
             delete_prefix(client, prefix)
             delete_prefix(client, "celery-task-meta-")
             for queue in (flow_q, kept_q, raw_q):

@@ -233,6 +233,28 @@ class Sink:
         """The latest full checkpoint of ``run_id``, where the sink keeps them."""
         return None
 
+    expected: dict[str, int] | None = None
+    """Run id -> the sequence number its next commit here must follow (see :meth:`follow`)."""
+
+    def follow(self, run_id: str, seq: int) -> None:
+        """Commit ``run_id``'s next checkpoint only if the run is still at ``seq`` in the
+        store, and each one after only on the one before: compare-and-set, as workers
+        commit, so a run another process resumed, answered or cancelled meanwhile raises
+        :class:`~runner.errors.CommitConflict` here instead of being written over."""
+        if self.expected is None:
+            self.expected = {}
+        self.expected[run_id] = seq
+
+    def commit_to(
+        self, store: CheckpointStore, ckpt: Checkpoint, max_checkpoints: int | None = None
+    ) -> Checkpoint:
+        """Commit ``ckpt`` to ``store`` on the sequence :meth:`follow` set for its run (any,
+        for a run not followed: one a method moved to another state id), and follow it."""
+        expected = None if self.expected is None else self.expected.get(ckpt.run_id)
+        written = store.commit(ckpt, expected_seq=expected, max_checkpoints=max_checkpoints)
+        self.follow(written.run_id, written.seq)
+        return written
+
 
 class StoreSink(Sink):
     """Full checkpoints to a store on the selected events."""
@@ -250,7 +272,7 @@ class StoreSink(Sink):
         """Commit ``ckpt`` when its event is one of ours."""
         assert self.store is not None
         if "*" in self.events or ckpt.event in self.events:
-            return self.store.commit(persistable(ckpt), max_checkpoints=self.max_checkpoints)
+            return self.commit_to(self.store, persistable(ckpt), self.max_checkpoints)
         return ckpt
 
     def load_state(self, run_id: str) -> dict[str, Any] | None:
@@ -287,7 +309,7 @@ class PersistSink(Sink):
         if self.verbose:
             log.info("Saving flow state to memory for ID: %s", saved.run_id)
         if self.store is not None:
-            return self.store.commit(saved)
+            return self.commit_to(self.store, saved)
         self.persistence.save_state(saved.run_id, ckpt.step, saved.state)
         return saved
 
@@ -309,6 +331,10 @@ class WatchedSink(Sink):
         self.on_method = on_method
         self.store = inner.store
         self.persists = inner.persists
+
+    def follow(self, run_id: str, seq: int) -> None:
+        """The inner sink's."""
+        self.inner.follow(run_id, seq)
 
     def write(self, ckpt: Checkpoint) -> Checkpoint:
         """Hand ``ckpt`` to the inner sink, then report a finished method."""

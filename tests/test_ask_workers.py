@@ -216,6 +216,9 @@ def test_a_run_answered_on_workers_goes_on_in_process_replaying_its_answers(
         asked(handle, "your name?")
         pool.kill(worker)  # the answer's message waits in the queue; this process goes on
         control.answer(handle.run_id, "Ana", rt=rt)
+        # Its answered step is queued for the workers, so the run is theirs (running): a
+        # resume anywhere is refused until it is cancelled, and then it goes on here.
+        handle.cancel()
         clerk = Clerk("teal")
         flow = InterviewFlow(input_provider=clerk)
         config = CheckpointConfig(provider=rt.store, restore_from=handle.run_id)

@@ -17,7 +17,7 @@ from tests.flows.flow_control import RatedFlow, RoutedFlow
 def _admit(rt: Any, run: str) -> limits.Waiting | None:
     spec = RatedFlow.graph().methods["call"]
     with limits.admission(
-        rt.store.client, rt.store.keys, rt.settings, RatedFlow, spec, {}, f"{run}|call#1", run
+        rt.store, rt.settings, RatedFlow, spec, {}, f"{run}|call#1", run
     ) as waiting:
         return waiting
 

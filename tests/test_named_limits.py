@@ -53,7 +53,7 @@ def _admit(store: RedisProvider, flow: type, tenant: str, n: int) -> limits.Wait
     spec = flow.graph().methods["ask"]  # type: ignore[attr-defined]
     settings = RunnerSettings(prefix=store.keys.prefix, limits="openai=9/h")
     with limits.admission(
-        store.client, store.keys, settings, flow, spec, {"tenant": tenant}, f"r{n}|ask#1", f"t{n}"
+        store, settings, flow, spec, {"tenant": tenant}, f"r{n}|ask#1", f"t{n}"
     ) as waiting:
         return waiting
 

@@ -33,8 +33,8 @@ def test_a_gpu_step_waits_for_a_gpu_worker_and_runs_only_there(
         sent = {e["name"]: e["queue"] for e in events if e["type"] == "task-sent"}
         assert sent == {"RoutedFlow.prepare": env["RUNNER_QUEUE"], "RoutedFlow.embed": gpu}
         eventually(lambda: "prepare#1" in rt.coord.read(run.run_id).completed, timeout=20)
-        assert routing.unconsumed(rt.store.client, rt.store.keys, rt.settings, "gpu")
-        assert not routing.unconsumed(rt.store.client, rt.store.keys, rt.settings, None)
+        assert routing.unconsumed(rt.store, rt.settings, "gpu")
+        assert not routing.unconsumed(rt.store, rt.settings, None)
         # Nobody consumes gpu: the step stays queued there, the run keeps running.
         time.sleep(3)
         assert RunHandle(run.run_id, rt).status() is RunStatus.RUNNING
@@ -55,6 +55,6 @@ def test_a_gpu_step_waits_for_a_gpu_worker_and_runs_only_there(
         state = rt.coord.read(run.run_id).state
         assert state["embedded_on"] == gpu_worker
         assert state["prepared_on"] == pool.workers[0].name
-        assert not routing.unconsumed(rt.store.client, rt.store.keys, rt.settings, "gpu")
+        assert not routing.unconsumed(rt.store, rt.settings, "gpu")
         steps = CliRunner().invoke(app, ["steps", run.run_id, "--json"], env=env)
         assert [row["outcome"] for row in json.loads(steps.output)] == ["done", "done"]

@@ -70,6 +70,7 @@ def test_a_commit_to_an_unreachable_redis_fails_fast_as_store_unavailable() -> N
     store.close()
 
 
+@pytest.mark.redis_internals  # its URL is read off the pool (runner.store.pools)
 def test_a_client_passed_in_is_used_as_given(redis_url: str, prefix: str) -> None:
     client = redis.Redis.from_url(redis_url)
     store = RedisProvider(client=client, prefix=prefix)
@@ -136,6 +137,7 @@ def test_a_snapshot_that_holds_its_whole_state_reads_as_written(store: RedisProv
     assert store.history("whole") == [new, old]
 
 
+@pytest.mark.redis_internals
 def test_a_forked_child_gets_a_connection_pool_of_its_own(redis_url: str, prefix: str) -> None:
     # A Celery pool process is forked while the parent's threads use Redis. If one holds the
     # pool's lock at the fork, a child sharing that pool waits on the lock for ever.

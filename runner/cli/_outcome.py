@@ -55,20 +55,27 @@ def run_now(reader: History, run_id: str) -> tuple[RunInfo, Checkpoint]:
 def outcome(reader: History, run_id: str) -> dict[str, Any]:
     """How the run stands now, as JSON: status, step, result, error, pause reason."""
     from runner.distributed.client import failure
-    from runner.flow import orchestrator as orch
-    from runner.flow import transition as tr
 
     info, latest = run_now(reader, run_id)
     why = failure(reader.store, latest)
-    succeeded = info.status is RunStatus.SUCCEEDED
     return {
         "run_id": run_id,
         "status": info.status.value,
         "step": why.step,
-        "result": orch.last_output(tr.record_of(latest)) if succeeded else None,
+        "result": result_now(info, latest),
         "error": why.error.model_dump(mode="json") if why.error is not None else None,
         "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
     }
+
+
+def result_now(info: RunInfo, latest: Checkpoint) -> Any:
+    """The run's result as JSON (:func:`runner.flow.results.result_json`; ``None`` unless it
+    succeeded), its flow imported when it can be."""
+    from runner.flow import results
+
+    if info.status is not RunStatus.SUCCEEDED:
+        return None
+    return results.result_json(info.status, latest, results.flow_class_of(latest))
 
 
 def progress_view(reader: Reader, run_id: str) -> tuple[RunInfo, RenderableType]:
@@ -141,12 +148,10 @@ def say(reader: History, run_id: str) -> None:
     of ``--wait``."""
     from runner.distributed.client import failure
     from runner.distributed.engine import ended
-    from runner.flow import orchestrator as orch
-    from runner.flow import transition as tr
 
     info, latest = run_now(reader, run_id)
     if info.status is RunStatus.SUCCEEDED:
-        result = orch.last_output(tr.record_of(latest))
+        result = result_now(info, latest)
         typer.echo(f"succeeded: {result if isinstance(result, str) else json.dumps(result)}")
     elif info.status is RunStatus.PAUSED:
         typer.echo(f"paused at {latest.step}: {latest.meta.pause_reason or 'waiting for input'}")

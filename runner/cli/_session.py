@@ -40,7 +40,7 @@ from runner.errors import (
     RunNotFound,
 )
 from runner.settings import RunnerSettings, get_settings, reset_settings
-from runner.store.base import CheckpointStore
+from runner.store.base import CheckpointStore, DeploymentStore
 from runner.store.connection import BadRedisSettings
 from runner.store.redis import RedisProvider
 
@@ -84,7 +84,7 @@ class Reader(Protocol):
     and so is a command's :class:`~runner.distributed.engine.Runtime`."""
 
     @property
-    def store(self) -> RedisProvider:
+    def store(self) -> DeploymentStore:
         """The deployment's checkpoint store."""
         ...
 

@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from runner.distributed.waiting import limit_uses
-
 from ._app import commands
 from ._session import FLAG, console, print_json, session
 
@@ -25,8 +23,7 @@ def limits(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     A rate's use is the starts it counts now (at most its burst); a concurrency limit's, the
     attempts holding a slot. A waiting step tries again when the limit lets it.
     """
-    store = session(ctx).reader.store
-    uses = limit_uses(store.client, store.keys)
+    uses = session(ctx).reader.store.limit_uses()
     if as_json:
         print_json([use.as_json() for use in uses])
         return

@@ -21,7 +21,6 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from runner.errors import RunStateError
 from runner.store.jsondir import JsonProvider
 from runner.store.models import RunStatus
 from runner.store.sqlite import SqliteProvider
@@ -119,31 +118,29 @@ def resume_here(
     """``runner resume --location``: continue the run in this process; print how it ended
     as ``--wait`` does (exit 1 if it failed again)."""
     from runner.checkpointing import CheckpointConfig
-    from runner.flow import orchestrator as orch
-    from runner.flow import transition as tr
+    from runner.flow import plans
     from runner.flow.loading import load_flow
     from runner.flow.state import values_from_text
 
     run_id = refs.resolve_run(view, run)
-    if from_checkpoint is None:
-        source = view.store.latest(run_id)
-        info = view.store.run(run_id)
-        if info is not None and info.status is RunStatus.SUCCEEDED:
-            raise RunStateError(
-                f"run {run_id} already succeeded; fork it to run again", run_id=run_id
-            )
-    else:
-        source = refs.resolve_checkpoint(view, from_checkpoint)
-        if source.run_id != run_id:
-            raise BadUsage(f"checkpoint {source.id} belongs to run {source.run_id}, not {run_id}")
-    assert source is not None, "resolve_run returns runs that have checkpoints"
-    if not orch.pending(tr.record_of(source)):
-        raise RunStateError(f"checkpoint {source.id} has no step left to run", run_id=run_id)
     before = view.store.latest(run_id)
-    before_id = before.id if before is not None else None
+    assert before is not None, "resolve_run returns runs that have checkpoints"
+    source = before if from_checkpoint is None else refs.resolve_checkpoint(view, from_checkpoint)
+    before_id = before.id
     flow_cls = load_flow(str(source.flow))
     inputs = values_from_text(flow_cls.state_type(), texts)
     flow = flow_cls()
+    # Refused here as the kickoff below would refuse it, and for a checkpoint of another
+    # run too (a kickoff resumes the checkpoint's own run).
+    plans.plan_resume(
+        flow,
+        source,
+        inputs,
+        run_id=run_id,
+        info=view.store.run(run_id),
+        latest=before,
+        here=plans.Here(workers_share_store=False),
+    )
     # The run goes on in the store it is kept in, as a restore config naming one says.
     restore = CheckpointConfig(provider=view.store, restore_from=source.id)
     try:

@@ -15,9 +15,8 @@ from __future__ import annotations
 import re
 
 from runner.errors import CheckpointNotFound, RunNotFound
-from runner.store.base import CheckpointStore
+from runner.store.base import CheckpointStore, DeploymentStore
 from runner.store.models import Checkpoint, RunInfo
-from runner.store.redis import RedisProvider
 
 from ._session import BadUsage, History
 
@@ -119,25 +118,16 @@ def _one(found: list[str], ref: str, kind: str) -> str:
     )
 
 
-def _glob(ref: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", ref) + "*"
-
-
 def _runs_matching(reader: History, ref: str) -> list[str]:
     store = reader.store
-    if not isinstance(store, RedisProvider):  # a --location store: read its list of runs
+    if not isinstance(store, DeploymentStore):  # a --location store: read its list of runs
         return [info.run_id for info in all_runs(store) if info.run_id.startswith(ref)]
-    client, pattern = store.client, _glob(ref)
-    return [
-        raw.decode()
-        for key in store.keys.all_runs()  # every shard of the run index (SCAN, never KEYS)
-        for raw, _score in client.zscan_iter(key, match=pattern, count=1000)
-    ]
+    return store.run_ids(ref)
 
 
 def _checkpoints_matching(reader: History, ref: str) -> list[str]:
     store = reader.store
-    if not isinstance(store, RedisProvider):  # a --location store: a whole id, else every run's
+    if not isinstance(store, DeploymentStore):  # a --location store: a whole id, else every run's
         try:
             return [store.get(ref).id]
         except CheckpointNotFound:
@@ -148,12 +138,7 @@ def _checkpoints_matching(reader: History, ref: str) -> list[str]:
             for ckpt in store.history(info.run_id, limit=HISTORY_LIMIT)
             if ckpt.id.startswith(ref)
         ]
-    client, pattern = store.client, _glob(ref)
-    return [
-        raw.decode()
-        for key in store.keys.all_checkpoints()
-        for raw, _run in client.hscan_iter(key, match=pattern, count=1000)
-    ]
+    return store.checkpoint_ids(ref)
 
 
 def _child_by_parent_prefix(reader: History, ref: str) -> list[str]:
@@ -172,10 +157,8 @@ def _child_by_parent_prefix(reader: History, ref: str) -> list[str]:
 def _roots(reader: History) -> list[str]:
     """Every run id in the index that does not extend another one (child runs do)."""
     store = reader.store
-    if isinstance(store, RedisProvider):
-        client = store.client
-        keys = store.keys.all_runs()
-        ids = sorted(raw.decode() for key in keys for raw in client.zrange(key, 0, -1))
+    if isinstance(store, DeploymentStore):
+        ids = sorted(store.run_ids())
     else:
         ids = sorted(info.run_id for info in all_runs(store))
     roots: list[str] = []

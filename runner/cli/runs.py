@@ -19,7 +19,16 @@ from runner.views import asleep, scheduled_until, woken_at
 
 from . import progress, refs
 from ._app import commands
-from ._outcome import exit_code_of, follow, outcome, run_now, say, stopped, watch_live
+from ._outcome import (
+    exit_code_of,
+    follow,
+    outcome,
+    result_now,
+    run_now,
+    say,
+    stopped,
+    watch_live,
+)
 from ._session import FLAG, Reader, console, load_inputs, print_json, session
 
 app = commands()
@@ -198,6 +207,8 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                 "parent": latest.meta.parent.model_dump() if latest.meta.parent else None,
                 "children": children,
                 "waiting": waits,
+                # What RunHandle.result() and submit --wait give (runner.flow.results).
+                "result": result_now(info, latest),
             }
         )
     else:

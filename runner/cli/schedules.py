@@ -9,7 +9,8 @@ import typer
 
 from runner.errors import InvalidInputs
 from runner.flow.rates import priority_problem
-from runner.store.schedules import ScheduleBook, make_schedule
+from runner.store.base import DeploymentStore
+from runner.store.schedules import make_schedule, schedule_json
 from runner.views import when
 
 from ._app import commands
@@ -84,18 +85,18 @@ def add(
         catch_up=catch_up,
         priority=priority,
     )
-    book = ScheduleBook(session(ctx).reader.store)
-    book.add(schedule)
-    typer.echo(f"added schedule {name} ({schedule.describe()}), next tick {_next(book, name)}")
+    store = session(ctx).reader.store
+    store.add_schedule(schedule)
+    typer.echo(f"added schedule {name} ({schedule.describe()}), next tick {_next(store, name)}")
 
 
 @schedule_app.command("list")
 def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List the schedules: flow, when, next tick, catch-up, priority, paused."""
-    book = ScheduleBook(session(ctx).reader.store)
-    found = book.all()
+    store = session(ctx).reader.store
+    found = store.schedules()
     if as_json:
-        print_json([book.as_json(s) for s in found])
+        print_json([schedule_json(s, store.next_tick(s.name)) for s in found])
         return
     if not found:
         typer.echo("no schedules")
@@ -110,7 +111,7 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             s.name,
             s.flow,
             s.describe(),
-            _next(book, s.name),
+            _next(store, s.name),
             "yes" if s.catch_up else "no",
             "-" if s.priority is None else str(s.priority),
             "paused" if s.paused else "active",
@@ -121,24 +122,24 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 @schedule_app.command("pause")
 def pause(ctx: typer.Context, name: NameArg) -> None:
     """Stop firing NAME until it is resumed."""
-    ScheduleBook(session(ctx).reader.store).set_paused(name, True)
+    session(ctx).reader.store.pause_schedule(name, True)
     typer.echo(f"paused schedule {name}")
 
 
 @schedule_app.command("resume")
 def resume(ctx: typer.Context, name: NameArg) -> None:
     """Fire NAME again, from its next tick (or every tick missed, with --catch-up)."""
-    book = ScheduleBook(session(ctx).reader.store)
-    book.set_paused(name, False)
-    typer.echo(f"resumed schedule {name}, next tick {_next(book, name)}")
+    store = session(ctx).reader.store
+    store.pause_schedule(name, False)
+    typer.echo(f"resumed schedule {name}, next tick {_next(store, name)}")
 
 
 @schedule_app.command("remove")
 def remove(ctx: typer.Context, name: NameArg) -> None:
     """Delete NAME; the runs it started stay."""
-    ScheduleBook(session(ctx).reader.store).remove(name)
+    session(ctx).reader.store.remove_schedule(name)
     typer.echo(f"removed schedule {name}")
 
 
-def _next(book: ScheduleBook, name: str) -> str:
-    return when(book.next_tick(name))
+def _next(store: DeploymentStore, name: str) -> str:
+    return when(store.next_tick(name))

@@ -16,15 +16,13 @@ from urllib.parse import quote
 from runner.distributed.client import load_flow
 from runner.distributed.control import find_checkpoint
 from runner.distributed.engine import Runtime, task_id
-from runner.distributed.waiting import limit_uses, waits_of
+from runner.distributed.waiting import waits_of
 from runner.errors import CorruptCheckpoint, RunnerError, RunNotFound
-from runner.flow import orchestrator as orch
-from runner.flow import transition as tr
-from runner.flow import usage
+from runner.flow import results, usage
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
+from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
-from runner.store.redis import RedisProvider
-from runner.store.schedules import ScheduleBook
+from runner.store.schedules import schedule_json
 from runner.views import answers_given, asleep, checkpoint_diff, scheduled_until
 
 HISTORY_LIMIT = 500
@@ -95,7 +93,7 @@ def _matches(info: RunInfo, flow: str | None, text: str | None) -> bool:
 
 
 def list_runs(
-    store: RedisProvider,
+    store: DeploymentStore,
     *,
     status: RunStatus | None = None,
     flow: str | None = None,
@@ -157,7 +155,7 @@ def nested(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def flow_names(store: RedisProvider, scan: int = 500) -> list[str]:
+def flow_names(store: DeploymentStore, scan: int = 500) -> list[str]:
     """The distinct flow names of the newest ``scan`` runs (the list's flow filter)."""
     return sorted({info.name or info.flow or "" for info in store.runs(limit=scan)} - {""})
 
@@ -301,7 +299,7 @@ def last_error(status: RunStatus, history: list[Checkpoint]) -> tuple[StepError,
     return None
 
 
-def children(store: RedisProvider, latest: Checkpoint) -> list[dict[str, Any]]:
+def children(store: DeploymentStore, latest: Checkpoint) -> list[dict[str, Any]]:
     """Child runs (e.g. crews) started by the run's methods, with their status."""
     found = []
     for activation, link in latest.meta.children.items():
@@ -321,7 +319,7 @@ def children(store: RedisProvider, latest: Checkpoint) -> list[dict[str, Any]]:
 
 
 def first_checkpoint(
-    store: RedisProvider, run_id: str, history: list[Checkpoint]
+    store: DeploymentStore, run_id: str, history: list[Checkpoint]
 ) -> Checkpoint | None:
     """The run's first checkpoint (seq 1), from ``history`` (newest first) or the store;
     ``None`` once it was pruned."""
@@ -346,21 +344,23 @@ def inputs_of(first: Checkpoint | None) -> dict[str, Any] | None:
     return inputs
 
 
-def result_of(status: RunStatus, latest: Checkpoint) -> Any:
+def result_of(status: RunStatus, latest: Checkpoint, flow_cls: Any = None) -> Any:
     """A succeeded run's result, as ``runner submit --wait`` prints it and
-    ``RunHandle.result()`` returns it: the last committed step's output."""
-    return orch.last_output(tr.record_of(latest)) if status is RunStatus.SUCCEEDED else None
+    ``RunHandle.result()`` returns it (:func:`runner.flow.results.result_json`)."""
+    return results.result_json(status, latest, flow_cls)
 
 
-def schedules(store: RedisProvider) -> list[dict[str, Any]]:
+def schedules(store: DeploymentStore) -> list[dict[str, Any]]:
     """Each schedule (``runner schedule list``): flow, inputs, cron or period, next tick."""
-    book = ScheduleBook(store)
-    return [{**book.as_json(s), "when": s.describe()} for s in book.all()]
+    return [
+        {**schedule_json(s, store.next_tick(s.name)), "when": s.describe()}
+        for s in store.schedules()
+    ]
 
 
-def limits(store: RedisProvider) -> list[dict[str, Any]]:
+def limits(store: DeploymentStore) -> list[dict[str, Any]]:
     """Each rate and concurrency limit in use: its setting, use now, steps waiting on it."""
-    return [use.as_json() for use in limit_uses(store.client, store.keys)]
+    return [use.as_json() for use in store.limit_uses()]
 
 
 def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, Any]:
@@ -391,7 +391,7 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "completed": latest.completed,
         "in_flight": latest.in_flight,
         # In-flight step -> what it waits for (a limit, a queue no live worker consumes).
-        "waiting": waits_of(rt.store.client, rt.store.keys, rt.settings, latest),
+        "waiting": waits_of(rt.store, rt.settings, latest),
         "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
         # A person's answer it waits for: a review of a step's output, or a question.
         "awaiting": awaiting_of(info.status, latest),
@@ -403,7 +403,7 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "priority": latest.meta.priority,
         "cancel_reason": latest.meta.cancel_reason if info.status is RunStatus.CANCELLED else None,
         "inputs": inputs_of(first_checkpoint(rt.store, run_id, history)),
-        "result": result_of(info.status, latest),
+        "result": result_of(info.status, latest, flow_cls),
         "graph_error": problem,
         "methods": methods,
         "mermaid": mermaid(graph, methods) if graph is not None else None,
@@ -423,7 +423,7 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
 # --- lineage ---------------------------------------------------------------------------------
 
 
-def _index(store: RedisProvider) -> dict[str, RunInfo]:
+def _index(store: DeploymentStore) -> dict[str, RunInfo]:
     found: dict[str, RunInfo] = {}
     offset = 0
     while offset < INDEX_SCAN:
@@ -435,7 +435,7 @@ def _index(store: RedisProvider) -> dict[str, RunInfo]:
     return found
 
 
-def lineage(store: RedisProvider, info: RunInfo) -> dict[str, Any]:
+def lineage(store: DeploymentStore, info: RunInfo) -> dict[str, Any]:
     """The fork tree ``info`` belongs to, from its root: each run with its forks grouped
     under the checkpoint they started from (as CrewAI's checkpoint browser nests them).
 
@@ -460,7 +460,7 @@ def lineage(store: RedisProvider, info: RunInfo) -> dict[str, Any]:
 
 
 def _node(
-    store: RedisProvider,
+    store: DeploymentStore,
     run: RunInfo,
     forks: dict[str, list[RunInfo]],
     current: str,

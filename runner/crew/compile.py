@@ -128,7 +128,7 @@ class CrewSink(StoreSink):
             return ckpt
         crew_name = CREW_EVENT_NAMES.get(ckpt.event)
         if "*" in events or ckpt.event in events or crew_name in events:
-            return self.store.commit(persistable(ckpt), max_checkpoints=self.max_checkpoints)
+            return self.commit_to(self.store, persistable(ckpt), self.max_checkpoints)
         return ckpt
 
 

@@ -10,11 +10,10 @@ records the answer (its text, a label chosen directly, who gave it, when) in the
 
 from __future__ import annotations
 
-from runner.errors import InvalidInputs, RunNotFound, RunStateError
-from runner.flow import transition as tr
+from runner.errors import RunNotFound
+from runner.flow import plans
 from runner.flow.loading import load_flow
-from runner.flow.local import check_graph
-from runner.store.models import Answer, Checkpoint, RunStatus
+from runner.store.models import Checkpoint
 
 from .engine import Runtime, commit_on_latest, dispatch_ready
 
@@ -41,37 +40,9 @@ def deliver(
     latest = rt.store.latest(run_id)
     if latest is None:
         raise RunNotFound(f"no run {run_id}", run_id=run_id)
-    awaited = latest.meta.awaiting
-    if awaited is None or latest.status is not RunStatus.PAUSED:
-        raise RunStateError(
-            f"run {run_id} awaits no answer (it is {latest.status.value})", run_id=run_id
-        )
-    if step is not None and step not in (awaited.activation, awaited.method):
-        raise RunStateError(
-            f"run {run_id} now awaits {awaited.method} ({awaited.message!r}), not {step}: "
-            "read the question again before answering",
-            run_id=run_id,
-        )
-    if outcome is not None and outcome not in (awaited.emit or ()):
-        labels = ", ".join(awaited.emit or ()) or "none"
-        raise InvalidInputs(
-            f"{outcome!r} is not an outcome of {awaited.method}; its outcomes: {labels}",
-            run_id=run_id,
-        )
     flow_cls = load_flow(str(latest.flow))
-    check_graph(flow_cls.graph(), latest)
-    given = Answer(text=text, outcome=outcome, by=by, awaited=awaited)
-
-    def build(now: Checkpoint) -> tr.Transition:
-        if now.id != latest.id:
-            # Answered already, or resumed or cancelled meanwhile: this answer is not for it.
-            raise RunStateError(
-                f"run {run_id} changed while answering (now at seq {now.seq}); try again",
-                run_id=run_id,
-            )
-        return tr.answered(now, given)
-
-    done = commit_on_latest(rt, run_id, build)
+    plan = plans.plan_answer(flow_cls.graph(), latest, text, by=by, outcome=outcome, step=step)
+    done = commit_on_latest(rt, run_id, plan.opening)
     assert done is not None
     ckpt, went_on = done
     dispatch_ready(rt, flow_cls, ckpt, went_on.ready)

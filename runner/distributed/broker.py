@@ -24,7 +24,17 @@ What the runner takes from them that is not their public API, and what it expect
 * **Worker state** (:func:`in_pool`, :func:`held`): ``celery.worker.state`` keeps the
   requests the pool runs (``active_requests``), prefetched ones (``reserved_requests``) and
   ones waiting for an ETA or a countdown (``scheduled_requests``).
-* **Routing** (:func:`queue_of`): ``app.amqp.router.route`` names the queue of a task.
+* **Routing** (:func:`queue_of`): ``app.amqp.router.route`` names the queue of a task;
+  ``app.amqp.queues.select`` and ``consume_from`` choose and list the queues a worker
+  consumes (:func:`consume_only`, :func:`consuming`).
+* **Sending** (:func:`publish_batch`): kombu's ``Producer.batch()`` and its
+  ``BatchPublishError``; :func:`queue_depths` reads a queue's length by kombu's passive
+  ``queue_declare`` (``ChannelError`` for one that does not exist); :data:`CONNECTION_ERRORS`
+  are kombu's and redis-py's errors of a lost connection.
+* **Queues and workers in view** (:func:`redis_backlog`, :func:`pool_name`), for
+  ``runner workers``: the Redis transport's lists of a queue, read at their consuming end
+  (the section's own comment says how), and ``celery.concurrency.ALIASES`` to name a
+  worker's pool as ``-P`` does.
 * **Priorities** (:func:`configure_priorities`, :func:`wire_priority`): every step message
   carries a priority, in the broker's terms. kombu's Redis transport keeps a queue's
   messages of priority ``p`` in the list ``<queue><sep><p>`` (``p`` rounded down to one of
@@ -76,7 +86,7 @@ import redis
 from celery import Celery
 from celery.worker import state as worker_state
 from kombu import Exchange, Producer, Queue
-from kombu.exceptions import BatchPublishError, OperationalError
+from kombu.exceptions import BatchPublishError, ChannelError, OperationalError
 from kombu.transport.redis import Channel as RedisChannel
 
 from runner.errors import RunnerError
@@ -109,6 +119,14 @@ QUEUE_READ_LIMIT = 1000
 """Longest queue the recovery pass reads to tell a lost message from a queued one."""
 
 _CONNECTION_ERRORS = (redis.RedisError, OperationalError, OSError)
+
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    OperationalError,
+)
+"""What kombu and redis-py raise (and Celery logs) when the broker's or the result
+backend's connection is lost."""
 
 
 # --- the checks' verdicts -------------------------------------------------------------------
@@ -613,6 +631,53 @@ def queue_of(app: Celery, name: str, default: str) -> str:
         return default
 
 
+def consume_only(app: Celery, queues: Collection[str]) -> None:
+    """Make a worker of ``app`` consume ``queues`` (before it starts; ``-Q`` on the command
+    line is applied after this)."""
+    app.amqp.queues.select(list(queues))
+
+
+def consuming(app: Celery) -> list[str]:
+    """The queues a started worker of ``app`` consumes, by name."""
+    return sorted(str(q) for q in app.amqp.queues.consume_from)
+
+
+def publish_batch(app: Celery, publish: Callable[[Any], None]) -> None:
+    """Run ``publish(producer)``, whose sends go in one batch: one round trip to a Redis
+    broker however many messages (kombu's ``Producer.batch``; with RabbitMQ each is
+    published at once). If the batch's round trip fails, which messages arrived is unknown:
+    ``publish(None)`` sends each again on its own, under the publish retry policy (the
+    receiver turns a duplicate away)."""
+    try:
+        with app.producer_or_acquire() as producer, producer.batch():
+            publish(producer)
+    except BatchPublishError:
+        publish(None)
+
+
+def queue_depths(app: Celery, queues: Collection[str]) -> dict[str, int] | None:
+    """The messages waiting in each of ``queues`` (kombu's passive declare, on Redis and
+    RabbitMQ alike); ``None`` when the broker cannot be reached (logged)."""
+    try:
+        with app.connection_for_read() as conn:
+            return {queue: _depth(conn, queue) for queue in queues}
+    except (OperationalError, OSError) as exc:
+        log.warning("cannot read the queue depth (%s)", exc)
+        return None
+
+
+def _depth(conn: Any, queue: str) -> int:
+    # A channel of its own: a passive declare of a queue that does not exist (an empty
+    # queue on Redis has no key) closes a RabbitMQ channel.
+    channel = conn.channel()
+    try:
+        return int(channel.queue_declare(queue=queue, passive=True).message_count)
+    except ChannelError:
+        return 0
+    finally:
+        channel.close()
+
+
 # --- priorities -----------------------------------------------------------------------------
 
 TOP_PRIORITY = max(PRIORITIES)
@@ -791,13 +856,14 @@ CANCEL_ON_CONNECTION_LOSS = "worker_cancel_long_running_tasks_on_connection_loss
 running tasks instead; config/celeryconfig.py keeps them running)."""
 
 
-# --- queues in view (runner workers, the console's Workers page, /metrics) -----------------
+# --- queues and workers in view (runner workers, the console's Workers page, /metrics) -----
 # Kept apart from the sections above: what ``runner.distributed.fleet`` reads of a Redis
-# broker's queues. kombu 5.7's Redis transport ``LPUSH``es a message onto its queue's list
-# (``<queue><sep><p>`` for priority ``p > 0``) and takes it with ``BRPOP``: the message at
-# index -1 of each list is the next one taken from it, the one pushed longest ago (kombu
-# puts a restored message back at that end too). The message is JSON whose ``headers`` are
-# the Celery protocol-2 headers, where :data:`SENT_AT` is the runner's own.
+# broker's queues and of Celery's names for a worker's pool. kombu 5.7's Redis transport
+# ``LPUSH``es a message onto its queue's list (``<queue><sep><p>`` for priority ``p > 0``)
+# and takes it with ``BRPOP``: the message at index -1 of each list is the next one taken
+# from it, the one pushed longest ago (kombu puts a restored message back at that end too).
+# The message is JSON whose ``headers`` are the Celery protocol-2 headers, where
+# :data:`SENT_AT` is the runner's own.
 
 SENT_AT = "sent_at"
 """The header every task message of a runner process carries: when it was sent (Unix
@@ -844,3 +910,18 @@ def redis_backlog(app: Celery, queues: Collection[str]) -> dict[str, Backlog]:
                 sent.append(at)
         found[queue] = Backlog(depth, min(sent) if sent else None)
     return found
+
+
+def pool_name(implementation: Any) -> str | None:
+    """Celery's ``-P`` name of the pool class a worker reports in its ``stats`` (its
+    ``pool.implementation``: ``celery.concurrency.thread:TaskPool`` is ``threads``)."""
+    if not implementation:
+        return None
+    import celery.concurrency
+
+    aliases = getattr(celery.concurrency, "ALIASES", {})  # name -> "module:Class", no import
+    named = [name for name, path in aliases.items() if path == str(implementation)]
+    if named:
+        return str(named[0])  # in Celery's order: prefork before its alias processes
+    module = str(implementation).partition(":")[0]
+    return module.rpartition(".")[2] or module

@@ -28,15 +28,15 @@ from runner.errors import (
     RunTimeout,
     StoreUnavailable,
 )
-from runner.flow import orchestrator as orch
-from runner.flow import transition as tr
+from runner.flow import results
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.loading import load_flow
+from runner.flow.plans import check_fields
 from runner.flow.rates import priority_problem
 from runner.flow.usage import last_of
 from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus, UsageMetrics
-from runner.store.timers import DEADLINES, STARTS, Timers
+from runner.store.timers import DEADLINES, STARTS
 
 from . import routing
 from .answers import deliver
@@ -80,33 +80,6 @@ def check_importable(flow_cls: Any) -> None:
             f"RUNNER_FLOW_MODULES, and import {name} from it",
             path=path,
         )
-
-
-def check_fields(flow_cls: Any, values: dict[str, Any]) -> None:
-    """Raise :class:`InvalidInputs` naming keys the flow's state model would silently drop.
-
-    A typo in ``--set`` or ``--input`` must not pass unnoticed. Dict state, models that
-    allow extra fields, and models that read their raw input (a ``before``/``wrap`` model
-    validator, e.g. a crew's state collecting kickoff inputs) take any key.
-    """
-    model = flow_cls.state_type()
-    if model is None or _takes_any_key(model):
-        return
-    unknown = sorted(key for key in values if key not in model.model_fields)
-    if unknown:
-        raise InvalidInputs(
-            f"{model.__name__} has no field(s) {', '.join(unknown)} "
-            f"(fields: {', '.join(model.model_fields)})",
-            flow=flow_cls.flow_name(),
-            unknown=unknown,
-        )
-
-
-def _takes_any_key(model: Any) -> bool:
-    if model.model_config.get("extra") == "allow":
-        return True
-    validators = model.__pydantic_decorators__.model_validators.values()
-    return any(v.info.mode in ("before", "wrap") for v in validators)
 
 
 def allow_list(rt: Runtime) -> tuple[list[str], str] | None:
@@ -240,9 +213,9 @@ def submit(
     # Timers set before the commit, so no run lacks one; a timer left for a run another
     # submit created is checked against that run's own checkpoint.
     if seconds is not None:
-        Timers(rt.store, DEADLINES).set(run_id, now + seconds)
+        rt.store.set_timer(DEADLINES, run_id, now + seconds)
     if not_before is not None:
-        Timers(rt.store, STARTS).set(run_id, not_before)
+        rt.store.set_timer(STARTS, run_id, not_before)
     try:
         # Created only if new (seq 0), its starts sent once (see commit_and_send). They go
         # straight to their tasks (no hop through a start task): a worker that has not
@@ -363,7 +336,7 @@ class RunHandle:
         status = self.wait(timeout)
         latest = self.latest()
         if status is RunStatus.SUCCEEDED:
-            return orch.last_output(tr.record_of(latest))
+            return results.run_result(latest, results.flow_class_of(latest))
         if status is RunStatus.CANCELLED:
             raise RunCancelled(f"run {self.run_id} was cancelled", run_id=self.run_id)
         stopped = failure(self.rt.store, latest)

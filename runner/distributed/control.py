@@ -22,16 +22,16 @@ from runner.errors import (
     RunStateError,
     UnknownStep,
 )
+from runner.flow import epochs, plans, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
-from runner.flow import usage
 from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
-from runner.flow.local import check_graph
+from runner.flow.plans import check_fields, check_graph
 from runner.store.models import Checkpoint, RunStatus
 
 from .answers import deliver
-from .client import RunHandle, check_fields, load_flow, runtime
+from .client import RunHandle, load_flow, runtime
 from .engine import Runtime, commit_on_latest, dispatch_ready
 
 
@@ -74,7 +74,9 @@ def resume(
     *,
     rt: Runtime | None = None,
 ) -> RunHandle:
-    """Continue ``run_id`` on the workers; completed steps are never re-run.
+    """Continue ``run_id`` on the workers; completed steps are never re-run. Whether it
+    may, and from what, :func:`runner.flow.plans.plan_resume` decides (as for every way of
+    resuming: one refusal wording and exit code each).
 
     A child run (a crew a step started) whose parent stopped with it (failed, or cancelled
     with its tree) is continued through its parent: the topmost stopped parent is resumed,
@@ -94,40 +96,14 @@ def resume(
                 run_id=run_id,
             )
         return resume(top, rt=rt)
-    source = _source(rt, run_id, from_checkpoint)
-    if from_checkpoint is None and info.status is RunStatus.SUCCEEDED:
-        raise RunStateError(f"run {run_id} already succeeded; fork it to run again", run_id=run_id)
-    if info.status is RunStatus.RUNNING:
-        # Even with --from: steps still running would commit into the rewound run.
-        raise RunStateError(f"run {run_id} is running; cancel it first", run_id=run_id)
-    if from_checkpoint is None and source.meta.awaiting is not None:
-        raise RunStateError(
-            f"run {run_id} awaits an answer at {source.meta.awaiting.method}: "
-            f"{source.meta.awaiting.message!r}; give it (runner resume {run_id} --feedback TEXT)",
-            run_id=run_id,
-        )
-    if inputs and inputs.get("id", run_id) != run_id:
-        raise InvalidInputs(
-            f"inputs cannot change a resumed run's id ({run_id}); fork it instead",
-            run_id=run_id,
-        )
+    latest = rt.store.latest(run_id)
+    # A checkpoint of another run is refused by the planner, as every resume's.
+    source = latest if from_checkpoint is None else rt.store.get(from_checkpoint)
+    if source is None:
+        raise RunNotFound(f"no run {run_id}", run_id=run_id)
     flow_cls = load_flow(str(source.flow))
-    check_graph(flow_cls.graph(), source)
-    state = _validated(flow_cls, source.state, inputs or {})
-    if not orch.pending(tr.record_of(source)):
-        raise RunStateError(f"checkpoint {source.id} has no step left to run", run_id=run_id)
-
-    def build(latest: Checkpoint) -> tr.Transition:
-        if from_checkpoint is None and latest.id != source.id:
-            # A late commit landed after we read the run: resuming the older snapshot
-            # would drop it.
-            raise RunStateError(
-                f"run {run_id} changed while resuming (now at seq {latest.seq}); try again",
-                run_id=run_id,
-            )
-        return tr.resumed(latest, source, state)
-
-    done = commit_on_latest(rt, run_id, build)
+    plan = plans.plan_resume(flow_cls(), source, inputs, run_id=run_id, info=info, latest=latest)
+    done = commit_on_latest(rt, run_id, plan.opening)
     assert done is not None
     ckpt, step = done
     dispatch_ready(rt, flow_cls, ckpt, step.ready)
@@ -213,38 +189,19 @@ def fork(
         step=None,
         status=RunStatus.RUNNING if pending else RunStatus.SUCCEEDED,
         # The source's run-local notes (a pause, a resume, merge conflicts) are not the fork's.
-        meta=first.meta.model_copy(
-            update={
-                "pause_reason": None,
-                "awaiting": None,
-                "resumed_from": None,
-                "conflicts": [],
-                "ready": [a.id for a in pending],
-                "epoch": 0,
-                "forked_from": source.id,
-                # A new run: it spent nothing yet; the steps it keeps saved what they spent.
-                "usage": usage.resumed(None, first.meta.usage, record.done),
-            }
+        meta=epochs.carry(
+            first.meta,
+            epochs.Opening.FORK,
+            ready=[a.id for a in pending],
+            epoch=0,
+            forked_from=source.id,
+            # A new run: it spent nothing yet; the steps it keeps saved what they spent.
+            usage=usage.resumed(None, first.meta.usage, record.done),
         ),
     )
     rt.store.commit(start, expected_seq=first.seq)
     dispatch_ready(rt, flow_cls, start, pending)
     return RunHandle(new_id, rt)
-
-
-def _source(rt: Runtime, run_id: str, checkpoint_id: str | None) -> Checkpoint:
-    if checkpoint_id is None:
-        latest = rt.store.latest(run_id)
-        if latest is None:
-            raise RunNotFound(f"no run {run_id}", run_id=run_id)
-        return latest
-    ckpt = rt.store.get(checkpoint_id)
-    if ckpt.run_id != run_id:
-        raise CheckpointNotFound(
-            f"checkpoint {checkpoint_id} belongs to run {ckpt.run_id}, not {run_id}",
-            checkpoint_id=checkpoint_id,
-        )
-    return ckpt
 
 
 def nested_edits(state: dict[str, Any], edits: dict[str, Any]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from runner.errors import (
     RunNotFound,
     StaleAttempt,
 )
-from runner.flow import lifecycle
+from runner.flow import lifecycle, results
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import StepResult
@@ -46,7 +46,7 @@ from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
 from runner.flow.usage import last_of
 from runner.settings import RunnerSettings, get_settings
-from runner.store.base import CommitRequest
+from runner.store.base import CommitRequest, DeploymentStore
 from runner.store.models import Checkpoint, ParentLink, RunStatus, UsageMetrics
 from runner.store.redis import RedisProvider
 
@@ -72,7 +72,8 @@ class Runtime:
     """Everything a worker or producer needs: app, store, coordinator, registry."""
 
     app: Celery
-    store: RedisProvider
+    store: DeploymentStore
+    """The deployment's store: the engine asks it only what the protocol says."""
     coord: Coordinator
     settings: RunnerSettings
     flows: dict[str, Any] = field(default_factory=dict)
@@ -168,27 +169,21 @@ def send(
     :func:`.routing.step_priority`; ``priority`` is the run's); return the ids sent.
 
     The messages (and their ``task-sent`` events) go in one batch: one round trip to a
-    Redis broker however many steps a commit made ready (kombu's ``Producer.batch``;
+    Redis broker however many steps a commit made ready (:func:`.broker.publish_batch`;
     with RabbitMQ each is published at once). The message names its deployment (the key
     prefix), so a worker of another deployment that receives it by mistake hands it back
     instead of running it.
     """
     if not acts:
         return []
-    from kombu.exceptions import BatchPublishError  # loaded with the app that sends: no cost
+    from . import broker  # loaded with the app that sends: no cost
 
-    from . import broker
+    def publish(producer: Any) -> None:
+        for act in acts:
+            _send_task(rt, flow_name, run_id, epoch, act, producer, priority)
 
     with broker.priority_queues(rt.app):
-        try:
-            with rt.app.producer_or_acquire() as producer, producer.batch():
-                for act in acts:
-                    _send_task(rt, flow_name, run_id, epoch, act, producer, priority)
-        except BatchPublishError:
-            # The batch's round trip failed and which messages arrived is unknown: send each
-            # again on its own, under the publish retry policy (a duplicate is turned away).
-            for act in acts:
-                _send_task(rt, flow_name, run_id, epoch, act, None, priority)
+        broker.publish_batch(rt.app, publish)
     # The broker has them: from now on the steps are queued, not lost.
     handoff.let_go(rt.coord, run_id, [tr.activation_key_in(epoch, act.id) for act in acts])
     return [act.id for act in acts]
@@ -509,10 +504,7 @@ def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
         return []
     parent_cls = _flow_class(rt, str(parent.meta.name), str(parent.flow))
     child_cls = _flow_class(rt, str(child.meta.name), str(child.flow))
-    result_of = getattr(child_cls, "result_of", None)
-    output = (
-        result_of(child.state) if callable(result_of) else orch.last_output(tr.record_of(child))
-    )
+    output = results.result_json(child.status, child, child_cls)
     graph, reducers = parent_cls.graph(), reducers_for(parent_cls.state_type())
     committed = commit_on_latest(
         rt,

@@ -11,15 +11,19 @@ the console's ``/metrics`` at each scrape.
   attempts running now: the busy slots). It waits for as many answers as the roster has
   live workers, so a healthy fleet answers in one round trip, and at most ``timeout``
   seconds per question when one does not answer (a ``solo`` pool running a step cannot).
-* The runner's roster in Redis (:mod:`runner.store.roster`): every runner worker writes what
-  it consumes, its versions and pid, every recovery interval. The time of its last write is
-  the worker's **last heartbeat**; a worker whose word lapsed is listed as gone.
+* The runner's roster in the store (:meth:`DeploymentStore.workers
+  <runner.store.base.DeploymentStore.workers>`, records of :mod:`runner.store.roster`):
+  every runner worker writes what it consumes, its versions and pid, every recovery
+  interval. The time of its last write is the worker's **last heartbeat**; a worker whose
+  word lapsed is listed as gone.
 
 **Queues** are the deployment's default queue, every queue a live worker consumes, and every
 queue a worker's flows route to (a queue nobody consumes is known that way). For each:
 
-* **depth**: on Redis, the length of kombu's list of the queue plus its priority lists; on
-  RabbitMQ, a passive ``queue_declare`` (the broker's ``message_count``; messages a
+* **depth**: on Redis, the length of kombu's list of the queue plus its priority lists
+  (:func:`broker.redis_backlog <runner.distributed.broker.redis_backlog>`); on RabbitMQ, a
+  passive ``queue_declare`` (:func:`broker.queue_depths
+  <runner.distributed.broker.queue_depths>`: the broker's ``message_count``; messages a
   consumer holds unacknowledged are not counted, as on Redis, where they sit in kombu's
   ``unacked`` hash).
 * **oldest message's age**: every task message a runner process sends carries the header
@@ -44,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from celery import signals
 
 from runner.settings import RunnerSettings
-from runner.store import roster
+from runner.store.roster import WorkerFacts, WorkerRecord
 
 from . import broker, routing
 
@@ -167,8 +171,8 @@ class Fleet:
 def survey(rt: Runtime, timeout: float = DEFAULT_TIMEOUT) -> Fleet:
     """The deployment's live workers and its queues, now."""
     now = time.time()
-    records = roster.read(rt.store.client, rt.store.keys)
-    live = {name: r for name, r in records.items() if r["until"] >= now}
+    records = {record.name: record for record in rt.store.workers()}
+    live = {name: r for name, r in records.items() if r.live(now)}
     answers = _ask(rt.app, timeout, expected=len(live))
     workers = [
         _worker(name, live.get(name), answers, now) for name in sorted({*live, *answers["stats"]})
@@ -185,7 +189,7 @@ def survey(rt: Runtime, timeout: float = DEFAULT_TIMEOUT) -> Fleet:
 def backlog(
     app: Celery,
     settings: RunnerSettings,
-    records: Iterable[dict[str, Any]],
+    records: Iterable[WorkerRecord],
     workers: Iterable[WorkerView] = (),
     *,
     now: float | None = None,
@@ -195,8 +199,8 @@ def backlog(
     now = time.time() if now is None else now
     known = {settings.queue}
     for record in records:
-        known.update(str(q) for q in record.get("queues") or ())
-        known.update(str(q) for q in record.get("routes") or ())
+        known.update(record.queues)
+        known.update(record.facts.routes)
     consumers: dict[str, list[str]] = {}
     for worker in workers:
         known.update(worker.queues)
@@ -216,10 +220,9 @@ def backlog_reader(rt: Runtime) -> Callable[[], list[tuple[str, int, float | Non
     age) of every known queue, read from the roster and the broker when called."""
 
     def read() -> list[tuple[str, int, float | None]]:
-        records = roster.read(rt.store.client, rt.store.keys).values()
         return [
             (q.queue, q.depth, q.oldest_seconds)
-            for q in backlog(rt.app, rt.settings, records)
+            for q in backlog(rt.app, rt.settings, rt.store.workers())
             if q.depth is not None
         ]
 
@@ -251,7 +254,8 @@ def _read_depths(app: Celery, queues: list[str], now: float) -> dict[str, tuple[
         if broker.redis_broker(app):
             found = broker.redis_backlog(app, queues)
             return {q: (b.depth, _age(b, now)) for q, b in found.items()}
-        return {q: (depth, None) for q, depth in _declared_depths(app, queues).items()}
+        depths = broker.queue_depths(app, queues)  # None: unreachable, logged there
+        return {q: (depth, None) for q, depth in (depths or {}).items()}
     except Exception as exc:
         log.warning("cannot read the queues of the broker: %s", exc)
         return {}
@@ -263,24 +267,6 @@ def _age(found: broker.Backlog, now: float) -> float | None:
     if found.oldest_sent_at is None:
         return None
     return max(0.0, now - found.oldest_sent_at)
-
-
-def _declared_depths(app: Celery, queues: list[str]) -> dict[str, int]:
-    """RabbitMQ: each queue's ``message_count`` from a passive declare (a queue that does
-    not exist has no messages)."""
-    found: dict[str, int] = {}
-    with app.connection_for_read() as conn:
-        conn.ensure_connection(max_retries=1)
-        for queue in queues:
-            # A channel each: a passive declare of a missing queue closes its channel.
-            channel = conn.channel()
-            try:
-                found[queue] = int(channel.queue_declare(queue=queue, passive=True).message_count)
-            except conn.channel_errors:
-                found[queue] = 0
-            finally:
-                channel.close()
-    return found
 
 
 # --- Celery's answers -------------------------------------------------------------------------
@@ -302,44 +288,29 @@ def _ask(app: Celery, timeout: float, expected: int) -> dict[str, dict[str, Any]
     return answers
 
 
-def _pool_name(implementation: Any) -> str | None:
-    """Celery's ``-P`` name of the pool class it reports (``celery.concurrency.thread:TaskPool``
-    is ``threads``)."""
-    if not implementation:
-        return None
-    import celery.concurrency
-
-    aliases = getattr(celery.concurrency, "ALIASES", {})  # name -> "module:Class", no import
-    named = [name for name, path in aliases.items() if path == str(implementation)]
-    if named:
-        return str(named[0])  # in Celery's order: prefork before its alias processes
-    module = str(implementation).partition(":")[0]
-    return module.rpartition(".")[2] or module
-
-
 def _worker(
-    name: str, record: dict[str, Any] | None, answers: dict[str, dict[str, Any]], now: float
+    name: str, record: WorkerRecord | None, answers: dict[str, dict[str, Any]], now: float
 ) -> WorkerView:
-    record = record or {}
     stats = answers["stats"].get(name) or {}
     pool = stats.get("pool") or {}
     consumed = answers["active_queues"].get(name)
     running = answers["active"].get(name)
-    at = record.get("at")
+    facts = WorkerFacts() if record is None else record.facts
+    at = None if record is None else record.at
     return WorkerView(
         name=name,
         queues=sorted(str(q.get("name")) for q in consumed)
         if consumed is not None
-        else sorted(str(q) for q in record.get("queues") or ()),
-        pool=_pool_name(pool.get("implementation")),
+        else list(() if record is None else record.queues),
+        pool=broker.pool_name(pool.get("implementation")),
         concurrency=pool.get("max-concurrency"),
         busy=None if running is None else len(running),
         running=[f"{t.get('name')} {t.get('id')}" for t in running or ()],
         last_heartbeat=at,
-        heartbeat_age=None if at is None else max(0.0, now - float(at)),
+        heartbeat_age=None if at is None else max(0.0, now - at),
         answered=name in answers["stats"],
-        pid=stats.get("pid", record.get("pid")),
-        host=record.get("host"),
-        runner_version=record.get("runner"),
-        celery_version=record.get("celery"),
+        pid=stats.get("pid", facts.pid),
+        host=facts.host,
+        runner_version=facts.runner,
+        celery_version=facts.celery,
     )

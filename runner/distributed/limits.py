@@ -3,8 +3,8 @@
 A method's own limits (``rate_limit="5/s"``, ``concurrency=2``) and the named limits it
 counts against (``limits=["openai"]``, rates from :func:`set_limit` or ``RUNNER_LIMITS``),
 each per key when ``limit_key`` computes one from the run's state, are checked in one Redis
-script call (:data:`runner.store.scripts.ADMIT`) when an attempt begins, after it took the
-step's lease and before it runs anything:
+script call (the store's ``admit``, :mod:`runner.store.limits`) when an attempt begins,
+after it took the step's lease and before it runs anything:
 
 * **rates** by GCRA: at most ``burst`` starts at once (one period's worth unless
   ``burst=`` says otherwise), then one per interval; so any one period holds at most the
@@ -21,7 +21,6 @@ It is noted in the limit's waiting set, which ``runner limits`` and the console 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -31,22 +30,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
+from runner.errors import StoreError
 from runner.flow.graph import MethodSpec
 from runner.flow.rates import Rate, check_name, parse_limits, parse_rate
 from runner.settings import RunnerSettings
-from runner.store import scripts
-from runner.store.keys import Keys
+from runner.store.base import DeploymentStore
+from runner.store.limits import CONCURRENCY, RateLimit, SlotLimit
 
 log = logging.getLogger("runner.worker")
 
 POLL_SECONDS = 0.25
 """How long a step waiting for a concurrency slot waits before it asks again (plus jitter)."""
-
-
-RATE, CONCURRENCY = "rate", "concurrency"
-"""The kinds of limit; a limit is kept in Redis as ``<kind>:<name>``."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +61,9 @@ class Limits:
     slots: tuple[tuple[str, int], ...]
 
 
-def set_limit(name: str, rate: str, *, burst: int | None = None, store: Any = None) -> Rate:
+def set_limit(
+    name: str, rate: str, *, burst: int | None = None, store: DeploymentStore | None = None
+) -> Rate:
     """Set the named limit ``name`` to ``rate`` (``"500/m"``) for the whole deployment:
     every worker uses it from the next step on, over ``RUNNER_LIMITS``. ``store``: the
     deployment's store (default: the producer runtime's)."""
@@ -75,16 +71,15 @@ def set_limit(name: str, rate: str, *, burst: int | None = None, store: Any = No
 
     parsed = parse_rate(rate, burst, what=f"limit {check_name(name, 'limit name')}")
     store = runtime().store if store is None else store
-    store.client.hset(store.keys.rates(), name, json.dumps([rate, parsed.burst]))
+    store.set_rate(name, rate, parsed.burst)
     return parsed
 
 
-def named_rates(client: redis.Redis, keys: Keys, settings: RunnerSettings) -> dict[str, Rate]:
+def named_rates(store: DeploymentStore, settings: RunnerSettings) -> dict[str, Rate]:
     """The named limits: ``RUNNER_LIMITS``, overridden by those set with :func:`set_limit`."""
     found = parse_limits(settings.limits)
-    for name, raw in client.hgetall(keys.rates()).items():
-        rate, burst = json.loads(raw)
-        found[name.decode() if isinstance(name, bytes) else str(name)] = parse_rate(rate, burst)
+    for name, (rate, burst) in store.named_rates().items():
+        found[name] = parse_rate(rate, burst)
     return found
 
 
@@ -132,10 +127,8 @@ def state_of(flow_cls: Any, state: dict[str, Any]) -> Any:
 class Gate:
     """Admits this process's steps under their limits and keeps their slots."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, lease_seconds: float) -> None:
-        self.client, self.keys, self.lease_seconds = client, keys, lease_seconds
-        self._admit = client.register_script(scripts.ADMIT)
-        self._renew = client.register_script(scripts.RENEW_SLOTS)
+    def __init__(self, store: DeploymentStore, lease_seconds: float) -> None:
+        self.store, self.lease_seconds = store, lease_seconds
         self._held: dict[tuple[str, str], None] = {}
         self._lock = threading.Lock()
         self._pid = 0
@@ -143,34 +136,21 @@ class Gate:
     def admit(self, limits: Limits, token: str, member: str) -> Waiting | None:
         """Take ``limits`` for the attempt ``token`` of ``member`` (``run|step``), or say how
         long it waits."""
-        rates = [(f"{RATE}:{n}", n, r) for n, r in limits.rates]
-        slots = [(f"{CONCURRENCY}:{n}", n, count) for n, count in limits.slots]
-        header = {
-            "token": token,
-            "member": member,
-            "lease_ms": int(self.lease_seconds * 1000),
-            "poll_ms": int(POLL_SECONDS * 1000),
-            "rates": [[r.interval * 1000, r.burst, named, str(r)] for named, _, r in rates],
-            "slots": [[count, named] for named, _, count in slots],
-        }
-        keys = [
-            self.keys.limited(),
-            *(self.keys.rate(n) for _, n, _ in rates),
-            *(self.keys.slots(n) for _, n, _ in slots),
-            *(self.keys.waiting(named) for named, _, _ in rates),
-            *(self.keys.waiting(named) for named, _, _ in slots),
-            self.keys.limit_specs(),
-        ]
-        admitted, wait_ms, limit = self._admit(keys=keys, args=[json.dumps(header)])
-        if not admitted:
-            holder = limit.decode() if isinstance(limit, bytes) else str(limit)
-            kind, _, name = holder.partition(":")
+        refused = self.store.admit(
+            [RateLimit(n, r.interval, r.burst, str(r)) for n, r in limits.rates],
+            [SlotLimit(n, count) for n, count in limits.slots],
+            token,
+            member,
+            self.lease_seconds,
+            POLL_SECONDS,
+        )
+        if refused is not None:
             # Slots free up when attempts end, unknown when: polls are spread out.
-            jitter = random.uniform(0, POLL_SECONDS) if kind == CONCURRENCY else 0.0
-            return Waiting(name, kind, float(wait_ms) / 1000 + jitter)
+            jitter = random.uniform(0, POLL_SECONDS) if refused.kind == CONCURRENCY else 0.0
+            return Waiting(refused.name, refused.kind, refused.seconds + jitter)
         with self._lock:
             for name, _ in limits.slots:
-                self._held[(self.keys.slots(name), token)] = None
+                self._held[(name, token)] = None
         if limits.slots:
             self._keep_renewing()
         return None
@@ -179,23 +159,17 @@ class Gate:
         """Give back the slots the attempt ``token`` holds (it ended, whatever the way)."""
         if not limits.slots:
             return
-        pipe = self.client.pipeline(transaction=False)
         with self._lock:
             for name, _ in limits.slots:
-                key = self.keys.slots(name)
-                self._held.pop((key, token), None)
-                pipe.zrem(key, token)
-        pipe.execute()
+                self._held.pop((name, token), None)
+        self.store.release_slots([name for name, _ in limits.slots], token)
 
     def renew(self) -> None:
         """Renew every slot this process's attempts hold (one script call)."""
         with self._lock:
             held = list(self._held)
         if held:
-            self._renew(
-                keys=[k for k, _ in held],
-                args=[int(self.lease_seconds * 1000), *(t for _, t in held)],
-            )
+            self.store.renew_slots(held, self.lease_seconds)
 
     def _keep_renewing(self) -> None:
         # One thread per process, started on first use (a pool child starts its own).
@@ -210,25 +184,24 @@ class Gate:
         while not stop.wait(self.lease_seconds / 3):
             try:
                 self.renew()
-            except redis.RedisError as exc:  # the slot lapses with the lease if this lasts
+            except StoreError as exc:  # the slot lapses with the lease if this lasts
                 log.warning("could not renew concurrency slots: %s", exc)
 
 
-_gates: dict[tuple[int, str], Gate] = {}
+_gates: dict[int, Gate] = {}
 
 
-def gate_of(client: redis.Redis, keys: Keys, lease_seconds: float) -> Gate:
-    """This process's gate on ``client`` and ``keys``."""
-    found = _gates.get((id(client), keys.prefix))
+def gate_of(store: DeploymentStore, lease_seconds: float) -> Gate:
+    """This process's gate on ``store``."""
+    found = _gates.get(id(store))
     if found is None:
-        found = _gates[(id(client), keys.prefix)] = Gate(client, keys, lease_seconds)
+        found = _gates[id(store)] = Gate(store, lease_seconds)
     return found
 
 
 @contextmanager
 def admission(
-    client: redis.Redis,
-    keys: Keys,
+    store: DeploymentStore,
     settings: RunnerSettings,
     flow_cls: Any,
     spec: MethodSpec,
@@ -241,9 +214,9 @@ def admission(
     if not spec.limited:
         yield None
         return
-    named = named_rates(client, keys, settings) if spec.limits else {}
+    named = named_rates(store, settings) if spec.limits else {}
     limits = limits_of(spec, flow_cls.flow_name(), state_of(flow_cls, state), named)
-    gate = gate_of(client, keys, settings.lease_seconds)
+    gate = gate_of(store, settings.lease_seconds)
     waiting = gate.admit(limits, token, member)
     try:
         yield waiting

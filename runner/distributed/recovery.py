@@ -57,7 +57,7 @@ from runner.flow import transition as tr
 from runner.flow.orchestrator import Activation
 from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus
-from runner.store.timers import ANSWERS, DEADLINES, STARTS, Timers
+from runner.store.timers import ANSWERS, DEADLINES, STARTS
 from runner.views import woken_at
 
 from .answers import deliver
@@ -113,8 +113,7 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
         except Exception:
             # A bug in one duty must not keep the pass from re-sending lost steps.
             log.exception("recovery pass: %s failed; the pass goes on", duty.__name__)
-    starts = Timers(rt.store, STARTS)
-    due = set(starts.due(now))
+    due = set(rt.store.due_timers(STARTS, now))
     held_by_dead = {run_of_task(task) for task in broker.taken_long_ago()}
     for run_id in rt.coord.runs_to_check(now, held_by_dead | due):
         try:
@@ -131,7 +130,7 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
         if sent:
             resent[run_id] = sent
     for run_id in due:
-        starts.done(run_id, now)  # sent above (or not running): not needed again
+        rt.store.drop_timer(STARTS, run_id, now)  # sent above (or not running): not needed again
     metrics.recovered(sum(len(sent) for sent in resent.values()))
     return resent
 
@@ -241,20 +240,20 @@ def enforce_deadlines(rt: Runtime, now: float) -> list[str]:
     (every worker was down: the first pass after decides); the run's own checkpoint says
     whether its deadline passed. A timer is dropped once its run is dealt with.
     """
-    timers = Timers(rt.store, DEADLINES)
     cancelled = []
-    for run_id in timers.due(now):
+    for run_id in rt.store.due_timers(DEADLINES, now):
         try:
             latest = rt.coord.read(run_id)
             deadline = None if latest is None else latest.meta.deadline
             if latest is not None and deadline is not None and deadline > now:
-                timers.set(run_id, deadline)  # set by a submit that lost the run to another
+                # Set by a submit that lost the run to another.
+                rt.store.set_timer(DEADLINES, run_id, deadline)
                 continue
             if latest is not None and deadline is not None and _cancel_late(rt, run_id, deadline):
                 cancelled.append(run_id)
         except (CorruptCheckpoint, RunNotFound):
             pass  # nothing to cancel: recovery quarantines what it cannot read
-        timers.done(run_id, now)
+        rt.store.drop_timer(DEADLINES, run_id, now)
     return cancelled
 
 
@@ -269,9 +268,8 @@ def answer_overdue(rt: Runtime, now: float) -> list[str]:
     checkpoint says whether it still waits. A run of a flow this worker does not run is
     left to one that does.
     """
-    timers = Timers(rt.store, ANSWERS)
     answered = []
-    for run_id in timers.due(now):
+    for run_id in rt.store.due_timers(ANSWERS, now):
         try:
             latest = rt.coord.read(run_id)
         except CorruptCheckpoint:
@@ -281,14 +279,14 @@ def answer_overdue(rt: Runtime, now: float) -> list[str]:
             if allowed_flow(rt, latest) is None:
                 continue
             if awaited.deadline > now:
-                timers.set(run_id, awaited.deadline)  # a later question of the run
+                rt.store.set_timer(ANSWERS, run_id, awaited.deadline)  # a later question of the run
                 continue
             # Answered, resumed or cancelled meanwhile (RunStateError): nothing is due.
             with contextlib.suppress(RunStateError):
                 deliver(rt, run_id, None)
                 answered.append(run_id)
                 log.info("run %s: %r had no answer in time; None", run_id, awaited.message)
-        timers.done(run_id, now)
+        rt.store.drop_timer(ANSWERS, run_id, now)
     return answered
 
 

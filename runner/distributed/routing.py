@@ -19,16 +19,14 @@ resume). Every step message carries one, in the broker's own terms
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from runner.flow.rates import DEFAULT_PRIORITY, check_name, parse_limits
 from runner.settings import RunnerSettings
-from runner.store import roster
-from runner.store.keys import Keys
+from runner.store.base import DeploymentStore
+from runner.store.roster import WorkerFacts
 
 if TYPE_CHECKING:
-    import redis
     from celery import Celery
 
 log = logging.getLogger("runner.worker")
@@ -110,69 +108,37 @@ def step_priority(app: Celery, task: str, run_priority: int | None) -> int:
 # --- who consumes what ----------------------------------------------------------------------
 
 
-def announce(
-    client: redis.Redis,
-    keys: Keys,
-    queues: list[str],
-    worker: str,
-    ttl: float,
-    about: dict[str, Any] | None = None,
-) -> None:
-    """Say that ``worker`` consumes ``queues`` for the next ``ttl`` seconds (and, with
-    ``about``, write its record in the workers' roster: :mod:`runner.store.roster`)."""
-    until = time.time() + ttl
-    pipe = client.pipeline(transaction=False)
-    for queue in queues:
-        pipe.zadd(keys.consumers(queue), {worker: until})
-        pipe.expire(keys.consumers(queue), max(1, int(ttl * 4)))
-    if about is not None:
-        roster.write(pipe, keys, worker, {**about, "queues": queues}, ttl)
-    pipe.execute()
+def unconsumed(store: DeploymentStore, settings: RunnerSettings, name: str | None) -> bool:
+    """Whether the queue ``name`` (a method's ``queue=``) has no live consumer (the records
+    are :mod:`runner.store.queues`')."""
+    return not store.queue_consumers(queue_name(settings, name))
 
 
-def retire(client: redis.Redis, keys: Keys, queues: list[str], worker: str) -> None:
-    """``worker`` stops consuming ``queues`` (a warm shutdown)."""
-    pipe = client.pipeline(transaction=False)
-    for queue in queues:
-        pipe.zrem(keys.consumers(queue), worker)
-    roster.remove(pipe, keys, worker)
-    pipe.execute()
-
-
-def live_consumers(client: redis.Redis, keys: Keys, queue: str) -> list[str]:
-    """Workers that said they consume ``queue`` and whose word has not lapsed."""
-    found = client.zrangebyscore(keys.consumers(queue), time.time(), "+inf")
-    return sorted(w.decode() if isinstance(w, bytes) else str(w) for w in found)
-
-
-def unconsumed(client: redis.Redis, keys: Keys, settings: RunnerSettings, name: str | None) -> bool:
-    """Whether the queue ``name`` (a method's ``queue=``) has no live consumer."""
-    return not live_consumers(client, keys, queue_name(settings, name))
-
-
-def about_this_worker(app: Celery) -> dict[str, Any]:
+def about_this_worker(app: Celery) -> WorkerFacts:
     """What a worker says of itself in the roster beside its queues: the queues its flows
-    route to (so a queue no worker consumes is still known), its pid and versions."""
+    route to (so a queue no worker consumes is still known), its pid, host and versions."""
     import os
     import socket
+
+    return WorkerFacts(
+        routes=tuple(sorted(set(routes_of(app).queues.values()))),
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        runner=_version("celery-flows"),
+        celery=_version("celery"),
+    )
+
+
+def _version(package: str) -> str:
     from importlib import metadata
 
-    import celery
-
     try:
-        version = metadata.version("celery-flows")
+        return metadata.version(package)
     except metadata.PackageNotFoundError:  # a checkout that was never installed
-        version = "unknown"
-    return {
-        "routes": sorted(set(routes_of(app).queues.values())),
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "runner": version,
-        "celery": celery.__version__,
-    }
+        return "unknown"
 
 
-def serve(app: Celery, client: redis.Redis, keys: Keys, settings: RunnerSettings) -> list[str]:
+def serve(app: Celery, store: DeploymentStore, settings: RunnerSettings) -> list[str]:
     """In a worker: check ``RUNNER_LIMITS`` and (on RabbitMQ) the queues' priorities,
     consume the queues of ``RUNNER_WORKER_QUEUES`` (unless the command line names queues
     with ``-Q``, which Celery applies after this) and, once the worker is ready, say so in
@@ -181,36 +147,36 @@ def serve(app: Celery, client: redis.Redis, keys: Keys, settings: RunnerSettings
 
     from celery import signals
 
-    from .broker import check_priority_queues
+    from .broker import check_priority_queues, consume_only, consuming
 
     queues = consumed(settings)
     parse_limits(settings.limits)  # a bad RUNNER_LIMITS stops the worker here, in one line
-    app.amqp.queues.select(queues)
+    consume_only(app, queues)
     # A RabbitMQ queue declared without priorities stops it here too, naming the fix.
     check_priority_queues(app, queues)
     stop = threading.Event()
     ttl = max(3 * settings.recovery_interval, 2.0)
 
-    def announcing(worker: str, mine: list[str], about: dict[str, Any]) -> None:
+    def announcing(worker: str, mine: list[str], about: WorkerFacts) -> None:
         while not stop.wait(settings.recovery_interval):
             try:
-                announce(client, keys, mine, worker, ttl, about)
+                store.announce_queues(mine, worker, ttl, about)
             except Exception as exc:  # Redis away: the word lapses, said again on return
                 log.debug("could not announce the queues of %s: %s", worker, exc)
 
     def ready(sender: Any = None, **_: Any) -> None:
         worker = str(getattr(sender, "hostname", "") or "worker")
-        mine = sorted(str(q) for q in app.amqp.queues.consume_from)
+        mine = consuming(app)
         about = about_this_worker(app)
-        announce(client, keys, mine, worker, ttl, about)
-        roster.forget_dead(client, keys)
+        store.announce_queues(mine, worker, ttl, about)
+        store.forget_dead_workers()
         threading.Thread(
             target=announcing, args=(worker, mine, about), name="queues", daemon=True
         ).start()
 
         def shutdown(**_: Any) -> None:
             stop.set()
-            retire(client, keys, mine, worker)
+            store.retire_queues(mine, worker)
 
         signals.worker_shutdown.connect(shutdown, weak=False)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from runner.errors import RunExists, StoreUnavailable
-from runner.store.schedules import Schedule, ScheduleBook, run_id_of
+from runner.store.schedules import Schedule, run_id_of
 
 from .client import submit
 from .engine import Runtime
@@ -28,13 +28,12 @@ MAX_TICKS = 100_000
 
 def fire_due(rt: Runtime, now: float) -> list[str]:
     """Start the runs of every schedule's ticks due at ``now``; the run ids submitted."""
-    book = ScheduleBook(rt.store)
     fired: list[str] = []
-    for schedule in book.all():
+    for schedule in rt.store.schedules():
         if schedule.paused:
             continue
         try:
-            fired += _fire(rt, book, schedule, now)
+            fired += _fire(rt, schedule, now)
         except StoreUnavailable:
             raise
         except Exception:
@@ -43,8 +42,8 @@ def fire_due(rt: Runtime, now: float) -> list[str]:
     return fired
 
 
-def _fire(rt: Runtime, book: ScheduleBook, schedule: Schedule, now: float) -> list[str]:
-    due = book.next_tick(schedule.name)
+def _fire(rt: Runtime, schedule: Schedule, now: float) -> list[str]:
+    due = rt.store.next_tick(schedule.name)
     if due is None:
         due = schedule.tick_after(schedule.created_at)
     ticks: list[float] = []
@@ -63,5 +62,5 @@ def _fire(rt: Runtime, book: ScheduleBook, schedule: Schedule, now: float) -> li
         except RunExists:
             log.warning("schedule %s: run %s exists with other inputs", schedule.name, run_id)
         fired.append(run_id)
-    book.advance(schedule.name, due)
+    rt.store.advance_schedule(schedule.name, due)
     return fired

@@ -49,7 +49,7 @@ from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
 from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus, UsageMetrics
-from runner.store.timers import ANSWERS, STARTS, Timers
+from runner.store.timers import ANSWERS, STARTS
 
 from . import handoff, limits
 from .cancel import follow_parent
@@ -176,8 +176,7 @@ def _admitted(
     """Run the block under the step's rate and concurrency limits (:mod:`.limits`), or
     defer the step while a limit holds it back."""
     with limits.admission(
-        rt.store.client,
-        rt.store.keys,
+        rt.store,
         rt.settings,
         flow_cls,
         flow_cls.graph().methods[act.method],
@@ -321,7 +320,7 @@ def _settle(
     if result.awaiting is not None and result.awaiting.deadline is not None:
         # Set before the commit, so no run paused on a question lacks its timer (one left
         # for a pause that was not committed changes nothing: the pass reads the run).
-        Timers(rt.store, ANSWERS).set(run_id, result.awaiting.deadline)
+        rt.store.set_timer(ANSWERS, run_id, result.awaiting.deadline)
     try:
         committed = _commit_settled(
             rt,
@@ -364,7 +363,7 @@ def _asleep(rt: Runtime, ckpt: Checkpoint, result: StepResult) -> dict[str, Any]
     brings the run in then); this attempt ends, its lease released on the way out."""
     assert result.sleep is not None
     wake_at = result.sleep.wake_at
-    Timers(rt.store, STARTS).set(ckpt.run_id, wake_at)
+    rt.store.set_timer(STARTS, ckpt.run_id, wake_at)
     act = result.activation.id
     log.info("run %s step %s sleeps until %s", ckpt.run_id, act, time.ctime(wake_at))
     return {"run_id": ckpt.run_id, "step": act, "sleeping_until": wake_at, "checkpoint": ckpt.id}

@@ -29,10 +29,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from celery import Celery, signals
 from celery.exceptions import TimeLimitExceeded
-from kombu.exceptions import OperationalError
 
 from runner.embedded import mask_url
 from runner.errors import DefinitionError, FlowImportError, RunnerError, StoreUnavailable
@@ -63,7 +61,7 @@ def install(
     # and recovery sends them.
     app.conf.task_publish_retry_policy = PATIENT_PUBLISH
     _register_builtins(app, rt)
-    routing.serve(app, rt.store.client, rt.store.keys, settings)
+    routing.serve(app, rt.store, settings)
     for name in settings.flow_modules if modules is None else modules:
         for flow_cls in flows_in(name):
             register_flow(app, rt, flow_cls)
@@ -402,9 +400,7 @@ class ConnectionWatch:
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     StoreUnavailable,
-    redis.ConnectionError,
-    redis.TimeoutError,
-    OperationalError,
+    *broker.CONNECTION_ERRORS,
     ConnectionError,
     TimeoutError,
 )

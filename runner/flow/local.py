@@ -3,14 +3,16 @@
 Ready methods run on a thread pool (parallel listeners run concurrently; a lone sync
 method runs on the calling thread); each finished method is turned into the next
 checkpoint on the calling thread, in completion order, and handed to the flow's sink,
-which writes it if persistence asks for it before any method it made ready starts.
+which writes it if persistence asks for it before any method it made ready starts, with
+compare-and-set on the run's sequence as workers commit. Whether a checkpoint may be
+resumed here is :func:`runner.flow.plans.plan_resume`'s decision, as everywhere; what the
+run returns, :func:`runner.flow.results.run_result`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,10 +27,10 @@ from runner.checkpointing import (
     load_restore_point,
     restore_sink,
 )
-from runner.errors import InvalidInputs, RunNotFound
+from runner.errors import CommitConflict, RunNotFound, RunStateError
 from runner.flow import events as ev
 from runner.flow import human_feedback as reviewing
-from runner.flow import lifecycle, usage
+from runner.flow import lifecycle, plans, results, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import StepResult, run_step
@@ -38,10 +40,12 @@ from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import reducers_for
 from runner.settings import get_settings
-from runner.store.models import Answer, Checkpoint, Lineage
+from runner.store.base import CoordinatedStore
+from runner.store.models import FLOW_RESUMED, Answer, Checkpoint, Lineage
 
-WORKER = socket.gethostname()
-"""What in-process checkpoints record as their ``worker``."""
+# Who resumes what is decided once, for every executor (the in-process run's checks
+# were a copy of the workers' that disagreed).
+check_graph = plans.check_graph
 
 
 def kickoff(
@@ -86,41 +90,40 @@ def kickoff(
     else:
         first = tr.start(graph, flow.flow_id, state, flow=flow.flow_path(), name=flow.flow_name())
         first.checkpoint.lineage = lineage
+    if sink.store is not None:
+        sink.follow(flow.flow_id, previous.seq if previous is not None else 0)
     return LocalRun(flow, graph, WatchedSink(sink, flow._record_output)).run(first)
 
 
 def resume(
     flow: Any, graph: FlowGraph, sink: Sink, ckpt: Checkpoint, inputs: dict[str, Any]
 ) -> Any:
-    """Continue the run of ``ckpt``: only methods not completed there run."""
-    check_graph(graph, ckpt)
-    if str(inputs.get("id", ckpt.run_id)) != ckpt.run_id:
-        raise InvalidInputs(
-            f"inputs cannot change a resumed run's id ({ckpt.run_id}); fork it instead",
-            run_id=ckpt.run_id,
-        )
-    state = apply_inputs(flow, inputs, ckpt.state)
-    record = tr.record_of(ckpt)
-    if not orch.pending(record):
-        return orch.last_output(record)
-    latest = sink.latest(ckpt.run_id) or ckpt
-    return LocalRun(flow, graph, sink).run(tr.resumed(latest, ckpt, state))
+    """Continue the run of ``ckpt`` as :func:`~runner.flow.plans.plan_resume` decides:
+    only methods not completed there run."""
+    store = sink.store
+    info = store.run(ckpt.run_id) if store is not None else None
+    latest = sink.latest(ckpt.run_id)
+    here = plans.Here(workers_share_store=isinstance(store, CoordinatedStore))
+    plan = plans.plan_resume(
+        flow, ckpt, inputs, info=info, latest=latest, here=here, done_is_result=True
+    )
+    if plan.done:
+        return plan.result
+    if latest is not None:
+        sink.follow(ckpt.run_id, latest.seq)
+    return LocalRun(flow, graph, sink).run(plan.opening(latest))
 
 
 def answer(flow: Any, paused: Checkpoint, given: Answer) -> Any:
     """Go on here with the run ``paused`` for a review, ``given`` its answer (``Flow.resume``):
     the step that waited runs again and finds the answer, in a new epoch."""
     graph = flow.graph()
-    check_graph(graph, paused)
+    plan = plans.plan_answer(graph, paused, given.text, by=given.by, outcome=given.outcome)
     sink = WatchedSink(flow._sink(), flow._record_output)
-    return LocalRun(flow, graph, sink).run(tr.answered(paused, given))
-
-
-def check_graph(graph: FlowGraph, ckpt: Checkpoint) -> None:
-    """Refuse a checkpoint whose completed or pending methods no longer exist (a changed
-    fingerprint alone is fine: the run resumes when every step it recorded still exists)."""
-    if ckpt.fingerprint != graph.fingerprint:
-        orch.check_graph(graph, tr.record_of(ckpt), checkpoint_id=ckpt.id)
+    latest = sink.latest(paused.run_id)
+    if latest is not None:
+        sink.follow(paused.run_id, latest.seq)
+    return LocalRun(flow, graph, sink).run(plan.opening(latest))
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,9 @@ class LocalRun:
         self.failure: lifecycle.Settled | None = None
         self.paused: Paused | None = None
         self.loop_here = _event_loop_running()
+        self.here = plans.this_process()
+        """What this run's checkpoints record as their ``worker`` (how a resume elsewhere
+        tells that this process drives the run: :class:`~runner.flow.plans.Here`)."""
 
     def run(self, first: tr.Transition) -> Any:
         """Drive the run to its end; raise the first failing method's exception."""
@@ -186,17 +192,30 @@ class LocalRun:
         if self.paused is not None:
             assert self.latest is not None
             return reviewing.keep_pending(self.flow, self.sink.store, self.latest) or self.paused
-        assert self.record is not None
-        last = orch.last_method(self.record)
-        method = None if last is None else getattr(type(self.flow), last, None)
-        return reviewing.as_output(method, orch.last_output(self.record))
+        assert self.latest is not None
+        return results.run_result(self.latest, type(self.flow))
 
     def _advance(self, step: tr.Transition) -> None:
         """Write ``step``'s checkpoint, and the run's closing one if it ends the run (each if
-        the sink keeps it); the last becomes the latest."""
-        self.latest = self.sink.write(step.checkpoint)
-        if step.closing is not None:
-            self.latest = self.sink.write(step.closing)
+        the sink keeps it); the last becomes the latest. The sink commits with compare-and-set
+        on the run's sequence, as workers do: another process that resumed, answered or
+        cancelled the run meanwhile stops this one (:class:`RunStateError`)."""
+        for ckpt in (step.checkpoint, step.closing):
+            if ckpt is not None and ckpt.worker is None:
+                ckpt.worker = self.here  # an epoch's opening too: this process drives it
+        try:
+            self.latest = self.sink.write(step.checkpoint)
+            if step.closing is not None:
+                self.latest = self.sink.write(step.closing)
+        except CommitConflict:
+            if self.latest is None and step.checkpoint.event == FLOW_RESUMED:
+                # The resume itself: the run moved on since this process read it.
+                raise plans.changed_while_resuming(self.run_id, None) from None
+            raise RunStateError(
+                f"run {self.run_id} changed elsewhere while it ran here (another process "
+                "started, resumed, answered or cancelled it); this process stopped it",
+                run_id=self.run_id,
+            ) from None
         self.record = step.record if step.record is not None else tr.record_of(step.checkpoint)
         set_usage_metrics(self.flow, usage.last_of(self.latest))
 
@@ -249,7 +268,7 @@ class LocalRun:
             lifecycle.decide(result, spec, self.settings),
             epoch=self.latest.meta.epoch,
             reducers=self.reducers,
-            worker=WORKER,
+            worker=self.here,
             record=self.record,
         )
         assert settled is not None  # this thread is the run's only committer

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner import ids
+from runner.flow import epochs, usage
 from runner.flow import orchestrator as orch
-from runner.flow import usage
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import Reducer, apply_changes, diff
@@ -117,19 +117,12 @@ def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Tran
         state=state,
         status=RunStatus.RUNNING,
         fingerprint=graph.fingerprint,
-        meta=latest.meta.model_copy(
-            update={
-                "ready": [a.id for a in ready],
-                "epoch": latest.meta.epoch + 1,
-                "usage": usage.restarted(latest.meta.usage),
-                # Its activations begin again at #1: what earlier ones were answered or
-                # slept is not theirs.
-                "answers": {},
-                "awaiting": None,
-                "feedback": [],
-                "reviews": {},
-                "sleeps": {},
-            }
+        meta=epochs.carry(
+            latest.meta,
+            epochs.Opening.RESTART,
+            ready=[a.id for a in ready],
+            epoch=latest.meta.epoch + 1,
+            usage=usage.restarted(latest.meta.usage),
         ),
     )
     return Transition(ckpt, ready, record=record)
@@ -350,7 +343,7 @@ def answered(latest: Checkpoint, answer: Answer) -> Transition:
     answer recorded for the activation that waited, which is sent again with the rest."""
     act = answer.awaited.activation
     answers = {**latest.meta.answers, act: [*latest.meta.answers.get(act, []), answer]}
-    return resumed(latest, latest, latest.state, answers=answers)
+    return resumed(latest, latest, latest.state, epochs.Opening.ANSWER, answers=answers)
 
 
 def _step_stopped(
@@ -378,10 +371,15 @@ def _step_stopped(
 
 
 def resumed(
-    latest: Checkpoint, source: Checkpoint, state: dict[str, Any], **meta: Any
+    latest: Checkpoint,
+    source: Checkpoint,
+    state: dict[str, Any],
+    opening: epochs.Opening = epochs.Opening.RESUME,
+    **meta: Any,
 ) -> Transition:
-    """Continue from ``source`` (the latest or an older checkpoint) in a new epoch;
-    ``meta`` sets further :class:`RunMeta` fields.
+    """Continue from ``source`` (the latest or an older checkpoint) in a new epoch that
+    ``opening`` opens (its metadata carried as :mod:`runner.flow.epochs` says); ``meta``
+    gives the further :class:`RunMeta` fields that opening sets.
 
     A new epoch gives the re-dispatched steps fresh idempotency keys and task ids,
     so their earlier attempts (also from later history) can neither block nor
@@ -396,16 +394,14 @@ def resumed(
         step=None,
         state=state,
         status=RunStatus.RUNNING,
-        meta=source.meta.model_copy(
-            update={
-                "ready": [a.id for a in pending],
-                "epoch": max(latest.meta.epoch, source.meta.epoch) + 1,
-                "resumed_from": source.id,
-                "pause_reason": None,
-                "awaiting": None,
-                "usage": usage.resumed(latest.meta.usage, source.meta.usage),
-                **meta,
-            }
+        meta=epochs.carry(
+            source.meta,
+            opening,
+            ready=[a.id for a in pending],
+            epoch=max(latest.meta.epoch, source.meta.epoch) + 1,
+            resumed_from=source.id,
+            usage=usage.resumed(latest.meta.usage, source.meta.usage),
+            **meta,
         ),
     )
     return Transition(ckpt, pending, record=record)

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-    from runner.store.redis import RedisProvider
+    from runner.store.base import DeploymentStore
 
 log = logging.getLogger("runner.metrics")
 
@@ -247,32 +247,19 @@ class QueueDepth:
         self.app, self.queues = app, queues
 
     def collect(self) -> Iterator[Metric]:
-        from kombu.exceptions import ChannelError, OperationalError
         from prometheus_client.core import GaugeMetricFamily
 
+        from runner.distributed.broker import queue_depths
+
+        depths = queue_depths(self.app, self.queues)  # None: unreachable, logged there
+        if depths is None:
+            return
         family = GaugeMetricFamily(
             "runner_queue_depth", "Messages waiting in the queue.", labels=["queue"]
         )
-        try:
-            with self.app.connection_for_read() as conn:
-                for queue in self.queues:
-                    family.add_metric([queue], _depth(conn, queue, ChannelError))
-        except (OperationalError, OSError) as exc:
-            log.warning("metrics: cannot read the queue depth (%s)", exc)
-            return
+        for queue, depth in depths.items():
+            family.add_metric([queue], depth)
         yield family
-
-
-def _depth(conn: Any, queue: str, missing: type[Exception]) -> int:
-    # A channel of its own: a passive declare of a queue that does not exist (an empty
-    # queue on Redis has no key) closes a RabbitMQ channel.
-    channel = conn.channel()
-    try:
-        return int(channel.queue_declare(queue=queue, passive=True).message_count)
-    except missing:
-        return 0
-    finally:
-        channel.close()
 
 
 class RunsByStatus:
@@ -281,7 +268,7 @@ class RunsByStatus:
 
     PAGE = 500
 
-    def __init__(self, store: RedisProvider) -> None:
+    def __init__(self, store: DeploymentStore) -> None:
         self.store = store
 
     def collect(self) -> Iterator[Metric]:
@@ -336,7 +323,7 @@ class QueueBacklog:
 
 def console_registry(
     app: Celery,
-    store: RedisProvider,
+    store: DeploymentStore,
     queues: list[str],
     backlog: Callable[[], list[tuple[str, int, float | None]]] | None = None,
 ) -> CollectorRegistry:

@@ -17,6 +17,9 @@ suite in ``tests/test_store_conformance.py`` checks them):
 :class:`CoordinatedStore` adds what the engine on workers needs beside the history:
 dispatch markers and step leases, kept in the same store so a commit can drop the
 committing step's lease and mark the steps it makes ready in the same atomic write.
+:class:`DeploymentStore` adds the deployment's own records (limits, queue consumers, the
+workers' roster, timers, schedules): the whole of what code outside ``runner/store`` may
+ask of a store.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from runner.store.limits import LimitUse, RateLimit, Refusal, SlotLimit
 from runner.store.models import Checkpoint, RunInfo, RunStatus
+from runner.store.roster import FORGET_AFTER, WorkerFacts, WorkerRecord
+from runner.store.schedules import Schedule
 
 
 @runtime_checkable
@@ -279,4 +285,144 @@ class CoordinatedStore(CheckpointStore, Protocol):
 
     def stop_notices(self, run_id: str) -> AbstractContextManager[StopNotices]:
         """A subscription to the run's stop notices while the block runs."""
+        ...
+
+
+@runtime_checkable
+class DeploymentStore(CoordinatedStore, Protocol):
+    """A coordinated store that also keeps a deployment's own records: what the engine on
+    workers, the producers, the CLI and the console use, and all they use of the store.
+
+    One-job methods per concern, each owned by one store module on Redis: limits
+    (:mod:`runner.store.limits`), queue consumers (:mod:`runner.store.queues`), the workers'
+    roster (:mod:`runner.store.roster`), run timers (:mod:`runner.store.timers`) and
+    schedules (:mod:`runner.store.schedules`).
+    """
+
+    url: str
+    """Where the store is (its password masked only where shown)."""
+    cluster: bool
+    """The store is on a Redis Cluster (its keys span slots; no outbox)."""
+
+    def upgrade(self) -> int:
+        """Rewrite runs stored by an older release in today's layout; how many moved."""
+        ...
+
+    def run_ids(self, prefix: str = "") -> list[str]:
+        """Ids of the runs that start with ``prefix`` (``runner`` commands' id prefixes)."""
+        ...
+
+    def checkpoint_ids(self, prefix: str) -> list[str]:
+        """Ids of the checkpoints that start with ``prefix``."""
+        ...
+
+    # -- limits -------------------------------------------------------------------------------
+
+    def set_rate(self, name: str, rate: str, burst: int) -> None:
+        """Set the named limit ``name`` to ``rate`` (already parsed once, by the caller)."""
+        ...
+
+    def named_rates(self) -> dict[str, tuple[str, int]]:
+        """The named limits :meth:`set_rate` set: name -> ``(rate, burst)``."""
+        ...
+
+    def admit(
+        self,
+        rates: Sequence[RateLimit],
+        slots: Sequence[SlotLimit],
+        token: str,
+        member: str,
+        lease_seconds: float,
+        poll_seconds: float,
+    ) -> Refusal | None:
+        """Take every limit for the attempt ``token`` of ``member`` (``run|step``) at once,
+        or take none and say which limit holds it back longest."""
+        ...
+
+    def release_slots(self, names: Sequence[str], token: str) -> None:
+        """Give back the slots of the concurrency limits ``names`` that ``token`` holds."""
+        ...
+
+    def renew_slots(self, held: Sequence[tuple[str, str]], lease_seconds: float) -> None:
+        """Renew each slot ``(limit name, token)`` for ``lease_seconds``."""
+        ...
+
+    def limit_uses(self) -> list[LimitUse]:
+        """Every limit in use, its use now and the steps waiting on it."""
+        ...
+
+    # -- queue consumers ----------------------------------------------------------------------
+
+    def announce_queues(
+        self, queues: Sequence[str], worker: str, ttl: float, facts: WorkerFacts | None = None
+    ) -> None:
+        """Record that ``worker`` consumes ``queues`` for the next ``ttl`` seconds and, with
+        ``facts``, its record in the workers' roster (lapsing with it)."""
+        ...
+
+    def retire_queues(self, queues: Sequence[str], worker: str) -> None:
+        """Record that ``worker`` no longer consumes ``queues``; its roster record goes too."""
+        ...
+
+    def queue_consumers(self, queue: str) -> list[str]:
+        """Workers whose word that they consume ``queue`` has not lapsed."""
+        ...
+
+    # -- the workers' roster ------------------------------------------------------------------
+
+    def workers(self) -> list[WorkerRecord]:
+        """Every worker's last roster record, lapsed ones too, by name."""
+        ...
+
+    def forget_dead_workers(self, older_than: float = FORGET_AFTER) -> list[str]:
+        """Drop the roster records that lapsed more than ``older_than`` seconds ago; their
+        workers' names."""
+        ...
+
+    # -- run timers ---------------------------------------------------------------------------
+
+    def set_timer(self, kind: str, run_id: str, at: float) -> None:
+        """Act on ``run_id`` at ``at`` (unix seconds) for ``kind``; replaces its timer."""
+        ...
+
+    def due_timers(self, kind: str, now: float, limit: int = 500) -> list[str]:
+        """Runs whose ``kind`` timer is not after ``now``, the earliest first."""
+        ...
+
+    def timer_at(self, kind: str, run_id: str) -> float | None:
+        """When ``run_id``'s ``kind`` timer is due, or ``None``."""
+        ...
+
+    def drop_timer(self, kind: str, run_id: str, now: float) -> bool:
+        """Drop ``run_id``'s ``kind`` timer if it is not after ``now``; whether it did."""
+        ...
+
+    # -- schedules ----------------------------------------------------------------------------
+
+    def add_schedule(self, schedule: Schedule) -> None:
+        """Store a new schedule (:class:`~runner.errors.RunStateError` if the name is taken)."""
+        ...
+
+    def schedule(self, name: str) -> Schedule:
+        """The schedule ``name`` (:class:`~runner.errors.InvalidInputs` if none)."""
+        ...
+
+    def schedules(self) -> list[Schedule]:
+        """Every readable schedule, by name."""
+        ...
+
+    def pause_schedule(self, name: str, paused: bool) -> Schedule:
+        """Pause or resume the schedule ``name``."""
+        ...
+
+    def remove_schedule(self, name: str) -> None:
+        """Delete the schedule ``name`` (:class:`~runner.errors.InvalidInputs` if none)."""
+        ...
+
+    def next_tick(self, name: str) -> float | None:
+        """When the schedule ``name``'s next tick not yet fired is."""
+        ...
+
+    def advance_schedule(self, name: str, tick: float) -> None:
+        """Record that the schedule ``name``'s ticks before ``tick`` were fired."""
         ...

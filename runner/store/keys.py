@@ -23,18 +23,28 @@ key                        type    holds
 ``P:[{S}:]active``         zset    run ids whose status is ``running`` (recovery scans it)
 ``P:{time}:deadlines``     zset    run ids scored by their deadline (recovery cancels them)
 ``P:{time}:starts``        zset    run ids scored by their delayed start (recovery sends them)
+``P:{time}:answers``       zset    run ids scored by their ``ask`` deadline (recovery answers)
 ``P:{time}:schedules``     hash    schedule name -> its definition (JSON: flow, inputs, cron)
 ``P:{time}:ticks``         hash    schedule name -> the time of its next tick not yet fired
 ``P:<name>-lock``          string  a deployment-wide lock (``recover``: the recovery pass)
 ``P:{flow}:rates``         hash    named limit -> its rate (``runner.set_limit``)
 ``P:{flow}:rate:<L>``      string  limit ``L``'s theoretical arrival time (GCRA), in ms
 ``P:{flow}:slots:<L>``     zset    attempt tokens holding a slot of ``L`` by lease expiry
-``P:{flow}:limited``       zset    every limit ``L`` in use, scored by when last used
-``P:{flow}:limit-specs``   hash    limit ``L`` -> ``rate:5/s`` or ``concurrency:2``
-``P:{flow}:waiting:<L>``   zset    ``run|step`` deferred by ``L``, scored by when it may go
+``P:{flow}:limited``       zset    every limit ``<kind>:L`` in use, scored by when last used
+``P:{flow}:limit-specs``   hash    ``<kind>:L`` -> JSON ``[its rate or slots, interval ms]``
+``P:{flow}:waiting:<L>``   zset    ``run|step`` deferred by limit ``<L>`` (``<kind>:L``), by time
 ``P:{flow}:queue:<Q>``     zset    workers consuming queue ``Q``, scored by when that lapses
 ``P:{flow}:workers``       hash    worker name -> what it said of itself last (JSON, roster)
 =========================  ======  ===========================================================
+
+Each group has one owner, the only module that reads or writes it: the run's keys, the
+indexes and the locks :mod:`runner.store.redis` (scripts in :mod:`runner.store.scripts`);
+``{flow}:rate*``, ``slots``, ``limited``, ``limit-specs`` and ``waiting``
+:mod:`runner.store.limits`; ``{flow}:queue`` :mod:`runner.store.queues`; ``{flow}:workers``
+:mod:`runner.store.roster`; ``{time}:deadlines`` / ``starts`` / ``answers``
+:mod:`runner.store.timers`; ``{time}:schedules`` / ``ticks`` :mod:`runner.store.schedules`.
+Code outside ``runner/store`` reaches them only through
+:class:`runner.store.base.DeploymentStore` (``tests/test_boundaries.py`` checks it).
 
 On a single Redis (``shards=0``) the tag ``{T}`` is the run id (``P:{R}:meta``) and the
 three indexes are single keys. A state stored by field (see :mod:`runner.store.redis`)
@@ -51,6 +61,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 CLUSTER_SHARDS = 64
 """Index shards on Redis Cluster: runs spread over up to this many slots. Fixed, because
@@ -224,5 +235,27 @@ class Keys:
         return [self._index(shard, name) for shard in range(max(self.shards, 1))]
 
 
+def match_prefix(text: str) -> str:
+    """A SCAN ``MATCH`` pattern of every member or field starting with ``text``."""
+    return _glob_escape(text) + "*"
+
+
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+class RedisHandle(Protocol):
+    """What the store's own modules (timers, schedules, limits, queues) are built on: a
+    redis-py client and the deployment's key builder, as a :class:`RedisProvider
+    <runner.store.redis.RedisProvider>` holds them. Code outside ``runner/store`` never
+    uses either; it asks the store (:class:`runner.store.base.DeploymentStore`)."""
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client."""
+        ...
+
+    @property
+    def keys(self) -> Keys:
+        """The deployment's key builder."""
+        ...

@@ -1,7 +1,9 @@
 """The Redis checkpoint store (key layout: :mod:`runner.store.keys`).
 
-It implements :class:`~runner.store.base.CoordinatedStore`: beside the history it keeps
-the dispatch markers and step leases of the engine on workers. A commit is one EVALSHA
+It implements :class:`~runner.store.base.DeploymentStore`: beside the history it keeps
+the dispatch markers and step leases of the engine on workers (and, through
+:class:`~runner.store.deployment.DeploymentRecords`, the deployment's limits, queue
+consumers, timers and schedules). A commit is one EVALSHA
 of :data:`~runner.store.scripts.COMMIT` (its arguments a
 :class:`~runner.store.base.CommitRequest`): one round trip, atomic, idempotent per
 activation, dropping the step's lease, marking the next steps dispatched, publishing their
@@ -43,7 +45,6 @@ from pydantic_core import to_json
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
-from redis.sentinel import SentinelConnectionPool
 
 from runner.embedded import mask_url
 from runner.errors import (
@@ -55,7 +56,7 @@ from runner.errors import (
     StoreError,
     StoreUnavailable,
 )
-from runner.store import connection, scripts
+from runner.store import connection, pools, scripts
 from runner.store._common import (
     SERIALIZATION_ERRORS,
     conflict,
@@ -74,7 +75,8 @@ from runner.store.base import (
     Coordination,
     OutboxCommand,
 )
-from runner.store.keys import CLUSTER_SHARDS, Keys
+from runner.store.deployment import DeploymentRecords
+from runner.store.keys import CLUSTER_SHARDS, Keys, match_prefix
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.pending import PendingFeedbackStore
 
@@ -108,7 +110,7 @@ _NEW_RUN = ("name", "parent_run_id", "parent_checkpoint_id", "branch")
 """Metadata set when a commit creates the run besides the script's (run_id, created_at)."""
 
 
-class RedisProvider(PendingFeedbackStore):
+class RedisProvider(DeploymentRecords, PendingFeedbackStore):
     """Checkpoint store on Redis or Redis Cluster; see :class:`~runner.store.base.CoordinatedStore`.
 
     A ``redis+cluster://`` URL or a ``redis.cluster.RedisCluster`` client selects the
@@ -135,7 +137,7 @@ class RedisProvider(PendingFeedbackStore):
 
                 url = resolve_redis_url(settings.redis_url)
             client = _connect(url, patient)
-        self.url = url or _client_url(client)
+        self.url = url or pools.client_url(client)
         self.client: Any = client
         self.cluster = isinstance(client, RedisCluster)
         """The store is on a Redis Cluster."""
@@ -391,6 +393,29 @@ class RedisProvider(PendingFeedbackStore):
     def run(self, run_id: str) -> RunInfo | None:
         """A run's metadata, or ``None``."""
         return next(iter(self._infos([run_id])), None)
+
+    def run_ids(self, prefix: str = "") -> list[str]:
+        """Ids of the indexed runs that start with ``prefix`` (SCAN of every index shard,
+        never ``KEYS``)."""
+        pattern = match_prefix(prefix)
+        return self._guard(
+            lambda: [
+                raw.decode()
+                for key in self.keys.all_runs()
+                for raw, _score in self.client.zscan_iter(key, match=pattern, count=1000)
+            ]
+        )
+
+    def checkpoint_ids(self, prefix: str) -> list[str]:
+        """Ids of the checkpoints that start with ``prefix`` (HSCAN of the lookup's shards)."""
+        pattern = match_prefix(prefix)
+        return self._guard(
+            lambda: [
+                raw.decode()
+                for key in self.keys.all_checkpoints()
+                for raw, _run in self.client.hscan_iter(key, match=pattern, count=1000)
+            ]
+        )
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -923,16 +948,6 @@ def _meta_fields(ckpt: Checkpoint, now: float) -> tuple[dict[str, str], dict[str
     return always, once
 
 
-def _client_url(client: redis.Redis | RedisCluster) -> str:
-    if isinstance(client, RedisCluster):
-        node = client.get_default_node()
-        return f"redis+cluster://{node.host}:{node.port}"
-    kw = client.connection_pool.connection_kwargs
-    if "path" in kw:
-        return f"unix://{kw['path']}?db={kw.get('db', 0)}"
-    return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
-
-
 class _StopNotices:
     """:class:`~runner.store.base.StopNotices` on a redis-py pub/sub."""
 
@@ -948,27 +963,6 @@ class _StopNotices:
 
 
 def _fresh_pool(provider: RedisProvider | None) -> None:
-    """Give ``provider``'s client a new connection pool with the same settings (in a
-    forked child; a cluster client's nodes are left as they are)."""
-    if provider is None:
-        return
-    pool = getattr(provider.client, "connection_pool", None)
-    if pool is None:
-        return
-    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
-    if isinstance(pool, SentinelConnectionPool):  # the same group's primary, found afresh
-        provider.client.connection_pool = SentinelConnectionPool(
-            pool.service_name,
-            pool.sentinel_manager,
-            is_master=pool.is_master,
-            check_connection=pool.check_connection,
-            connection_class=pool.connection_class,
-            max_connections=pool.max_connections,
-            **kwargs,
-        )
-        return
-    provider.client.connection_pool = type(pool)(
-        connection_class=pool.connection_class,
-        max_connections=pool.max_connections,
-        **kwargs,
-    )
+    """Give ``provider``'s client a new connection pool (in a forked child)."""
+    if provider is not None:
+        pools.fresh_pool(provider.client)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from runner.errors import InvalidInputs, RunStateError
 
-from .redis import RedisProvider
+from .keys import RedisHandle
 
 log = logging.getLogger("runner.store")
 
@@ -120,7 +120,7 @@ def make_schedule(
 class ScheduleBook:
     """A deployment's schedules and their next ticks, in its Redis."""
 
-    def __init__(self, store: RedisProvider) -> None:
+    def __init__(self, store: RedisHandle) -> None:
         self.client: Any = store.client
         self.key = store.keys.schedules()
         self.ticks_key = store.keys.ticks()
@@ -182,7 +182,9 @@ class ScheduleBook:
 
     def as_json(self, schedule: Schedule) -> dict[str, Any]:
         """``schedule`` with its next tick, as ``runner schedule list --json`` prints it."""
-        return {
-            **json.loads(schedule.model_dump_json()),
-            "next_tick": self.next_tick(schedule.name),
-        }
+        return schedule_json(schedule, self.next_tick(schedule.name))
+
+
+def schedule_json(schedule: Schedule, next_tick: float | None) -> dict[str, Any]:
+    """``schedule`` with its ``next_tick``, as ``runner schedule list --json`` prints it."""
+    return {**json.loads(schedule.model_dump_json()), "next_tick": next_tick}

@@ -339,9 +339,9 @@ ADMIT = """
 -- Limits are named "rate:<name>" or "concurrency:<name>".
 -- KEYS[1] limited zset (limit -> last used)   KEYS[2..1+R] rate keys
 -- KEYS[2+R..1+R+C] slot zsets                 KEYS[2+R+C..1+2R+2C] waiting zsets (rates, slots)
--- KEYS[#KEYS] limit-specs hash (limit -> "5/s" or "2")
+-- KEYS[#KEYS] limit-specs hash (limit -> its spec record, see runner.store.limits)
 -- ARGV[1] JSON {token, member, lease_ms, poll_ms, rates: [[interval_ms, burst, name, spec]],
---               slots: [[count, name]]}
+--               slots: [[count, name, spec]]}
 -- Returns {1, 0, ''} (admitted) or {0, wait_ms, name of the limit that holds it longest}.
 local h = cjson.decode(ARGV[1])
 local t = redis.call('TIME')
@@ -374,7 +374,7 @@ for j = 1, C do
   local key, name = KEYS[1 + R + j], h.slots[j][2]
   local waiting = KEYS[1 + 2 * R + C + j]
   redis.call('ZREMRANGEBYSCORE', waiting, '-inf', now - 60000)
-  redis.call('HSET', KEYS[#KEYS], name, tostring(h.slots[j][1]))
+  redis.call('HSET', KEYS[#KEYS], name, h.slots[j][3])
   redis.call('ZADD', KEYS[1], now, name)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   local full = not redis.call('ZSCORE', key, h.token) and redis.call('ZCARD', key) >= h.slots[j][1]

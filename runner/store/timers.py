@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import scripts
-from .redis import RedisProvider
+from .keys import RedisHandle
 
 DEADLINES = "deadlines"
 """Runs to cancel at their deadline."""
@@ -28,7 +28,7 @@ ANSWERS = "answers"
 class Timers:
     """The timers of one kind in a deployment's Redis."""
 
-    def __init__(self, store: RedisProvider, kind: str) -> None:
+    def __init__(self, store: RedisHandle, kind: str) -> None:
         self.client: Any = store.client
         self.key = store.keys.timers(kind)
         self.drop = self.client.register_script(scripts.TIMER_DONE)

@@ -1,0 +1,272 @@
+"""The resume planner: whether a run may go on from a checkpoint, and how.
+
+Every way of resuming a run asks :func:`plan_resume`: ``resume(run_id)`` and
+``runner resume`` on the workers, ``runner resume --location`` and
+``kickoff(from_checkpoint=...)`` / ``Flow.from_checkpoint(...).kickoff()`` in process, the
+console and its API (through ``resume``). Answering a paused run
+(``RunHandle.resume(feedback=)``, ``runner resume --feedback``, ``Flow.from_pending(...)
+.resume``) asks :func:`plan_answer`. Each refusal is raised here, so it has one wording and
+one exit code wherever it comes from: :class:`~runner.errors.InvalidInputs`,
+:class:`~runner.errors.CheckpointNotFound` (bad input, exit 2) or
+:class:`~runner.errors.RunStateError` (the run's state forbids it, exit 1).
+
+Pure: the caller reads the run's record, its latest checkpoint and the source checkpoint,
+and carries the plan out (commits :meth:`ResumePlan.opening` with compare-and-set on the
+run's sequence number, then runs what it made ready).
+
+**Running elsewhere.** On workers a run whose status is ``running`` is refused (its
+steps would commit into the rewound run; workers' recovery takes care of a crashed
+worker). In process the same holds, except for what no one drives any longer: a run whose
+latest checkpoint this process wrote, or a process on this host that has ended wrote (a
+kickoff interrupted by Ctrl-C or a crash), or, in a store workers never use (a JSON
+directory, SQLite), one that no in-process run claims (see :class:`Here`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.errors import CheckpointNotFound, InvalidInputs, RunStateError
+from runner.flow import orchestrator as orch
+from runner.flow import results
+from runner.flow import transition as tr
+from runner.flow.flow import apply_inputs
+from runner.flow.graph import FlowGraph
+from runner.store.models import Answer, Checkpoint, RunInfo, RunStatus
+
+_PROCESS = re.compile(r"^(?P<host>.*) \(pid (?P<pid>\d+)\)$")
+
+
+def this_process() -> str:
+    """What checkpoints written by an in-process run of this process record as their
+    ``worker``: ``host (pid N)`` (read each time: a forked child is another process)."""
+    return f"{socket.gethostname()} (pid {os.getpid()})"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class Here:
+    """The process that resumes a run in process (``None`` in its place: on the workers)."""
+
+    process: str = field(default_factory=this_process)
+    """Its identity (:func:`this_process`)."""
+    workers_share_store: bool = True
+    """Whether workers may drive runs in the store (the deployment's Redis), so a running
+    run whose latest checkpoint no in-process run wrote is theirs."""
+    alive: Callable[[int], bool] = process_alive
+    """Whether a process of this host is alive."""
+
+    def drives_elsewhere(self, latest: Checkpoint) -> bool:
+        """Whether someone other than this process may still be driving ``latest``'s run."""
+        writer = latest.worker
+        if writer == self.process:
+            return False
+        found = _PROCESS.match(writer or "")
+        if found is None:
+            # Workers (a step's host name, or a commit of the producer's with none); an
+            # in-process run before processes were named recorded the bare host name.
+            return self.workers_share_store and writer != socket.gethostname()
+        if found["host"] != socket.gethostname():
+            return True  # another machine's process: nothing here can tell it ended
+        return self.alive(int(found["pid"]))
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What a resume does: continue ``source`` in a new epoch with ``state``."""
+
+    run_id: str
+    source: Checkpoint
+    state: dict[str, Any]
+    """The source's state with the inputs applied, validated by the flow's model (JSON)."""
+    latest_id: str | None
+    """The run's latest checkpoint when planned (``None``: the store keeps none)."""
+    done: bool = False
+    """Nothing is left to run at ``source`` and the caller asked for the run's result then
+    (``kickoff(from_checkpoint=...)``, as CrewAI's): :attr:`result` is what it returns."""
+    result: Any = None
+
+    def opening(self, latest: Checkpoint | None) -> tr.Transition:
+        """The checkpoint that resumes the run on ``latest`` (the run's latest as the commit
+        reads it); :class:`RunStateError` if the run moved on since it was planned, since
+        resuming then would drop what was committed meanwhile."""
+        now = latest.id if latest is not None else None
+        if self.latest_id is not None and now != self.latest_id:
+            raise changed_while_resuming(self.run_id, latest)
+        return tr.resumed(latest or self.source, self.source, self.state)
+
+
+def changed_while_resuming(run_id: str, latest: Checkpoint | None) -> RunStateError:
+    """The refusal of a resume whose run another process changed meanwhile."""
+    seq = f"seq {latest.seq}" if latest is not None else "another checkpoint"
+    return RunStateError(
+        f"run {run_id} changed while resuming (now at {seq}); try again", run_id=run_id
+    )
+
+
+def plan_resume(
+    flow: Any,
+    source: Checkpoint,
+    inputs: Mapping[str, Any] | None = None,
+    *,
+    run_id: str | None = None,
+    info: RunInfo | None = None,
+    latest: Checkpoint | None = None,
+    here: Here | None = None,
+    done_is_result: bool = False,
+) -> ResumePlan:
+    """The plan to continue run ``run_id`` (default: ``source``'s) from ``source`` with
+    ``inputs``, or the refusal.
+
+    ``flow`` is an object of the run's flow class (its state model validates the inputs);
+    ``info`` and ``latest`` are the run's record and latest checkpoint in its store (``None``
+    when the store keeps none); ``here`` is the process resuming in process (``None``: on
+    the workers). The source is *named* when it is not the run's latest (an older
+    checkpoint, ``--from``): a run that succeeded, or awaits an answer, may be continued
+    from an older checkpoint, never from where it stands. ``done_is_result``: a source
+    with nothing left to run (a succeeded run's latest included) gives a plan that is
+    :attr:`ResumePlan.done` with the run's result there (``kickoff(from_checkpoint=)``, as
+    CrewAI's), not a refusal (``resume``: fork it to run it again).
+    """
+    run_id = run_id or source.run_id
+    if source.run_id != run_id:
+        raise CheckpointNotFound(
+            f"checkpoint {source.id} belongs to run {source.run_id}, not {run_id}",
+            checkpoint_id=source.id,
+        )
+    at_latest = latest is None or latest.id == source.id
+    status = info.status if info is not None else (latest or source).status
+    if at_latest and status is RunStatus.SUCCEEDED and not done_is_result:
+        raise RunStateError(f"run {run_id} already succeeded; fork it to run again", run_id=run_id)
+    if status is RunStatus.RUNNING and (
+        here is None or here.drives_elsewhere(latest if latest is not None else source)
+    ):
+        # Even from an older checkpoint: steps still running would commit into the rewound run.
+        raise RunStateError(f"run {run_id} is running; cancel it first", run_id=run_id)
+    awaiting = (latest or source).meta.awaiting if at_latest else None
+    if awaiting is not None:
+        raise RunStateError(
+            f"run {run_id} awaits an answer at {awaiting.method}: "
+            f"{awaiting.message!r}; give it (runner resume {run_id} --feedback TEXT)",
+            run_id=run_id,
+        )
+    given = dict(inputs or {})
+    if str(given.get("id", run_id)) != run_id:
+        raise InvalidInputs(
+            f"inputs cannot change a resumed run's id ({run_id}); fork it instead",
+            run_id=run_id,
+        )
+    flow_cls = type(flow)
+    check_graph(flow_cls.graph(), source)
+    check_fields(flow_cls, given)
+    state = apply_inputs(flow, given, source.state)
+    latest_id = latest.id if latest is not None else None
+    if not orch.pending(tr.record_of(source)):
+        if done_is_result:
+            result = results.run_result(source, flow_cls)
+            return ResumePlan(run_id, source, state, latest_id, done=True, result=result)
+        raise RunStateError(f"checkpoint {source.id} has no step left to run", run_id=run_id)
+    return ResumePlan(run_id, source, state, latest_id)
+
+
+@dataclass(frozen=True)
+class AnswerPlan:
+    """What an answer does: the run goes on from ``paused`` with ``answer`` recorded."""
+
+    run_id: str
+    paused: Checkpoint
+    answer: Answer
+
+    def opening(self, latest: Checkpoint | None) -> tr.Transition:
+        """The checkpoint that records the answer on ``latest`` (the run's latest as the
+        commit reads it); :class:`RunStateError` if the run moved on since it paused (it
+        was answered, resumed or cancelled meanwhile: this answer is not for it)."""
+        if latest is not None and latest.id != self.paused.id:
+            raise RunStateError(
+                f"run {self.run_id} changed while answering (now at seq {latest.seq}); try again",
+                run_id=self.run_id,
+            )
+        return tr.answered(latest or self.paused, self.answer)
+
+
+def plan_answer(
+    graph: FlowGraph,
+    latest: Checkpoint,
+    text: str | None,
+    *,
+    by: str | None = None,
+    outcome: str | None = None,
+    step: str | None = None,
+) -> AnswerPlan:
+    """The plan to give run ``latest.run_id`` (at ``latest``) the answer it awaits, or the
+    refusal: a run that awaits nothing, a ``step`` that is not the one it awaits now (the
+    answerer read another question), an ``outcome`` that is not one of its labels."""
+    run_id = latest.run_id
+    awaited = latest.meta.awaiting
+    if awaited is None or latest.status is not RunStatus.PAUSED:
+        raise RunStateError(
+            f"run {run_id} awaits no answer (it is {latest.status.value})", run_id=run_id
+        )
+    if step is not None and step not in (awaited.activation, awaited.method):
+        raise RunStateError(
+            f"run {run_id} now awaits {awaited.method} ({awaited.message!r}), not {step}: "
+            "read the question again before answering",
+            run_id=run_id,
+        )
+    if outcome is not None and outcome not in (awaited.emit or ()):
+        labels = ", ".join(awaited.emit or ()) or "none"
+        raise InvalidInputs(
+            f"{outcome!r} is not an outcome of {awaited.method}; its outcomes: {labels}",
+            run_id=run_id,
+        )
+    check_graph(graph, latest)
+    return AnswerPlan(run_id, latest, Answer(text=text, outcome=outcome, by=by, awaited=awaited))
+
+
+def check_graph(graph: FlowGraph, ckpt: Checkpoint) -> None:
+    """Refuse a checkpoint whose completed or pending methods no longer exist (a changed
+    fingerprint alone is fine: the run resumes when every step it recorded still exists)."""
+    if ckpt.fingerprint != graph.fingerprint:
+        orch.check_graph(graph, tr.record_of(ckpt), checkpoint_id=ckpt.id)
+
+
+def check_fields(flow_cls: Any, values: Mapping[str, Any]) -> None:
+    """Raise :class:`InvalidInputs` naming keys the flow's state model would silently drop.
+
+    A typo in ``--set`` or ``--input`` must not pass unnoticed. Dict state, models that
+    allow extra fields, and models that read their raw input (a ``before``/``wrap`` model
+    validator, e.g. a crew's state collecting kickoff inputs) take any key.
+    """
+    model = flow_cls.state_type()
+    if model is None or _takes_any_key(model):
+        return
+    unknown = sorted(key for key in values if key not in model.model_fields)
+    if unknown:
+        raise InvalidInputs(
+            f"{model.__name__} has no field(s) {', '.join(unknown)} "
+            f"(fields: {', '.join(model.model_fields)})",
+            flow=flow_cls.flow_name(),
+            unknown=unknown,
+        )
+
+
+def _takes_any_key(model: Any) -> bool:
+    if model.model_config.get("extra") == "allow":
+        return True
+    validators = model.__pydantic_decorators__.model_validators.values()
+    return any(v.info.mode in ("before", "wrap") for v in validators)
