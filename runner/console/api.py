@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from runner.distributed.fleet import survey
 from runner.flow.rates import PRIORITIES
 from runner.store.models import RunStatus
 
@@ -144,6 +145,19 @@ def get_limits(request: Request) -> dict[str, Any]:
     """Each limit in use (`runner limits`): kind, setting, use now, and the steps waiting on
     it with the seconds until they try again."""
     return {"limits": data.limits(console_of(request).rt.store)}
+
+
+@router.get("/workers", summary="Live workers and the queues' backlog")
+def get_workers(
+    request: Request,
+    timeout: Annotated[
+        float, Query(gt=0, le=10, description="Seconds to wait for the workers' answers.")
+    ] = 1.0,
+) -> dict[str, Any]:
+    """`runner workers --json`: each live worker (queues, pool, concurrency, busy slots,
+    last heartbeat, versions), the workers gone in the last hour, and each queue's depth
+    and oldest message's age (`oldest_age` says how that is measured on this broker)."""
+    return survey(console_of(request).rt, timeout=timeout).as_json()
 
 
 @router.get("/schedules", summary="Schedules")

@@ -17,8 +17,9 @@ suite in ``tests/test_store_conformance.py`` checks them):
 :class:`CoordinatedStore` adds what the engine on workers needs beside the history:
 dispatch markers and step leases, kept in the same store so a commit can drop the
 committing step's lease and mark the steps it makes ready in the same atomic write.
-:class:`DeploymentStore` adds the deployment's own records (limits, queue consumers,
-timers, schedules): the whole of what code outside ``runner/store`` may ask of a store.
+:class:`DeploymentStore` adds the deployment's own records (limits, queue consumers, the
+workers' roster, timers, schedules): the whole of what code outside ``runner/store`` may
+ask of a store.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from runner.store.limits import LimitUse, RateLimit, Refusal, SlotLimit
 from runner.store.models import Checkpoint, RunInfo, RunStatus
+from runner.store.roster import FORGET_AFTER, WorkerFacts, WorkerRecord
 from runner.store.schedules import Schedule
 
 
@@ -292,8 +294,9 @@ class DeploymentStore(CoordinatedStore, Protocol):
     workers, the producers, the CLI and the console use, and all they use of the store.
 
     One-job methods per concern, each owned by one store module on Redis: limits
-    (:mod:`runner.store.limits`), queue consumers (:mod:`runner.store.queues`), run timers
-    (:mod:`runner.store.timers`) and schedules (:mod:`runner.store.schedules`).
+    (:mod:`runner.store.limits`), queue consumers (:mod:`runner.store.queues`), the workers'
+    roster (:mod:`runner.store.roster`), run timers (:mod:`runner.store.timers`) and
+    schedules (:mod:`runner.store.schedules`).
     """
 
     url: str
@@ -350,16 +353,30 @@ class DeploymentStore(CoordinatedStore, Protocol):
 
     # -- queue consumers ----------------------------------------------------------------------
 
-    def announce_queues(self, queues: Sequence[str], worker: str, ttl: float) -> None:
-        """Record that ``worker`` consumes ``queues`` for the next ``ttl`` seconds."""
+    def announce_queues(
+        self, queues: Sequence[str], worker: str, ttl: float, facts: WorkerFacts | None = None
+    ) -> None:
+        """Record that ``worker`` consumes ``queues`` for the next ``ttl`` seconds and, with
+        ``facts``, its record in the workers' roster (lapsing with it)."""
         ...
 
     def retire_queues(self, queues: Sequence[str], worker: str) -> None:
-        """Record that ``worker`` no longer consumes ``queues``."""
+        """Record that ``worker`` no longer consumes ``queues``; its roster record goes too."""
         ...
 
     def queue_consumers(self, queue: str) -> list[str]:
         """Workers whose word that they consume ``queue`` has not lapsed."""
+        ...
+
+    # -- the workers' roster ------------------------------------------------------------------
+
+    def workers(self) -> list[WorkerRecord]:
+        """Every worker's last roster record, lapsed ones too, by name."""
+        ...
+
+    def forget_dead_workers(self, older_than: float = FORGET_AFTER) -> list[str]:
+        """Drop the roster records that lapsed more than ``older_than`` seconds ago; their
+        workers' names."""
         ...
 
     # -- run timers ---------------------------------------------------------------------------

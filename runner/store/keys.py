@@ -34,14 +34,16 @@ key                        type    holds
 ``P:{flow}:limit-specs``   hash    ``<kind>:L`` -> JSON ``[its rate or slots, interval ms]``
 ``P:{flow}:waiting:<L>``   zset    ``run|step`` deferred by limit ``<L>`` (``<kind>:L``), by time
 ``P:{flow}:queue:<Q>``     zset    workers consuming queue ``Q``, scored by when that lapses
+``P:{flow}:workers``       hash    worker name -> what it said of itself last (JSON, roster)
 =========================  ======  ===========================================================
 
 Each group has one owner, the only module that reads or writes it: the run's keys, the
 indexes and the locks :mod:`runner.store.redis` (scripts in :mod:`runner.store.scripts`);
 ``{flow}:rate*``, ``slots``, ``limited``, ``limit-specs`` and ``waiting``
-:mod:`runner.store.limits`; ``{flow}:queue`` :mod:`runner.store.queues`; ``{time}:deadlines``
-/ ``starts`` / ``answers`` :mod:`runner.store.timers`; ``{time}:schedules`` / ``ticks``
-:mod:`runner.store.schedules`. Code outside ``runner/store`` reaches them only through
+:mod:`runner.store.limits`; ``{flow}:queue`` :mod:`runner.store.queues`; ``{flow}:workers``
+:mod:`runner.store.roster`; ``{time}:deadlines`` / ``starts`` / ``answers``
+:mod:`runner.store.timers`; ``{time}:schedules`` / ``ticks`` :mod:`runner.store.schedules`.
+Code outside ``runner/store`` reaches them only through
 :class:`runner.store.base.DeploymentStore` (``tests/test_boundaries.py`` checks it).
 
 On a single Redis (``shards=0``) the tag ``{T}`` is the run id (``P:{R}:meta``) and the
@@ -171,6 +173,10 @@ class Keys:
     def consumers(self, queue: str) -> str:
         """Workers consuming ``queue``, scored by when that lapses unless renewed."""
         return f"{self.prefix}:{{flow}}:queue:{queue}"
+
+    def workers(self) -> str:
+        """Worker name -> its last word on itself: queues, routes, versions, when (JSON)."""
+        return f"{self.prefix}:{{flow}}:workers"
 
     # -- time: run timers, one hash tag for all (read by the recovery pass) -------------------
 
