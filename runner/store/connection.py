@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import redis
 from redis.sentinel import MasterNotFoundError, Sentinel
@@ -92,10 +92,9 @@ def check_database(url: str) -> None:
         SentinelGroup.parse(url)  # checks its /SERVICE/DB
         return
     parts = urlsplit(url)
-    if parts.scheme == "unix":
-        db = dict(parse_qsl(parts.query)).get("db", "0")
-    else:
-        db = parts.path.strip("/") or "0"
+    if parts.scheme == "unix":  # its database is a query parameter, which redis-py checks
+        return
+    db = parts.path.strip("/") or "0"
     if not db.isdigit():
         raise BadRedisSettings(f"the Redis URL's database {db!r} is not a number (e.g. /0)")
 
