@@ -7,75 +7,31 @@ the workers' recovery pass and ``runner gc`` run it.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runner import CheckpointConfig
-from runner.distributed.app import make_app
 from runner.distributed.cancel import cancel_run
 from runner.distributed.engine import Runtime
 from runner.distributed.retention import collect
 from runner.errors import DefinitionError
 from runner.flow.retain import retention
-from runner.settings import RunnerSettings
 from runner.store.models import RunStatus
 from tests.flows.retained import KeptLong, Report, ShortLived
 from tests.flows.timing import NapFlow
+from tests.retention_support import cli, deployment, kickoff, policy
 
-ROOT = Path(__file__).resolve().parent.parent
 HOUR = 3600.0
 
 
 @pytest.fixture
 def deploy(redis_url: str, prefix: str) -> Iterator[Runtime]:
-    """A runtime on a prefix of its own, with no workers (no pass but the test's)."""
-    settings = RunnerSettings(prefix=prefix, redis_url=redis_url)
-    rt = Runtime.create(make_app(settings), settings)
-    yield rt
-    rt.close()
-
-
-def policy(rt: Runtime, retention: str, **more: Any) -> RunnerSettings:
-    """The deployment's settings with this ``RUNNER_RETENTION``."""
-    return rt.settings.model_copy(update={"retention": retention, **more})
-
-
-def kickoff(rt: Runtime, flow_cls: Any = Report, **inputs: Any) -> str:
-    """Run ``flow_cls`` in this process into the deployment's Redis; its run id."""
-    flow = flow_cls(checkpoint=CheckpointConfig(provider=rt.store, on_events=["*"]))
-    try:
-        flow.kickoff(inputs=inputs)
-    except RuntimeError:
-        pass  # told to fail: the run is failed
-    return str(flow.state.id)
-
-
-def cli(rt: Runtime, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``runner ARGS`` in a process of its own on the test's deployment."""
-    environ = {
-        **os.environ,
-        "RUNNER_REDIS_URL": str(rt.store.url),
-        "RUNNER_PREFIX": rt.settings.prefix,
-        "RUNNER_FLOW_MODULES": "tests.flows.retained",
-        "COLUMNS": "220",
-        **env,
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        env=environ,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    """A deployment of this test's own, with no workers."""
+    with deployment(redis_url, prefix) as rt:
+        yield rt
 
 
 def test_each_status_is_kept_for_its_own_retention(deploy: Runtime) -> None:

@@ -154,6 +154,12 @@ def archive_of(location: str) -> Any:
     return found
 
 
+def close_archives() -> None:
+    """Close the archives this process opened (a test's, or at exit)."""
+    while _archives:
+        _archives.popitem()[1].close()
+
+
 class _Policies:
     """Each flow's policy, read once a pass: the registered class (a worker's), else the
     class imported from the allow-list (``RUNNER_FLOW_MODULES``), else none."""

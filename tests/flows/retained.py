@@ -55,4 +55,4 @@ class ShortLived(Report):
 class KeptLong(Report):
     """The same flow, its failures kept a week (a class attribute)."""
 
-    retention = {"failed": "7d"}  # noqa: RUF012  (the documented spelling)
+    retention = {"failed": "7d"}
