@@ -22,10 +22,13 @@ from runner.store.policy import EXPIRING
 from . import refs
 from ._app import commands
 from ._session import FLAG, BadUsage, console, print_json, session
-from .runs import JsonOpt, RunArg
 
 app = commands()
 """This module's commands, loaded by the ``runner`` group when one is called."""
+
+# As `runner runs` spells them (that module imports this one for its expiry column).
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.", metavar=FLAG)]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="Run id, or a unique prefix of it.")]
 
 
 def _retaining(store: object) -> RetainingStore:
