@@ -13,11 +13,12 @@ commits are), so the numbers are the store's and not the broker's.
    the index entries, from ``used_memory`` over 200 runs), then the same after a retention
    pass (``succeeded=0s``, archive a SQLite file) moved them out: what stays in Redis, and
    what the archive file grew by per run.
-2. **Flat memory**: ``--runs`` runs under ``RUNNER_RETENTION=succeeded=0s`` with a retention
-   pass (:func:`runner.distributed.retention.collect`, as the workers' recovery pass runs
-   it, batch ``RUNNER_RETENTION_BATCH``) after every ``--every`` runs; the bench's own keys
-   (SCAN of its prefix, ``MEMORY USAGE``) and the server's ``used_memory`` sampled ten times.
-   ``used_memory`` is the whole server's: other clients of a shared Redis move it too.
+2. **Flat memory**: on a private Redis (an embedded ``redis-server``, so ``used_memory`` is
+   the bench's alone), ``--runs`` runs under ``RUNNER_RETENTION=succeeded=0s`` with a
+   retention pass (:func:`runner.distributed.retention.collect`, as the workers' recovery
+   pass runs it, batch ``RUNNER_RETENTION_BATCH``) after every ``--every`` runs; the runs'
+   keys (SCAN, ``MEMORY USAGE``) and ``used_memory`` sampled ten times, beside what the runs
+   would keep with no retention.
 3. **Longest Redis call of a pass**: on a private Redis (an embedded ``redis-server`` whose
    ``SLOWLOG`` logs every command), one pass with the archive on over 101 runs, one of them
    holding 200 checkpoints (``RUNNER_MAX_CHECKPOINTS``' default): the longest time each
@@ -122,7 +123,7 @@ def timed_commands(store: RedisProvider) -> Iterator[dict[str, float]]:
         del client.execute_command, client.pipeline
 
 
-def per_run(url: str, root: str, archive_dir: Path) -> None:
+def per_run(url: str, root: str, archive_dir: Path) -> int:
     store = RedisProvider(url, prefix=f"{root}-one")
     settings = RunnerSettings(prefix=store.keys.prefix, redis_url=url, retention="succeeded=0s")
     sample = kickoff(store)
@@ -147,30 +148,37 @@ def per_run(url: str, root: str, archive_dir: Path) -> None:
     print("Bytes a finished run keeps in Redis (five steps, two ~2 KB state fields)\n")
     print_table(["what", "bytes"], rows)
     store.close()
+    return int(share)
 
 
-def flat(url: str, root: str, runs: int, every: int) -> None:
-    store = RedisProvider(url, prefix=f"{root}-flat")
-    settings = RunnerSettings(prefix=store.keys.prefix, redis_url=url, retention="succeeded=0s")
-    rows, start = [], time.perf_counter()
-    # Sampled right after a pass: between passes up to `every` runs wait for the next one.
-    samples = {1, *(max(runs * i // 10 // every * every, every) for i in range(1, 11)), runs}
-    baseline = used_memory(store)
-    for n in range(1, runs + 1):
-        kickoff(store)
-        if n % every == 0 or n == runs:
-            collect(store, settings)
-        if n in samples:
-            keys, size = prefix_bytes(store)
-            delta = (used_memory(store) - baseline) / 1024
-            rows.append([n, keys, f"{size / 1024:.1f}", f"{delta:+.0f}"])
-    took = time.perf_counter() - start
+def flat(root: str, runs: int, every: int, per_run_bytes: int) -> None:
+    """On a private Redis (so ``used_memory`` is the bench's alone): ``runs`` runs under a
+    0-day retention, a pass every ``every`` runs."""
+    with EmbeddedRedis() as server:
+        url = with_db(server.url, 1)
+        store = RedisProvider(url, prefix=f"{root}-flat")
+        settings = RunnerSettings(prefix=store.keys.prefix, redis_url=url, retention="succeeded=0s")
+        rows, start = [], time.perf_counter()
+        # Sampled right after a pass: between passes up to `every` runs wait for the next one.
+        samples = {1, *(max(runs * i // 10 // every * every, every) for i in range(1, 11)), runs}
+        baseline = used_memory(store)
+        for n in range(1, runs + 1):
+            kickoff(store)
+            if n % every == 0 or n == runs:
+                collect(store, settings)
+            if n in samples:
+                keys, size = prefix_bytes(store)
+                delta = (used_memory(store) - baseline) / 1024
+                kept = n * per_run_bytes / 1024
+                rows.append([n, keys, f"{size / 1024:.1f}", f"{delta:+.0f}", f"{kept:,.0f}"])
+        took = time.perf_counter() - start
+        store.close()
     print(
-        f"Memory over {runs} runs in process, RUNNER_RETENTION=succeeded=0s, a retention "
-        f"pass every {every} runs ({took:.0f} s, {runs / took:.0f} runs/s)\n"
+        f"Memory over {runs} runs in process on a private Redis, RUNNER_RETENTION=succeeded=0s, "
+        f"a retention pass every {every} runs ({took:.0f} s, {runs / took:.0f} runs/s)\n"
     )
-    print_table(["runs done", "bench keys", "bench KB", "used_memory Δ KB"], rows)
-    store.close()
+    headers = ["runs done", "run keys", "run KB", "used_memory Δ KB", "KB kept with no retention"]
+    print_table(headers, rows)
 
 
 def longest_call(root: str, archive_dir: Path) -> None:
@@ -234,9 +242,9 @@ def main() -> None:
         print(f"Redis: {target.masked} ({target.source})\n")
         admin = target.client()
         try:
-            per_run(target.url, root, Path(tmp))
+            per_run_bytes = per_run(target.url, root, Path(tmp))
             longest_call(root, Path(tmp))
-            flat(target.url, root, args.runs, args.every)
+            flat(root, args.runs, args.every, per_run_bytes)
         finally:
             delete_prefix(admin, root)
             admin.close()

@@ -186,3 +186,13 @@ def test_a_bad_flow_retention_is_a_definition_error() -> None:
         retention(paused="1d")
     with pytest.raises(DefinitionError, match="7 days"):
         retention(succeeded="7 days")
+
+
+def test_runs_that_ended_before_retention_are_indexed_by_upgrade(
+    deploy: Runtime, redis_client: Any
+) -> None:
+    run = kickoff(deploy)
+    redis_client.zrem(deploy.store.keys.ended_of(run), run)  # as an earlier release left it
+    assert collect(deploy.store, policy(deploy, "succeeded=0s")).expired == []
+    deploy.store.upgrade()
+    assert collect(deploy.store, policy(deploy, "succeeded=0s")).expired == [run]

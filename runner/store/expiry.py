@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 from . import scripts
 from .base import DeploymentStore
 from .keys import RUN_PARTS, Keys
+from .policy import EXPIRING
 
 EXPIRE_OUTCOMES = ("gone", "early", "changed", "live", "undecided")
 """What :meth:`RetentionRecords.expire_run` may answer (see :data:`scripts.EXPIRE_RUN`)."""
@@ -148,6 +149,29 @@ class RetentionRecords:
         keys = [k.meta(run_id), k.ended_of(run_id), k.expires_of(run_id)]
         with self._wrapped():
             return bool(self._retention_scripts["PIN_RUN"](keys, [run_id, "1" if pinned else "0"]))
+
+    def index_ended(self, run_ids: Sequence[str]) -> int:
+        """Add those of ``run_ids`` that ended, unpinned and in neither index (they ended
+        before this release kept one), to the undecided index at their last update; how
+        many. A run resumed meanwhile is dropped again by the pass (its script checks)."""
+        k = self.keys
+        with self._wrapped():
+            pipe = self.client.pipeline(transaction=False)
+            for run_id in run_ids:
+                pipe.hmget(k.meta(run_id), ["status", "updated_at", "pinned"])
+                pipe.zscore(k.ended_of(run_id), run_id)
+                pipe.zscore(k.expires_of(run_id), run_id)
+            found = pipe.execute()
+            added = 0
+            pipe = self.client.pipeline(transaction=False)
+            for i, run_id in enumerate(run_ids):
+                (status, updated, pinned), ended, expires = found[3 * i : 3 * i + 3]
+                known = pinned is not None or ended is not None or expires is not None
+                if status and status.decode() in EXPIRING and updated and not known:
+                    pipe.zadd(k.ended_of(run_id), {run_id: float(updated)}, nx=True)
+                    added += 1
+            pipe.execute()
+        return added
 
     def expiries(self, run_ids: Sequence[str]) -> dict[str, Expiry]:
         """See :meth:`RetainingStore.expiries`."""

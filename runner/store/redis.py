@@ -303,15 +303,19 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
 
     def upgrade(self) -> int:
         """Move snapshots an earlier version wrote (one string key each, ``P:{R}:ckpt:<id>``)
-        into the runs' snapshot hashes; the number moved. Safe to run again."""
+        into the runs' snapshot hashes; the number moved. Runs that ended before retention
+        existed join its index (:meth:`index_ended`). Safe to run again."""
         moved = 0
-        for run_id in self._every_run():
+        every = self._every_run()
+        for run_id in every:
             ids = [raw.decode() for raw in self._history_ids(run_id)]
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 old = [self.keys.run(run_id, f"ckpt:{cid}") for cid in chunk]
                 keys = [self.keys.snapshots(run_id), *old]
                 moved += int(self._call(self._upgrade, keys, chunk))
+        for start in range(0, len(every), 500):
+            self.index_ended(every[start : start + 500])
         return moved
 
     def fork(
