@@ -7,7 +7,6 @@ does one pass now. See :mod:`runner.distributed.retention`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -17,7 +16,6 @@ from runner.errors import RunNotFound
 from runner.store.archive import open_archive, restore_run
 from runner.store.expiry import RetainingStore
 from runner.store.models import RunInfo
-from runner.store.policy import EXPIRING
 
 from . import refs
 from ._app import commands
@@ -124,27 +122,6 @@ def restore(
     finally:
         archive.close()
     typer.echo(f"{info.run_id}: restored ({info.seq} checkpoint(s), {info.status.value})")
-
-
-def expiry_texts(store: object, infos: Sequence[RunInfo]) -> dict[str, str]:
-    """What ``runner runs`` shows in its ``expires`` column for each run."""
-    if not isinstance(store, RetainingStore):
-        return {}
-    from .render import stamp
-
-    found = store.expiries([i.run_id for i in infos])
-    texts = {}
-    for info in infos:
-        seen = found[info.run_id]
-        if seen.pinned:
-            texts[info.run_id] = "pinned"
-        elif info.status.value not in EXPIRING:
-            texts[info.run_id] = "-"
-        elif seen.expires_at is None:
-            texts[info.run_id] = "next pass"  # ended: the next retention pass decides
-        else:
-            texts[info.run_id] = "never" if math.isinf(seen.expires_at) else stamp(seen.expires_at)
-    return texts
 
 
 def _infos(store: RetainingStore, run_ids: Sequence[str]) -> list[RunInfo]:
