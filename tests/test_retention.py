@@ -20,7 +20,7 @@ from runner.distributed.retention import collect
 from runner.errors import DefinitionError
 from runner.flow.retain import retention
 from runner.store.models import RunStatus
-from tests.flows.retained import KeptLong, Report, ShortLived
+from tests.flows.retained import Ephemeral, KeptLong, Report, ShortLived
 from tests.flows.timing import NapFlow
 from tests.retention_support import cli, deployment, kickoff, policy
 
@@ -86,6 +86,24 @@ def test_a_sleeping_run_on_workers_is_never_expired(rt: Any) -> None:
     assert napping.run_id not in done.expired
     assert rt.store.run(napping.run_id).status is RunStatus.RUNNING
     cancel_run(rt, napping.run_id, "the test is over")
+
+
+def test_the_workers_recovery_pass_expires_runs_by_their_flows_policy(rt: Any) -> None:
+    gone = Ephemeral.submit({}, rt=rt)  # @retention(succeeded="0s")
+    kept = Report.submit({}, rt=rt)  # no policy here or in the workers' settings
+    assert gone.wait(timeout=30) is not None and kept.wait(timeout=30) is not None
+    deadline = time.time() + 20
+    while time.time() < deadline and rt.store.run(gone.run_id) is not None:
+        time.sleep(0.2)
+    assert rt.store.run(gone.run_id) is None, "deleted by a worker's pass"
+
+    def decided() -> float | None:
+        return rt.store.expiries([kept.run_id])[kept.run_id].expires_at
+
+    while time.time() < deadline and decided() is None:
+        time.sleep(0.2)
+    assert math.isinf(decided() or 0)
+    assert rt.store.run(kept.run_id) is not None
 
 
 def test_a_pinned_run_stays_until_unpinned(deploy: Runtime) -> None:

@@ -56,3 +56,8 @@ class KeptLong(Report):
     """The same flow, its failures kept a week (a class attribute)."""
 
     retention = {"failed": "7d"}
+
+
+@retention(succeeded="0s")
+class Ephemeral(Report):
+    """The same flow, its successes gone at the workers' next recovery pass."""
