@@ -24,7 +24,7 @@ import pytest
 from runner import CheckpointConfig
 from runner.distributed.engine import Runtime
 from runner.distributed.retention import PAUSE_FILE, close_archives, collect
-from runner.store.archive import open_archive, whole_history
+from runner.store.archive import archive_run, open_archive, whole_history
 from runner.store.models import RunStatus
 from tests.flows.retained import Report
 from tests.retention_support import cli, deployment, kickoff, policy
@@ -175,3 +175,33 @@ def test_an_unreachable_archive_deletes_nothing(deploy: Runtime) -> None:
     run = kickoff(deploy)
     done = archived(deploy, "postgresql://postgres@127.0.0.1:1/nowhere")
     assert done.expired == [] and deploy.store.run(run) is not None
+
+
+def test_fork_location_restores_the_archived_run_and_forks_it_on_workers(
+    rt: Any, worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    where = str(tmp_path / "archive.db")
+    failed = kickoff(rt, fail=True)
+    last = rt.store.latest(failed)
+    archive = open_archive(where)
+    try:
+        assert archive_run(rt.store, archive, failed) == last.seq
+    finally:
+        archive.close()
+    assert rt.store.delete_run(failed) and rt.store.run(failed) is None  # only archived now
+
+    changed = ["--set", "fail=false", "--wait"]
+    forked = subprocess.run(
+        [sys.executable, "-m", "runner", "fork", last.id, "--location", where, *changed],
+        env={**os.environ, **worker_env},
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert forked.returncode == 0, forked.stderr
+    assert f"run {failed} restored" in forked.stderr
+    assert rt.store.run(failed) is not None  # the source is back in Redis
+    new = next(info for info in rt.store.runs(limit=50) if info.parent_run_id == failed)
+    assert new.status is RunStatus.SUCCEEDED
