@@ -165,6 +165,17 @@ class RunnerSettings(BaseSettings):
         parse_policy(value)  # one InvalidSettings line naming RUNNER_RETENTION if bad
         return value
 
+    @field_validator("archive")
+    @classmethod
+    def _archive_location(cls, value: str) -> str:
+        scheme = value.partition("://")[0] if "://" in value else ""
+        if scheme and scheme not in ("postgresql", "postgres"):
+            raise ValueError(
+                f"{scheme}:// is not an archive: give a SQLite file, a JSON directory "
+                "or a postgresql:// URL"
+            )
+        return value
+
     @property
     def retention_policy(self) -> Policy:
         """:attr:`retention` parsed (status -> seconds kept)."""

@@ -199,6 +199,13 @@ def test_a_bad_retention_setting_is_one_line_naming_it(deploy: Runtime) -> None:
         assert len(lines) == 1 and "RUNNER_RETENTION" in lines[0], done.stderr
 
 
+def test_an_archive_that_is_no_location_is_one_line_naming_it(deploy: Runtime) -> None:
+    done = cli(deploy, "runs", RUNNER_ARCHIVE="redis://127.0.0.1:6379/5")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "RUNNER_ARCHIVE" in lines[0] and "postgresql://" in lines[0]
+
+
 def test_a_bad_flow_retention_is_a_definition_error() -> None:
     with pytest.raises(DefinitionError, match="paused"):
         retention(paused="1d")
