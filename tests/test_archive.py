@@ -205,3 +205,26 @@ def test_fork_location_restores_the_archived_run_and_forks_it_on_workers(
     assert rt.store.run(failed) is not None  # the source is back in Redis
     new = next(info for info in rt.store.runs(limit=50) if info.parent_run_id == failed)
     assert new.status is RunStatus.SUCCEEDED
+
+
+def test_a_lost_archive_connection_is_opened_again_by_the_next_pass(
+    deploy: Runtime, pg_database: str
+) -> None:
+    import psycopg
+
+    first = kickoff(deploy)
+    assert archived(deploy, pg_database).expired == [first]
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
+        admin.execute(  # as a restart of the server would
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+            (pg_database.rsplit("/", 1)[1],),
+        )
+    second = kickoff(deploy)
+    assert archived(deploy, pg_database).expired == []  # the write failed: kept in Redis
+    assert deploy.store.run(second) is not None
+    assert archived(deploy, pg_database).expired == [second]
+    store = open_archive(pg_database)
+    try:
+        assert {info.run_id for info in store.runs()} == {first, second}
+    finally:
+        store.close()

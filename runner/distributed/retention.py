@@ -23,6 +23,7 @@ archive write and the delete.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -100,8 +101,10 @@ def collect(
             if _expire(store, archive, info, now, found):
                 found.expired.append(run_id)
         except StoreError as exc:
-            # The archive (or Redis) failed: nothing was deleted; the next pass tries again.
+            # The archive (or Redis) failed: nothing was deleted; the next pass tries again,
+            # on a fresh connection to the archive (a restarted server drops this one).
             log.error("retention: run %s stays in Redis: %s", run_id, exc)
+            forget_archive(settings.archive)
             break
     return found
 
@@ -152,6 +155,14 @@ def archive_of(location: str) -> Any:
     if found is None:
         found = _archives[location] = open_archive(location)
     return found
+
+
+def forget_archive(location: str) -> None:
+    """Close the archive at ``location`` if this process opened it (reopened when next used)."""
+    found = _archives.pop(location, None)
+    if found is not None:
+        with contextlib.suppress(StoreError):  # it is being dropped for failing
+            found.close()
 
 
 def close_archives() -> None:
