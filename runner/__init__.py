@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         flow_config,
     )
     from runner.flow.llm import register_llm
+    from runner.flow.retain import retention
     from runner.flow.state import FlowState, add, append, merge_dict
     from runner.flow.usage import UsageMetrics, record_usage
     from runner.store.jsondir import JsonProvider
@@ -70,6 +71,7 @@ _HOMES = {
     "runner.flow.decorators": ("listen", "router", "start"),
     "runner.flow.events": ("EventListener", "FlowEvent"),
     "runner.flow.flow": ("Flow",),
+    "runner.flow.retain": ("retention",),
     "runner.flow.human_feedback": (
         "HumanFeedbackConfig",
         "HumanFeedbackPending",
@@ -189,6 +191,7 @@ __all__ = [
     "persist",
     "record_usage",
     "register_llm",
+    "retention",
     "router",
     "set_flow_persistence_factory",
     "set_limit",

@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from runner.errors import InvalidSettings
+from runner.store.policy import Policy, parse_policy
 
 
 class RunnerSettings(BaseSettings):
@@ -130,6 +131,22 @@ class RunnerSettings(BaseSettings):
         description="Worker log lines: text, or one JSON object a line carrying the step's "
         "run id, flow, step and attempt.",
     )
+    retention: str = Field(
+        default="",
+        description="How long finished runs stay in Redis, counted from their end, e.g. "
+        "`succeeded=7d,failed=30d,cancelled=7d` (s/m/h/d); a status not named is kept. "
+        "Enforced by the workers' recovery pass; a flow's `@retention` overrides it.",
+    )
+    archive: str = Field(
+        default="",
+        description="Where finished runs go before Redis drops them: a SQLite file, a JSON "
+        "checkpoint directory or a `postgresql://` URL; unset = expired runs are deleted.",
+    )
+    retention_batch: int = Field(
+        default=100,
+        ge=1,
+        description="Expired runs one recovery pass archives and deletes at most.",
+    )
     dev_dir: str = Field(
         default=".runner",
         description="Folder of `runner dev` (its Redis data and URL file), found from the cwd up.",
@@ -141,6 +158,28 @@ class RunnerSettings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("retention")
+    @classmethod
+    def _parse_retention(cls, value: str) -> str:
+        parse_policy(value)  # one InvalidSettings line naming RUNNER_RETENTION if bad
+        return value
+
+    @field_validator("archive")
+    @classmethod
+    def _archive_location(cls, value: str) -> str:
+        scheme = value.partition("://")[0] if "://" in value else ""
+        if scheme and scheme not in ("postgresql", "postgres"):
+            raise ValueError(
+                f"{scheme}:// is not an archive: give a SQLite file, a JSON directory "
+                "or a postgresql:// URL"
+            )
+        return value
+
+    @property
+    def retention_policy(self) -> Policy:
+        """:attr:`retention` parsed (status -> seconds kept)."""
+        return parse_policy(self.retention)
 
     @model_validator(mode="after")
     def _queue_of_prefix(self) -> RunnerSettings:

@@ -50,6 +50,7 @@ COMMANDS: dict[str, str] = {
     **dict.fromkeys(["submit", "status", "watch", "runs", "cancel"], "runs"),
     **dict.fromkeys(["resume", "fork", "recover", "prune", "upgrade"], "ops"),
     **dict.fromkeys(["checkpoints", "steps", "show", "diff", "graph"], "history"),
+    **dict.fromkeys(["pin", "unpin", "gc", "restore"], "retain"),
     "worker": "worker",
     "workers": "fleet",
     "dev": "dev",

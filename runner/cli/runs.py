@@ -339,7 +339,10 @@ def list_runs(
     nested = [(info, 0) for info in found] if flat else _nest(reader, latest, found)
     shown = refs.short_runs(reader, [info.run_id for info, _depth in nested])
     waiting = {info.run_id for info, _depth in nested if _starts_at(latest, info) is not None}
-    console().print(render.runs_table(nested, shown, scheduled=waiting))
+    from .expiry_view import expiry_texts
+
+    expires = expiry_texts(reader.store, [info for info, _depth in nested])
+    console().print(render.runs_table(nested, shown, scheduled=waiting, expires=expires))
 
 
 @app.command()

@@ -21,6 +21,8 @@ key                        type    holds
 ``P:[{S}:]runs``           zset    run ids scored by last update (the run index)
 ``P:[{S}:]ckpts``          hash    checkpoint id -> run id (lookup by checkpoint id)
 ``P:[{S}:]active``         zset    run ids whose status is ``running`` (recovery scans it)
+``P:[{S}:]ended``          zset    finished runs whose expiry is not decided yet, by end time
+``P:[{S}:]expires``        zset    finished runs scored by when they expire (``inf``: kept)
 ``P:{time}:deadlines``     zset    run ids scored by their deadline (recovery cancels them)
 ``P:{time}:starts``        zset    run ids scored by their delayed start (recovery sends them)
 ``P:{time}:answers``       zset    run ids scored by their ``ask`` deadline (recovery answers)
@@ -42,8 +44,9 @@ indexes and the locks :mod:`runner.store.redis` (scripts in :mod:`runner.store.s
 ``{flow}:rate*``, ``slots``, ``limited``, ``limit-specs`` and ``waiting``
 :mod:`runner.store.limits`; ``{flow}:queue`` :mod:`runner.store.queues`; ``{flow}:workers``
 :mod:`runner.store.roster`; ``{time}:deadlines`` / ``starts`` / ``answers``
-:mod:`runner.store.timers`; ``{time}:schedules`` / ``ticks`` :mod:`runner.store.schedules`.
-Code outside ``runner/store`` reaches them only through
+:mod:`runner.store.timers`; ``{time}:schedules`` / ``ticks`` :mod:`runner.store.schedules`;
+``ended`` and ``expires`` :mod:`runner.store.expiry` (the commit script adds a run that ends
+to ``ended``). Code outside ``runner/store`` reaches them only through
 :class:`runner.store.base.DeploymentStore` (``tests/test_boundaries.py`` checks it).
 
 On a single Redis (``shards=0``) the tag ``{T}`` is the run id (``P:{R}:meta``) and the
@@ -206,6 +209,23 @@ class Keys:
         """The active-run index (shard) that lists ``run_id`` while it runs."""
         return self._index(self.shard(run_id), "active")
 
+    def ended_of(self, run_id: str) -> str:
+        """The index (shard) of finished runs whose expiry the retention pass has yet to
+        decide, scored by when they ended."""
+        return self._index(self.shard(run_id), "ended")
+
+    def expires_of(self, run_id: str) -> str:
+        """The index (shard) of finished runs scored by when they expire."""
+        return self._index(self.shard(run_id), "expires")
+
+    def all_ended(self) -> list[str]:
+        """Every shard of the finished runs not yet decided."""
+        return self._every("ended")
+
+    def all_expires(self) -> list[str]:
+        """Every shard of the expiry index."""
+        return self._every("expires")
+
     def all_runs(self) -> list[str]:
         """Every shard of the run index."""
         return self._every("runs")
@@ -233,6 +253,20 @@ class Keys:
 
     def _every(self, name: str) -> list[str]:
         return [self._index(shard, name) for shard in range(max(self.shards, 1))]
+
+
+RUN_PARTS = (
+    Keys.snapshots,
+    Keys.attempts,
+    Keys.acts,
+    Keys.pins,
+    Keys.dispatched,
+    Keys.leases,
+    Keys.owners,
+    Keys.values,
+    Keys.refs,
+)
+"""Per-run keys besides meta and history (which the delete scripts name first)."""
 
 
 def match_prefix(text: str) -> str:

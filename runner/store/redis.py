@@ -75,7 +75,8 @@ from runner.store.base import (
     OutboxCommand,
 )
 from runner.store.deployment import DeploymentRecords
-from runner.store.keys import CLUSTER_SHARDS, Keys, match_prefix
+from runner.store.expiry import RetentionRecords
+from runner.store.keys import CLUSTER_SHARDS, RUN_PARTS, Keys, match_prefix
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.pending import PendingFeedbackStore
 
@@ -90,19 +91,6 @@ whose latest checkpoint was stored by field goes on by field."""
 _BASES_KEPT = 1024
 """Runs whose latest field digests a provider remembers (least recently used go first)."""
 _INFO_FIELDS = frozenset(RunInfo.model_fields)
-_RUN_KEYS = (
-    Keys.snapshots,
-    Keys.attempts,
-    Keys.acts,
-    Keys.pins,
-    Keys.dispatched,
-    Keys.leases,
-    Keys.owners,
-    Keys.values,
-    Keys.refs,
-)
-"""Per-run keys besides meta and history (which :data:`~runner.store.scripts.DELETE_RUN`
-names first)."""
 _EVERY_COMMIT = ("event", "step", "error", "flow")
 """Metadata set by every commit besides what the script sets (seq, latest, status, updated_at)."""
 _NEW_RUN = ("name", "parent_run_id", "parent_checkpoint_id", "branch")
@@ -113,7 +101,7 @@ _live: weakref.WeakSet[RedisProvider] = weakref.WeakSet()
 """Every provider of this process (:meth:`RedisProvider.live`)."""
 
 
-class RedisProvider(DeploymentRecords, PendingFeedbackStore):
+class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
     """Checkpoint store on Redis or Redis Cluster; see :class:`~runner.store.base.CoordinatedStore`.
 
     A ``redis+cluster://`` URL or a ``redis.cluster.RedisCluster`` client selects the
@@ -253,6 +241,7 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
             k.active_of(run),
             k.values(run),
             k.refs(run),
+            k.ended_of(run),
         ]
 
     def update_run(self, run_id: str, **fields: Any) -> RunInfo:
@@ -262,7 +251,12 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         encoded = {key: _field(getattr(checked, key)) for key in fields}
         ok = self._call(
             self._update,
-            [self.keys.meta(run_id), self.keys.runs_of(run_id), self.keys.active_of(run_id)],
+            [
+                self.keys.meta(run_id),
+                self.keys.runs_of(run_id),
+                self.keys.active_of(run_id),
+                self.keys.ended_of(run_id),
+            ],
             [run_id, repr(time.time()), json.dumps(encoded)],
         )
         if not ok:
@@ -280,7 +274,9 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
             k.runs_of(run_id),
             k.checkpoints_of(run_id),
             k.active_of(run_id),
-            *(part(k, run_id) for part in _RUN_KEYS),
+            k.ended_of(run_id),
+            k.expires_of(run_id),
+            *(part(k, run_id) for part in RUN_PARTS),
         ]
         self._forget(run_id)
         return bool(self._call(self._delete, keys, [run_id]))
@@ -307,15 +303,19 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
 
     def upgrade(self) -> int:
         """Move snapshots an earlier version wrote (one string key each, ``P:{R}:ckpt:<id>``)
-        into the runs' snapshot hashes; the number moved. Safe to run again."""
+        into the runs' snapshot hashes; the number moved. Runs that ended before retention
+        existed join its index (:meth:`index_ended`). Safe to run again."""
         moved = 0
-        for run_id in self._every_run():
+        every = self._every_run()
+        for run_id in every:
             ids = [raw.decode() for raw in self._history_ids(run_id)]
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 old = [self.keys.run(run_id, f"ckpt:{cid}") for cid in chunk]
                 keys = [self.keys.snapshots(run_id), *old]
                 moved += int(self._call(self._upgrade, keys, chunk))
+        for start in range(0, len(every), 500):
+            self.index_ended(every[start : start + 500])
         return moved
 
     def fork(
