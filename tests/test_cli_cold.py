@@ -44,7 +44,7 @@ CELERY = ["celery", "kombu"]
 RUNTIME = ["runner.distributed.engine", "runner.distributed.client", "runner.flow.orchestrator"]
 OTHER_COMMANDS = [
     f"runner.cli.{name}"
-    for name in ("ops", "history", "dev", "worker", "ui", "limits", "schedules")
+    for name in ("ops", "history", "dev", "worker", "ui", "limits", "schedules", "storage")
 ]
 
 
@@ -128,6 +128,7 @@ def test_help_lists_every_command_and_a_typo_suggests_the_closest(
         *("resume", "fork", "recover", "prune", "upgrade"),
         *("checkpoints", "steps", "show", "diff", "graph"),
         *("worker", "dev", "ui", "limits", "schedule"),
+        *("rekey", "store"),
     ]
     typo = subprocess.run(
         [sys.executable, "-m", "runner", "chekpoints"],

@@ -610,7 +610,7 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         found = BeginOutcome(outcome.decode())
         if blob is None:
             return Begun(None, found, "")
-        latest = self._decode(blob, run_id, "")
+        latest = self.read_snapshot(blob, run_id, "")
         if refs is not None:
             pairs = _refs(refs, latest.id)
             names = [name for name, _ in pairs]
@@ -702,7 +702,7 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         for cid, blob in zip(ids, blobs, strict=True):
             if blob is None:
                 continue
-            ckpt = self._decode(blob, run_id, cid)
+            ckpt = self.read_snapshot(blob, run_id, cid)
             if cid in lists:
                 names = [name for name, _ in lists[cid]]
                 values = [found[f"{v}:{name}"] for name, v in lists[cid]]
@@ -712,7 +712,7 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
 
     # -- sealed payloads (see runner.store.codec) ------------------------------------------
 
-    def _decode(self, blob: bytes, run_id: str, checkpoint_id: str) -> Checkpoint:
+    def read_snapshot(self, blob: bytes, run_id: str, checkpoint_id: str) -> Checkpoint:
         """A stored snapshot of run ``run_id`` (``checkpoint_id``: ``""`` for its latest), its
         sealed part opened."""
         what = f"checkpoint {checkpoint_id or '(the latest)'} of run {run_id}"
@@ -847,12 +847,12 @@ class _State:
         """``checkpoint``'s state inline if its snapshot is small (and ``by_field`` is not
         asked), else by field; its payloads sealed by ``codec`` if given."""
         if not by_field:
-            body = _snapshot(checkpoint, True, codec)
+            body = snapshot_json(checkpoint, True, codec)
             if len(body) < INLINE_BYTES:
                 return cls(True, body, {}, {})
         values = _encode_state(checkpoint)
         digests = {name: _digest(value) for name, value in values.items()}
-        return cls(False, _snapshot(checkpoint, False, codec), values, digests)
+        return cls(False, snapshot_json(checkpoint, False, codec), values, digests)
 
     def delta(self, base: _Base | None) -> _Delta:
         """What a commit writes of the state: the fields changed since ``base`` (the run's
@@ -941,7 +941,7 @@ def _dump(checkpoint: Checkpoint, exclude: Any = None, include: Any = None) -> s
         raise not_serializable(checkpoint, exc) from None
 
 
-def _snapshot(checkpoint: Checkpoint, inline: bool, codec: codecs.Codec | None) -> str:
+def snapshot_json(checkpoint: Checkpoint, inline: bool, codec: codecs.Codec | None) -> str:
     """The snapshot JSON without its opening ``{`` (the script writes ``{"seq":N,`` there),
     its state inside if ``inline``; with a ``codec``, its payloads (:data:`codecs.PAYLOAD`)
     taken out and put back sealed, as ``"sealed":"enc:..."``."""
@@ -954,8 +954,8 @@ def _snapshot(checkpoint: Checkpoint, inline: bool, codec: codecs.Codec | None) 
 
 
 def _body(checkpoint: Checkpoint, state: _State, codec: codecs.Codec | None) -> str:
-    """:func:`_snapshot` of a checkpoint stored as ``state`` is (the run's closing one)."""
-    return _snapshot(checkpoint, state.inline, codec)
+    """:func:`snapshot_json` of a checkpoint stored as ``state`` is (the run's closing one)."""
+    return snapshot_json(checkpoint, state.inline, codec)
 
 
 def _seal_meta(codec: codecs.Codec | None, run_id: str, fields: dict[str, str]) -> None:
