@@ -69,3 +69,37 @@ def rekey(
         f"{went}{done.runs} run(s) gone through, {done.values} value(s) re-encrypted "
         f"to key {done.key_id!r}{left}"
     )
+
+
+@app.command("store")
+def store_memory(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Show the store's memory: used, limit, free, and the high-water mark past which a
+    submit is refused (RUNNER_STORE_HIGH_WATER of Redis's maxmemory, or of
+    RUNNER_STORE_MAX_BYTES when lower). Exit 1 when a server is past it.
+
+    Run Redis with `--maxmemory-policy noeviction`: any other policy evicts keys (a run's
+    history, a lease, a queued step) when memory runs out.
+    """
+    from runner.store.memory import NOEVICTION, size
+
+    found = session(ctx).reader.store.memory()
+    full = [m for m in found if m.high_water is not None and m.used > m.high_water]
+    if as_json:
+        print_json([{**m.as_json(), "full": m in full} for m in found])
+    elif not found:
+        console().print(
+            "memory unknown: this Redis user may not run INFO (add +info to its ACL rule)"
+        )
+    for m in [] if as_json else found:
+        limit = "no limit" if m.limit is None else f"limit {size(m.limit)}"
+        free = "" if m.free is None else f", free {size(m.free)}"
+        mark = "" if m.high_water is None else f", high-water {size(m.high_water)}"
+        state = ": FULL (submits refused)" if m in full else ""
+        console().print(f"{m.store}: used {size(m.used)}, {limit}{free}{mark}{state}")
+        if m.policy != NOEVICTION:
+            console().print(
+                f"  warning: maxmemory-policy is {m.policy}, not noeviction: Redis may evict "
+                f"runs' keys when full"
+            )
+    if full:
+        raise typer.Exit(1)

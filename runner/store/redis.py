@@ -54,10 +54,12 @@ from runner.errors import (
     RunNotFound,
     StaleAttempt,
     StoreError,
+    StoreFull,
     StoreUnavailable,
 )
 from runner.store import codec as codecs
 from runner.store import connection, pools, scripts
+from runner.store import memory as memories
 from runner.store._common import (
     SERIALIZATION_ERRORS,
     conflict,
@@ -154,6 +156,8 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         self.wait_replicas = (1 if sentinel else 0) if wait is None else wait
         """Replicas each commit waits for (``WAIT``) before it counts as done."""
         self.wait_timeout = settings.redis_wait_timeout
+        self.max_bytes, self.high_water = settings.store_max_bytes, settings.store_high_water
+        """``RUNNER_STORE_MAX_BYTES`` and ``RUNNER_STORE_HIGH_WATER`` (see :meth:`check_room`)."""
         self.codec = codec if codec is not None else codecs.of_settings(settings)
         """Seals and opens payloads (``None``: written clear; a sealed one read is an
         :class:`~runner.errors.EncryptionKeyError` naming its key)."""
@@ -427,6 +431,16 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
                 for raw, _run in self.client.hscan_iter(key, match=pattern, count=1000)
             ]
         )
+
+    def memory(self) -> list[memories.StoreMemory]:
+        """Each Redis server's memory, limit and high-water mark (see :mod:`.memory`)."""
+        limit, high, url = self.max_bytes, self.high_water, mask_url(self.url)
+        return self._guard(lambda: memories.read(self.client, self.cluster, url, limit, high))
+
+    def check_room(self, incoming: int = 0) -> None:
+        """:class:`StoreFull` if ``incoming`` more bytes take the store past its high-water
+        mark (a submit asks before it creates its run)."""
+        memories.check_room(self.memory(), incoming, self.high_water)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -779,6 +793,12 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(
                 f"Redis at {mask_url(self.url)} is unreachable: {connection.describe(exc)}",
+                url=mask_url(self.url),
+            ) from None
+        except redis.exceptions.OutOfMemoryError:
+            raise StoreFull(
+                f"Redis at {mask_url(self.url)} is out of memory (maxmemory): the write was "
+                f"refused and nothing of it was written",
                 url=mask_url(self.url),
             ) from None
         except redis.RedisError as exc:
