@@ -73,9 +73,11 @@ def rekey(
 
 @app.command("store")
 def store_memory(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Show the store's memory: used, limit, free, and the high-water mark past which a
-    submit is refused (RUNNER_STORE_HIGH_WATER of Redis's maxmemory, or of
-    RUNNER_STORE_MAX_BYTES when lower). Exit 1 when a server is past it.
+    """Show the store's memory: used, limit, free and high-water mark.
+
+    Past the high-water mark a submit is refused (StoreFull): RUNNER_STORE_HIGH_WATER of
+    Redis's maxmemory, or of RUNNER_STORE_MAX_BYTES when lower. Exit 1 when a server is
+    past it.
 
     Run Redis with `--maxmemory-policy noeviction`: any other policy evicts keys (a run's
     history, a lease, a queued step) when memory runs out.
