@@ -359,3 +359,45 @@ def test_steps_on_workers_carry_no_payload_in_their_messages_or_events(
     latest = rt.store.latest(handle.run_id)
     assert latest is not None and latest.state["notes"] == f"notes on {mark}"
     assert latest.meta.trigger_payload == {"p": mark}
+
+
+@pytest.mark.slow
+def test_a_worker_without_the_key_leaves_the_step_to_one_that_has_it(
+    worker_env: dict[str, str], tmp_path: Path, mark: str
+) -> None:
+    from runner.distributed.app import make_app
+    from runner.distributed.client import submit
+    from runner.distributed.engine import Runtime
+    from runner.settings import RunnerSettings
+    from tests.flows.sealed import SecretFlow
+
+    tag = uuid.uuid4().hex[:8]
+    env = {**worker_env, "RUNNER_PREFIX": f"nokey-{tag}", "RUNNER_QUEUE": f"nokeyq-{tag}"}
+    settings = RunnerSettings(**_settings_kwargs(env), encryption_keys=K1)  # type: ignore[arg-type]
+    rt = Runtime.create(make_app(settings), settings)
+    keyless = WorkerPool(env, str(tmp_path))
+    keyless.start(concurrency=1)
+    try:
+        handle = submit(SecretFlow, {"tag": mark, "secret": mark}, rt=rt)
+        log = Path(tmp_path, "worker-0.log")
+        said = f"run {handle.run_id} step read#1 not run here: checkpoint (the latest) of run "
+        deadline = time.monotonic() + 30
+        while said not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        assert "is encrypted with key 'k1', which this process does not have" in log.read_text()
+        assert "Traceback" not in log.read_text()
+        assert handle.status().value == "running"  # untouched, not quarantined
+        # A worker with the key takes the step when it comes back.
+        keyed = WorkerPool({**env, "RUNNER_ENCRYPTION_KEYS": K1}, str(tmp_path / "keyed"))
+        (tmp_path / "keyed").mkdir()
+        keyless.stop_all()
+        keyed.start()
+        try:
+            handle.wait(timeout=60)
+            assert handle.result() == f"wrote read {mark}"
+        finally:
+            keyed.stop_all()
+    finally:
+        keyless.stop_all()
+        rt.close()

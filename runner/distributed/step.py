@@ -34,7 +34,7 @@ from typing import Any, NoReturn, TypeVar
 
 from celery.exceptions import Ignore, Retry
 
-from runner.errors import CorruptCheckpoint, RunnerError, StepFailed
+from runner.errors import CorruptCheckpoint, EncryptionKeyError, RunnerError, StepFailed
 from runner.flow import events as ev
 from runner.flow import lifecycle, usage
 from runner.flow import orchestrator as orch
@@ -142,6 +142,15 @@ def execute(
     except CorruptCheckpoint as exc:
         quarantine(rt, run_id, str(exc))
         return {"run_id": run_id, "step": activation, "skipped": "its run is corrupt"}
+    except EncryptionKeyError as exc:
+        # This worker lacks the run's key (or has a wrong one): the step goes back to the
+        # queue for a worker that has it, said in one line, the run untouched.
+        log.error("run %s step %s not run here: %s", run_id, activation, exc)
+        raise task.retry(
+            countdown=rt.settings.lease_seconds,
+            max_retries=None,
+            kwargsrepr=kwargs_repr(run_id, activation, attempt),
+        ) from None
     if found == HELD and _take_over(rt, run_id, key, holder, token):
         found = OK
     with Lease(rt, run_id, key, token, held=found == OK) as lease:
