@@ -401,3 +401,39 @@ def test_a_worker_without_the_key_leaves_the_step_to_one_that_has_it(
     finally:
         keyless.stop_all()
         rt.close()
+
+
+@pytest.mark.parametrize(
+    ("keys", "says"),
+    [
+        ("k1", "entry 1 is not <key id>:<base64 key> (a key id is 1-64 of A-Z a-z 0-9 _ . -)"),
+        (
+            "k1:" + base64.b64encode(b"short").decode(),
+            "the key of 'k1' is 5 bytes, not 16, 24 or 32",
+        ),
+        (f"{K1},{K1_WRONG}", "key id 'k1' is listed twice"),
+        (
+            "k 1:" + K1.split(":")[1],
+            "entry 1 is not <key id>:<base64 key> (a key id is 1-64 of A-Z a-z 0-9 _ . -)",
+        ),
+    ],
+)
+def test_a_bad_key_list_is_one_settings_error_that_shows_no_key(keys: str, says: str) -> None:
+    from runner.errors import InvalidSettings
+    from runner.settings import get_settings
+
+    os.environ["RUNNER_ENCRYPTION_KEYS"] = keys
+    try:
+        with pytest.raises(InvalidSettings) as caught:
+            get_settings()
+    finally:
+        del os.environ["RUNNER_ENCRYPTION_KEYS"]
+    assert str(caught.value) == f"bad setting RUNNER_ENCRYPTION_KEYS: Value error, {says}"
+    assert K1.split(":")[1] not in str(caught.value)
+
+
+def test_the_settings_keep_the_key_list_secret() -> None:
+    from runner.settings import RunnerSettings
+
+    settings = RunnerSettings(encryption_keys=f"{K2},{K1}")  # type: ignore[arg-type]
+    assert K1.split(":")[1] not in repr(settings) + str(settings.model_dump())
