@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -276,19 +277,25 @@ def test_rekey_on_the_cli_stops_and_goes_on(store: Store, redis_url: str, prefix
 
 
 @pytest.fixture(scope="module")
-def sealed_rt(worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Workers and a producer of a deployment of its own with encryption on (key ``k1``)."""
-    from runner.distributed.app import make_app
-    from runner.distributed.engine import Runtime
-    from runner.settings import RunnerSettings
-
+def sealed_env(worker_env: dict[str, str]) -> dict[str, str]:
+    """The environment of a deployment of its own with encryption on (key ``k1``)."""
     tag = uuid.uuid4().hex[:8]
-    env = {
+    return {
         **worker_env,
         "RUNNER_PREFIX": f"enc-{tag}",
         "RUNNER_QUEUE": f"encq-{tag}",
         "RUNNER_ENCRYPTION_KEYS": K1,
     }
+
+
+@pytest.fixture(scope="module")
+def sealed_rt(sealed_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Workers and a producer of :func:`sealed_env`'s deployment."""
+    from runner.distributed.app import make_app
+    from runner.distributed.engine import Runtime
+    from runner.settings import RunnerSettings
+
+    env = sealed_env
     pool = WorkerPool(env, str(tmp_path_factory.mktemp("sealed-workers")))
     pool.start()
     settings = RunnerSettings(**_settings_kwargs(env), encryption_keys=K1)  # type: ignore[arg-type]
@@ -318,16 +325,17 @@ def broker_messages(client: redis.Redis, queue: str, run_id: str) -> list[dict[s
 
 
 @pytest.mark.slow
-def test_steps_on_workers_carry_no_payload_in_their_messages_or_events(
-    sealed_rt: Any, redis_client: redis.Redis, mark: str
+def test_steps_on_workers_carry_no_payload_in_their_messages_events_or_flower(
+    sealed_rt: Any, sealed_env: dict[str, str], redis_client: redis.Redis, mark: str, tmp_path: Path
 ) -> None:
     from runner.distributed.client import submit
+    from tests.console_support import flower
     from tests.flows.sealed import SecretFlow
 
     rt = sealed_rt
     inputs = {"tag": mark, "secret": mark, "crewai_trigger_payload": {"p": mark}}
     seen: list[dict[str, Any]] = []
-    with capture_events(rt.app) as events:
+    with flower(sealed_env, str(tmp_path)) as flower_url, capture_events(rt.app) as events:
         handle = submit(SecretFlow, inputs, rt=rt)
         deadline = time.monotonic() + 30
         # The retry of ``read`` waits 1.5-3 s in the broker: its message carries the failed
@@ -337,6 +345,17 @@ def test_steps_on_workers_carry_no_payload_in_their_messages_or_events(
             time.sleep(0.02)
         handle.wait(timeout=60)
         assert handle.result() == f"wrote read {mark}"
+        # Flower's view of the run's tasks (what its pages show), once it has them all.
+        deadline = time.monotonic() + 20
+        while True:
+            tasks = httpx.get(f"{flower_url}/api/tasks", timeout=5).json()
+            mine = {k: t for k, t in tasks.items() if handle.run_id in k}
+            if len(mine) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    # read (its retry is the same task) and write, as Flower shows them
+    assert {t["name"] for t in mine.values()} == {"SecretFlow.read", "SecretFlow.write"}
+    assert mark not in json.dumps(mine)
     retried = [m for m in seen if "spent" in m["body"][1]]
     assert retried, "the retry's message was never seen in the broker"
     assert str(retried[0]["body"][1]["spent"]).startswith("enc:k1:")
