@@ -227,3 +227,23 @@ def test_a_full_store_refuses_submits_while_running_runs_finish(
             client.close()
             rt.close()
             pool.stop_all()
+
+
+def test_runner_store_shows_the_limit_and_warns_of_an_evicting_policy(tmp_path: Path) -> None:
+    with redis_server(
+        tmp_path, "--maxmemory", str(64 * MB), "--maxmemory-policy", "allkeys-lru"
+    ) as server:
+        env = {"RUNNER_REDIS_URL": f"redis://127.0.0.1:{server.port}/0", "RUNNER_PREFIX": "mem"}
+        # RUNNER_STORE_MAX_BYTES lower than maxmemory is the limit.
+        shown = runner_cli({**env, "RUNNER_STORE_MAX_BYTES": str(32 * MB)}, "store", "--json")
+        assert shown.returncode == 0, shown.stderr
+        (found,) = json.loads(shown.stdout)
+        assert (found["limit"], found["high_water"]) == (32 * MB, int(32 * MB * 0.9))
+        assert found["free"] == 32 * MB - found["used"] and found["full"] is False
+        assert found["policy"] == "allkeys-lru"
+        text = runner_cli({**env, "RUNNER_STORE_HIGH_WATER": "0.5"}, "store")
+        assert text.returncode == 0, text.stderr
+        lines = text.stdout.splitlines()
+        assert lines[0].startswith(f"{env['RUNNER_REDIS_URL']}: used ")
+        assert "limit 64.0 MB" in lines[0] and "high-water 32.0 MB" in lines[0]
+        assert "maxmemory-policy is allkeys-lru, not noeviction" in text.stdout
