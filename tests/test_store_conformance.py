@@ -26,8 +26,8 @@ from runner.errors import (
     StoreError,
 )
 from runner.store.base import BeginOutcome, CheckpointStore, CommitRequest, CoordinatedStore
-from runner.store.jsondir import JsonProvider
 from runner.store.codec import Codec
+from runner.store.jsondir import JsonProvider
 from runner.store.models import Checkpoint, Lineage, RunStatus, StepError
 from runner.store.redis import RedisProvider
 from runner.store.sqlite import SqliteProvider
