@@ -157,8 +157,20 @@ def _sealed_part(blob: bytes) -> bytes:
     return blob[at + 10 :] if at >= 0 else b""
 
 
+SCRIPT_BYTES = 1 << 20
+"""A compare-and-set call carries at most about this many bytes of values (a batch of large
+state fields goes in several), so none holds Redis for long."""
+
+
 def _replace(replace: Any, key: str, triples: list[Any]) -> int:
-    return int(replace(keys=[key], args=triples)) if triples else 0
+    """Write ``triples`` (field, value read, new value) where unchanged; how many."""
+    done, start, size = 0, 0, 0
+    for end in range(0, len(triples), 3):
+        size += len(triples[end + 1]) + len(triples[end + 2])
+        if size >= SCRIPT_BYTES or end + 3 == len(triples):
+            done += int(replace(keys=[key], args=triples[start : end + 3]))
+            start, size = end + 3, 0
+    return done
 
 
 def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
