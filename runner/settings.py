@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from runner.errors import InvalidSettings
@@ -147,6 +147,23 @@ class RunnerSettings(BaseSettings):
         ge=1,
         description="Expired runs one recovery pass archives and deletes at most.",
     )
+    encryption_keys: SecretStr | None = Field(
+        default=None,
+        description="`kid:base64key[,kid0:oldkey]`: AES-GCM of every payload the Redis store "
+        "writes; the first key seals, all open; unset = payloads stored clear.",
+    )
+    store_max_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="Memory the store may use, in bytes; unset = Redis's maxmemory (if any).",
+    )
+    store_high_water: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Fraction of the store's memory limit past which a submit is refused "
+        "(StoreFull); running runs go on committing.",
+    )
     dev_dir: str = Field(
         default=".runner",
         description="Folder of `runner dev` (its Redis data and URL file), found from the cwd up.",
@@ -180,6 +197,18 @@ class RunnerSettings(BaseSettings):
     def retention_policy(self) -> Policy:
         """:attr:`retention` parsed (status -> seconds kept)."""
         return parse_policy(self.retention)
+
+    @field_validator("encryption_keys", mode="after")
+    @classmethod
+    def _parse_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        # Checked here, so a bad list is one InvalidSettings line in every process; the
+        # message never holds a key.
+        if value is None or not value.get_secret_value().strip():
+            return None
+        from runner.store.codec import parse_keys
+
+        parse_keys(value.get_secret_value())
+        return value
 
     @model_validator(mode="after")
     def _queue_of_prefix(self) -> RunnerSettings:

@@ -44,7 +44,9 @@ CELERY = ["celery", "kombu"]
 RUNTIME = ["runner.distributed.engine", "runner.distributed.client", "runner.flow.orchestrator"]
 OTHER_COMMANDS = [
     f"runner.cli.{name}"
-    for name in ("ops", "history", "retain", "dev", "worker", "fleet", "ui", "limits", "schedules")
+    for name in (
+        "ops", "history", "retain", "dev", "worker", "fleet", "ui", "limits", "schedules", "storage"
+    )
 ]
 
 
@@ -129,6 +131,7 @@ def test_help_lists_every_command_and_a_typo_suggests_the_closest(
         *("checkpoints", "steps", "show", "diff", "graph"),
         *("pin", "unpin", "gc", "restore"),
         *("worker", "workers", "dev", "ui", "limits", "schedule"),
+        *("rekey", "store"),
     ]
     typo = subprocess.run(
         [sys.executable, "-m", "runner", "chekpoints"],

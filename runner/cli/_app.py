@@ -57,6 +57,7 @@ COMMANDS: dict[str, str] = {
     "ui": "ui",
     "limits": "limits",
     "schedule": "schedules",
+    **dict.fromkeys(["rekey", "store"], "storage"),
 }
 """Each command's module under :mod:`runner.cli`, in the order ``--help`` lists them. A module
 is imported when one of its commands is called or listed, so ``runner runs`` imports neither

@@ -210,6 +210,8 @@ def submit(
     first.checkpoint.meta.deadline = None if seconds is None else now + seconds
     first.checkpoint.meta.priority = priority
     run_id = first.checkpoint.run_id
+    # A store past its high-water mark takes no new run (running ones keep the memory left).
+    rt.store.check_room(len(first.checkpoint.model_dump_json()))
     # Timers set before the commit, so no run lacks one; a timer left for a run another
     # submit created is checked against that run's own checkpoint.
     if seconds is not None:

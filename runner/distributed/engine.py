@@ -46,6 +46,7 @@ from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
 from runner.flow.usage import last_of
 from runner.settings import RunnerSettings, get_settings
+from runner.store import codec as codecs
 from runner.store.base import CommitRequest, DeploymentStore
 from runner.store.models import Checkpoint, ParentLink, RunStatus, UsageMetrics
 from runner.store.redis import RedisProvider
@@ -87,7 +88,12 @@ class Runtime:
     ) -> Runtime:
         """A runtime on ``app``'s Redis (``patient``: retry Redis errors for seconds)."""
         settings = settings or get_settings()
-        store = RedisProvider(app.conf.runner_redis_url, prefix=settings.prefix, patient=patient)
+        store = RedisProvider(
+            app.conf.runner_redis_url,
+            prefix=settings.prefix,
+            patient=patient,
+            codec=codecs.of_settings(settings),  # these settings' keys, not the environment's
+        )
         return cls(
             app,
             store,

@@ -52,7 +52,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from runner.errors import CorruptCheckpoint, RunNotFound, RunStateError, StoreUnavailable
+from runner.errors import (
+    CorruptCheckpoint,
+    EncryptionKeyError,
+    RunNotFound,
+    RunStateError,
+    StoreUnavailable,
+)
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.orchestrator import Activation
@@ -124,6 +130,11 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
             raise  # Redis is gone for every run: the caller retries the pass
         except (CorruptCheckpoint, Unreadable) as exc:
             quarantine(rt, run_id, str(exc))
+            continue
+        except EncryptionKeyError as exc:
+            # This worker lacks the run's key (RUNNER_ENCRYPTION_KEYS): a worker that has it
+            # recovers the run; its data is fine, so it is not quarantined.
+            log.error("recovery of run %s skipped: %s", run_id, exc)
             continue
         except Exception:
             # A bug, not bad data: name the run and go on with the others.

@@ -321,18 +321,47 @@ class QueueBacklog:
         yield oldest
 
 
+class StoreMemoryUse:
+    """``runner_store_memory_used_bytes{store}``, ``..._limit_bytes`` and ``..._free_bytes``
+    (below the limit): each Redis server of the store, read (``INFO memory``) when scraped.
+    Limit and free are left out for a server without a limit."""
+
+    def __init__(self, store: DeploymentStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        found = self.store.memory()
+        families = {
+            name: GaugeMetricFamily(f"runner_store_memory_{name}_bytes", text, labels=["store"])
+            for name, text in (
+                ("used", "Memory the store's Redis uses."),
+                ("limit", "The store's memory limit (maxmemory or RUNNER_STORE_MAX_BYTES)."),
+                ("free", "Memory left below the limit."),
+            )
+        }
+        for memory in found:
+            families["used"].add_metric([memory.store], memory.used)
+            if memory.limit is not None and memory.free is not None:
+                families["limit"].add_metric([memory.store], memory.limit)
+                families["free"].add_metric([memory.store], memory.free)
+        yield from families.values()
+
+
 def console_registry(
     app: Celery,
     store: DeploymentStore,
     queues: list[str],
     backlog: Callable[[], list[tuple[str, int, float | None]]] | None = None,
 ) -> CollectorRegistry:
-    """What the console's ``/metrics`` serves: runs by status and, with ``backlog``, every
-    known queue's depth and oldest message's age (:class:`QueueBacklog`), else the depth of
-    ``queues``."""
+    """What the console's ``/metrics`` serves: runs by status, the store's memory and, with
+    ``backlog``, every known queue's depth and oldest message's age (:class:`QueueBacklog`),
+    else the depth of ``queues``."""
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunsByStatus(store))
     registry.register(QueueDepth(app, queues) if backlog is None else QueueBacklog(backlog))
+    registry.register(StoreMemoryUse(store))
     return registry

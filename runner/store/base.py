@@ -31,6 +31,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from runner.store.limits import LimitUse, RateLimit, Refusal, SlotLimit
+from runner.store.memory import StoreMemory
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.roster import FORGET_AFTER, WorkerFacts, WorkerRecord
 from runner.store.schedules import Schedule
@@ -425,4 +426,15 @@ class DeploymentStore(CoordinatedStore, Protocol):
 
     def advance_schedule(self, name: str, tick: float) -> None:
         """Record that the schedule ``name``'s ticks before ``tick`` were fired."""
+        ...
+
+    # -- memory (runner.store.memory) ----------------------------------------------------------
+
+    def memory(self) -> list[StoreMemory]:
+        """Each server's used memory, limit and high-water mark (none: not known)."""
+        ...
+
+    def check_room(self, incoming: int = 0) -> None:
+        """:class:`~runner.errors.StoreFull` if ``incoming`` more bytes take the store past
+        its high-water mark (``RUNNER_STORE_HIGH_WATER``)."""
         ...

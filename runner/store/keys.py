@@ -29,6 +29,7 @@ key                        type    holds
 ``P:{time}:schedules``     hash    schedule name -> its definition (JSON: flow, inputs, cron)
 ``P:{time}:ticks``         hash    schedule name -> the time of its next tick not yet fired
 ``P:<name>-lock``          string  a deployment-wide lock (``recover``: the recovery pass)
+``P:rekey``                hash    ``runner rekey``'s progress: key id, index shard, cursor
 ``P:{flow}:rates``         hash    named limit -> its rate (``runner.set_limit``)
 ``P:{flow}:rate:<L>``      string  limit ``L``'s theoretical arrival time (GCRA), in ms
 ``P:{flow}:slots:<L>``     zset    attempt tokens holding a slot of ``L`` by lease expiry
@@ -46,8 +47,9 @@ indexes and the locks :mod:`runner.store.redis` (scripts in :mod:`runner.store.s
 :mod:`runner.store.roster`; ``{time}:deadlines`` / ``starts`` / ``answers``
 :mod:`runner.store.timers`; ``{time}:schedules`` / ``ticks`` :mod:`runner.store.schedules`;
 ``ended`` and ``expires`` :mod:`runner.store.expiry` (the commit script adds a run that ends
-to ``ended``). Code outside ``runner/store`` reaches them only through
-:class:`runner.store.base.DeploymentStore` (``tests/test_boundaries.py`` checks it).
+to ``ended``); ``rekey`` :mod:`runner.store.rekey`. Code outside ``runner/store`` reaches
+them only through :class:`runner.store.base.DeploymentStore` (``tests/test_boundaries.py``
+checks it).
 
 On a single Redis (``shards=0``) the tag ``{T}`` is the run id (``P:{R}:meta``) and the
 three indexes are single keys. A state stored by field (see :mod:`runner.store.redis`)
@@ -146,6 +148,10 @@ class Keys:
     def lock(self, name: str) -> str:
         """A deployment-wide lock (``recover``: the periodic recovery pass)."""
         return f"{self.prefix}:{name}-lock"
+
+    def rekey(self) -> str:
+        """``runner rekey``'s progress, so a run of it that stopped goes on from there."""
+        return f"{self.prefix}:rekey"
 
     # -- flow control: one hash tag for all, so one script checks every limit of a step -------
 

@@ -53,9 +53,12 @@ from runner.errors import (
     RunNotFound,
     StaleAttempt,
     StoreError,
+    StoreFull,
     StoreUnavailable,
 )
+from runner.store import codec as codecs
 from runner.store import connection, pools, scripts
+from runner.store import memory as memories
 from runner.store._common import (
     SERIALIZATION_ERRORS,
     conflict,
@@ -116,9 +119,12 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
         prefix: str | None = None,
         max_checkpoints: int | None = None,
         patient: bool = False,
+        codec: codecs.Codec | None = None,
     ) -> None:
         """``patient`` clients retry Redis errors for seconds (workers: a blip must not cost
-        a finished step's commit); others report a dead server in well under a second."""
+        a finished step's commit); others report a dead server in well under a second.
+        ``codec`` seals the payloads written (default: ``RUNNER_ENCRYPTION_KEYS``'s, if set;
+        see :mod:`runner.store.codec`)."""
         from runner.settings import get_settings
 
         settings = get_settings()
@@ -141,6 +147,11 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
         self.wait_replicas = (1 if sentinel else 0) if wait is None else wait
         """Replicas each commit waits for (``WAIT``) before it counts as done."""
         self.wait_timeout = settings.redis_wait_timeout
+        self.max_bytes, self.high_water = settings.store_max_bytes, settings.store_high_water
+        """``RUNNER_STORE_MAX_BYTES`` and ``RUNNER_STORE_HIGH_WATER`` (see :meth:`check_room`)."""
+        self.codec = codec if codec is not None else codecs.of_settings(settings)
+        """Seals and opens payloads (``None``: written clear; a sealed one read is an
+        :class:`~runner.errors.EncryptionKeyError` naming its key)."""
         self._commit = client.register_script(scripts.COMMIT)
         self._prune = client.register_script(scripts.PRUNE)
         self._update = client.register_script(scripts.UPDATE_RUN)
@@ -178,11 +189,14 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
         keys = [*self._commit_keys(run), *_outbox_keys(request.outbox, self.cluster)]
         now = time.time()
         base = self._base(run)
-        state = _State.of(ckpt, by_field=base is not None)  # a run seen by field goes on so
-        closing = "" if request.closing is None else _dump(request.closing, state.exclude)[1:]
+        # A run seen by field goes on so.
+        state = _State.of(ckpt, by_field=base is not None, codec=self.codec)
+        closing = "" if request.closing is None else _body(request.closing, state, self.codec)
         for whole in (base is None, True):
             delta = state.delta(None if whole else base)
-            args = _commit_args(request, now, self.max_checkpoints, state, delta, closing)
+            args = _commit_args(
+                request, now, self.max_checkpoints, state, delta, closing, self.codec
+            )
             reply = self._call(self._commit, keys, args)
             if reply[0] != b"rebase":
                 break
@@ -249,6 +263,7 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
         # The shared rule first: an unknown field or a bad value is a StoreError, unwritten.
         checked = run_info_updated(RunInfo(run_id=run_id), fields)
         encoded = {key: _field(getattr(checked, key)) for key in fields}
+        _seal_meta(self.codec, run_id, encoded)
         ok = self._call(
             self._update,
             [
@@ -416,6 +431,16 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
                 for raw, _run in self.client.hscan_iter(key, match=pattern, count=1000)
             ]
         )
+
+    def memory(self) -> list[memories.StoreMemory]:
+        """Each Redis server's memory, limit and high-water mark (see :mod:`.memory`)."""
+        limit, high, url = self.max_bytes, self.high_water, mask_url(self.url)
+        return self._guard(lambda: memories.read(self.client, self.cluster, url, limit, high))
+
+    def check_room(self, incoming: int = 0) -> None:
+        """:class:`StoreFull` if ``incoming`` more bytes take the store past its high-water
+        mark (a submit asks before it creates its run)."""
+        memories.check_room(self.memory(), incoming, self.high_water)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -612,11 +637,12 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
         found = BeginOutcome(outcome.decode())
         if blob is None:
             return Begun(None, found, "")
-        latest = decode(blob, f"(latest of run {run_id})", "Redis")
+        latest = self.read_snapshot(blob, run_id, "")
         if refs is not None:
             pairs = _refs(refs, latest.id)
             names = [name for name, _ in pairs]
-            latest.state = _state(latest.id, names, values[: len(names)])
+            values = self._open_values(run_id, latest.id, names, values[: len(names)])
+            latest.state = _state(latest.id, names, values)
             digests = dict(zip(names, map(_digest, values), strict=False))
             self._remember(run_id, latest.id, digests, dict(pairs))
         return Begun(latest, found, holder.decode() if holder else "")
@@ -662,6 +688,11 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
             if raw:
                 data = {k.decode(): v.decode() for k, v in raw.items()}
                 fields = {k: v for k, v in data.items() if v != "" and k in _INFO_FIELDS}
+                if "error" in fields:
+                    where = codecs.field_context(run_id, "error")
+                    what = f"the error of run {run_id}"
+                    error = codecs.open_value(self.codec, fields["error"], where, what)
+                    fields["error"] = error.decode()
                 infos.append(decode_info(fields, run_id, "Redis"))
         return infos
 
@@ -698,12 +729,45 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
         for cid, blob in zip(ids, blobs, strict=True):
             if blob is None:
                 continue
-            ckpt = decode(blob, cid, "Redis")
+            ckpt = self.read_snapshot(blob, run_id, cid)
             if cid in lists:
+                names = [name for name, _ in lists[cid]]
                 values = [found[f"{v}:{name}"] for name, v in lists[cid]]
-                ckpt.state = _state(cid, [name for name, _ in lists[cid]], values)
+                ckpt.state = _state(cid, names, self._open_values(run_id, cid, names, values))
             out.append(ckpt)
         return out
+
+    # -- sealed payloads (see runner.store.codec) ------------------------------------------
+
+    def read_snapshot(self, blob: bytes, run_id: str, checkpoint_id: str) -> Checkpoint:
+        """A stored snapshot of run ``run_id`` (``checkpoint_id``: ``""`` for its latest), its
+        sealed part opened."""
+        what = f"checkpoint {checkpoint_id or '(the latest)'} of run {run_id}"
+        try:
+            data = codecs.open_snapshot(self.codec, blob, run_id, what)
+        except ValueError as exc:
+            raise CorruptCheckpoint(
+                f"{what} in Redis cannot be decoded: {exc}", checkpoint_id=checkpoint_id
+            ) from None
+        return decode(blob if data is None else data, checkpoint_id, "Redis")
+
+    def _open_values(
+        self, run_id: str, checkpoint_id: str, names: list[str], values: list[Any]
+    ) -> list[Any]:
+        """State field values as stored (``None`` for a missing one) in clear."""
+        if self.codec is None and not any(v is not None and codecs.is_sealed(v) for v in values):
+            return values
+        return [
+            None
+            if value is None
+            else codecs.open_value(
+                self.codec,
+                value,
+                codecs.field_context(run_id, name),
+                f"state field {name!r} of checkpoint {checkpoint_id} of run {run_id}",
+            )
+            for name, value in zip(names, values, strict=True)
+        ]
 
     # -- the field digests of the latest checkpoint seen, per run ----------------------------
 
@@ -742,6 +806,12 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(
                 f"Redis at {mask_url(self.url)} is unreachable: {connection.describe(exc)}",
+                url=mask_url(self.url),
+            ) from None
+        except redis.exceptions.OutOfMemoryError:
+            raise StoreFull(
+                f"Redis at {mask_url(self.url)} is out of memory (maxmemory): the write was "
+                f"refused and nothing of it was written",
                 url=mask_url(self.url),
             ) from None
         except redis.RedisError as exc:
@@ -805,22 +875,17 @@ class _State:
     values: dict[str, bytes]
     digests: dict[str, bytes]
 
-    @property
-    def exclude(self) -> set[str]:
-        """What a snapshot of this run leaves out."""
-        return _EXCLUDE_SEQ if self.inline else _EXCLUDE
-
     @classmethod
-    def of(cls, checkpoint: Checkpoint, *, by_field: bool) -> _State:
+    def of(cls, checkpoint: Checkpoint, *, by_field: bool, codec: codecs.Codec | None) -> _State:
         """``checkpoint``'s state inline if its snapshot is small (and ``by_field`` is not
-        asked), else by field."""
+        asked), else by field; its payloads sealed by ``codec`` if given."""
         if not by_field:
-            body = _dump(checkpoint, _EXCLUDE_SEQ)[1:]
+            body = snapshot_json(checkpoint, True, codec)
             if len(body) < INLINE_BYTES:
                 return cls(True, body, {}, {})
         values = _encode_state(checkpoint)
         digests = {name: _digest(value) for name, value in values.items()}
-        return cls(False, _dump(checkpoint, _EXCLUDE)[1:], values, digests)
+        return cls(False, snapshot_json(checkpoint, False, codec), values, digests)
 
     def delta(self, base: _Base | None) -> _Delta:
         """What a commit writes of the state: the fields changed since ``base`` (the run's
@@ -852,10 +917,13 @@ def _commit_args(
     state: _State,
     delta: _Delta,
     closing: str,
+    codec: codecs.Codec | None = None,
 ) -> list[Any]:
-    """The COMMIT script's ARGV for ``request`` (see its header)."""
+    """The COMMIT script's ARGV for ``request`` (see its header), payloads sealed by
+    ``codec`` if given (the script reads none of them)."""
     ckpt = request.checkpoint
     always, once = _meta_fields(ckpt, now)
+    _seal_meta(codec, ckpt.run_id, always)
     keep = default_keep if request.max_checkpoints is None else request.max_checkpoints
     header: dict[str, Any] = {
         "id": ckpt.id,
@@ -880,26 +948,54 @@ def _commit_args(
         "closing": "",
     }
     if request.closing is not None:
-        header["closing"] = {
-            "id": request.closing.id,
-            "always": _pairs(_meta_fields(request.closing, now)[0]),
-        }
+        closing_always = _meta_fields(request.closing, now)[0]
+        _seal_meta(codec, ckpt.run_id, closing_always)
+        header["closing"] = {"id": request.closing.id, "always": _pairs(closing_always)}
+    values: Iterator[str | bytes] = (state.values[name] for name in delta.changed)
+    if codec is not None:
+        values = (
+            codec.seal(state.values[name], codecs.field_context(ckpt.run_id, name))
+            for name in delta.changed
+        )
     return [
         json.dumps(header, ensure_ascii=False, separators=(",", ":")),
         state.body,
         closing,
-        *(state.values[name] for name in delta.changed),
+        *values,
         *(value for _, _, value in request.outbox),
     ]
 
 
-def _dump(checkpoint: Checkpoint, exclude: set[str]) -> str:
-    """The snapshot JSON: the checkpoint without ``seq`` (the script's), and without its
-    ``state`` when that is stored by field."""
+def _dump(checkpoint: Checkpoint, exclude: Any = None, include: Any = None) -> str:
+    """The checkpoint's JSON, ``exclude``/``include`` as pydantic takes them."""
     try:
-        return checkpoint.model_dump_json(exclude=exclude)
+        return checkpoint.model_dump_json(exclude=exclude, include=include)
     except SERIALIZATION_ERRORS as exc:
         raise not_serializable(checkpoint, exc) from None
+
+
+def snapshot_json(checkpoint: Checkpoint, inline: bool, codec: codecs.Codec | None) -> str:
+    """The snapshot JSON without its opening ``{`` (the script writes ``{"seq":N,`` there),
+    its state inside if ``inline``; with a ``codec``, its payloads (:data:`codecs.PAYLOAD`)
+    taken out and put back sealed, as ``"sealed":"enc:..."``."""
+    if codec is None:
+        return _dump(checkpoint, _EXCLUDE_SEQ if inline else _EXCLUDE)[1:]
+    clear = _dump(checkpoint, exclude=codecs.CLEAR_EXCLUDE)
+    secret = _dump(checkpoint, include=codecs.PAYLOAD if inline else codecs.PAYLOAD_BY_FIELD)
+    where = codecs.snapshot_context(checkpoint.run_id, checkpoint.id)
+    return f'{clear[1:-1]},"sealed":"{codec.seal(secret.encode(), where)}"}}'
+
+
+def _body(checkpoint: Checkpoint, state: _State, codec: codecs.Codec | None) -> str:
+    """:func:`snapshot_json` of a checkpoint stored as ``state`` is (the run's closing one)."""
+    return snapshot_json(checkpoint, state.inline, codec)
+
+
+def _seal_meta(codec: codecs.Codec | None, run_id: str, fields: dict[str, str]) -> None:
+    """Seal the metadata fields that hold a payload (the error's text) in place."""
+    if codec is not None and fields.get("error"):
+        where = codecs.field_context(run_id, "error")
+        fields["error"] = codec.seal(fields["error"].encode(), where)
 
 
 def _encode_state(checkpoint: Checkpoint) -> dict[str, bytes]:

@@ -618,3 +618,18 @@ end
 return 1
 """
 )
+
+REPLACE_SAME = """
+-- Replace hash fields still holding the value read (``runner rekey``'s compare-and-set: a
+-- field pruned or rewritten since it was read is left as it is now).
+-- KEYS[1] a hash   ARGV[1..] triples: field, value read, new value
+-- Returns how many fields were replaced.
+local n = 0
+for j = 1, #ARGV, 3 do
+  if redis.call('HGET', KEYS[1], ARGV[j]) == ARGV[j + 1] then
+    redis.call('HSET', KEYS[1], ARGV[j], ARGV[j + 2])
+    n = n + 1
+  end
+end
+return n
+"""
