@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -155,6 +156,16 @@ def durability(client: redis.Redis) -> str:
     if text.get("appendonly") == "yes":
         return f"AOF appendfsync {text.get('appendfsync')}"
     return "RDB snapshots only" if text.get("save") else "nothing persisted"
+
+
+def sqlite_sync(conn: sqlite3.Connection) -> str:
+    """``WAL, synchronous=FULL`` (or what the connection has): SQLite's durability."""
+    mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    level = conn.execute("PRAGMA synchronous").fetchone()[0]
+    name = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(level, str(level))
+    return f"SQLite {mode.upper()}, synchronous={name}" + (
+        " (fsync per commit)" if level >= 2 else ""
+    )
 
 
 @contextmanager

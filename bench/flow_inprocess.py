@@ -70,6 +70,7 @@ try:
         interleave,
         print_table,
         redis_server,
+        sqlite_sync,
         summarize,
     )
 except ModuleNotFoundError:  # run as `python bench/flow_inprocess.py`: bench/ is on sys.path
@@ -85,6 +86,7 @@ except ModuleNotFoundError:  # run as `python bench/flow_inprocess.py`: bench/ i
         interleave,
         print_table,
         redis_server,
+        sqlite_sync,
         summarize,
     )
 
@@ -160,16 +162,6 @@ def langgraph_cases(tmp: Path) -> tuple[dict[str, Callable[[int], Callable[[], o
 
     assert plain.invoke({"counter": 0}) == {"counter": STEPS}
     return {"langgraph": run_plain, "langgraph+sqlite": run_saved}, saver_cm
-
-
-def sqlite_sync(conn: Any) -> str:
-    """``WAL, synchronous=FULL`` (or what the connection has): SQLite's durability."""
-    mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-    level = conn.execute("PRAGMA synchronous").fetchone()[0]
-    name = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(level, str(level))
-    return f"SQLite {mode.upper()}, synchronous={name}" + (
-        " (fsync per commit)" if level >= 2 else ""
-    )
 
 
 def case(config: CheckpointConfig | None) -> Callable[[int], Callable[[], object]]:
