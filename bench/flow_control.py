@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/flow_control.py`
     sys.path.insert(0, str(ROOT))
 
 from bench._bench_limited import RATE, FreeFlow, LimitedFlow, starts_key  # noqa: E402
-from bench._common import bench_redis, delete_prefix, print_table  # noqa: E402
+from bench._common import bench_redis, delete_prefix, durability, print_table  # noqa: E402
 from runner.distributed.app import make_app  # noqa: E402
 from runner.distributed.client import submit  # noqa: E402
 from runner.distributed.engine import Runtime  # noqa: E402
@@ -129,6 +129,8 @@ def main() -> None:
     parser.add_argument("--url", default=None, help="Redis URL (default: see the docstring)")
     args = parser.parse_args()
     with bench_redis(args.url) as found:
+        with contextlib.closing(found.client()) as probe:
+            print(f"redis: {found.masked} ({found.source}), {durability(probe)}")
         run(found.url, args)
 
 
