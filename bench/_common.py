@@ -151,8 +151,7 @@ def durability(client: redis.Redis) -> str:
         conf |= client.config_get("save")
     except redis.RedisError:
         return "unknown (CONFIG refused)"
-    value = {str(k if isinstance(k, str) else k.decode()): v for k, v in conf.items()}
-    text = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in value.items()}
+    text = {_text(k): _text(v) for k, v in conf.items()}
     if text.get("appendonly") == "yes":
         return f"AOF appendfsync {text.get('appendfsync')}"
     return "RDB snapshots only" if text.get("save") else "nothing persisted"
@@ -166,6 +165,10 @@ def sqlite_sync(conn: sqlite3.Connection) -> str:
     return f"SQLite {mode.upper()}, synchronous={name}" + (
         " (fsync per commit)" if level >= 2 else ""
     )
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @contextmanager
@@ -243,7 +246,7 @@ def delete_queues(client: redis.Redis, queue_keys: Sequence[str], token: str) ->
     ]
     client.delete(*queues, *bindings)
     deadlines = "_kombu.binding_deadlines"
-    ours = [m for m in client.zrange(deadlines, 0, -1) if token.encode() in m]
+    ours = [_text(m) for m in client.zrange(deadlines, 0, -1) if token in _text(m)]
     if ours:
         client.zrem(deadlines, *ours)
 

@@ -135,6 +135,11 @@ def launch_dbos(tmp: Path) -> Dbos:
     return Dbos(chain, loop, lambda: DBOS.destroy(destroy_registry=True))
 
 
+def kickoff_on(config: CheckpointConfig) -> Callable[[int], Any]:
+    """A case preparing one :class:`LinearFlow` run checkpointed by ``config``."""
+    return lambda _: LinearFlow(checkpoint=config).kickoff
+
+
 def chain_cases(
     provider: RedisProvider, dbos: Dbos, durable: dict[str, RedisProvider]
 ) -> dict[str, Callable[[int], Any]]:
@@ -145,8 +150,7 @@ def chain_cases(
         CASES[1]: lambda _: LinearFlow(checkpoint=config).kickoff,
     }
     for fsync, store in durable.items():
-        on = CheckpointConfig(provider=store)
-        cases[DURABLE.format(fsync=fsync)] = lambda _, on=on: LinearFlow(checkpoint=on).kickoff
+        cases[DURABLE.format(fsync=fsync)] = kickoff_on(CheckpointConfig(provider=store))
     cases[CASES[2]] = lambda _: plain_chain
     cases[CASES[3]] = lambda _: dbos.chain
     return cases

@@ -225,7 +225,8 @@ def langgraph_runner(tmp: Path, durability: str) -> Callable[[int, bool], Run] |
             app = graph.compile(checkpointer=saver)
             with no_gc():
                 began = time.perf_counter()
-                out = app.invoke({"counter": 0}, config, durability=durability)
+                mode: Any = durability  # "async" or "sync" (a Literal to LangGraph)
+                out = app.invoke({"counter": 0}, config, durability=mode)
                 total = time.perf_counter() - began
         assert out == {"counter": iterations} and len(stamps) == iterations
         result = Run(stamps, total)
