@@ -24,7 +24,7 @@ commits are), so the numbers are the store's and not the broker's.
    holding 200 checkpoints (``RUNNER_MAX_CHECKPOINTS``' default): the longest time each
    command blocked the server, and the client's longest round trip.
 
-Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 13 of 127.0.0.1:6379, else a
+Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 15 of 127.0.0.1:6379, else a
 private embedded server (:mod:`bench._common`). Only keys under a fresh prefix are written,
 and they are deleted at the end.
 """

@@ -15,7 +15,7 @@ region, as :mod:`bench.store_commit`'s store case. Then it reads each run's late
 ratio sealed/clear) and the target "a sealed commit's p50 within 1.2x of a clear one's" with
 PASS/FAIL per state size.
 
-Redis: as :mod:`bench.store_commit` (``--url``, ``$RUNNER_BENCH_REDIS_URL``, DB 13 of
+Redis: as :mod:`bench.store_commit` (``--url``, ``$RUNNER_BENCH_REDIS_URL``, DB 15 of
 127.0.0.1:6379, else an embedded server); keys under a fresh prefix, deleted at the end.
 """
 

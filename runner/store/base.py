@@ -168,6 +168,11 @@ class CommitRequest:
     """Redis commands that publish the messages of ``dispatching`` on the store's own
     Redis (see :data:`OUTBOX_COMMANDS`), run only if the commit lands: not on a conflict,
     nor when the attempt's commit is a duplicate or stale."""
+    announce: bool = False
+    """When the commit stops the run (its last checkpoint's status is not running), tell
+    :meth:`CoordinatedStore.stop_notices` subscribers, as :meth:`CoordinatedStore.notify_stopped`
+    does: in the commit's own round trip where the store can, else right after it. A
+    duplicate commit announces again; a conflict or a stale attempt does not."""
 
 
 @dataclass(frozen=True)

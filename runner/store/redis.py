@@ -36,7 +36,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import redis
@@ -184,8 +184,16 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
         ``dispatching`` marked (so a redelivered commit never sends them again), each under
         the ``sender``'s soft lease until the broker has it, the ``outbox``'s messages
         published, and the run's ``closing`` checkpoint written next. An outbox runs on this
-        same Redis only, so never on a Cluster (:class:`StoreError`)."""
+        same Redis only, so never on a Cluster (:class:`StoreError`). An ``announce`` of a
+        stopped run is one more PUBLISH of the script (on a Cluster, or when commits wait for
+        replicas, one after the commit)."""
         ckpt, run = request.checkpoint, request.checkpoint.run_id
+        stopped = _stopped(request)
+        told = stopped is not None and not self.cluster and not self.wait_replicas
+        if told:  # a waiter is told in the commit's round trip, never before it lands
+            assert stopped is not None
+            notice = ("publish", self.keys.stopped(run), stopped.value)
+            request = replace(request, outbox=[*request.outbox, notice])
         keys = [*self._commit_keys(run), *_outbox_keys(request.outbox, self.cluster)]
         now = time.time()
         base = self._base(run)
@@ -203,6 +211,8 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
         outcome, value = reply[0].decode(), reply[1].decode()
         if outcome in ("ok", "dup") and self.wait_replicas:
             self._replicated(run)
+        if stopped is not None and outcome == "ok" and not told:
+            self.notify_stopped(run, stopped)
         if outcome == "ok":
             seq = int(value)
             if state.inline:
@@ -213,7 +223,10 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
                 self._remember(run, (request.closing or ckpt).id, state.digests, versions)
             return ckpt.model_copy(update={"seq": seq})
         if outcome == "dup":
-            return self._get_in_run(run, value, default=ckpt)
+            done = self._get_in_run(run, value, default=ckpt)
+            if request.announce and done.status is not RunStatus.RUNNING:
+                self.notify_stopped(run, done.status)  # as the first commit did
+            return done
         if outcome == "stale":
             raise StaleAttempt(
                 f"step {ckpt.activation} of run {run} was already committed "
@@ -840,6 +853,15 @@ def _field(value: Any) -> str:
 
 def _pairs(fields: dict[str, str]) -> list[str]:
     return [item for pair in fields.items() for item in pair]
+
+
+def _stopped(request: CommitRequest) -> RunStatus | None:
+    """The status a commit of ``request`` announces: its last checkpoint's, unless running
+    or not asked to."""
+    if not request.announce:
+        return None
+    status = request.checkpoint.status  # the run's, as the script records it
+    return None if status is RunStatus.RUNNING else status
 
 
 def _outbox_keys(outbox: Sequence[OutboxCommand], cluster: bool) -> list[str]:
