@@ -34,6 +34,7 @@ from runner.flow import lifecycle, plans, results, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import Asked, Halted, StepResult, run_step
+from runner.flow import streaming
 from runner.flow.context import PROCESS, Answers, StepContext
 from runner.flow.flow import apply_inputs, set_usage_metrics
 from runner.flow.graph import FlowGraph
@@ -157,6 +158,8 @@ class LocalRun:
         self.failure: lifecycle.Settled | None = None
         self.paused: Paused | None = None
         self.loop_here = _event_loop_running()
+        self.stream_to = streaming.target(sink.store, self.run_id, flow=flow)
+        """Where this run's steps stream (:func:`runner.flow.streaming.target`)."""
         self.here = plans.this_process()
         """What this run's checkpoints record as their ``worker`` (how a resume elsewhere
         tells that this process drives the run: :class:`~runner.flow.plans.Here`)."""
@@ -249,7 +252,12 @@ class LocalRun:
         while True:
             self._emit(ev.METHOD_STARTED, method=act.method, data={"attempt": attempt})
             ctx = StepContext(
-                self.flow, act, PROCESS, attempt, Answers(list(answers or ()), review=review)
+                self.flow,
+                act,
+                PROCESS,
+                attempt,
+                Answers(list(answers or ()), review=review),
+                stream_to=self.stream_to,
             )
             result = run_step(self.flow, self.graph, ctx, base, arg)
             # What retried attempts spent counts too: the step's usage is all its attempts'.

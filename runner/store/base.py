@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 from runner.store.limits import LimitUse, RateLimit, Refusal, SlotLimit
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.schedules import Schedule
+from runner.store.streams import StreamInfo, StreamRead
 
 
 @runtime_checkable
@@ -408,4 +409,36 @@ class DeploymentStore(CoordinatedStore, Protocol):
 
     def advance_schedule(self, name: str, tick: float) -> None:
         """Record that the schedule ``name``'s ticks before ``tick`` were fired."""
+        ...
+
+
+@runtime_checkable
+class StreamStore(Protocol):
+    """A store that keeps each run's stream of live output (:mod:`runner.store.streams` on
+    Redis): what steps write while they run, read live and again by entry id."""
+
+    def append_stream(
+        self,
+        run_id: str,
+        step: str,
+        writer: str,
+        entries: list[tuple[str, str, str]],
+        maxlen: int,
+        writer_run: str = "",
+    ) -> tuple[int, str]:
+        """Append ``entries`` (channel, type, payload JSON) of the attempt ``writer`` of
+        ``step`` to ``run_id``'s stream, trimmed to ``maxlen``, in one round trip; the
+        attempt's number (1, 2, ... per step, by first write) and the last entry's id.
+        ``writer_run``: the run that wrote them, when not ``run_id`` (a child run)."""
+        ...
+
+    def read_stream(
+        self, run_id: str, after: str = "0", count: int = 500, block: float | None = None
+    ) -> StreamRead:
+        """Entries after the id ``after`` (at most ``count``; waiting up to ``block`` seconds
+        for one) and the newest attempt number of each step."""
+        ...
+
+    def stream_info(self, run_id: str) -> StreamInfo:
+        """The stream's length and first and last entry ids."""
         ...

@@ -78,6 +78,7 @@ from runner.store.deployment import DeploymentRecords
 from runner.store.keys import CLUSTER_SHARDS, Keys, match_prefix
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.pending import PendingFeedbackStore
+from runner.store.streams import StreamRecords
 
 T = TypeVar("T")
 
@@ -99,6 +100,8 @@ _RUN_KEYS = (
     Keys.leases,
     Keys.owners,
     Keys.values,
+    Keys.stream,
+    Keys.stream_attempts,
     Keys.refs,
 )
 """Per-run keys besides meta and history (which :data:`~runner.store.scripts.DELETE_RUN`
@@ -113,7 +116,7 @@ _live: weakref.WeakSet[RedisProvider] = weakref.WeakSet()
 """Every provider of this process (:meth:`RedisProvider.live`)."""
 
 
-class RedisProvider(DeploymentRecords, PendingFeedbackStore):
+class RedisProvider(DeploymentRecords, PendingFeedbackStore, StreamRecords):
     """Checkpoint store on Redis or Redis Cluster; see :class:`~runner.store.base.CoordinatedStore`.
 
     A ``redis+cluster://`` URL or a ``redis.cluster.RedisCluster`` client selects the

@@ -1,0 +1,635 @@
+"""Live output of a running step: written by ``self.stream_chunk``, read by anyone, durable.
+
+**Writing.** Inside a step, ``self.stream_chunk(text_or_json, channel="tokens")`` (or the
+module's :func:`stream_chunk`) appends one entry to the run's stream; ``self.stream_from(
+iterable)`` streams each chunk of an iterator (an OpenAI-style ``stream=True`` response,
+LangChain's ``.stream``, any iterator of text) and returns the full text; our ``Agent``'s LLM
+adapter does the same for a client that streams (:func:`runner.flow.llm.call_llm`). Each
+attempt of a step writes through its own :class:`StepStream`, made at its first chunk and
+flushed before the attempt settles (so every entry is in the store before the step's commit):
+
+* **batched**: a chunk goes to a buffer; one writer thread per attempt sends what gathered in
+  one round trip (:meth:`runner.store.base.StreamStore.append_stream`), waiting
+  ``RUNNER_STREAM_LINGER_MS`` after the first chunk of a batch; chunks written while a batch is
+  in flight go in the next. A token costs no round trip of its own: a step that writes
+  faster than a round trip writes many tokens per round trip (:attr:`StepStream.batches`);
+* **tagged** with the step (activation id), the attempt's number (1, 2, ... in the order
+  attempts first wrote: a retry, or a step re-run after its worker was killed, supersedes
+  the earlier attempts without deleting what they wrote), the channel and a type;
+* **JSON only**: a payload that is not JSON-serialisable fails the step at once, unretried
+  (:class:`NotStreamable`, naming the step), as other non-JSON output does;
+* a **child run**'s steps (a crew inside a flow) write into their parent's stream, each entry
+  carrying the child's run id; an in-process run inside a step (a crew run inline) writes to
+  where that step writes.
+
+Where there is no stream store (an in-process run without a Redis store) chunks reach only
+the in-process readers (a ``stream = True`` flow's session, :class:`FlowStreamSession`).
+
+**Reading.** :func:`follow` yields the run's entries as :class:`StreamFrame` objects, live,
+from any entry id (resume with the last id seen: every entry once), and ends with one frame
+saying how the run ended and its result (:func:`runner.flow.results.result_json`);
+:class:`RunStream` wraps it as CrewAI's stream session (``for frame in stream``, ``async
+for``, ``.result``, ``.is_completed``, ``.frames``). ``RunHandle.stream()``, ``runner watch
+--stream``, ``runner submit --wait --stream`` and the console's ``/api/runs/{id}/stream`` are
+all this one reader.
+
+**CrewAI's** ``stream = True`` **flows.** ``kickoff()`` of such a flow returns a
+:class:`FlowStreamSession` (``kickoff_async()`` an :class:`AsyncFlowStreamSession`): the run
+goes on in a thread and the session yields its frames in order: lifecycle events (channel
+``flow``), the steps' chunks (LLM chunks as ``llm_stream_chunk`` frames on channel ``llm``),
+then ``.result`` is what ``kickoff()`` would have returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic_core import to_json, to_jsonable_python
+
+from runner.errors import DefinitionError, NotSerializable, RunNotFound
+from runner.flow import events as ev
+from runner.flow.context import StepContext, step_context
+from runner.settings import get_settings
+from runner.store.base import StreamStore
+from runner.store.models import RunStatus
+from runner.store.streams import StreamEntry
+
+log = logging.getLogger("runner.stream")
+
+TOKENS = "tokens"
+"""The default channel of ``stream_chunk``."""
+LLM = "llm"
+"""The channel of LLM chunks (CrewAI's)."""
+FLOW = "flow"
+"""The channel of lifecycle frames: attempts, a run's end (CrewAI's)."""
+CHUNK = "chunk"
+"""The type of a text chunk written by ``stream_chunk``."""
+DATA = "data"
+"""The type of a JSON chunk written by ``stream_chunk``."""
+LLM_CHUNK = "llm_stream_chunk"
+"""The type of an LLM's chunk (CrewAI's ``LLMStreamChunkEvent``)."""
+ATTEMPT = "attempt"
+"""The type of the frame saying a step's newer attempt began writing (the older ones are
+superseded)."""
+ENDINGS = {
+    RunStatus.SUCCEEDED: "flow_finished",
+    RunStatus.FAILED: "flow_failed",
+    RunStatus.CANCELLED: "flow_cancelled",
+    RunStatus.PAUSED: "flow_paused",
+    RunStatus.CORRUPT: "flow_failed",
+}
+"""The type of the last frame of a run's stream, by how the run ended."""
+
+
+class NotStreamable(NotSerializable, DefinitionError):
+    """A chunk given to ``stream_chunk`` is not JSON: the step fails, unretried."""
+
+
+# -- frames -----------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamFrame:
+    """One item of a stream (CrewAI's ``StreamFrame``): where it comes from, its channel and
+    type, printable ``content`` and the structured ``data`` (``event``)."""
+
+    id: str
+    """The entry's id in the run's stream (resume after it: ``from_id``, ``Last-Event-ID``);
+    empty for frames that are not stored (a session's lifecycle frames)."""
+    channel: str
+    type: str
+    content: str = ""
+    """Printable text of a token-like frame, else ``""``."""
+    data: Any = None
+    """The payload: a chunk's text or JSON, or what a lifecycle frame is about."""
+    run_id: str = ""
+    """The run that wrote it (a child run's id for its entries in the parent's stream)."""
+    step: str = ""
+    """The step (activation id) that wrote it."""
+    attempt: int = 0
+    """Which attempt of the step (1, 2, ...) wrote it."""
+    superseded: bool = False
+    """A newer attempt of the step wrote to the stream since (as known when it was read)."""
+    timestamp: float = field(default_factory=time.time)
+    seq: int = 0
+    """Order in this reader (1, 2, ...)."""
+
+    @property
+    def event(self) -> Any:
+        """The structured payload (CrewAI's alias of ``data``)."""
+        return self.data
+
+    def to_json(self) -> dict[str, Any]:
+        """The frame as JSON (what the console's SSE and ``--json`` outputs send)."""
+        return {
+            "id": self.id,
+            "channel": self.channel,
+            "type": self.type,
+            "content": self.content,
+            "data": self.data,
+            "run_id": self.run_id,
+            "step": self.step,
+            "attempt": self.attempt,
+            "superseded": self.superseded,
+            "timestamp": self.timestamp,
+        }
+
+
+def frame_of(entry: StreamEntry, run_id: str, current: dict[str, int]) -> StreamFrame:
+    """The frame of a stream entry of ``run_id``'s stream."""
+    data = entry.data
+    return StreamFrame(
+        id=entry.id,
+        channel=entry.channel,
+        type=entry.type,
+        content=data if isinstance(data, str) else "",
+        data=data,
+        run_id=entry.run_id or run_id,
+        step=entry.step,
+        attempt=entry.attempt,
+        superseded=entry.superseded(current),
+        timestamp=entry.timestamp,
+    )
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamTarget:
+    """Where a step's chunks go: a run's stream in ``store`` (if any), as run ``writer_run``
+    (a child's id, else empty), and an in-process ``tap`` (a session's)."""
+
+    store: StreamStore | None
+    run_id: str
+    writer_run: str = ""
+    tap: Callable[[StreamFrame], None] | None = None
+
+    def child(self, child_run: str) -> StreamTarget:
+        """Where a run started inside this target's step writes (its entries keep its id)."""
+        return StreamTarget(self.store, self.run_id, child_run, self.tap)
+
+
+def target(
+    store: Any, run_id: str, parent_run: str | None = None, flow: Any = None
+) -> StreamTarget:
+    """Where the steps of run ``run_id`` write: inside a step of an in-process run (a crew
+    run inline) where that step writes; else ``store``'s stream (when it keeps streams) of the
+    parent run if it has one (a child on workers), else its own; with ``flow``'s session tap."""
+    outer = step_context()
+    if outer is not None and outer.stream_to is not None:
+        return outer.stream_to.child(run_id)
+    streams = store if isinstance(store, StreamStore) else None
+    tap = _taps.get(flow) if flow is not None else None
+    if parent_run:
+        return StreamTarget(streams, parent_run, run_id, tap)
+    return StreamTarget(streams, run_id, "", tap)
+
+
+_taps: weakref.WeakKeyDictionary[Any, Callable[[StreamFrame], None]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Flow object -> its stream session's receiver (in-process ``stream = True`` runs)."""
+
+
+class StepStream:
+    """The writer of one attempt of one step (see the module docstring)."""
+
+    def __init__(self, to: StreamTarget, step: str, maxlen: int, linger: float) -> None:
+        self.to = to
+        self.step = step
+        self.maxlen = maxlen
+        self.linger = linger
+        self.writer = uuid.uuid4().hex
+        self.attempt = 0
+        """This attempt's number in the stream (set by its first write)."""
+        self.batches = 0
+        """Round trips made (each a batch of entries)."""
+        self.entries = 0
+        """Entries written."""
+        self.last_id = ""
+        self._pending: list[tuple[str, str, str]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def write(self, channel: str, kind: str, payload: Any) -> None:
+        """Add one entry (``payload`` already JSON-safe)."""
+        if self.to.tap is not None:
+            self.to.tap(
+                StreamFrame(
+                    id="",
+                    channel=channel,
+                    type=kind,
+                    content=payload if isinstance(payload, str) else "",
+                    data=payload,
+                    run_id=self.to.writer_run or self.to.run_id,
+                    step=self.step,
+                )
+            )
+        if self.to.store is None:
+            return
+        encoded = to_json(payload).decode()
+        with self._cond:
+            self._pending.append((channel, kind, encoded))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="runner-stream", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+            if self.linger:
+                time.sleep(self.linger)  # let a burst gather into this batch
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._cond:
+            batch, self._pending = self._pending, []
+        if not batch or self.to.store is None:
+            return
+        try:
+            number, last = self.to.store.append_stream(
+                self.to.run_id, self.step, self.writer, batch, self.maxlen, self.to.writer_run
+            )
+        except Exception as exc:  # a stream write never fails the step; say so once per batch
+            log.warning(
+                "run %s step %s: %d stream entries not written: %s",
+                self.to.run_id,
+                self.step,
+                len(batch),
+                exc,
+            )
+            return
+        self.attempt, self.last_id = number, last
+        self.batches += 1
+        self.entries += len(batch)
+
+    def close(self) -> None:
+        """Write what is left and stop the writer thread (before the attempt settles)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        self._flush()
+
+
+def _writer(ctx: StepContext) -> StepStream | None:
+    """The attempt's writer, made at its first chunk."""
+    if ctx.stream is None:
+        to = ctx.stream_to
+        if to is None:
+            return None
+        settings = get_settings()
+        ctx.stream = StepStream(
+            to, ctx.activation.id, settings.stream_maxlen, settings.stream_linger_ms / 1000
+        )
+    writer: StepStream = ctx.stream
+    return writer
+
+
+def finish(ctx: StepContext) -> None:
+    """Flush and close the attempt's writer, if it wrote (the step runner calls it)."""
+    writer = ctx.stream
+    if writer is not None:
+        writer.close()
+
+
+def stream_chunk(content: Any, channel: str = TOKENS, *, type: str | None = None) -> None:
+    """Append ``content`` (text, or anything JSON-serialisable) to the running step's stream on
+    ``channel``; nothing outside a step. A payload that is not JSON fails the step, unretried
+    (:class:`NotStreamable`)."""
+    ctx = step_context()
+    if ctx is None:
+        return
+    if not isinstance(channel, str) or not channel:
+        raise NotStreamable(
+            f"stream_chunk in step {ctx.activation.method}: channel must be a non-empty "
+            f"string, not {channel!r}",
+            where=ctx.activation.method,
+        )
+    if isinstance(content, str):
+        payload: Any = content
+        kind = type or CHUNK
+    else:
+        try:
+            payload = to_jsonable_python(content)
+        except Exception as exc:
+            raise NotStreamable(
+                f"stream_chunk in step {ctx.activation.method}: the payload is not "
+                f"JSON-serialisable ({type_name(content)}): {exc}",
+                where=ctx.activation.method,
+            ) from None
+        kind = type or DATA
+    writer = _writer(ctx)
+    if writer is not None:
+        writer.write(channel, kind, payload)
+
+
+def type_name(value: Any) -> str:
+    return f"{value.__class__.__module__}.{value.__class__.__qualname__}"
+
+
+def chunk_text(chunk: Any) -> str | None:
+    """The text of one streamed chunk: a string; an OpenAI-style chunk (``choices[0].delta.
+    content``, as an object or a dict); a LangChain message chunk (``.content``); a dict
+    with ``content`` or ``text``. ``None`` for anything else (streamed as JSON)."""
+    if isinstance(chunk, str):
+        return chunk
+    if isinstance(chunk, dict):
+        choices = chunk.get("choices")
+        if isinstance(choices, list):
+            if not choices:
+                return ""
+            delta = choices[0].get("delta") or choices[0].get("message") or {}
+            return str(delta.get("content") or "")
+        for name in ("content", "text"):
+            if isinstance(chunk.get(name), str):
+                return str(chunk[name])
+        return None
+    choices = getattr(chunk, "choices", None)
+    if isinstance(choices, list | tuple):
+        if not choices:
+            return ""
+        delta = getattr(choices[0], "delta", None) or getattr(choices[0], "message", None)
+        return str(getattr(delta, "content", None) or "")
+    for name in ("content", "text"):
+        value = getattr(chunk, name, None)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def stream_from(
+    chunks: Iterable[Any], channel: str = TOKENS, *, type: str | None = None
+) -> str:
+    """Stream each chunk of ``chunks`` (see :func:`chunk_text`) and return the full text
+    (chunks without text are streamed as JSON and are not part of it)."""
+    parts: list[str] = []
+    for chunk in chunks:
+        text = chunk_text(chunk)
+        if text is None:
+            stream_chunk(chunk, channel, type=type)
+        elif text:
+            parts.append(text)
+            stream_chunk(text, channel, type=type)
+    return "".join(parts)
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def follow(
+    store: Any,
+    run_id: str,
+    channels: Sequence[str] | None = None,
+    from_id: str | None = None,
+    *,
+    block: float = 0.5,
+    count: int = 500,
+) -> Iterator[StreamFrame]:
+    """The run's stream from after ``from_id`` (``None``: the start), live until the run
+    stops running, then one frame of how it ended (type :data:`ENDINGS`, ``data``: status,
+    result, error). ``channels`` keeps only those (attempt and end frames always come).
+    :class:`~runner.errors.RunNotFound` for an unknown run; a store without streams gives only
+    the end."""
+    if store.run(run_id) is None:
+        raise RunNotFound(f"no run {run_id}", run_id=run_id)
+    return _follow(store, run_id, channels, from_id, block, count)
+
+
+def _follow(
+    store: Any,
+    run_id: str,
+    channels: Sequence[str] | None,
+    from_id: str | None,
+    block: float,
+    count: int,
+) -> Iterator[StreamFrame]:
+    from runner.flow import results  # the result decided once (imports the flow core)
+
+    wanted = None if channels is None else set(channels)
+    after, seq = from_id or "0", 0
+    streams = store if isinstance(store, StreamStore) else None
+    while True:
+        info = store.run(run_id)
+        status = info.status if info is not None else RunStatus.CANCELLED
+        ending = status not in (RunStatus.PENDING, RunStatus.RUNNING)
+        while streams is not None:
+            read = streams.read_stream(run_id, after, count, None if ending else block)
+            for entry in read.entries:
+                after = entry.id
+                if wanted is not None and entry.channel not in wanted and entry.type != ATTEMPT:
+                    continue
+                seq += 1
+                frame = frame_of(entry, run_id, read.current)
+                frame.seq = seq
+                yield frame
+            if not ending or len(read.entries) < count:
+                break
+        if ending:
+            data: dict[str, Any] = {"status": status.value, "result": None, "error": None}
+            if info is not None:
+                data["error"] = info.error
+                latest = store.latest(run_id) if status is RunStatus.SUCCEEDED else None
+                if latest is not None:
+                    data["result"] = results.result_json(
+                        status, latest, results.flow_class_of(latest)
+                    )
+            yield StreamFrame(
+                id=after if after != "0" else "",
+                channel=FLOW,
+                type=ENDINGS.get(status, "flow_finished"),
+                data=data,
+                run_id=run_id,
+                seq=seq + 1,
+            )
+            return
+        if streams is None:
+            time.sleep(block)
+
+
+_END = object()
+
+
+class RunStream:
+    """A run's stream as CrewAI's stream session: iterate it (``for`` or ``async for``) for
+    its frames, then ``.result`` is the run's result (raising as ``RunHandle.result()``
+    would for a run that did not succeed: what ``result`` raises is given by ``on_end``)."""
+
+    def __init__(
+        self,
+        frames: Iterator[StreamFrame],
+        on_end: Callable[[StreamFrame], Any] | None = None,
+    ) -> None:
+        self._source = frames
+        self._on_end = on_end
+        self.frames: list[StreamFrame] = []
+        """Every frame yielded so far."""
+        self.is_completed = False
+        """The run's end frame was read."""
+        self._end: StreamFrame | None = None
+
+    def __iter__(self) -> Iterator[StreamFrame]:
+        for frame in self._source:
+            self.frames.append(frame)
+            if frame.type in ENDINGS.values() and not frame.step:
+                self._end, self.is_completed = frame, True
+            yield frame
+
+    async def __aiter__(self) -> AsyncIterator[StreamFrame]:
+        iterator = iter(self)
+        while True:
+            frame = await asyncio.to_thread(next, iterator, _END)
+            if frame is _END:
+                return
+            yield frame
+
+    @property
+    def ending(self) -> StreamFrame | None:
+        """The end frame (how the run ended), once read."""
+        return self._end
+
+    @property
+    def result(self) -> Any:
+        """The run's result, after the stream was consumed (``RuntimeError`` before)."""
+        if self._end is None:
+            raise RuntimeError("consume the stream before reading its result")
+        if self._on_end is not None:
+            return self._on_end(self._end)
+        return self._end.data.get("result")
+
+    def close(self) -> None:
+        """Stop reading (the reader's generator is closed)."""
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> RunStream:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+
+# -- CrewAI's stream = True flows, in process -------------------------------------------------
+
+
+class _Lifecycle(ev.EventListener):
+    """Turns the flow's events into lifecycle frames of its session."""
+
+    def __init__(self, put: Callable[[StreamFrame], None]) -> None:
+        self.put = put
+
+    def on_event(self, event: ev.FlowEvent) -> None:
+        data = {"method_name": event.method, "flow_name": event.flow, **event.data}
+        if event.error:
+            data["error"] = event.error
+        self.put(
+            StreamFrame(
+                id="",
+                channel=FLOW,
+                type=event.type,
+                data=data,
+                run_id=event.run_id,
+                step=event.method or "",
+                timestamp=event.timestamp,
+            )
+        )
+
+
+class FlowStreamSession:
+    """What ``kickoff()`` of a ``stream = True`` flow returns (CrewAI's stream session): its
+    frames in order as the run goes on (in a thread of this process), then ``.result``."""
+
+    def __init__(self, flow: Any, run: Callable[[], Any]) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.frames: list[StreamFrame] = []
+        self.is_completed = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._seq = 0
+        self._lock = threading.Lock()
+        listener = _Lifecycle(self._put)
+        flow._listeners.append(listener)
+        _taps[flow] = self._put
+
+        def body() -> None:
+            try:
+                self._result = run()
+            except BaseException as exc:  # handed to the reader
+                self._error = exc
+            finally:
+                _taps.pop(flow, None)
+                with contextlib.suppress(ValueError):
+                    flow._listeners.remove(listener)
+                self._queue.put(_END)
+
+        self._thread = threading.Thread(target=body, name="runner-flow-stream", daemon=True)
+        self._thread.start()
+
+    def _put(self, frame: StreamFrame) -> None:
+        with self._lock:
+            self._seq += 1
+            frame.seq = self._seq
+        self._queue.put(frame)
+
+    def _next(self) -> Any:
+        item = self._queue.get()
+        if item is _END:
+            self._thread.join()
+            self.is_completed = True
+        else:
+            self.frames.append(item)
+        return item
+
+    def __iter__(self) -> Iterator[StreamFrame]:
+        while not self.is_completed:
+            item = self._next()
+            if item is not _END:
+                yield item
+
+    def __enter__(self) -> FlowStreamSession:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        for _frame in self:  # let the run finish
+            pass
+
+    @property
+    def result(self) -> Any:
+        """What ``kickoff()`` returned (its exception raised), once the stream is consumed."""
+        if not self.is_completed:
+            raise RuntimeError("consume the stream before reading its result")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class AsyncFlowStreamSession(FlowStreamSession):
+    """What ``await kickoff_async()`` of a ``stream = True`` flow returns: ``async for``."""
+
+    async def __aiter__(self) -> AsyncIterator[StreamFrame]:
+        while not self.is_completed:
+            item = await asyncio.to_thread(self._next)
+            if item is not _END:
+                yield item
