@@ -153,8 +153,10 @@ def test_a_stream_true_flow_kickoff_returns_a_crewai_stream_session() -> None:
     assert session.is_completed and session.frames == frames
     assert session.result == "".join(token(i) for i in range(5)).upper()
     assert [f.content for f in frames if f.channel == "tokens"] == [token(i) for i in range(5)]
-    kinds = [(f.channel, f.type, f.event.get("method_name") if f.channel == "flow" else f.step)
-             for f in frames]
+    kinds = [
+        (f.channel, f.type, f.event.get("method_name") if f.channel == "flow" else f.step)
+        for f in frames
+    ]
     assert kinds[0] == ("flow", "flow_started", None)
     assert ("flow", "method_execution_started", "first") in kinds
     assert ("progress", "chunk", "second#1") in kinds

@@ -84,9 +84,11 @@ def streams(llm: Any) -> Callable[[str], Any] | None:
     method = getattr(llm, "stream", None)
     if callable(method):
         return method  # type: ignore[no-any-return]
-    target = llm if callable(llm) and not any(
-        callable(getattr(llm, m, None)) for m in ("call", "invoke")
-    ) else None
+    target = (
+        llm
+        if callable(llm) and not any(callable(getattr(llm, m, None)) for m in ("call", "invoke"))
+        else None
+    )
     if target is None:
         return None
     try:

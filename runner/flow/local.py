@@ -30,11 +30,10 @@ from runner.checkpointing import (
 from runner.errors import CommitConflict, RunNotFound, RunStateError
 from runner.flow import events as ev
 from runner.flow import human_feedback as reviewing
-from runner.flow import lifecycle, plans, results, usage
+from runner.flow import lifecycle, plans, results, streaming, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import Asked, Halted, StepResult, run_step
-from runner.flow import streaming
 from runner.flow.context import PROCESS, Answers, StepContext
 from runner.flow.flow import apply_inputs, set_usage_metrics
 from runner.flow.graph import FlowGraph

@@ -196,9 +196,7 @@ def target(
     return StreamTarget(streams, run_id, "", tap)
 
 
-_taps: weakref.WeakKeyDictionary[Any, Callable[[StreamFrame], None]] = (
-    weakref.WeakKeyDictionary()
-)
+_taps: weakref.WeakKeyDictionary[Any, Callable[[StreamFrame], None]] = weakref.WeakKeyDictionary()
 """Flow object -> its stream session's receiver (in-process ``stream = True`` runs)."""
 
 
@@ -243,9 +241,7 @@ class StepStream:
         with self._cond:
             self._pending.append((channel, kind, encoded))
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="runner-stream", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name="runner-stream", daemon=True)
                 self._thread.start()
             self._cond.notify()
 
@@ -379,9 +375,7 @@ def chunk_text(chunk: Any) -> str | None:
     return None
 
 
-def stream_from(
-    chunks: Iterable[Any], channel: str = TOKENS, *, type: str | None = None
-) -> str:
+def stream_from(chunks: Iterable[Any], channel: str = TOKENS, *, type: str | None = None) -> str:
     """Stream each chunk of ``chunks`` (see :func:`chunk_text`) and return the full text
     (chunks without text are streamed as JSON and are not part of it)."""
     parts: list[str] = []

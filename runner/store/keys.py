@@ -45,7 +45,8 @@ indexes and the locks :mod:`runner.store.redis` (scripts in :mod:`runner.store.s
 ``{flow}:rate*``, ``slots``, ``limited``, ``limit-specs`` and ``waiting``
 :mod:`runner.store.limits`; ``{flow}:queue`` :mod:`runner.store.queues`; ``{time}:deadlines``
 / ``starts`` / ``answers`` :mod:`runner.store.timers`; ``{time}:schedules`` / ``ticks``
-:mod:`runner.store.schedules`; ``stream`` / ``stream-attempts`` :mod:`runner.store.streams`. Code outside ``runner/store`` reaches them only through
+:mod:`runner.store.schedules`; ``stream`` / ``stream-attempts`` :mod:`runner.store.streams`.
+Code outside ``runner/store`` reaches them only through
 :class:`runner.store.base.DeploymentStore` (``tests/test_boundaries.py`` checks it).
 
 On a single Redis (``shards=0``) the tag ``{T}`` is the run id (``P:{R}:meta``) and the

@@ -161,9 +161,7 @@ class StreamBook:
         entries: list[StreamEntry] = []
         for _key, items in found or ():
             entries.extend(_entry(raw_id, fields) for raw_id, fields in items)
-        current = {
-            _text(k): int(v) for k, v in (attempts or {}).items() if b"|" not in k
-        }
+        current = {_text(k): int(v) for k, v in (attempts or {}).items() if b"|" not in k}
         return StreamRead(entries, current)
 
     def info(self, run_id: str) -> StreamInfo:
