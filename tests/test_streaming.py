@@ -15,7 +15,8 @@ import redis
 from runner import CheckpointConfig
 from runner.errors import RunNotFound
 from runner.flow import streaming
-from runner.flow.streaming import NotStreamable, StreamFrame, follow
+from runner.flow.following import follow
+from runner.flow.streaming import NotStreamable, StreamFrame
 from runner.settings import reset_settings
 from runner.store.redis import RedisProvider
 from tests.flows.streams import BadChunk, CrewStreams, StreamingFlow, Tokens, token

@@ -27,9 +27,9 @@ TAIL_LINES = 12
 
 def follow_stream(reader: Reader, run_id: str, *, timeout: float | None) -> None:
     """Print ``run_id``'s stream until the run stops, then its outcome; exit with its code."""
-    from runner.flow import streaming
+    from runner.flow import following, streaming
 
-    frames = streaming.follow(reader.store, run_id)  # RunNotFound: one line, before output
+    frames = following.follow(reader.store, run_id)  # RunNotFound: one line, before output
     out = console()
     deadline = None if timeout is None else time.monotonic() + timeout
     end = _live(reader, run_id, frames, out, deadline) if out.is_terminal else None

@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from runner.flow import streaming
+from runner.flow import following
 from runner.flow.rates import PRIORITIES
 from runner.store.models import RunStatus
 
@@ -165,7 +165,7 @@ async def get_stream(
     ``from_id``: every entry comes once. 404 for an unknown run."""
     store = console_of(request).rt.store
     after = last_event_id or from_id
-    frames = await run_in_threadpool(streaming.follow, store, run_id, channels, after)
+    frames = await run_in_threadpool(following.follow, store, run_id, channels, after)
     return StreamingResponse(
         streams.events(frames),
         media_type="text/event-stream",

@@ -29,7 +29,7 @@ from runner.errors import (
     RunTimeout,
     StoreUnavailable,
 )
-from runner.flow import results, streaming
+from runner.flow import following, results, streaming
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.loading import load_flow
 from runner.flow.plans import check_fields
@@ -353,19 +353,19 @@ class RunHandle:
         from_id: str | None = None,
         *,
         block: float = 0.5,
-    ) -> streaming.RunStream:
+    ) -> following.RunStream:
         """The run's live stream (what its steps write with ``self.stream_chunk`` and their
         LLMs' tokens): iterate it (``for`` or ``async for``) for :class:`~runner.flow.
         streaming.StreamFrame` objects as they come, ending with a frame of how the run ended;
         then ``.result`` is :meth:`result`. ``channels``: only those (e.g. ``["tokens"]``);
         ``from_id``: resume after the frame id last seen (each entry comes once).
         :class:`~runner.errors.RunNotFound` for an unknown run."""
-        frames = streaming.follow(self.rt.store, self.run_id, channels, from_id, block=block)
+        frames = following.follow(self.rt.store, self.run_id, channels, from_id, block=block)
 
         def result(end: streaming.StreamFrame) -> Any:
             return None if end.data.get("status") == RunStatus.PAUSED.value else self.result()
 
-        return streaming.RunStream(frames, result)
+        return following.RunStream(frames, result)
 
     def resume(
         self,
