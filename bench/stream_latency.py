@@ -18,8 +18,9 @@ Starts one worker (``celery -A workers worker -P threads -c RUNS``, importing
   threads blocked in ``XREAD``; latency = arrival - the time in the entry.
 
 Prints a Markdown table (p50, p99, max, samples) with the targets (runner p50 < 50 ms, p99 <
-200 ms) and PASS/FAIL, the round trips the workers' writers made per chunk, and a stream's
-memory (``MEMORY USAGE``) against ``RUNNER_STREAM_MAXLEN``. Exits 0 whatever the verdict.
+200 ms) and PASS/FAIL; a stream's memory (``MEMORY USAGE``) against ``RUNNER_STREAM_MAXLEN``;
+and the batching: the round trips one step's writer makes for 2,000 chunks at a few gaps
+between chunks, with the cost of a ``stream_chunk`` call. Exits 0 whatever the verdict.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import httpx  # noqa: E402
 import redis  # noqa: E402
 
 from bench._common import bench_redis, delete_prefix, percentile, print_table  # noqa: E402
+from runner import Flow, FlowState, start  # noqa: E402
 from runner.distributed.app import make_app  # noqa: E402
 from runner.distributed.client import RunHandle, submit  # noqa: E402
 from runner.distributed.engine import Runtime  # noqa: E402
@@ -163,6 +165,54 @@ def raw_case(url: str, args: argparse.Namespace, prefix: str) -> list[float]:
     return samples
 
 
+def batching_case(url: str, prefix: str) -> list[tuple[float, int, float]]:
+    """Round trips one step's writer makes for 2,000 chunks at a few gaps between chunks, and
+    the cost of a ``stream_chunk`` call on the step's thread (µs, the sleeps excluded)."""
+    from runner import CheckpointConfig
+    from runner.flow import streaming
+    from runner.store.redis import RedisProvider
+
+    store = RedisProvider(url, prefix=prefix)
+    writers: list[streaming.StepStream] = []
+    close = streaming.StepStream.close
+
+    def spy(self: streaming.StepStream) -> None:
+        close(self)
+        writers.append(self)
+
+    found = []
+    streaming.StepStream.close = spy  # type: ignore[method-assign]
+    try:
+        for gap in (0.0, 0.001, 0.005, 0.02):
+            flow = Burst(checkpoint=CheckpointConfig(provider=store, on_events=["*"]))
+            flow.kickoff(inputs={"gap": gap})
+            found.append((gap, writers[-1].batches, flow.state.cost_us))
+    finally:
+        streaming.StepStream.close = close  # type: ignore[method-assign]
+        store.close()
+    return found
+
+
+class BurstState(FlowState):
+    gap: float = 0.0
+    cost_us: float = 0.0
+
+
+class Burst(Flow[BurstState]):
+    """One step writing 2,000 chunks ``gap`` seconds apart; ``cost_us``: per call."""
+
+    @start()
+    def burst(self) -> None:
+        spent = 0.0
+        for i in range(2000):
+            began = time.perf_counter()
+            self.stream_chunk(f"t{i} ")
+            spent += time.perf_counter() - began
+            if self.state.gap:
+                time.sleep(self.state.gap)
+        self.state.cost_us = spent / 2000 * 1e6
+
+
 def run(url: str, args: argparse.Namespace) -> None:
     token = uuid.uuid4().hex[:8]
     prefix, queue = f"bench-stream-{token}", f"bench-stream-{token}"
@@ -192,14 +242,13 @@ def run(url: str, args: argparse.Namespace) -> None:
         with worker, _console(env, logs / "console.log") as console:
             worker.wait_ready(rt.app, timeout=60)
             runner_case(rt, console, argparse.Namespace(**{**vars(args), "chunks": 20}))  # warm
-            before = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
             ours = runner_case(rt, console, args)
-            after = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
             raw = raw_case(url, args, prefix)
-            one = next(iter(rt.store.run_ids()), None)
-            stream_key = f"{prefix}:{{{one}}}:stream" if one else None
-            memory = client.memory_usage(stream_key) if stream_key else None
-            length = client.xlen(stream_key) if stream_key else 0
+            biggest = max(rt.store.run_ids(), key=lambda r: rt.store.stream_info(r).length)
+            stream_key = f"{prefix}:{{{biggest}}}:stream"
+            memory = client.memory_usage(stream_key)
+            length = client.xlen(stream_key)
+        batching = batching_case(url, prefix)
     finally:
         delete_prefix(client, prefix)
         client.close()
@@ -225,11 +274,21 @@ def run(url: str, args: argparse.Namespace) -> None:
             row("raw XADD -> XREAD BLOCK (one round trip per chunk)", raw),
         ],
     )
-    commits = args.runs * 3  # begin, commit and the closing writes of each run's one step
-    appends = max(0, after - before - commits)
     print(
-        f"writes: about {appends} stream round trips for {len(ours)} chunks "
-        f"({appends / max(len(ours), 1):.2f} per chunk; EVALSHA calls beyond the steps' own)"
+        "\nbatching: one step writing 2,000 chunks (in process, a Redis store), "
+        f"RUNNER_STREAM_LINGER_MS={settings.stream_linger_ms:g}\n"
+    )
+    print_table(
+        ["gap between chunks", "round trips", "chunks per round trip", "stream_chunk() µs"],
+        [
+            [
+                "none (a burst)" if gap == 0 else f"{gap * 1000:g} ms",
+                str(trips),
+                f"{2000 / max(trips, 1):.1f}",
+                f"{cost:.1f}",
+            ]
+            for gap, trips, cost in batching
+        ],
     )
     if memory is not None:
         per = memory / max(length, 1)
