@@ -37,7 +37,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -66,7 +68,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _console(env: dict[str, str], log: Path) -> object:
+def _console(env: dict[str, str], log: Path) -> Iterator[str]:
     port = _free_port()
     with open(log, "ab") as out:
         proc = subprocess.Popen(
@@ -144,7 +146,7 @@ def raw_case(url: str, args: argparse.Namespace, prefix: str) -> list[float]:
         client.close()
 
     def read(key: str) -> None:
-        client = redis.Redis.from_url(url)
+        client: Any = redis.Redis.from_url(url)
         last, got = "0", 0
         while got < args.chunks:
             for _key, items in client.xread({key: last}, block=1000, count=500) or ():

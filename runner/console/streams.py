@@ -72,7 +72,7 @@ async def events(frames: Iterator[StreamFrame]) -> AsyncIterator[str]:
             batch = [item]
             while not queue.empty():
                 batch.append(queue.get_nowait())
-            out = []
+            out: list[str] = []
             for got in batch:
                 if got is _DONE:
                     if out:

@@ -16,8 +16,6 @@ from runner.flow.streaming import ATTEMPT, ENDINGS, FLOW, StreamFrame, frame_of
 from runner.store.base import StreamStore
 from runner.store.models import RunStatus
 
-_END = object()
-
 
 def follow(
     store: Any,
@@ -115,8 +113,8 @@ class RunStream:
     async def __aiter__(self) -> AsyncIterator[StreamFrame]:
         iterator = iter(self)
         while True:
-            frame = await asyncio.to_thread(next, iterator, _END)
-            if frame is _END:
+            frame = await asyncio.to_thread(next, iterator, None)
+            if frame is None:
                 return
             yield frame
 
@@ -145,3 +143,17 @@ class RunStream:
 
     def __exit__(self, *_: Any) -> None:
         self.close()
+
+
+def stream_run(
+    store: Any,
+    run_id: str,
+    channels: Sequence[str] | None = None,
+    from_id: str | None = None,
+    *,
+    block: float = 0.5,
+) -> RunStream:
+    """The stream of run ``run_id`` kept in ``store`` (e.g. an in-process run's Redis store;
+    ``RunHandle.stream()`` for a run on workers): a :class:`RunStream` whose ``.result`` is
+    the end frame's result (JSON). :class:`~runner.errors.RunNotFound` for an unknown run."""
+    return RunStream(follow(store, run_id, channels, from_id, block=block))

@@ -83,7 +83,7 @@ def streams(llm: Any) -> Callable[[str], Any] | None:
     iterator of chunks); ``None`` for a client that only answers whole."""
     method = getattr(llm, "stream", None)
     if callable(method):
-        return method  # type: ignore[no-any-return]
+        return method
     target = (
         llm
         if callable(llm) and not any(callable(getattr(llm, m, None)) for m in ("call", "invoke"))

@@ -288,13 +288,46 @@ class CoordinatedStore(CheckpointStore, Protocol):
 
 
 @runtime_checkable
-class DeploymentStore(CoordinatedStore, Protocol):
+class StreamStore(Protocol):
+    """A store that keeps each run's stream of live output (:mod:`runner.store.streams` on
+    Redis): what steps write while they run, read live and again by entry id."""
+
+    def append_stream(
+        self,
+        run_id: str,
+        step: str,
+        writer: str,
+        entries: list[tuple[str, str, str]],
+        maxlen: int,
+        writer_run: str = "",
+    ) -> tuple[int, str]:
+        """Append ``entries`` (channel, type, payload JSON) of the attempt ``writer`` of
+        ``step`` to ``run_id``'s stream, trimmed to ``maxlen``, in one round trip; the
+        attempt's number (1, 2, ... per step, by first write) and the last entry's id.
+        ``writer_run``: the run that wrote them, when not ``run_id`` (a child run)."""
+        ...
+
+    def read_stream(
+        self, run_id: str, after: str = "0", count: int = 500, block: float | None = None
+    ) -> StreamRead:
+        """Entries after the id ``after`` (at most ``count``; waiting up to ``block`` seconds
+        for one) and the newest attempt number of each step."""
+        ...
+
+    def stream_info(self, run_id: str) -> StreamInfo:
+        """The stream's length and first and last entry ids."""
+        ...
+
+
+@runtime_checkable
+class DeploymentStore(CoordinatedStore, StreamStore, Protocol):
     """A coordinated store that also keeps a deployment's own records: what the engine on
     workers, the producers, the CLI and the console use, and all they use of the store.
 
     One-job methods per concern, each owned by one store module on Redis: limits
     (:mod:`runner.store.limits`), queue consumers (:mod:`runner.store.queues`), run timers
-    (:mod:`runner.store.timers`) and schedules (:mod:`runner.store.schedules`).
+    (:mod:`runner.store.timers`), schedules (:mod:`runner.store.schedules`) and the runs'
+    streams (:class:`StreamStore`, :mod:`runner.store.streams`).
     """
 
     url: str
@@ -411,34 +444,3 @@ class DeploymentStore(CoordinatedStore, Protocol):
         """Record that the schedule ``name``'s ticks before ``tick`` were fired."""
         ...
 
-
-@runtime_checkable
-class StreamStore(Protocol):
-    """A store that keeps each run's stream of live output (:mod:`runner.store.streams` on
-    Redis): what steps write while they run, read live and again by entry id."""
-
-    def append_stream(
-        self,
-        run_id: str,
-        step: str,
-        writer: str,
-        entries: list[tuple[str, str, str]],
-        maxlen: int,
-        writer_run: str = "",
-    ) -> tuple[int, str]:
-        """Append ``entries`` (channel, type, payload JSON) of the attempt ``writer`` of
-        ``step`` to ``run_id``'s stream, trimmed to ``maxlen``, in one round trip; the
-        attempt's number (1, 2, ... per step, by first write) and the last entry's id.
-        ``writer_run``: the run that wrote them, when not ``run_id`` (a child run)."""
-        ...
-
-    def read_stream(
-        self, run_id: str, after: str = "0", count: int = 500, block: float | None = None
-    ) -> StreamRead:
-        """Entries after the id ``after`` (at most ``count``; waiting up to ``block`` seconds
-        for one) and the newest attempt number of each step."""
-        ...
-
-    def stream_info(self, run_id: str) -> StreamInfo:
-        """The stream's length and first and last entry ids."""
-        ...
