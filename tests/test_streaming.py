@@ -198,3 +198,22 @@ def test_a_crew_run_inline_streams_its_agents_llm_tokens_tagged_with_its_run(
 
 def test_stream_chunk_outside_a_step_does_nothing() -> None:
     Tokens().stream_chunk("nobody listens")
+
+
+def test_chunk_text_reads_the_chunks_of_the_usual_clients() -> None:
+    from types import SimpleNamespace as NS
+
+    from runner.flow.streaming import chunk_text
+
+    openai = NS(choices=[NS(delta=NS(content="Hi"))])
+    openai_dict = {"choices": [{"delta": {"content": " there"}}]}
+    last = NS(choices=[NS(delta=NS(content=None))])  # the finishing chunk has no text
+    langchain = NS(content="!", usage_metadata=None)
+    assert [chunk_text(c) for c in (openai, openai_dict, last, langchain, "s", {"x": 1})] == [
+        "Hi",
+        " there",
+        "",
+        "!",
+        "s",
+        None,
+    ]

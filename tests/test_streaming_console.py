@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -97,6 +98,21 @@ def test_the_sse_endpoint_needs_the_token_and_404s_an_unknown_run(rt: Any, conso
         for line in channels.text.splitlines()
         if line.startswith("data: ")
     ] == ["flow_finished"]
+
+
+def test_a_client_that_leaves_stops_its_reader(rt: Any, console: str, redis_url: str) -> None:
+    handle = submit(Tokens, {"count": 10, "hold": True}, rt=rt)
+    url = f"{console}/api/runs/{handle.run_id}/stream"
+    with httpx.Client(timeout=30) as http, http.stream("GET", url, headers=AUTH) as response:
+        assert len(_events(response, stop=5)) == 5
+        assert any(t.name == "runner-sse" for t in threading.enumerate())
+    deadline = time.monotonic() + 10
+    while any(t.name == "runner-sse" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the reader of a client that left goes on"
+        time.sleep(0.1)
+    assert handle.status() is RunStatus.RUNNING  # it stopped while the run still runs
+    _release(redis_url, handle.run_id)
+    assert handle.wait(timeout=30) is RunStatus.SUCCEEDED
 
 
 @pytest.fixture(scope="module")

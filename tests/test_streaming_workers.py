@@ -19,7 +19,7 @@ import redis
 from runner.distributed.client import RunHandle, submit
 from runner.store.models import RunStatus
 from tests._dist_support import private_pool
-from tests.flows.streams import CrewStreams, Tokens, go_key, token
+from tests.flows.streams import BadChunk, CrewStreams, Tokens, executions, go_key, token
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,6 +89,17 @@ def test_a_crew_childs_entries_are_in_its_parents_stream_with_the_childs_run_id(
     assert child != handle.run_id
     assert rt.store.run(child) is not None
     assert handle.result() == "Wasps do not."
+
+
+def test_a_chunk_that_is_not_json_fails_the_step_on_a_worker_unretried(rt: Any) -> None:
+    handle = submit(BadChunk, {}, rt=rt)
+    assert handle.wait(timeout=30) is RunStatus.FAILED
+    info = handle.info()
+    assert info.error is not None and "stream_chunk in step bad" in info.error
+    assert executions(handle.run_id, "bad") == 2  # this call made it 2: the step ran once
+    frames = list(handle.stream())
+    assert [f.content for f in frames if f.channel == "tokens"] == ["fine so far"]
+    assert frames[-1].type == "flow_failed"
 
 
 def _cli(env: dict[str, str], *args: str, **kw: Any) -> subprocess.Popen[str]:

@@ -8,6 +8,8 @@ fork names each rejected field in ``error.errors``. With a token, send it as
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -164,10 +166,12 @@ async def get_stream(
     result. Resume with ``Last-Event-ID`` (browsers send it when they reconnect) or
     ``from_id``: every entry comes once. 404 for an unknown run."""
     store = console_of(request).rt.store
-    after = last_event_id or from_id
-    frames = await run_in_threadpool(following.follow, store, run_id, channels, after)
+    after, stop = last_event_id or from_id, threading.Event()
+    frames = await run_in_threadpool(
+        functools.partial(following.follow, store, run_id, channels, after, stop=stop)
+    )
     return StreamingResponse(
-        streams.events(frames),
+        streams.events(frames, stop),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -40,11 +40,11 @@ def event(frame: StreamFrame) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-async def events(frames: Iterator[StreamFrame]) -> AsyncIterator[str]:
-    """The SSE body of ``frames`` (read in a thread of its own)."""
+async def events(frames: Iterator[StreamFrame], stop: threading.Event) -> AsyncIterator[str]:
+    """The SSE body of ``frames`` (read in a thread of its own; made with ``stop``, which is
+    set when the client leaves, so the reading ends too)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
-    stop = threading.Event()
 
     def pump() -> None:
         try:

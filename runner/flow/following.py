@@ -6,6 +6,7 @@ console's ``/api/runs/{id}/stream`` all read; writing is :mod:`runner.flow.strea
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
@@ -25,15 +26,17 @@ def follow(
     *,
     block: float = 0.5,
     count: int = 500,
+    stop: threading.Event | None = None,
 ) -> Iterator[StreamFrame]:
     """The run's stream from after ``from_id`` (``None``: the start), live until the run
     stops running, then one frame of how it ended (type :data:`ENDINGS`, ``data``: status,
     result, error). ``channels`` keeps only those (attempt and end frames always come).
     :class:`~runner.errors.RunNotFound` for an unknown run; a store without streams gives only
-    the end."""
+    the end. ``stop``: set it to end the iteration within ``block`` seconds (a reader that
+    left), with no end frame."""
     if store.run(run_id) is None:
         raise RunNotFound(f"no run {run_id}", run_id=run_id)
-    return _follow(store, run_id, channels, from_id, block, count)
+    return _follow(store, run_id, channels, from_id, block, count, stop)
 
 
 def _follow(
@@ -43,11 +46,12 @@ def _follow(
     from_id: str | None,
     block: float,
     count: int,
+    stop: threading.Event | None,
 ) -> Iterator[StreamFrame]:
     wanted = None if channels is None else set(channels)
     after, seq = from_id or "0", 0
     streams = store if isinstance(store, StreamStore) else None
-    while True:
+    while stop is None or not stop.is_set():
         info = store.run(run_id)
         status = info.status if info is not None else RunStatus.CANCELLED
         ending = status not in (RunStatus.PENDING, RunStatus.RUNNING)
