@@ -122,6 +122,11 @@ def test_the_stream_is_capped_by_stream_maxlen(
     kept = [f.content for f in _data(list(follow(store, run))) if f.channel == "tokens"]
     assert kept == [token(i) for i in range(1000)][-len(kept) :]
     assert len(kept) == 99  # the last 100 entries: t901 ... t999 and the progress at 1000
+    # A reader from the start is told first that it cannot get every entry; one resuming
+    # after an entry still kept is not.
+    frames = list(follow(store, run))
+    assert frames[0].type == "stream_trimmed" and frames[0].data["after"] == "0"
+    assert [f.type for f in follow(store, run, from_id=frames[50].id)][0] == "chunk"
 
 
 def test_the_stream_is_deleted_with_its_run(store: RedisProvider, redis_url: str) -> None:

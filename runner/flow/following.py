@@ -17,6 +17,10 @@ from runner.flow.streaming import ATTEMPT, ENDINGS, FLOW, StreamFrame, frame_of
 from runner.store.base import StreamStore
 from runner.store.models import RunStatus
 
+TRIMMED = "stream_trimmed"
+"""The type of the frame a reader gets first when the stream's cap (``RUNNER_STREAM_MAXLEN``)
+dropped entries after the id it starts from: it cannot get every entry."""
+
 
 def follow(
     store: Any,
@@ -51,12 +55,27 @@ def _follow(
     wanted = None if channels is None else set(channels)
     after, seq = from_id or "0", 0
     streams = store if isinstance(store, StreamStore) else None
+    first = True
     while stop is None or not stop.is_set():
         info = store.run(run_id)
         status = info.status if info is not None else RunStatus.CANCELLED
         ending = status not in (RunStatus.PENDING, RunStatus.RUNNING)
         while streams is not None:
-            read = streams.read_stream(run_id, after, count, None if ending else block)
+            read = streams.read_stream(
+                run_id, after, count, None if ending else block, check_trim=first
+            )
+            if first and read.trimmed is not None:
+                # The cap dropped entries this reader never saw: say so, once, first.
+                seq += 1
+                yield StreamFrame(
+                    id="",
+                    channel=FLOW,
+                    type=TRIMMED,
+                    data={"after": after, "first_kept": read.trimmed},
+                    run_id=run_id,
+                    seq=seq,
+                )
+            first = False
             for entry in read.entries:
                 after = entry.id
                 if wanted is not None and entry.channel not in wanted and entry.type != ATTEMPT:

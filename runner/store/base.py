@@ -308,10 +308,16 @@ class StreamStore(Protocol):
         ...
 
     def read_stream(
-        self, run_id: str, after: str = "0", count: int = 500, block: float | None = None
+        self,
+        run_id: str,
+        after: str = "0",
+        count: int = 500,
+        block: float | None = None,
+        check_trim: bool = False,
     ) -> StreamRead:
         """Entries after the id ``after`` (at most ``count``; waiting up to ``block`` seconds
-        for one) and the newest attempt number of each step."""
+        for one) and the newest attempt number of each step; with ``check_trim``, whether the
+        cap trimmed entries after ``after`` (:attr:`StreamRead.trimmed`)."""
         ...
 
     def stream_info(self, run_id: str) -> StreamInfo:

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import redis
+
 from .keys import Keys, RedisHandle
 
 APPEND = """
@@ -108,6 +110,9 @@ class StreamRead:
 
     entries: list[StreamEntry] = field(default_factory=list)
     current: dict[str, int] = field(default_factory=dict)
+    trimmed: str | None = None
+    """With ``check_trim``: the first entry the cap kept, when the cap trimmed entries and the
+    id asked for is older than it (the reader missed entries), else ``None``."""
 
 
 @dataclass(frozen=True)
@@ -146,11 +151,18 @@ class StreamBook:
         return int(number), _text(last)
 
     def read(
-        self, run_id: str, after: str = "0", count: int = 500, block: float | None = None
+        self,
+        run_id: str,
+        after: str = "0",
+        count: int = 500,
+        block: float | None = None,
+        check_trim: bool = False,
     ) -> StreamRead:
         """Entries after the id ``after`` (``"0"``: from the start), at most ``count``;
-        ``block`` seconds waits for one to come when there is none yet."""
+        ``block`` seconds waits for one to come when there is none yet; ``check_trim`` says
+        whether the cap trimmed entries after ``after`` (Redis 7's ``entries-added``)."""
         key = self.keys.stream(run_id)
+        trimmed = self._trimmed(key, after) if check_trim else None
         pipe = self.client.pipeline(transaction=False)
         if block is None:
             pipe.xread({key: after}, count=count)
@@ -162,7 +174,7 @@ class StreamBook:
         for _key, items in found or ():
             entries.extend(_entry(raw_id, fields) for raw_id, fields in items)
         current = {_text(k): int(v) for k, v in (attempts or {}).items() if b"|" not in k}
-        return StreamRead(entries, current)
+        return StreamRead(entries, current, trimmed)
 
     def info(self, run_id: str) -> StreamInfo:
         """The length and first and last ids of ``run_id``'s stream (0 and ``None``s if none)."""
@@ -178,6 +190,17 @@ class StreamBook:
             _text(last[0][0]) if last else None,
         )
 
+    def _trimmed(self, key: str, after: str) -> str | None:
+        try:
+            info = self.client.xinfo_stream(key)
+        except redis.ResponseError:  # no stream yet
+            return None
+        added, first = info.get("entries-added"), info.get("first-entry")
+        if added is None or first is None or int(added) <= int(info.get("length", 0)):
+            return None  # Redis < 7, or nothing trimmed
+        kept = _text(first[0])
+        return kept if _id(kept) > _id(after) else None
+
 
 def _entry(raw_id: Any, fields: dict[bytes, bytes]) -> StreamEntry:
     get = fields.get
@@ -191,6 +214,11 @@ def _entry(raw_id: Any, fields: dict[bytes, bytes]) -> StreamEntry:
         data=None if data is None else json.loads(data),
         run_id=_text(get(b"r", b"")),
     )
+
+
+def _id(text: str) -> tuple[int, int]:
+    ms, _, n = text.partition("-")
+    return int(ms or 0), int(n or 0)
 
 
 def _text(value: Any) -> str:
@@ -226,11 +254,16 @@ class StreamRecords:
             return self._streams.append(run_id, step, writer, entries, maxlen, writer_run)
 
     def read_stream(
-        self, run_id: str, after: str = "0", count: int = 500, block: float | None = None
+        self,
+        run_id: str,
+        after: str = "0",
+        count: int = 500,
+        block: float | None = None,
+        check_trim: bool = False,
     ) -> StreamRead:
         """See :meth:`StreamBook.read`."""
         with self._wrapped():
-            return self._streams.read(run_id, after, count, block)
+            return self._streams.read(run_id, after, count, block, check_trim)
 
     def stream_info(self, run_id: str) -> StreamInfo:
         """See :meth:`StreamBook.info`."""
