@@ -6,6 +6,7 @@ chunks. (On workers, with the CLI and the console: ``tests/test_streaming_worker
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -126,7 +127,7 @@ def test_the_stream_is_capped_by_stream_maxlen(
     # after an entry still kept is not.
     frames = list(follow(store, run))
     assert frames[0].type == "stream_trimmed" and frames[0].data["after"] == "0"
-    assert [f.type for f in follow(store, run, from_id=frames[50].id)][0] == "chunk"
+    assert next(f.type for f in follow(store, run, from_id=frames[50].id)) == "chunk"
 
 
 def test_the_stream_is_deleted_with_its_run(store: RedisProvider, redis_url: str) -> None:
@@ -222,3 +223,65 @@ def test_chunk_text_reads_the_chunks_of_the_usual_clients() -> None:
         "s",
         None,
     ]
+
+
+def test_an_in_process_retry_supersedes_the_first_attempts_entries(store: RedisProvider) -> None:
+    out, run = _kickoff(Tokens, store, count=5, fail_first=True)
+    assert out == 5
+    frames = list(follow(store, run))
+    assert [(f.type, f.attempt, f.superseded) for f in frames if f.step] == [
+        *[("chunk", 1, True)] * 5,
+        ("attempt", 2, False),
+        *[("chunk", 2, False)] * 5,
+    ]
+
+
+def test_runner_watch_stream_on_a_terminal_shows_the_steps_text_under_the_live_table(
+    store: RedisProvider, redis_url: str
+) -> None:
+    """An in-process run with a Redis store, watched by ``runner watch --stream`` on a pty."""
+    import os
+    import pty
+    import re
+    import select
+    import subprocess
+    import sys
+    import threading
+
+    flow = Tokens(checkpoint=CheckpointConfig(provider=store, on_events=["*"]))
+    run = flow.state.id
+    worker = threading.Thread(target=flow.kickoff, kwargs={"inputs": {"count": 60, "delay": 0.02}})
+    worker.start()
+    while store.run(run) is None:
+        time.sleep(0.01)
+    env = {**os.environ, "RUNNER_REDIS_URL": redis_url, "RUNNER_PREFIX": store.keys.prefix}
+    env.update(COLUMNS="200", LINES="50", TERM="xterm")
+    main, side = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", "watch", run, "--stream"],
+        env=env,
+        stdin=side,
+        stdout=side,
+        stderr=side,
+    )
+    os.close(side)
+    out = b""
+    while True:
+        ready, _, _ = select.select([main], [], [], 0.5)
+        if ready:
+            try:
+                got = os.read(main, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not got:
+                break
+            out += got
+        elif proc.poll() is not None:
+            break
+    os.close(main)
+    worker.join()
+    assert proc.wait(timeout=30) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace"))
+    assert "write#1" in text and "tally#1" in text  # the table and the step's panel
+    assert all(token(i) in text for i in range(60))
+    assert text.rstrip().endswith("succeeded: 60")
