@@ -55,9 +55,13 @@ def _follow(
     wanted = None if channels is None else set(channels)
     after, seq = from_id or "0", 0
     streams = store if isinstance(store, StreamStore) else None
-    first = True
+    first, quiet, checked = True, True, 0.0
+    info: Any = None
     while stop is None or not stop.is_set():
-        info = store.run(run_id)
+        # The run's status, read before the read it governs: while entries flow it is read at
+        # most every ``block`` seconds (one round trip per wake-up, not two).
+        if quiet or time.monotonic() - checked >= block:
+            info, checked = store.run(run_id), time.monotonic()
         status = info.status if info is not None else RunStatus.CANCELLED
         ending = status not in (RunStatus.PENDING, RunStatus.RUNNING)
         while streams is not None:
@@ -75,7 +79,7 @@ def _follow(
                     run_id=run_id,
                     seq=seq,
                 )
-            first = False
+            first, quiet = False, not read.entries
             for entry in read.entries:
                 after = entry.id
                 if wanted is not None and entry.channel not in wanted and entry.type != ATTEMPT:

@@ -8,11 +8,13 @@ adapter does the same for a client that streams (:func:`runner.flow.llm.call_llm
 attempt of a step writes through its own :class:`StepStream`, made at its first chunk and
 flushed before the attempt settles (so every entry is in the store before the step's commit):
 
-* **batched**: a chunk goes to a buffer; one writer thread per attempt sends what gathered in
-  one round trip (:meth:`runner.store.base.StreamStore.append_stream`), waiting
-  ``RUNNER_STREAM_LINGER_MS`` after the first chunk of a batch; chunks written while a batch is
-  in flight go in the next. A token costs no round trip of its own: a step that writes
-  faster than a round trip writes many tokens per round trip (:attr:`StepStream.batches`);
+* **batched**: a chunk goes to its attempt's buffer and the call returns; one sender thread
+  per process (``runner-stream``), woken by a buffer's first chunk, waits
+  ``RUNNER_STREAM_LINGER_MS`` for more, then sends every attempt's buffer (of every step
+  running in the process) in one round trip (:meth:`runner.store.base.StreamStore.
+  append_streams`: a pipeline of one script call per attempt); chunks written meanwhile go in
+  its next round. A token costs no round trip of its own: a step writing faster than a round
+  trip, or many steps streaming in one process, share round trips (:attr:`StepStream.batches`);
 * **tagged** with the step (activation id), the attempt's number (1, 2, ... in the order
   attempts first wrote: a retry, or a step re-run after its worker was killed, supersedes
   the earlier attempts without deleting what they wrote), the channel and a type;
@@ -42,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -59,7 +62,7 @@ from runner.flow.context import StepContext, step_context
 from runner.settings import get_settings
 from runner.store.base import StreamStore
 from runner.store.models import RunStatus
-from runner.store.streams import StreamEntry
+from runner.store.streams import StreamAppend, StreamEntry
 
 log = logging.getLogger("runner.stream")
 
@@ -198,7 +201,8 @@ _taps: weakref.WeakKeyDictionary[Any, Callable[[StreamFrame], None]] = weakref.W
 
 
 class StepStream:
-    """The writer of one attempt of one step (see the module docstring)."""
+    """The writer of one attempt of one step (see the module docstring): it buffers the
+    attempt's chunks; the process's :class:`_Sender` sends them."""
 
     def __init__(self, to: StreamTarget, step: str, maxlen: int, linger: float) -> None:
         self.to = to
@@ -209,14 +213,14 @@ class StepStream:
         self.attempt = 0
         """This attempt's number in the stream (set by its first write)."""
         self.batches = 0
-        """Round trips made (each a batch of entries)."""
+        """Round trips that carried this attempt's entries."""
         self.entries = 0
         """Entries written."""
         self.last_id = ""
         self._pending: list[tuple[str, str, str]] = []
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._sending = threading.Lock()
+        """Held while a batch of this attempt is on its way: batches land in order."""
 
     def write(self, channel: str, kind: str, payload: Any) -> None:
         """Add one entry (``payload`` already JSON-safe)."""
@@ -235,55 +239,120 @@ class StepStream:
         if self.to.store is None:
             return
         encoded = to_json(payload).decode()
-        with self._cond:
+        with self._lock:
             self._pending.append((channel, kind, encoded))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="runner-stream", daemon=True)
-                self._thread.start()
+            first = len(self._pending) == 1
+        if first:
+            _sender().wake(self)
+
+    def take(self) -> StreamAppend | None:
+        """This attempt's pending entries as one batch (none left pending), or ``None``."""
+        with self._lock:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return None
+        to = self.to
+        return StreamAppend(to.run_id, self.step, self.writer, batch, self.maxlen, to.writer_run)
+
+    def sent(self, batch: StreamAppend, number: int, last: str) -> None:
+        """Record that ``batch`` is in the stream."""
+        self.attempt, self.last_id = number, last
+        self.batches += 1
+        self.entries += len(batch.entries)
+
+    def close(self) -> None:
+        """Write what is left, after any batch on its way (before the attempt settles)."""
+        if self.to.store is None:
+            return
+        with self._sending:
+            batch = self.take()
+            if batch is not None:
+                _send(self.to.store, [(self, batch)])
+
+
+def _send(store: StreamStore, batches: list[tuple[StepStream, StreamAppend]]) -> None:
+    """Send ``batches`` (their writers' ``_sending`` held) in one round trip."""
+    try:
+        found = store.append_streams([b for _w, b in batches])
+    except Exception as exc:  # a stream write never fails a step; say what was lost
+        for writer, batch in batches:
+            log.warning(
+                "run %s step %s: %d stream entries not written: %s",
+                batch.run_id,
+                writer.step,
+                len(batch.entries),
+                exc,
+            )
+        return
+    for (writer, batch), (number, last) in zip(batches, found, strict=True):
+        writer.sent(batch, number, last)
+
+
+class _Sender:
+    """The process's stream sender (thread ``runner-stream``): woken by an attempt's first
+    pending chunk, it waits ``linger`` for more (of that attempt and of any other running in
+    this process), then sends every pending batch, one pipeline per store: one round trip
+    for all. Chunks written while it sends go in its next round."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._cond = threading.Condition()
+        self._waiting: dict[StepStream, None] = {}
+        self._thread = threading.Thread(target=self._run, name="runner-stream", daemon=True)
+        self._thread.start()
+
+    def wake(self, writer: StepStream) -> None:
+        with self._cond:
+            self._waiting[writer] = None
             self._cond.notify()
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closed:
+                while not self._waiting:
                     self._cond.wait()
-                if not self._pending:
-                    return
-            if self.linger:
-                time.sleep(self.linger)  # let a burst gather into this batch
-            self._flush()
+                linger = max(w.linger for w in self._waiting)
+            if linger:
+                time.sleep(linger)  # let a burst gather into this round
+            with self._cond:
+                writers, self._waiting = list(self._waiting), {}
+            by_store: dict[int, tuple[StreamStore, list[StepStream]]] = {}
+            for writer in writers:
+                store = writer.to.store
+                if store is not None:
+                    by_store.setdefault(id(store), (store, []))[1].append(writer)
+            for store, group in by_store.values():
+                self._round(store, group)
 
-    def _flush(self) -> None:
-        with self._cond:
-            batch, self._pending = self._pending, []
-        if not batch or self.to.store is None:
-            return
+    @staticmethod
+    def _round(store: StreamStore, writers: list[StepStream]) -> None:
+        held: list[StepStream] = []
+        batches: list[tuple[StepStream, StreamAppend]] = []
         try:
-            number, last = self.to.store.append_stream(
-                self.to.run_id, self.step, self.writer, batch, self.maxlen, self.to.writer_run
-            )
-        except Exception as exc:  # a stream write never fails the step; say so once per batch
-            log.warning(
-                "run %s step %s: %d stream entries not written: %s",
-                self.to.run_id,
-                self.step,
-                len(batch),
-                exc,
-            )
-            return
-        self.attempt, self.last_id = number, last
-        self.batches += 1
-        self.entries += len(batch)
+            for writer in writers:
+                writer._sending.acquire()
+                held.append(writer)
+                batch = writer.take()
+                if batch is not None:
+                    batches.append((writer, batch))
+            if batches:
+                _send(store, batches)
+        finally:
+            for writer in held:
+                writer._sending.release()
 
-    def close(self) -> None:
-        """Write what is left and stop the writer thread (before the attempt settles)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join()
-        self._flush()
+
+_the_sender: _Sender | None = None
+_sender_lock = threading.Lock()
+
+
+def _sender() -> _Sender:
+    """This process's sender (a forked child starts its own)."""
+    global _the_sender
+    with _sender_lock:
+        if _the_sender is None or _the_sender.pid != os.getpid():
+            _the_sender = _Sender()
+        return _the_sender
 
 
 def _writer(ctx: StepContext) -> StepStream | None:

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 from runner.store.limits import LimitUse, RateLimit, Refusal, SlotLimit
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.schedules import Schedule
-from runner.store.streams import StreamInfo, StreamRead
+from runner.store.streams import StreamAppend, StreamInfo, StreamRead
 
 
 @runtime_checkable
@@ -305,6 +305,11 @@ class StreamStore(Protocol):
         ``step`` to ``run_id``'s stream, trimmed to ``maxlen``, in one round trip; the
         attempt's number (1, 2, ... per step, by first write) and the last entry's id.
         ``writer_run``: the run that wrote them, when not ``run_id`` (a child run)."""
+        ...
+
+    def append_streams(self, appends: list[StreamAppend]) -> list[tuple[int, str]]:
+        """:meth:`append_stream` of several batches (any runs) in one round trip where it
+        can; each one's attempt number and last entry id, in order."""
         ...
 
     def read_stream(

@@ -6,9 +6,9 @@ of each step wrote last. This module owns both keys, the script that writes them
 decoding of what is read (:class:`StreamEntry`).
 
 * **Writes come in batches.** :meth:`StreamBook.append` writes any number of entries of one
-  attempt in one EVALSHA (one round trip); the writer in the flow core
-  (:mod:`runner.flow.streaming`) groups a step's chunks so that a token costs no round trip
-  of its own.
+  attempt in one EVALSHA (one round trip), :meth:`StreamBook.append_many` the batches of
+  several attempts (of any runs) in one pipeline; the process's writer in the flow core
+  (:mod:`runner.flow.streaming`) groups chunks so that a token costs no round trip of its own.
 * **Attempts.** The first batch of an attempt (a ``writer`` token the hash has not seen for
   the step) numbers it: 1 for the step's first writer, then 2, ... A number above 1 is
   announced by an ``attempt`` entry (channel ``flow``), so a reader following live learns
@@ -29,7 +29,7 @@ import json
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -66,6 +66,17 @@ for i = 5, #ARGV, 3 do
 end
 return {n, last}
 """
+
+
+class StreamAppend(NamedTuple):
+    """One attempt's batch for :meth:`StreamBook.append_many`."""
+
+    run_id: str
+    step: str
+    writer: str
+    entries: list[tuple[str, str, str]]
+    maxlen: int
+    writer_run: str = ""
 
 
 @dataclass(frozen=True)
@@ -149,6 +160,18 @@ class StreamBook:
         keys = [self.keys.stream(run_id), self.keys.stream_attempts(run_id)]
         number, last = self._append(keys=keys, args=args)
         return int(number), _text(last)
+
+    def append_many(self, appends: list[StreamAppend]) -> list[tuple[int, str]]:
+        """:meth:`append` of several attempts' batches (of any runs) in one round trip (a
+        pipeline); each one's attempt number and last entry id, in order."""
+        pipe = self.client.pipeline(transaction=False)
+        for a in appends:
+            args: list[Any] = [a.step, a.writer, max(1, a.maxlen), a.writer_run]
+            for channel, kind, payload in a.entries:
+                args += [channel, kind, payload]
+            keys = [self.keys.stream(a.run_id), self.keys.stream_attempts(a.run_id)]
+            self._append(keys=keys, args=args, client=pipe)
+        return [(int(number), _text(last)) for number, last in pipe.execute()]
 
     def read(
         self,
@@ -252,6 +275,11 @@ class StreamRecords:
         """See :meth:`StreamBook.append`."""
         with self._wrapped():
             return self._streams.append(run_id, step, writer, entries, maxlen, writer_run)
+
+    def append_streams(self, appends: list[StreamAppend]) -> list[tuple[int, str]]:
+        """See :meth:`StreamBook.append_many`."""
+        with self._wrapped():
+            return self._streams.append_many(appends)
 
     def read_stream(
         self,
