@@ -13,6 +13,8 @@ Starts one worker (``celery -A workers worker -P threads -c RUNS``, importing
   call); one SSE client per run (``GET /api/runs/{id}/stream``, all in one asyncio loop of this
   process) notes each chunk's arrival. Latency = arrival - the time in the chunk, so it counts
   the writer's batching, Redis, the console's reader and its HTTP response.
+* **producer**: the same runs again, each read by ``handle.stream()`` in a thread of this
+  process (no HTTP);
 * **raw Redis**: as many writer threads as runs, each ``XADD``-ing the same chunks at the same
   interval (one round trip per chunk, no batching) to a stream of its own, and as many reader
   threads blocked in ``XREAD``; latency = arrival - the time in the entry.
@@ -132,6 +134,27 @@ def runner_case(rt: Runtime, console: str, args: argparse.Namespace) -> list[flo
     return samples
 
 
+def handle_case(rt: Runtime, args: argparse.Namespace) -> list[float]:
+    """The same runs read by ``handle.stream()`` (one thread per run); latency samples (ms)."""
+    inputs = {"chunks": args.chunks, "interval": args.interval}
+    handles = [RunHandle(submit(FLOW, inputs, rt=rt).run_id, rt) for _ in range(args.runs)]
+    samples: list[float] = []
+    lock = threading.Lock()
+
+    def read(handle: RunHandle) -> None:
+        for frame in handle.stream(channels=["tokens"]):
+            if isinstance(frame.data, dict) and "t" in frame.data:
+                with lock:
+                    samples.append((time.time() - frame.data["t"]) * 1000)
+
+    threads = [threading.Thread(target=read, args=(h,)) for h in handles]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return samples
+
+
 def raw_case(url: str, args: argparse.Namespace, prefix: str) -> list[float]:
     """The same chunks with one XADD each, read by XREAD BLOCK; latency samples (ms)."""
     samples: list[float] = []
@@ -167,36 +190,54 @@ def raw_case(url: str, args: argparse.Namespace, prefix: str) -> list[float]:
     return samples
 
 
-def batching_case(url: str, prefix: str) -> list[tuple[float, int, float]]:
-    """Round trips one step's writer makes for 2,000 chunks at a few gaps between chunks, and
-    the cost of a ``stream_chunk`` call on the step's thread (µs, the sleeps excluded)."""
+def batching_case(url: str, prefix: str) -> list[tuple[str, int, int, float]]:
+    """Round trips the process's sender makes for 2,000 chunks of one step at a few gaps
+    between chunks, and for 20 steps at once writing 100 chunks each 20 ms apart; the cost of
+    a ``stream_chunk`` call on the step's thread (µs, the sleeps excluded)."""
     from runner import CheckpointConfig
     from runner.flow import streaming
     from runner.store.redis import RedisProvider
 
     store = RedisProvider(url, prefix=prefix)
-    writers: list[streaming.StepStream] = []
-    close = streaming.StepStream.close
+    rounds = [0]
+    send = streaming._send
 
-    def spy(self: streaming.StepStream) -> None:
-        close(self)
-        writers.append(self)
+    def counted(*a: Any) -> None:
+        rounds[0] += 1
+        send(*a)
+
+    def kickoff(gap: float, chunks: int) -> float:
+        flow = Burst(checkpoint=CheckpointConfig(provider=store, on_events=["*"]))
+        flow.kickoff(inputs={"gap": gap, "chunks": chunks})
+        return flow.state.cost_us
 
     found = []
-    streaming.StepStream.close = spy  # type: ignore[method-assign]
+    streaming._send = counted  # type: ignore[assignment]
     try:
         for gap in (0.0, 0.001, 0.005, 0.02):
-            flow = Burst(checkpoint=CheckpointConfig(provider=store, on_events=["*"]))
-            flow.kickoff(inputs={"gap": gap})
-            found.append((gap, writers[-1].batches, flow.state.cost_us))
+            rounds[0] = 0
+            cost = kickoff(gap, 2000)
+            label = "none (a burst)" if gap == 0 else f"{gap * 1000:g} ms"
+            found.append((f"one step, {label}", 2000, rounds[0], cost))
+        rounds[0] = 0
+        costs: list[float] = []
+        threads = [
+            threading.Thread(target=lambda: costs.append(kickoff(0.02, 100))) for _ in range(20)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        found.append(("20 steps at once, 20 ms", 2000, rounds[0], sum(costs) / len(costs)))
     finally:
-        streaming.StepStream.close = close  # type: ignore[method-assign]
+        streaming._send = send  # type: ignore[assignment]
         store.close()
     return found
 
 
 class BurstState(FlowState):
     gap: float = 0.0
+    chunks: int = 2000
     cost_us: float = 0.0
 
 
@@ -206,13 +247,13 @@ class Burst(Flow[BurstState]):
     @start()
     def burst(self) -> None:
         spent = 0.0
-        for i in range(2000):
+        for i in range(self.state.chunks):
             began = time.perf_counter()
             self.stream_chunk(f"t{i} ")
             spent += time.perf_counter() - began
             if self.state.gap:
                 time.sleep(self.state.gap)
-        self.state.cost_us = spent / 2000 * 1e6
+        self.state.cost_us = spent / self.state.chunks * 1e6
 
 
 def run(url: str, args: argparse.Namespace) -> None:
@@ -245,6 +286,7 @@ def run(url: str, args: argparse.Namespace) -> None:
             worker.wait_ready(rt.app, timeout=60)
             runner_case(rt, console, argparse.Namespace(**{**vars(args), "chunks": 20}))  # warm
             ours = runner_case(rt, console, args)
+            producer = handle_case(rt, args)
             raw = raw_case(url, args, prefix)
             biggest = max(rt.store.run_ids(), key=lambda r: rt.store.stream_info(r).length)
             stream_key = f"{prefix}:{{{biggest}}}:stream"
@@ -273,23 +315,25 @@ def run(url: str, args: argparse.Namespace) -> None:
         ["path", "p50 ms", "p99 ms", "max ms", "chunks"],
         [
             row("stream_chunk on a worker -> SSE client (runner)", ours),
+            row("stream_chunk on a worker -> handle.stream() (runner)", producer),
             row("raw XADD -> XREAD BLOCK (one round trip per chunk)", raw),
         ],
     )
     print(
-        "\nbatching: one step writing 2,000 chunks (in process, a Redis store), "
+        "\nbatching: the round trips one process's sender makes (in process, a Redis store), "
         f"RUNNER_STREAM_LINGER_MS={settings.stream_linger_ms:g}\n"
     )
     print_table(
-        ["gap between chunks", "round trips", "chunks per round trip", "stream_chunk() µs"],
         [
-            [
-                "none (a burst)" if gap == 0 else f"{gap * 1000:g} ms",
-                str(trips),
-                f"{2000 / max(trips, 1):.1f}",
-                f"{cost:.1f}",
-            ]
-            for gap, trips, cost in batching
+            "writers, gap between chunks",
+            "chunks",
+            "round trips",
+            "chunks per round trip",
+            "stream_chunk() µs",
+        ],
+        [
+            [label, str(chunks), str(trips), f"{chunks / max(trips, 1):.1f}", f"{cost:.1f}"]
+            for label, chunks, trips, cost in batching
         ],
     )
     if memory is not None:
