@@ -230,7 +230,7 @@ def batching_case(url: str, prefix: str) -> list[tuple[str, int, int, float]]:
             t.join()
         found.append(("20 steps at once, 20 ms", 2000, rounds[0], sum(costs) / len(costs)))
     finally:
-        streaming._send = send  # type: ignore[assignment]
+        streaming._send = send
         store.close()
     return found
 
