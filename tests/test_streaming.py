@@ -192,8 +192,11 @@ def test_reading_the_result_before_the_stream_is_consumed_is_an_error() -> None:
 def test_a_crew_run_inline_streams_its_agents_llm_tokens_tagged_with_its_run(
     store: RedisProvider,
 ) -> None:
-    out, run = _kickoff(CrewStreams, store)
+    flow = CrewStreams(checkpoint=CheckpointConfig(provider=store, on_events=["*"]))
+    out, run = flow.kickoff(), flow.state.id
     assert out == "Wasps do not."
+    # The usage the streamed answer reported (on its last chunk) is recorded.
+    assert (flow.usage_metrics.prompt_tokens, flow.usage_metrics.completion_tokens) == (7, 3)
     frames = _data(list(follow(store, run)))
     assert {(f.channel, f.type) for f in frames} == {("llm", "llm_stream_chunk")}
     assert "".join(f.content for f in frames) == "Bees make honey.Wasps do not."

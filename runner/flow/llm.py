@@ -100,30 +100,35 @@ def streams(llm: Any) -> Callable[[str], Any] | None:
     return None
 
 
-def _stream_call(call: Callable[[str], Any], prompt: str) -> str:
+def _stream_call(call: Callable[[str], Any], prompt: str) -> Any:
     """Call a streaming client inside a step: each chunk's text goes to the step's stream
-    (channel ``llm``, CrewAI's ``llm_stream_chunk`` frames); the whole text is the answer.
-    The usage of the last chunk that reports one is recorded."""
+    (channel ``llm``, CrewAI's ``llm_stream_chunk`` frames); the whole text is the answer (a
+    stream of chunks without text, e.g. structured output, answers its last chunk). The
+    usage of the last chunk that reports one is recorded."""
     spent: Any = None
-
-    def chunks() -> Any:
-        nonlocal spent
-        for chunk in call(prompt):
-            spent = usage.usage_of(chunk) or spent
-            yield chunk
-
-    text = streaming.stream_from(chunks(), streaming.LLM, type=streaming.LLM_CHUNK)
+    parts: list[str] = []
+    last: Any = None
+    for chunk in call(prompt):
+        spent = usage.usage_of(chunk) or spent
+        last = chunk
+        text = streaming.chunk_text(chunk)
+        if text is None:
+            streaming.stream_chunk(chunk, streaming.LLM, type=streaming.LLM_CHUNK)
+        elif text:
+            parts.append(text)
+            streaming.stream_chunk(text, streaming.LLM, type=streaming.LLM_CHUNK)
     usage.record(spent)
-    return text
+    return "".join(parts) if parts or last is None else last
 
 
-def call_llm(llm: Any, prompt: str) -> Any:
+def call_llm(llm: Any, prompt: str, *, stream: bool = False) -> Any:
     """Call any supported LLM client (or the one registered under the name ``llm``) with
-    ``prompt``; a chat message gives its ``content``. Inside a step, a client that streams
-    (:func:`streams`) is called so, its tokens written to the step's stream as they come and
-    the whole text its answer. The call's token usage is recorded for the step running it."""
+    ``prompt``; a chat message gives its ``content``. With ``stream`` (an ``Agent``'s call),
+    inside a step, a client that streams (:func:`streams`) is called so, its tokens written to
+    the step's stream as they come and the whole text its answer. The call's token usage is
+    recorded for the step running it."""
     llm = resolve_llm(llm)
-    if step_context() is not None and (stream_call := streams(llm)) is not None:
+    if stream and step_context() is not None and (stream_call := streams(llm)) is not None:
         return _stream_call(stream_call, prompt)
     before = usage.counters(llm)
     for method in ("call", "invoke"):
