@@ -454,4 +454,3 @@ class DeploymentStore(CoordinatedStore, StreamStore, Protocol):
     def advance_schedule(self, name: str, tick: float) -> None:
         """Record that the schedule ``name``'s ticks before ``tick`` were fired."""
         ...
-
