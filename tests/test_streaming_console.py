@@ -165,3 +165,17 @@ def test_the_run_page_panel_fills_with_500_tokens_before_the_step_commits(
     expect(page.locator("#stream-status")).to_have_text("run succeeded")
     began = time.monotonic()
     assert handle.wait(timeout=30) is RunStatus.SUCCEEDED and time.monotonic() - began < 30
+
+
+@pytest.mark.slow
+def test_the_panel_shows_a_retried_steps_newest_attempt_only(
+    rt: Any, console: str, page: Page
+) -> None:
+    handle = submit(Tokens, {"count": 30, "fail_first": True}, rt=rt)
+    assert handle.wait(timeout=30) is RunStatus.SUCCEEDED
+    page.goto(f"{console}/runs/{handle.run_id}")  # a replay: attempt 1's entries superseded
+    box = page.locator(".stream-step[data-step='write#1']")
+    expect(page.locator("#stream-panel")).to_have_attribute("data-ended", "succeeded")
+    expect(box).to_have_attribute("data-attempt", "2")
+    expect(box.locator(".stream-attempt")).to_have_text("attempt 2")
+    expect(box.locator("pre.stream-text")).to_have_text("".join(token(i) for i in range(30)))
