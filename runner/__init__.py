@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from runner.flow.decorators import listen, router, start
     from runner.flow.events import EventListener, FlowEvent
     from runner.flow.flow import Flow
+    from runner.flow.following import stream_run
     from runner.flow.human_feedback import (
         HumanFeedbackConfig,
         HumanFeedbackPending,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from runner.flow.llm import register_llm
     from runner.flow.retain import retention
     from runner.flow.state import FlowState, add, append, merge_dict
+    from runner.flow.streaming import StreamFrame
     from runner.flow.usage import UsageMetrics, record_usage
     from runner.store.jsondir import JsonProvider
     from runner.store.models import Checkpoint, RunInfo, RunStatus
@@ -87,7 +89,9 @@ _HOMES = {
         "InputResponse",
         "flow_config",
     ),
+    "runner.flow.following": ("stream_run",),
     "runner.flow.llm": ("register_llm",),
+    "runner.flow.streaming": ("StreamFrame",),
     "runner.flow.state": ("FlowState", "add", "append", "merge_dict"),
     "runner.flow.usage": ("UsageMetrics", "record_usage"),
     "runner.store.jsondir": ("JsonProvider",),
@@ -176,6 +180,7 @@ __all__ = [
     "RunnerError",
     "SQLiteFlowPersistence",
     "SqliteProvider",
+    "StreamFrame",
     "Task",
     "TaskOutput",
     "UsageMetrics",
@@ -196,5 +201,6 @@ __all__ = [
     "set_flow_persistence_factory",
     "set_limit",
     "start",
+    "stream_run",
     "submit",
 ]

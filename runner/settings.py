@@ -67,6 +67,16 @@ class RunnerSettings(BaseSettings):
     max_checkpoints: int = Field(
         default=200, ge=0, description="Checkpoints kept per run (0 = keep all)."
     )
+    stream_maxlen: int = Field(
+        default=10_000,
+        ge=1,
+        description="Entries kept in each run's stream of live output (older ones trimmed).",
+    )
+    stream_linger_ms: float = Field(
+        default=5.0,
+        ge=0,
+        description="Milliseconds a step's stream writer waits to batch chunks into one write.",
+    )
     flow_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated modules the workers import; nothing else is ever imported.",

@@ -36,7 +36,7 @@ from celery.exceptions import Ignore, Retry
 
 from runner.errors import CorruptCheckpoint, EncryptionKeyError, RunnerError, StepFailed
 from runner.flow import events as ev
-from runner.flow import lifecycle, usage
+from runner.flow import lifecycle, streaming, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import Asked, Halted, Raised, Slept, StepResult, run_step
@@ -168,7 +168,7 @@ def execute(
             _admitted(rt, task, flow_cls, latest, act, lease, attempt),
             rt.coord.heartbeat(run_id, key, token),
         ):
-            flow, result = _run(flow_cls, latest, act, attempt)
+            flow, result = _run(rt, flow_cls, latest, act, attempt)
             if spent is not None:
                 earlier = _spent_of(rt, run_id, activation, spent)
                 result.usage = usage.joined(earlier, result.usage)
@@ -273,7 +273,7 @@ def _runnable(
 
 
 def _run(
-    flow_cls: Any, latest: Checkpoint, act: Activation, attempt: int
+    rt: Runtime, flow_cls: Any, latest: Checkpoint, act: Activation, attempt: int
 ) -> tuple[Any, StepResult]:
     """Run ``act``'s method once on a copy of ``latest``'s state."""
     flow, graph = flow_cls(), flow_cls.graph()
@@ -297,6 +297,8 @@ def _run(
         Answers(list(meta.answers.get(act.id) or ()), review=meta.reviews.get(act.id)),
         # The sleeps earlier attempts reached: ``self.sleep`` passes those whose time has come.
         Sleeps(list(meta.sleeps.get(act.id, []))),
+        # A child run (a crew inside a flow) streams into its parent's stream.
+        stream_to=streaming.target(rt.store, run_id, meta.parent.run_id if meta.parent else None),
     )
     return flow, run_step(flow, graph, ctx, dict(latest.state), arg)
 

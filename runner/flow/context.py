@@ -80,6 +80,12 @@ class StepContext:
     sleeps: Sleeps = field(default_factory=Sleeps)
     state: Any = None
     """The step's own state object (``Flow.state`` inside the method), once made."""
+    stream_to: Any = None
+    """Where the step's stream chunks go (a :class:`runner.flow.streaming.StreamTarget`, set
+    by the executor); ``None``: nowhere (``stream_chunk`` does nothing)."""
+    stream: Any = None
+    """The attempt's stream writer (:class:`runner.flow.streaming.StepStream`), made at its
+    first chunk and closed by the step runner before the attempt settles."""
 
     @property
     def on_worker(self) -> bool:

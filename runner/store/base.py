@@ -35,6 +35,7 @@ from runner.store.memory import StoreMemory
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.roster import FORGET_AFTER, WorkerFacts, WorkerRecord
 from runner.store.schedules import Schedule
+from runner.store.streams import StreamAppend, StreamInfo, StreamRead
 
 
 @runtime_checkable
@@ -295,14 +296,58 @@ class CoordinatedStore(CheckpointStore, Protocol):
 
 
 @runtime_checkable
-class DeploymentStore(CoordinatedStore, Protocol):
+class StreamStore(Protocol):
+    """A store that keeps each run's stream of live output (:mod:`runner.store.streams` on
+    Redis): what steps write while they run, read live and again by entry id."""
+
+    def append_stream(
+        self,
+        run_id: str,
+        step: str,
+        writer: str,
+        entries: list[tuple[str, str, str]],
+        maxlen: int,
+        writer_run: str = "",
+    ) -> tuple[int, str]:
+        """Append ``entries`` (channel, type, payload JSON) of the attempt ``writer`` of
+        ``step`` to ``run_id``'s stream, trimmed to ``maxlen``, in one round trip; the
+        attempt's number (1, 2, ... per step, by first write) and the last entry's id.
+        ``writer_run``: the run that wrote them, when not ``run_id`` (a child run)."""
+        ...
+
+    def append_streams(self, appends: list[StreamAppend]) -> list[tuple[int, str]]:
+        """:meth:`append_stream` of several batches (any runs) in one round trip where it
+        can; each one's attempt number and last entry id, in order."""
+        ...
+
+    def read_stream(
+        self,
+        run_id: str,
+        after: str = "0",
+        count: int = 500,
+        block: float | None = None,
+        check_trim: bool = False,
+    ) -> StreamRead:
+        """Entries after the id ``after`` (at most ``count``; waiting up to ``block`` seconds
+        for one) and the newest attempt number of each step; with ``check_trim``, whether the
+        cap trimmed entries after ``after`` (:attr:`StreamRead.trimmed`)."""
+        ...
+
+    def stream_info(self, run_id: str) -> StreamInfo:
+        """The stream's length and first and last entry ids."""
+        ...
+
+
+@runtime_checkable
+class DeploymentStore(CoordinatedStore, StreamStore, Protocol):
     """A coordinated store that also keeps a deployment's own records: what the engine on
     workers, the producers, the CLI and the console use, and all they use of the store.
 
     One-job methods per concern, each owned by one store module on Redis: limits
     (:mod:`runner.store.limits`), queue consumers (:mod:`runner.store.queues`), the workers'
-    roster (:mod:`runner.store.roster`), run timers (:mod:`runner.store.timers`) and
-    schedules (:mod:`runner.store.schedules`).
+    roster (:mod:`runner.store.roster`), run timers (:mod:`runner.store.timers`), schedules
+    (:mod:`runner.store.schedules`) and the runs' streams (:class:`StreamStore`,
+    :mod:`runner.store.streams`).
     """
 
     url: str

@@ -18,6 +18,10 @@ key                        type    holds
 ``P:{T}:leases``           zset    running activations scored by lease expiry
 ``P:{T}:owners``           hash    activation -> attempt token holding its lease
 ``P:{T}:stopped``          channel pub/sub: the run's new status when it stops running
+``P:{T}:stream``           stream  the run's live output: one entry per chunk (step, attempt,
+                                   channel, type, JSON payload, writing run), capped
+``P:{T}:stream-attempts``  hash    step -> its newest attempt's number; ``step|writer`` -> the
+                                   number of that writer's attempt (superseded = not newest)
 ``P:[{S}:]runs``           zset    run ids scored by last update (the run index)
 ``P:[{S}:]ckpts``          hash    checkpoint id -> run id (lookup by checkpoint id)
 ``P:[{S}:]active``         zset    run ids whose status is ``running`` (recovery scans it)
@@ -47,9 +51,9 @@ indexes and the locks :mod:`runner.store.redis` (scripts in :mod:`runner.store.s
 :mod:`runner.store.roster`; ``{time}:deadlines`` / ``starts`` / ``answers``
 :mod:`runner.store.timers`; ``{time}:schedules`` / ``ticks`` :mod:`runner.store.schedules`;
 ``ended`` and ``expires`` :mod:`runner.store.expiry` (the commit script adds a run that ends
-to ``ended``); ``rekey`` :mod:`runner.store.rekey`. Code outside ``runner/store`` reaches
-them only through :class:`runner.store.base.DeploymentStore` (``tests/test_boundaries.py``
-checks it).
+to ``ended``); ``rekey`` :mod:`runner.store.rekey`; ``stream`` / ``stream-attempts``
+:mod:`runner.store.streams`. Code outside ``runner/store`` reaches them only through
+:class:`runner.store.base.DeploymentStore` (``tests/test_boundaries.py`` checks it).
 
 On a single Redis (``shards=0``) the tag ``{T}`` is the run id (``P:{R}:meta``) and the
 three indexes are single keys. A state stored by field (see :mod:`runner.store.redis`)
@@ -144,6 +148,14 @@ class Keys:
     def stopped(self, run_id: str) -> str:
         """Pub/sub channel told the run's status when it stops running (``RunHandle.wait``)."""
         return self.run(run_id, "stopped")
+
+    def stream(self, run_id: str) -> str:
+        """The run's stream of live output (chunks written by its steps while they run)."""
+        return self.run(run_id, "stream")
+
+    def stream_attempts(self, run_id: str) -> str:
+        """Which attempt of each step wrote the run's stream last (older ones: superseded)."""
+        return self.run(run_id, "stream-attempts")
 
     def lock(self, name: str) -> str:
         """A deployment-wide lock (``recover``: the periodic recovery pass)."""
@@ -270,6 +282,8 @@ RUN_PARTS = (
     Keys.leases,
     Keys.owners,
     Keys.values,
+    Keys.stream,
+    Keys.stream_attempts,
     Keys.refs,
 )
 """Per-run keys besides meta and history (which the delete scripts name first)."""

@@ -82,6 +82,7 @@ from runner.store.expiry import RetentionRecords
 from runner.store.keys import CLUSTER_SHARDS, RUN_PARTS, Keys, match_prefix
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.pending import PendingFeedbackStore
+from runner.store.streams import StreamRecords
 
 T = TypeVar("T")
 
@@ -104,7 +105,7 @@ _live: weakref.WeakSet[RedisProvider] = weakref.WeakSet()
 """Every provider of this process (:meth:`RedisProvider.live`)."""
 
 
-class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
+class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, StreamRecords):
     """Checkpoint store on Redis or Redis Cluster; see :class:`~runner.store.base.CoordinatedStore`.
 
     A ``redis+cluster://`` URL or a ``redis.cluster.RedisCluster`` client selects the
