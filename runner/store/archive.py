@@ -20,6 +20,7 @@ from typing import Protocol
 
 from runner.errors import RunNotFound, RunStateError, StoreError
 from runner.store.base import CheckpointStore
+from runner.store.codec import Codec
 from runner.store.jsondir import JsonProvider
 from runner.store.models import Checkpoint, RunInfo
 from runner.store.postgres import PostgresProvider, is_postgres_url
@@ -49,16 +50,21 @@ class Archive(Protocol):
         ...
 
 
-def open_archive(location: str) -> JsonProvider | SqliteProvider | PostgresProvider:
-    """The archive at ``location`` (made if missing); :class:`StoreError` if it cannot be."""
+def open_archive(
+    location: str, codec: Codec | None = None
+) -> JsonProvider | SqliteProvider | PostgresProvider:
+    """The archive at ``location`` (made if missing); :class:`StoreError` if it cannot be.
+
+    ``codec`` (default: ``RUNNER_ENCRYPTION_KEYS``'s) seals what is archived as the Redis
+    store seals it, and opens it when read; a run archived clear reads as it is."""
     if is_postgres_url(location):
-        return PostgresProvider(location)
+        return PostgresProvider(location, codec=codec)
     path = Path(location).expanduser()
     if path.is_dir() or location.endswith(("/", "\\")):
-        return JsonProvider(path)
+        return JsonProvider(path, codec=codec)
     if not path.parent.is_dir():
         raise StoreError(f"archive {location}: no directory {path.parent}")
-    return SqliteProvider(path, max_checkpoints=0)
+    return SqliteProvider(path, max_checkpoints=0, codec=codec)
 
 
 def archive_run(store: CheckpointStore, archive: Archive, run_id: str) -> int | None:
