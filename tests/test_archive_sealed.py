@@ -168,6 +168,39 @@ def test_a_sealed_run_is_archived_sealed_read_with_the_key_and_restored(
     assert again.state.draft.startswith("LOREM IPSUM")
 
 
+def test_rekey_location_reseals_an_archive_to_the_first_key(sealed: Runtime, where: str) -> None:
+    runs = {kickoff(sealed, fail=True), kickoff(sealed)}
+    assert set(archive_now(sealed, where)) == runs
+    codec = Codec(parse_keys(K1))
+    archive = open_archive(where, codec)
+    try:
+        before = {run: whole_history(archive, run) for run in runs}
+    finally:
+        archive.close()
+    close_archives()
+
+    rotating = {"RUNNER_ENCRYPTION_KEYS": f"{K2},{K1}"}
+    part = cli(sealed, "rekey", "--location", where, "--batch", "1", "--batches", "1", **rotating)
+    assert part.returncode == 0 and "stopped before the end" in part.stdout, part.stderr
+    done = cli(sealed, "rekey", "--location", where, "--json", **rotating)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"key_id": "k2", "location": where, "runs": 2, "done": True}
+
+    raw = raw_archive(where)
+    assert b"enc:k1:" not in raw and b"enc:k2:" in raw
+    assert not any(secret in raw for secret in SECRETS)
+    archive = open_archive(where, Codec(parse_keys(K2)))  # the old key is no longer needed
+    try:
+        assert {run: whole_history(archive, run) for run in runs} == before
+    finally:
+        archive.close()
+    for run in runs:
+        shown = cli(sealed, "show", run, "--location", where, RUNNER_ENCRYPTION_KEYS=K2)
+        assert shown.returncode == 0, shown.stderr
+    no_key = cli(sealed, "rekey", "--location", where)
+    assert no_key.returncode == 1 and "RUNNER_ENCRYPTION_KEYS" in no_key.stderr
+
+
 def test_a_run_archived_before_encryption_still_reads_and_restores(
     clear: Runtime, redis_url: str, prefix: str, tmp_path: Path
 ) -> None:

@@ -45,6 +45,10 @@ class Archive(Protocol):
         """The run's checkpoints, newest first."""
         ...
 
+    def runs(self, *, limit: int = 50, offset: int = 0) -> list[RunInfo]:
+        """Archived runs, by last update, newest first."""
+        ...
+
     def close(self) -> None:
         """Release connections or files."""
         ...
@@ -95,6 +99,26 @@ def restore_run(archive: Archive, store: CheckpointStore, run_id: str) -> RunInf
     restored = store.run(run_id)
     assert restored is not None
     return restored
+
+
+def rekey_archive(
+    archive: Archive, batch: int = 100, batches: int | None = None
+) -> tuple[int, bool]:
+    """Re-seal every run of ``archive`` with its codec's first key (``runner rekey
+    --location``): each run read whole (opened with any listed key, or clear) and written
+    back in one :meth:`Archive.put_run`, ``batch`` runs a page, ``batches`` pages at most
+    (``None``: all). How many runs, and whether that was all of them. A run's copy is
+    replaced whole or not at all, so a rekey stopped half-way is run again from the start,
+    safely."""
+    done, offset, pages = 0, 0, 0
+    while batches is None or pages < batches:
+        page = archive.runs(limit=batch, offset=offset)
+        for info in page:
+            archive.put_run(info, whole_history(archive, info.run_id))
+        done, offset, pages = done + len(page), offset + len(page), pages + 1
+        if len(page) < batch:
+            return done, True
+    return done, False
 
 
 def whole_history(store: Archive | CheckpointStore, run_id: str) -> list[Checkpoint]:

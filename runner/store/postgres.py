@@ -163,7 +163,7 @@ class PostgresProvider:
         with self._tx() as db:
             rows = db.execute(
                 f"SELECT run_id, info FROM runner_runs {where}"
-                " ORDER BY updated_at DESC LIMIT %s OFFSET %s",
+                " ORDER BY updated_at DESC, run_id DESC LIMIT %s OFFSET %s",
                 (*args, max(limit, 0), max(offset, 0)),
             ).fetchall()
         return [decode_info(info, run_id, "PostgreSQL", self.codec) for run_id, info in rows]
