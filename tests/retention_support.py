@@ -21,9 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager
-def deployment(redis_url: str, prefix: str) -> Iterator[Runtime]:
-    """A runtime on a prefix of its own, with no workers (no pass but the test's)."""
-    settings = RunnerSettings(prefix=prefix, redis_url=redis_url)
+def deployment(redis_url: str, prefix: str, **more: Any) -> Iterator[Runtime]:
+    """A runtime on a prefix of its own, with no workers (no pass but the test's); ``more``
+    settings (``encryption_keys=``)."""
+    settings = RunnerSettings(prefix=prefix, redis_url=redis_url, **more)
     rt = Runtime.create(make_app(settings), settings)
     try:
         yield rt

@@ -35,22 +35,25 @@ from runner.store.sqlite import SqliteProvider
 Opener = Callable[..., CheckpointStore]
 
 SEALED = Codec([("test", bytes(range(32)))])
-"""The "redis-sealed" provider's codec: the Redis store with its payloads encrypted."""
+"""The "-sealed" providers' codec: the store with its payloads encrypted."""
 
 
-@pytest.fixture(params=["redis", "redis-sealed", "sqlite", "jsondir"])
+@pytest.fixture(
+    params=["redis", "redis-sealed", "sqlite", "sqlite-sealed", "jsondir", "jsondir-sealed"]
+)
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    """Opens stores of one provider, all on the same storage; closes them afterwards."""
+    """Opens stores of one provider, all on the same storage; closes them afterwards
+    (``-sealed``: its payloads encrypted)."""
     opened: list[CheckpointStore] = []
 
     def make(**kwargs: Any) -> CheckpointStore:
+        if request.param.endswith("-sealed"):
+            kwargs.setdefault("codec", SEALED)
         if request.param.startswith("redis"):
             url = request.getfixturevalue("redis_url")
             prefix = request.getfixturevalue("prefix")
-            if request.param == "redis-sealed":
-                kwargs.setdefault("codec", SEALED)
             return RedisProvider(url, prefix=prefix, **kwargs)
-        if request.param == "sqlite":
+        if request.param.startswith("sqlite"):
             return SqliteProvider(tmp_path / "store.db", **kwargs)
         return JsonProvider(tmp_path / "store", **kwargs)
 

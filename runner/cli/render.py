@@ -184,8 +184,10 @@ def status_view(
     latest: Checkpoint,
     error: StepError | None,
     children: list[dict[str, Any]] | None = None,
+    expires: str | None = None,
 ) -> RenderableType:
-    """``runner status``: the run's metadata, progress, lineage and last error."""
+    """``runner status``: the run's metadata, progress, lineage and last error; ``expires``:
+    when it leaves Redis (a row when given, see :mod:`runner.cli.expiry_view`)."""
     grid = _grid()
     grid.add_row("run", info.run_id)
     grid.add_row("flow", f"{info.flow or '-'}" + (f"  ({info.name})" if info.name else ""))
@@ -199,6 +201,8 @@ def status_view(
     grid.add_row("seq", f"{info.seq}  (checkpoint {info.latest or latest.id})")
     grid.add_row("created", when(info.created_at))
     grid.add_row("updated", when(info.updated_at))
+    if expires is not None:
+        grid.add_row("expires", expires)
     grid.add_row("completed", ", ".join(latest.completed) or "-")
     _in_flight_row(grid, info.status, latest)
     if info.parent_run_id:

@@ -113,10 +113,13 @@ def restore(
     """Bring an archived run back into Redis: its checkpoints under their ids, so it can be
     resumed and forked. It expires again by policy, counted from now (`runner pin` keeps it).
     """
-    where = location or session(ctx).settings().archive
+    from runner.store import codec as codecs
+
+    settings = session(ctx).settings()
+    where = location or settings.archive
     if not where:
         raise BadUsage("no archive: set RUNNER_ARCHIVE or give --location")
-    archive = open_archive(where)
+    archive = open_archive(where, codecs.of_settings(settings))
     try:
         info = restore_run(archive, session(ctx).reader.store, run)
     finally:

@@ -193,10 +193,13 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     error = client.failure(reader.store, latest).error
     children = _children(reader, latest)
     waits = progress.waits(reader, latest)
+    from .expiry_view import expiry_fields, expiry_line
+
     if as_json:
         print_json(
             {
                 **info.model_dump(mode="json"),
+                **expiry_fields(reader.store, [info]).get(info.run_id, {}),
                 "checkpoint": latest.id,
                 "completed": latest.completed,
                 "in_flight": latest.in_flight,
@@ -227,7 +230,8 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     else:
         from . import render  # rich: a view only (see render)
 
-        console().print(render.status_view(info, latest, error, children))
+        expires = expiry_line(reader.store, info)
+        console().print(render.status_view(info, latest, error, children, expires))
         for step, why in waits.items():
             console().print(f"waiting: {step} waits for {why}")
 
@@ -343,10 +347,12 @@ def list_runs(
     latest = functools.cache(functools.partial(_readable_latest, reader.store))
     found = _select_runs(reader.store, latest, status, flow, limit, top_level=not flat)
     if as_json:
-        if flat:
-            print_json([_listed(latest, info) for info in found])
-        else:
-            print_json([_tree(reader, latest, info) for info in found])
+        listed = (
+            [_listed(latest, info) for info in found]
+            if flat
+            else [_tree(reader, latest, info) for info in found]
+        )
+        print_json(_with_expiry(reader.store, listed))
         return
     if not found:
         typer.echo("no runs" if status is None and flow is None else "no runs match")
@@ -439,6 +445,24 @@ def _listed(latest: Latest, info: RunInfo) -> dict[str, Any]:
     """A run as ``runs --json`` lists it: its metadata, and when it starts if it is a
     delayed run still waiting (``scheduled_until``, as ``status --json`` has it)."""
     return {**info.model_dump(mode="json"), "scheduled_until": _starts_at(latest, info)}
+
+
+def _with_expiry(store: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``runs --json``'s entries (their children too) with when each expires, read in one
+    round trip (:func:`~runner.cli.expiry_view.expiry_fields`)."""
+    from .expiry_view import expiry_fields
+
+    every: list[dict[str, Any]] = []
+    todo = list(listed)
+    while todo:
+        entry = todo.pop()
+        every.append(entry)
+        todo += entry.get("children", [])
+    infos = [RunInfo.model_validate({k: e[k] for k in RunInfo.model_fields}) for e in every]
+    found = expiry_fields(store, infos)
+    for entry in every:
+        entry.update(found.get(entry["run_id"], {}))
+    return listed
 
 
 def _starts_at(latest: Latest, info: RunInfo) -> float | None:

@@ -37,6 +37,16 @@ def rekey(
         bool,
         typer.Option("--new-key", help="Only print a fresh key (base64) and exit.", metavar=FLAG),
     ] = False,
+    location: Annotated[
+        str | None,
+        typer.Option(
+            "--location",
+            metavar="WHERE",
+            help="Re-encrypt the runs of this archive (RUNNER_ARCHIVE: a SQLite file, a JSON "
+            "directory or a postgresql:// URL) instead of Redis.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Re-encrypt every stored run to the first key of RUNNER_ENCRYPTION_KEYS.
@@ -47,11 +57,17 @@ def rekey(
     works in batches of N runs, each field written only if unchanged since it was read, so
     it runs beside the workers; stopped (a crash, --batches), the next `runner rekey` goes
     on where it stopped.
+
+    With --location, the runs of an archive are re-encrypted instead, each replaced whole in
+    one write; stopped, it is run again from the start.
     """
     if new_key:
         from runner.store.codec import new_key as fresh
 
         typer.echo(fresh())
+        return
+    if location is not None:
+        _rekey_archive(ctx, location, batch, batches, as_json)
         return
     from runner.store.redis import RedisProvider
     from runner.store.rekey import rekey as rekey_store
@@ -68,6 +84,30 @@ def rekey(
     console().print(
         f"{went}{done.runs} run(s) gone through, {done.values} value(s) re-encrypted "
         f"to key {done.key_id!r}{left}"
+    )
+
+
+def _rekey_archive(
+    ctx: typer.Context, location: str, batch: int, batches: int | None, as_json: bool
+) -> None:
+    """``runner rekey --location``: every archived run re-sealed with the first key."""
+    from runner.store import codec as codecs
+    from runner.store.archive import open_archive, rekey_archive
+
+    codec = codecs.of_settings(session(ctx).settings())
+    if codec is None:
+        raise StoreError("runner rekey needs RUNNER_ENCRYPTION_KEYS: there is no key to encrypt to")
+    archive = open_archive(location, codec)
+    try:
+        runs, done = rekey_archive(archive, batch=batch, batches=batches)
+    finally:
+        archive.close()
+    if as_json:
+        print_json({"key_id": codec.kid, "location": location, "runs": runs, "done": done})
+        return
+    left = "" if done else "; stopped before the end: run it again (it starts over)"
+    console().print(
+        f"{runs} archived run(s) re-encrypted to key {codec.kid!r}{left}", highlight=False
     )
 
 

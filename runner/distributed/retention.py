@@ -37,7 +37,9 @@ from runner.errors import FlowImportError, RunnerError, StoreError
 from runner.flow.loading import load_flow
 from runner.flow.retain import flow_retention
 from runner.settings import RunnerSettings
+from runner.store import codec as codecs
 from runner.store.archive import Archive, archive_run, open_archive
+from runner.store.codec import Codec
 from runner.store.expiry import RetainingStore
 from runner.store.models import RunInfo
 from runner.store.policy import EXPIRING, Policy, kept_for
@@ -82,7 +84,11 @@ def collect(
         if store.decide_expiry(run_id, ended_at, expires) == 1:
             found.decided[run_id] = expires
     try:
-        archive = None if dry_run or not settings.archive else archive_of(settings.archive)
+        archive = (
+            None
+            if dry_run or not settings.archive
+            else archive_of(settings.archive, codecs.of_settings(settings))
+        )
     except StoreError as exc:
         log.error("retention: archive unusable, expired runs stay in Redis: %s", exc)
         return found
@@ -145,22 +151,23 @@ def _pause_here() -> None:
         time.sleep(120)  # the test kills this process here
 
 
-_archives: dict[str, Any] = {}
-"""Archives opened by this process, by location (one connection each)."""
+_archives: dict[tuple[str, Codec | None], Any] = {}
+"""Archives opened by this process, by location and codec (one connection each)."""
 
 
-def archive_of(location: str) -> Any:
-    """The archive at ``location``, opened once per process."""
-    found = _archives.get(location)
+def archive_of(location: str, codec: Codec | None = None) -> Any:
+    """The archive at ``location``, sealing with ``codec`` (see
+    :func:`~runner.store.archive.open_archive`), opened once per process."""
+    found = _archives.get((location, codec))
     if found is None:
-        found = _archives[location] = open_archive(location)
+        found = _archives[(location, codec)] = open_archive(location, codec)
     return found
 
 
 def forget_archive(location: str) -> None:
     """Close the archive at ``location`` if this process opened it (reopened when next used)."""
-    found = _archives.pop(location, None)
-    if found is not None:
+    for key in [key for key in _archives if key[0] == location]:
+        found = _archives.pop(key)
         with contextlib.suppress(StoreError):  # it is being dropped for failing
             found.close()
 
@@ -205,4 +212,3 @@ class _Policies:
             return load_flow(path)
         except FlowImportError:
             return None
-

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from runner.errors import RunNotFound, RunStateError, StoreError
 from runner.store.base import CheckpointStore
+from runner.store.codec import Codec
 from runner.store.jsondir import JsonProvider
 from runner.store.models import Checkpoint, RunInfo
 from runner.store.postgres import PostgresProvider, is_postgres_url
@@ -44,21 +45,30 @@ class Archive(Protocol):
         """The run's checkpoints, newest first."""
         ...
 
+    def runs(self, *, limit: int = 50, offset: int = 0) -> list[RunInfo]:
+        """Archived runs, by last update, newest first."""
+        ...
+
     def close(self) -> None:
         """Release connections or files."""
         ...
 
 
-def open_archive(location: str) -> JsonProvider | SqliteProvider | PostgresProvider:
-    """The archive at ``location`` (made if missing); :class:`StoreError` if it cannot be."""
+def open_archive(
+    location: str, codec: Codec | None = None
+) -> JsonProvider | SqliteProvider | PostgresProvider:
+    """The archive at ``location`` (made if missing); :class:`StoreError` if it cannot be.
+
+    ``codec`` (default: ``RUNNER_ENCRYPTION_KEYS``'s) seals what is archived as the Redis
+    store seals it, and opens it when read; a run archived clear reads as it is."""
     if is_postgres_url(location):
-        return PostgresProvider(location)
+        return PostgresProvider(location, codec=codec)
     path = Path(location).expanduser()
     if path.is_dir() or location.endswith(("/", "\\")):
-        return JsonProvider(path)
+        return JsonProvider(path, codec=codec)
     if not path.parent.is_dir():
         raise StoreError(f"archive {location}: no directory {path.parent}")
-    return SqliteProvider(path, max_checkpoints=0)
+    return SqliteProvider(path, max_checkpoints=0, codec=codec)
 
 
 def archive_run(store: CheckpointStore, archive: Archive, run_id: str) -> int | None:
@@ -89,6 +99,26 @@ def restore_run(archive: Archive, store: CheckpointStore, run_id: str) -> RunInf
     restored = store.run(run_id)
     assert restored is not None
     return restored
+
+
+def rekey_archive(
+    archive: Archive, batch: int = 100, batches: int | None = None
+) -> tuple[int, bool]:
+    """Re-seal every run of ``archive`` with its codec's first key (``runner rekey
+    --location``): each run read whole (opened with any listed key, or clear) and written
+    back in one :meth:`Archive.put_run`, ``batch`` runs a page, ``batches`` pages at most
+    (``None``: all). How many runs, and whether that was all of them. A run's copy is
+    replaced whole or not at all, so a rekey stopped half-way is run again from the start,
+    safely."""
+    done, offset, pages = 0, 0, 0
+    while batches is None or pages < batches:
+        page = archive.runs(limit=batch, offset=offset)
+        for info in page:
+            archive.put_run(info, whole_history(archive, info.run_id))
+        done, offset, pages = done + len(page), offset + len(page), pages + 1
+        if len(page) < batch:
+            return done, True
+    return done, False
 
 
 def whole_history(store: Archive | CheckpointStore, run_id: str) -> list[Checkpoint]:

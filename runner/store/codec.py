@@ -201,10 +201,12 @@ def merge(clear: Any, secret: Any) -> Any:
 
 
 def open_snapshot(
-    codec: Codec | None, blob: str | bytes, run_id: str, what: str
+    codec: Codec | None, blob: str | bytes, run_id: str | None, what: str
 ) -> dict[str, Any] | None:
     """A stored snapshot as a dict, its sealed part opened; ``None`` if it has none (it is
-    clear: the caller parses it as it is). ``ValueError`` if it is not JSON."""
+    clear: the caller parses it as it is). ``ValueError`` if it is not JSON. ``run_id``:
+    the run it is stored under (``None``: the one it names, for a store that files a
+    checkpoint by its id only)."""
     raw = blob.encode() if isinstance(blob, str) else blob
     if b'"sealed":"enc:' not in raw:
         return None
@@ -212,7 +214,8 @@ def open_snapshot(
     sealed = data.pop("sealed", None) if isinstance(data, dict) else None
     if not isinstance(sealed, str):
         return None
-    secret = from_json(open_value(codec, sealed, snapshot_context(run_id, data.get("id")), what))
+    run = data.get("run_id") if run_id is None else run_id
+    secret = from_json(open_value(codec, sealed, snapshot_context(run, data.get("id")), what))
     merged: dict[str, Any] = merge(data, secret)
     return merged
 

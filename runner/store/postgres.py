@@ -24,7 +24,15 @@ from typing import Any, NoReturn
 
 from runner.embedded import mask_url
 from runner.errors import CheckpointNotFound, RunNotFound, StoreError, StoreUnavailable
-from runner.store._common import decode, decode_info, encode, run_info_updated
+from runner.store._common import (
+    decode,
+    decode_info,
+    encode,
+    encode_info,
+    resolve_codec,
+    run_info_updated,
+)
+from runner.store.codec import Codec
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 
 _SCHEMA = (
@@ -54,7 +62,10 @@ class PostgresProvider:
     max_checkpoints = 0
     """An archive keeps every checkpoint it is given."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, codec: Codec | None = None) -> None:
+        """``codec`` seals the payloads of the runs archived here, as the Redis store seals
+        them (default: ``RUNNER_ENCRYPTION_KEYS``'s, if set)."""
+        self.codec = resolve_codec(codec)
         try:
             import psycopg
         except ImportError:
@@ -87,12 +98,12 @@ class PostgresProvider:
                 cur.executemany(
                     "INSERT INTO runner_checkpoints (id, run_id, seq, data)"
                     " VALUES (%s, %s, %s, %s)",
-                    [(cp.id, cp.run_id, cp.seq, encode(cp)) for cp in checkpoints],
+                    [(cp.id, cp.run_id, cp.seq, encode(cp, self.codec)) for cp in checkpoints],
                 )
             db.execute(
                 "INSERT INTO runner_runs (run_id, status, updated_at, info)"
                 " VALUES (%s, %s, %s, %s)",
-                (info.run_id, info.status.value, info.updated_at, info.model_dump_json()),
+                (info.run_id, info.status.value, info.updated_at, encode_info(info, self.codec)),
             )
 
     def update_run(self, run_id: str, **fields: Any) -> RunInfo:
@@ -104,7 +115,7 @@ class PostgresProvider:
             info = run_info_updated(info, fields)
             db.execute(
                 "UPDATE runner_runs SET status = %s, updated_at = %s, info = %s WHERE run_id = %s",
-                (info.status.value, info.updated_at, info.model_dump_json(), run_id),
+                (info.status.value, info.updated_at, encode_info(info, self.codec), run_id),
             )
             return info
 
@@ -121,13 +132,13 @@ class PostgresProvider:
         """The checkpoint with this id; :class:`CheckpointNotFound` if none."""
         with self._tx() as db:
             row = db.execute(
-                "SELECT data FROM runner_checkpoints WHERE id = %s", (checkpoint_id,)
+                "SELECT data, run_id FROM runner_checkpoints WHERE id = %s", (checkpoint_id,)
             ).fetchone()
         if row is None:
             raise CheckpointNotFound(
                 f"no checkpoint {checkpoint_id} in the archive", checkpoint_id=checkpoint_id
             )
-        return decode(row[0], checkpoint_id, "PostgreSQL")
+        return decode(row[0], checkpoint_id, "PostgreSQL", self.codec, row[1])
 
     def latest(self, run_id: str) -> Checkpoint | None:
         """The run's newest checkpoint, or ``None``."""
@@ -142,7 +153,7 @@ class PostgresProvider:
                 " ORDER BY seq DESC LIMIT %s OFFSET %s",
                 (run_id, max(limit, 0), max(offset, 0)),
             ).fetchall()
-        return [decode(data, cid, "PostgreSQL") for cid, data in rows]
+        return [decode(data, cid, "PostgreSQL", self.codec, run_id) for cid, data in rows]
 
     def runs(
         self, *, limit: int = 50, offset: int = 0, status: RunStatus | None = None
@@ -152,10 +163,10 @@ class PostgresProvider:
         with self._tx() as db:
             rows = db.execute(
                 f"SELECT run_id, info FROM runner_runs {where}"
-                " ORDER BY updated_at DESC LIMIT %s OFFSET %s",
+                " ORDER BY updated_at DESC, run_id DESC LIMIT %s OFFSET %s",
                 (*args, max(limit, 0), max(offset, 0)),
             ).fetchall()
-        return [decode_info(info, run_id, "PostgreSQL") for run_id, info in rows]
+        return [decode_info(info, run_id, "PostgreSQL", self.codec) for run_id, info in rows]
 
     def run(self, run_id: str) -> RunInfo | None:
         """An archived run's metadata, or ``None``."""
@@ -192,7 +203,7 @@ class PostgresProvider:
 
     def _info(self, db: Any, run_id: str) -> RunInfo | None:
         row = db.execute("SELECT info FROM runner_runs WHERE run_id = %s", (run_id,)).fetchone()
-        return None if row is None else decode_info(row[0], run_id, "PostgreSQL")
+        return None if row is None else decode_info(row[0], run_id, "PostgreSQL", self.codec)
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
