@@ -45,7 +45,16 @@ RUNTIME = ["runner.distributed.engine", "runner.distributed.client", "runner.flo
 OTHER_COMMANDS = [
     f"runner.cli.{name}"
     for name in (
-        "ops", "history", "retain", "dev", "worker", "fleet", "ui", "limits", "schedules", "storage"
+        "ops",
+        "history",
+        "retain",
+        "dev",
+        "worker",
+        "fleet",
+        "ui",
+        "limits",
+        "schedules",
+        "storage",
     )
 ]
 
