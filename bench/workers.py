@@ -27,7 +27,9 @@ own. Then, with both idle but for the case being timed:
   waits on; a second pair has both keep every task's result (the ``RUNNER_TASK_RESULTS=true``
   worker against chains storing all five). For reference, ``--tasks`` single no-op tasks sent
   one by one. ``--rounds`` rounds, the cases' order rotating each round; median and spread
-  shown.
+  shown. Beside each, the CPU it cost per task (Linux): the serving worker's pool processes and
+  its main process (``/proc``), and the Redis server (``INFO cpu``: the whole server, so another
+  client's load on a shared Redis counts too); median of the rounds.
 
 Both sides use the same Redis as broker, result backend and (the runner's) store, so the same
 durability; the table states it. ``--fsync`` starts a private ``redis-server`` of that
@@ -185,6 +187,67 @@ def raw_throughput(raw: Celery, tasks: int, ids: Ids) -> float:
     return tasks / (time.perf_counter() - began)
 
 
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` so far (``nan`` without ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+class Meter:
+    """CPU per task of each case: its worker's pool processes, main process, and Redis."""
+
+    PARTS = ("pool", "main", "redis")
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.per_task: dict[str, dict[str, list[float]]] = {}
+
+    def _redis(self) -> float:
+        try:
+            cpu = self.client.info("cpu")
+            return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+        except Exception:  # an ACL without INFO: no Redis column
+            return float("nan")
+
+    def _read(self, worker: WorkerProcess) -> tuple[float, float, float]:
+        pool = sum(_cpu_seconds(pid) for pid in worker.children())
+        main = _cpu_seconds(worker.proc.pid) if worker.proc is not None else float("nan")
+        return pool, main, self._redis()
+
+    def wrap(
+        self, name: str, worker: WorkerProcess, tasks: int, case: Callable[[], float]
+    ) -> Callable[[], float]:
+        """``case`` metered: each call adds its CPU per task (µs) under ``name``."""
+
+        def call() -> float:
+            before = self._read(worker)
+            rate = case()
+            after = self._read(worker)
+            got = self.per_task.setdefault(name, {part: [] for part in self.PARTS})
+            for part, a, b in zip(self.PARTS, before, after, strict=True):
+                got[part].append((b - a) / tasks * 1e6)
+            return rate
+
+        return call
+
+    def line(self) -> str:
+        def cell(values: list[float]) -> str:
+            value = statistics.median(values)
+            return "n/a" if value != value else f"{value:.0f}"
+
+        return "; ".join(
+            f"{name} {' / '.join(cell(got[part]) for part in self.PARTS)}"
+            for name, got in self.per_task.items()
+        )
+
+
 def _rounds(cases: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
     """``rounds`` rounds of every case, the order rotating each round (ABAB...)."""
     names = list(cases)
@@ -216,6 +279,7 @@ def run(url: str, args: argparse.Namespace) -> None:
     logs = Path(tempfile.mkdtemp(prefix="bench-workers-"))
     kept_runs = Ids(f"{prefix}-kept")
     groups: list[str] = []
+    meter = Meter(raw_client(rt))  # the store's client: closed with it, below
     try:
         with (
             _worker("workers", flow_env, logs / "flows.log") as flows,
@@ -245,13 +309,28 @@ def run(url: str, args: argparse.Namespace) -> None:
                 warmup=args.warmup,
             )
             n = args.concurrent
+            steps = n * STEPS
             rates = _rounds(
                 {
-                    "flow": lambda: flow_throughput(rt, n),
-                    "chains": lambda: chain_throughput(noop, n, ids, "last"),
-                    "flow_kept": lambda: flow_throughput(kept, n, kept_runs),
-                    "chains_kept": lambda: chain_throughput(noop, n, ids, "all"),
-                    "tasks": lambda: raw_throughput(raw, args.tasks, ids),
+                    "flow": meter.wrap("flow", flows, steps, lambda: flow_throughput(rt, n)),
+                    "chains": meter.wrap(
+                        "chains", raw_worker, steps, lambda: chain_throughput(noop, n, ids, "last")
+                    ),
+                    "flow_kept": meter.wrap(
+                        "flow_kept", kept_worker, steps, lambda: flow_throughput(kept, n, kept_runs)
+                    ),
+                    "chains_kept": meter.wrap(
+                        "chains_kept",
+                        raw_worker,
+                        steps,
+                        lambda: chain_throughput(noop, n, ids, "all"),
+                    ),
+                    "tasks": meter.wrap(
+                        "tasks",
+                        raw_worker,
+                        args.tasks,
+                        lambda: raw_throughput(raw, args.tasks, ids),
+                    ),
                 },
                 args.rounds,
             )
@@ -306,6 +385,11 @@ def run(url: str, args: argparse.Namespace) -> None:
     print(
         "throughput rounds (tasks/s):",
         "; ".join(f"{name} {[round(r) for r in rs]}" for name, rs in rates.items()),
+    )
+    print(
+        "CPU per task (us; the serving worker's pool processes / its main process / the Redis "
+        "server; median of the rounds):",
+        meter.line(),
     )
     verdict = "PASS" if lin.p50 <= TARGET * chn.p50 else "FAIL"
     print(f"target: linear p50 <= {TARGET}x raw chain p50: {verdict} ({lin.p50 / chn.p50:.2f}x)")
