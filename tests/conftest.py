@@ -2,10 +2,19 @@
 
 The Redis is chosen once per session: ``RUNNER_TEST_REDIS_URL`` if set, else the local server on
 127.0.0.1:6379 if it answers, else a private :class:`~runner.embedded.EmbeddedRedis`. Tests use
-database ``RUNNER_TEST_DB`` (default 11), never 0. The database is flushed when a session starts,
-unless another test session is still using it (sessions register in :data:`SESSIONS_KEY`).
-Code under test finds it through ``RUNNER_REDIS_URL``; other ``RUNNER_*`` variables of the
-developer's shell are hidden, so tests see the documented defaults.
+database ``RUNNER_TEST_DB`` (default 11), never 0; under pytest-xdist (``make test``) worker
+``gwN`` uses database ``RUNNER_TEST_DB + N`` (11-14 with ``-n 4``), so the workers' default
+prefixes, broker queues, Celery events and kombu's ``unacked`` hash never meet. A database is
+flushed when a session (or xdist worker) starts, unless another session is still using it
+(sessions register in :data:`SESSIONS_KEY` of that database). Code under test finds it through
+``RUNNER_REDIS_URL``; other ``RUNNER_*`` variables of the developer's shell are hidden, so tests
+see the documented defaults.
+
+Tiers (markers, README "Running the tests"): a test that uses the session's Celery workers
+(``worker_pool``, ``rt``, ``cli``, ``task_events``) is marked ``workers`` here; one that starts
+workers of its own or any other process is marked ``workers`` or ``processes`` in its module, and
+:func:`_guard_processes` fails an unmarked test that starts a process, so ``make check``
+(``-m "not workers and not processes and not slow and not chaos"``) stays free of them.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -73,12 +83,37 @@ def _choose_redis(stack: contextlib.ExitStack, db: int) -> str:
     return f"redis://127.0.0.1:{server.port}/{db}"
 
 
+def xdist_worker_index() -> int:
+    """``N`` on pytest-xdist's worker ``gwN``; 0 outside xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
+MAX_DB = 15
+"""The highest database of a Redis with the default ``databases 16``."""
+
+
+def session_db() -> int:
+    """This session's database: ``RUNNER_TEST_DB`` (default 11) plus the xdist worker index."""
+    base = int(os.environ.get("RUNNER_TEST_DB", DEFAULT_TEST_DB))
+    db = base + xdist_worker_index()
+    if db > MAX_DB:
+        pytest.exit(
+            f"xdist worker {os.environ.get('PYTEST_XDIST_WORKER')} would use Redis DB {db} "
+            f"(RUNNER_TEST_DB={base} + its index); use fewer workers (-n) or a lower "
+            "RUNNER_TEST_DB (never 0)",
+            4,
+        )
+    return db
+
+
 @pytest.fixture(scope="session", autouse=True)
 def redis_url() -> Iterator[str]:
     """URL of the test database, flushed at session start and exported as RUNNER_REDIS_URL."""
-    db = int(os.environ.get("RUNNER_TEST_DB", DEFAULT_TEST_DB))
+    db = session_db()
     with contextlib.ExitStack() as stack:
-        url = _choose_redis(stack, db)
+        with processes_allowed():  # an EmbeddedRedis when no Redis answers
+            url = _choose_redis(stack, db)
         client = stack.enter_context(contextlib.closing(redis.Redis.from_url(url)))
         if client.connection_pool.connection_kwargs.get("db", 0) == 0:
             pytest.exit(f"refusing to run tests on Redis DB 0 ({url}); use another DB", 4)
@@ -269,3 +304,99 @@ def task_events(rt: Any) -> Iterator[list[dict[str, Any]]]:
     """Every Celery event on the test workers' broker while the test runs."""
     with capture_events(rt.app) as seen:
         yield seen
+
+
+# --- tiers: markers by what a test needs ---------------------------------------------------
+
+WORKER_FIXTURES = frozenset({"worker_pool", "rt", "celery_session_worker"})
+"""Fixtures that start Celery workers: a test using one (even through ``rt`` or ``cli``) is
+marked ``workers``."""
+
+# The files that take longest (most of a minute or more on 2 cores), run first so that no
+# xdist worker starts one of them when the others are nearly done (--dist loadfile hands out
+# whole files in collection order). Keep roughly in `--durations` order; a file missing here
+# just runs in its alphabetical place.
+HEAVY_FIRST = (
+    "test_cluster.py",
+    "test_sentinel_tls.py",
+    "test_sentinel.py",
+    "test_dev.py",
+    "test_schedules.py",
+    "test_cancel_tree.py",
+    "test_broker_conformance.py",
+    "test_console_api.py",
+    "test_cli_errors.py",
+    "test_ask_workers.py",
+    "test_cancel_stops_attempts.py",
+    "test_priorities.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests that use the session's workers; put the heaviest files first."""
+    for item in items:
+        if WORKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.workers)
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+
+    def order(indexed: tuple[int, pytest.Item]) -> tuple[int, int]:
+        index, item = indexed
+        return (rank.get(item.path.name, len(rank)), index)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=order)]
+
+
+_allowed = [0]  # > 0 while a process may start whatever test is running
+_current: list[pytest.Item | None] = [None]
+
+
+@contextlib.contextmanager
+def processes_allowed() -> Iterator[None]:
+    """Let the block start processes, whatever the running test's markers."""
+    _allowed[0] += 1
+    try:
+        yield
+    finally:
+        _allowed[0] -= 1
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event not in ("subprocess.Popen", "os.posix_spawn", "os.system"):
+        return
+    item = _current[0]
+    if item is None or _allowed[0] or item.get_closest_marker("workers"):
+        return
+    if item.get_closest_marker("processes") or item.get_closest_marker("slow"):
+        return
+    command = args[1] if event == "subprocess.Popen" else args[0]
+    raise RuntimeError(
+        f"{item.nodeid} starts a process ({str(command)[:100]}) but is not marked `processes`"
+        " (or `workers`, `slow`): mark it so that `make check`, the fast tier, leaves it out"
+    )
+
+
+sys.addaudithook(_audit)
+
+
+@contextlib.contextmanager
+def _running(item: pytest.Item) -> Iterator[None]:
+    _current[0] = item
+    try:
+        yield
+    finally:
+        _current[0] = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    """Note the test being set up for :func:`_audit`. Not teardown: the last test of a session
+    (of any tier) tears the session's workers down."""
+    with _running(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Note the running test for :func:`_audit`."""
+    with _running(item):
+        return (yield)

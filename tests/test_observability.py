@@ -63,6 +63,7 @@ def _pool_pids(worker: WorkerProcess) -> set[int]:
 # --- off by default ------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_a_worker_sets_up_no_telemetry_unless_asked(redis_url: str) -> None:
     code = (
         "import sys, runner.worker\n"
@@ -84,6 +85,7 @@ def test_a_worker_sets_up_no_telemetry_unless_asked(redis_url: str) -> None:
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.processes
 def test_a_worker_asked_for_an_exporter_that_is_not_installed_refuses_in_one_line(
     redis_url: str,
 ) -> None:
@@ -429,6 +431,7 @@ def test_the_grafana_dashboard_queries_only_metrics_the_runner_serves() -> None:
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+@pytest.mark.processes
 def test_compose_scrapes_every_worker_and_the_console_only_under_the_metrics_profile() -> None:
     secrets = {"REDIS_PASSWORD": "x1", "FLOWER_BASIC_AUTH": "a:b", "RUNNER_UI_TOKEN": "t0ken"}
 

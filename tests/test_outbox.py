@@ -20,6 +20,7 @@ from tests.flows.dist import DistEcho
 pytestmark = pytest.mark.broker  # part of the broker conformance suite (make test-latest)
 
 
+@pytest.mark.workers
 def test_a_start_is_queued_by_the_commit_that_creates_its_run(
     worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
 ) -> None:
@@ -39,6 +40,7 @@ def test_a_start_is_queued_by_the_commit_that_creates_its_run(
         assert queue_length(rt.app, env["RUNNER_QUEUE"]) == 0
 
 
+@pytest.mark.workers
 def test_with_a_broker_of_its_own_a_step_is_sent_after_its_commit(
     worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
 ) -> None:
