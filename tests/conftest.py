@@ -125,6 +125,10 @@ def redis_url() -> Iterator[str]:
         for name in list(os.environ):
             if name.startswith("RUNNER_") and not name.startswith("RUNNER_TEST_"):
                 env.delenv(name)
+        # Output goes to a pipe, as in a serial run: xdist's workers inherit COLUMNS=80,
+        # which would make the CLI's tables wrap at 80 columns instead of its pipe width.
+        for name in ("COLUMNS", "LINES"):
+            env.delenv(name, raising=False)
         env.setenv("RUNNER_REDIS_URL", url)
         reset_settings()
         yield url
@@ -312,23 +316,38 @@ WORKER_FIXTURES = frozenset({"worker_pool", "rt", "celery_session_worker"})
 """Fixtures that start Celery workers: a test using one (even through ``rt`` or ``cli``) is
 marked ``workers``."""
 
-# The files that take longest (most of a minute or more on 2 cores), run first so that no
-# xdist worker starts one of them when the others are nearly done (--dist loadfile hands out
-# whole files in collection order). Keep roughly in `--durations` order; a file missing here
-# just runs in its alphabetical place.
+# The files that take longest (half a minute or more each on 2 cores under xdist), run first
+# so that no xdist worker starts one of them when the others are nearly done: with
+# --dist loadfile --no-loadscope-reorder (make test), xdist hands out whole files in collection
+# order. Those that mostly use the CPU (pip, wheel builds, fresh interpreters: wheel, dev,
+# quickstart, demo) alternate with those that mostly wait (leases, recovery passes). Keep it
+# roughly in `--durations` order; a file missing here runs in its alphabetical place.
 HEAVY_FIRST = (
-    "test_cluster.py",
-    "test_sentinel_tls.py",
-    "test_sentinel.py",
+    "test_wheel.py",
+    "test_limits.py",
     "test_dev.py",
-    "test_schedules.py",
-    "test_cancel_tree.py",
+    "test_recovery_defaults.py",
+    "test_chaos.py",
+    "test_deployments.py",
+    "test_quickstart.py",
+    "test_backlog.py",
     "test_broker_conformance.py",
-    "test_console_api.py",
+    "test_demo.py",
+    "test_time_limits.py",
+    "test_distributed_crash.py",
+    "test_rabbitmq.py",
+    "test_observability.py",
+    "test_redis_restart.py",
+    "test_quarantine.py",
+    "test_idempotent_submit.py",
+    "test_partition.py",
+    "test_schedules.py",
     "test_cli_errors.py",
-    "test_ask_workers.py",
-    "test_cancel_stops_attempts.py",
+    "test_outbox.py",
     "test_priorities.py",
+    "test_sentinel.py",
+    "test_sentinel_tls.py",
+    "test_console_browser.py",
 )
 
 
