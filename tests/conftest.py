@@ -200,21 +200,34 @@ class WorkerPool:
 
     def start(self, concurrency: int = 2, pool: str = "prefork") -> subprocess.Popen[bytes]:
         """Start one worker and wait until it answers a ping."""
+        (proc,) = self.start_many(1, concurrency=concurrency, pool=pool)
+        return proc
+
+    def start_many(
+        self, count: int, concurrency: int = 2, pool: str = "prefork"
+    ) -> list[subprocess.Popen[bytes]]:
+        """Start ``count`` workers at once, then wait until each answers a ping (one start-up's
+        wait for all of them)."""
         from runner.distributed.app import make_app
         from runner.settings import RunnerSettings
 
-        log = os.path.join(self.logdir, f"worker-{len(self.workers)}.log")
-        worker = WorkerProcess(
-            self.env, concurrency=concurrency, pool=pool, log=log, stop_timeout=10
-        )
-        self.workers.append(worker)
+        started = []
+        for _ in range(count):
+            log = os.path.join(self.logdir, f"worker-{len(self.workers)}.log")
+            worker = WorkerProcess(
+                self.env, concurrency=concurrency, pool=pool, log=log, stop_timeout=10
+            )
+            self.workers.append(worker)
+            worker.start()
+            started.append(worker)
         app = make_app(RunnerSettings(**_settings_kwargs({**os.environ, **self.env})))
         try:
-            worker.start(app)
+            for worker in started:
+                # A start-up takes 2-3 s; 60 s leaves room for a machine running many suites.
+                worker.wait_ready(app, timeout=60)
         finally:
             app.close()
-        assert worker.proc is not None
-        return worker.proc
+        return [worker.proc for worker in started if worker.proc is not None]
 
     def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
         """Kill a worker and its pool processes at once (a crash)."""

@@ -127,6 +127,8 @@ CHILD = textwrap.dedent(
     print(embedded._shared.pid, flush=True)
     if sys.argv[1] == "wait":
         time.sleep(60)
+    else:
+        sys.stdin.readline()  # exits once the test has seen the server alive
     """
 )
 
@@ -146,15 +148,19 @@ def test_child_process_leaves_no_embedded_server_behind(
         [sys.executable, "-c", CHILD, how],
         cwd=REPO,
         env=env,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     ) as child:
-        assert child.stdout is not None and child.stderr is not None
+        assert child.stdin and child.stdout is not None and child.stderr is not None
         pid = int(child.stdout.readline())
         assert alive(pid)
         if signum is not None:
             child.send_signal(signum)
+        else:
+            child.stdin.write("\n")
+            child.stdin.flush()
         child.wait(timeout=30)
         stderr = child.stderr.read()
     assert wait_gone(pid), f"redis-server {pid} outlived its parent"
