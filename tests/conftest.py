@@ -378,6 +378,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for _, item in sorted(enumerate(items), key=order)]
 
 
+OUT_OF_CHECK = ("workers", "processes", "slow", "chaos")
+"""The markers `make check` leaves out (its -m); a test with one of them may start processes."""
+
 _allowed = [0]  # > 0 while a process may start whatever test is running
 _current: list[pytest.Item | None] = [None]
 
@@ -393,12 +396,12 @@ def processes_allowed() -> Iterator[None]:
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """Fail a test of the fast tier that starts a process (a Python audit hook: it sees every
+    ``subprocess``/``os.system``/``os.posix_spawn`` call of this process)."""
     if event not in ("subprocess.Popen", "os.posix_spawn", "os.system"):
         return
     item = _current[0]
-    if item is None or _allowed[0] or item.get_closest_marker("workers"):
-        return
-    if item.get_closest_marker("processes") or item.get_closest_marker("slow"):
+    if item is None or _allowed[0] or any(item.get_closest_marker(m) for m in OUT_OF_CHECK):
         return
     command = args[1] if event == "subprocess.Popen" else args[0]
     raise RuntimeError(
