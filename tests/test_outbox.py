@@ -26,6 +26,9 @@ def test_a_start_is_queued_by_the_commit_that_creates_its_run(
 ) -> None:
     with private_pool(worker_env, str(tmp_path)) as (pool, rt, env):
         assert rt.sends_in_commit
+        # Let-gos an earlier test of this process gave the thread are dropped first (under
+        # xdist any file may have run here before), so the flush below sees only this submit.
+        assert handoff.flush(10.0)
         handle = submit(DistEcho, {"count": 2}, rt=rt)
         # Nothing runs yet: the message is in the queue, marked sent, and nobody holds a
         # lease for it (nor ever did: no let-go is left to drop one).
