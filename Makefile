@@ -13,7 +13,7 @@ BASE_PYTHON ?= $(shell for p in python3.12 python3.11 python3.13 python3.14 pyth
 	&& { echo $$p; break; }; done)
 LINT_PATHS := $(wildcard runner workers tests bench examples)
 
-.PHONY: venv test test-latest lint bench demo chaos clean distclean
+.PHONY: venv test check test-latest lint bench demo chaos clean distclean
 
 venv: $(STAMP)
 
@@ -25,9 +25,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $@
 
+# The whole suite, its files spread over TEST_JOBS processes (pytest-xdist): the tests mostly
+# wait (workers starting, leases lapsing, servers failing over), so 2 cores take 4. Whole
+# files go to one process (--dist loadfile: module fixtures such as the cluster start once),
+# heaviest first (tests/conftest.py's HEAVY_FIRST; --no-loadscope-reorder keeps that order).
+# Each process has its own Redis database (RUNNER_TEST_DB + its index: 11-14), temporary
+# folder and session workers. TEST_JOBS=0 runs it in this process, as plain pytest does.
 # pytest exits non-zero (5) when it collects no tests, so an empty run fails rather than passes.
+TEST_JOBS ?= 4
+XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
+
 test: venv
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# The fast tier, for the edit-test loop: no Celery workers, no other processes (servers, the
+# CLI in a subprocess, builds), nothing marked slow; real Redis still. Under 90 s on 2 cores.
+CHECK_MARKS := not workers and not processes and not slow and not chaos
+
+check: venv
+	$(BIN)/pytest -q -m "$(CHECK_MARKS)" $(PYTEST_ARGS)
 
 # The broker conformance suite (pytest -m broker) on the newest kombu and Celery, and the
 # tests of redis-py's pool internals (pytest -m redis_internals) on the newest redis-py, past

@@ -8,6 +8,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import redis
+
 from runner.distributed.app import make_app
 from runner.distributed.engine import Runtime
 from runner.settings import RunnerSettings
@@ -25,6 +27,42 @@ def eventually(check: Callable[[], Any], timeout: float = 15.0, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"not true after {timeout}s: {check}")
         time.sleep(interval)
+
+
+def recovery_passes(rt: Runtime, n: int = 2, timeout: float = 20.0) -> None:
+    """Wait until ``n`` recovery passes of ``rt``'s deployment have begun after this call (so
+    ``n - 1`` of them have run through): what recovery would do, it has done by then.
+
+    A pass begins by taking the deployment's recovery lock for 0.9 of an interval; a pass is
+    seen when the lock is there anew (its time to live jumped up, or it was gone before).
+    """
+    lock = rt.store.keys.lock("recover")
+    client = redis.Redis.from_url(rt.settings.redis_url)
+    seen, last = 0, client.pttl(lock)
+    deadline = time.monotonic() + timeout
+    try:
+        while seen < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{seen} of {n} recovery passes in {timeout}s")
+            time.sleep(0.01)
+            ttl = client.pttl(lock)  # -2: no lock
+            if ttl > 0 and (last < 0 or ttl > last + 20):
+                seen += 1
+            last = ttl
+    finally:
+        client.close()
+
+
+def leases_lapsed(rt: Runtime, *run_ids: str, passes: int = 2, timeout: float = 20.0) -> None:
+    """Wait until every lease the runs hold has lapsed or been dropped, then ``passes``
+    recovery passes: a step that recovery would send again has been sent by then."""
+
+    def lapsed() -> bool:
+        now = time.time()
+        return all(expiry < now for run in run_ids for expiry in rt.coord.leases(run).values())
+
+    eventually(lapsed, timeout)
+    recovery_passes(rt, passes, timeout)
 
 
 def paused(handle: Any, timeout: float = 30.0) -> Checkpoint:

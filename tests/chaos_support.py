@@ -140,18 +140,32 @@ def runtime_on(env: dict[str, str]) -> Runtime:
 
 def start_worker(env: dict[str, str], logdir: Path, rt: Runtime, **kw: Any) -> WorkerProcess:
     """A started worker (waited for) on ``env``, logging to ``logdir``."""
-    worker = WorkerProcess(env, log=logdir / f"worker-{uuid.uuid4().hex[:6]}.log", **kw)
-    worker.start()
+    (worker,) = start_workers(1, env, logdir, rt, **kw)
+    return worker
+
+
+def start_workers(
+    count: int, env: dict[str, str], logdir: Path, rt: Runtime, **kw: Any
+) -> list[WorkerProcess]:
+    """``count`` workers on ``env`` started at once, then each waited for."""
+    workers = [
+        WorkerProcess(env, log=logdir / f"worker-{uuid.uuid4().hex[:6]}.log", **kw)
+        for _ in range(count)
+    ]
+    for worker in workers:
+        worker.start()
     deadline = time.monotonic() + 60
-    while True:
-        try:
-            worker.wait_ready(rt.app, timeout=max(deadline - time.monotonic(), 1))
-            return worker
-        except (redis.ConnectionError, OperationalError):
-            # A pooled connection from before a Redis restart: the next ping takes a new one.
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    for worker in workers:
+        while True:
+            try:
+                worker.wait_ready(rt.app, timeout=max(deadline - time.monotonic(), 1))
+                break
+            except (redis.ConnectionError, OperationalError):
+                # A pooled connection from before a Redis restart: the next ping takes a new one.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    return workers
 
 
 # --- the chaos driver -------------------------------------------------------------------------

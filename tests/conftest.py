@@ -2,10 +2,19 @@
 
 The Redis is chosen once per session: ``RUNNER_TEST_REDIS_URL`` if set, else the local server on
 127.0.0.1:6379 if it answers, else a private :class:`~runner.embedded.EmbeddedRedis`. Tests use
-database ``RUNNER_TEST_DB`` (default 11), never 0. The database is flushed when a session starts,
-unless another test session is still using it (sessions register in :data:`SESSIONS_KEY`).
-Code under test finds it through ``RUNNER_REDIS_URL``; other ``RUNNER_*`` variables of the
-developer's shell are hidden, so tests see the documented defaults.
+database ``RUNNER_TEST_DB`` (default 11), never 0; under pytest-xdist (``make test``) worker
+``gwN`` uses database ``RUNNER_TEST_DB + N`` (11-14 with ``-n 4``), so the workers' default
+prefixes, broker queues, Celery events and kombu's ``unacked`` hash never meet. A database is
+flushed when a session (or xdist worker) starts, unless another session is still using it
+(sessions register in :data:`SESSIONS_KEY` of that database). Code under test finds it through
+``RUNNER_REDIS_URL``; other ``RUNNER_*`` variables of the developer's shell are hidden, so tests
+see the documented defaults.
+
+Tiers (markers, README "Running the tests"): a test that uses the session's Celery workers
+(``worker_pool``, ``rt``, ``cli``, ``task_events``) is marked ``workers`` here; one that starts
+workers of its own or any other process is marked ``workers`` or ``processes`` in its module, and
+:func:`_guard_processes` fails an unmarked test that starts a process, so ``make check``
+(``-m "not workers and not processes and not slow and not chaos"``) stays free of them.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -73,12 +83,37 @@ def _choose_redis(stack: contextlib.ExitStack, db: int) -> str:
     return f"redis://127.0.0.1:{server.port}/{db}"
 
 
+def xdist_worker_index() -> int:
+    """``N`` on pytest-xdist's worker ``gwN``; 0 outside xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
+MAX_DB = 15
+"""The highest database of a Redis with the default ``databases 16``."""
+
+
+def session_db() -> int:
+    """This session's database: ``RUNNER_TEST_DB`` (default 11) plus the xdist worker index."""
+    base = int(os.environ.get("RUNNER_TEST_DB", DEFAULT_TEST_DB))
+    db = base + xdist_worker_index()
+    if db > MAX_DB:
+        pytest.exit(
+            f"xdist worker {os.environ.get('PYTEST_XDIST_WORKER')} would use Redis DB {db} "
+            f"(RUNNER_TEST_DB={base} + its index); use fewer workers (-n) or a lower "
+            "RUNNER_TEST_DB (never 0)",
+            4,
+        )
+    return db
+
+
 @pytest.fixture(scope="session", autouse=True)
 def redis_url() -> Iterator[str]:
     """URL of the test database, flushed at session start and exported as RUNNER_REDIS_URL."""
-    db = int(os.environ.get("RUNNER_TEST_DB", DEFAULT_TEST_DB))
+    db = session_db()
     with contextlib.ExitStack() as stack:
-        url = _choose_redis(stack, db)
+        with processes_allowed():  # an EmbeddedRedis when no Redis answers
+            url = _choose_redis(stack, db)
         client = stack.enter_context(contextlib.closing(redis.Redis.from_url(url)))
         if client.connection_pool.connection_kwargs.get("db", 0) == 0:
             pytest.exit(f"refusing to run tests on Redis DB 0 ({url}); use another DB", 4)
@@ -90,6 +125,10 @@ def redis_url() -> Iterator[str]:
         for name in list(os.environ):
             if name.startswith("RUNNER_") and not name.startswith("RUNNER_TEST_"):
                 env.delenv(name)
+        # Output goes to a pipe, as in a serial run: xdist's workers inherit COLUMNS=80,
+        # which would make the CLI's tables wrap at 80 columns instead of its pipe width.
+        for name in ("COLUMNS", "LINES"):
+            env.delenv(name, raising=False)
         env.setenv("RUNNER_REDIS_URL", url)
         reset_settings()
         yield url
@@ -161,21 +200,34 @@ class WorkerPool:
 
     def start(self, concurrency: int = 2, pool: str = "prefork") -> subprocess.Popen[bytes]:
         """Start one worker and wait until it answers a ping."""
+        (proc,) = self.start_many(1, concurrency=concurrency, pool=pool)
+        return proc
+
+    def start_many(
+        self, count: int, concurrency: int = 2, pool: str = "prefork"
+    ) -> list[subprocess.Popen[bytes]]:
+        """Start ``count`` workers at once, then wait until each answers a ping (one start-up's
+        wait for all of them)."""
         from runner.distributed.app import make_app
         from runner.settings import RunnerSettings
 
-        log = os.path.join(self.logdir, f"worker-{len(self.workers)}.log")
-        worker = WorkerProcess(
-            self.env, concurrency=concurrency, pool=pool, log=log, stop_timeout=10
-        )
-        self.workers.append(worker)
+        started = []
+        for _ in range(count):
+            log = os.path.join(self.logdir, f"worker-{len(self.workers)}.log")
+            worker = WorkerProcess(
+                self.env, concurrency=concurrency, pool=pool, log=log, stop_timeout=10
+            )
+            self.workers.append(worker)
+            worker.start()
+            started.append(worker)
         app = make_app(RunnerSettings(**_settings_kwargs({**os.environ, **self.env})))
         try:
-            worker.start(app)
+            for worker in started:
+                # A start-up takes 2-3 s; 60 s leaves room for a machine running many suites.
+                worker.wait_ready(app, timeout=60)
         finally:
             app.close()
-        assert worker.proc is not None
-        return worker.proc
+        return [worker.proc for worker in started if worker.proc is not None]
 
     def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
         """Kill a worker and its pool processes at once (a crash)."""
@@ -269,3 +321,117 @@ def task_events(rt: Any) -> Iterator[list[dict[str, Any]]]:
     """Every Celery event on the test workers' broker while the test runs."""
     with capture_events(rt.app) as seen:
         yield seen
+
+
+# --- tiers: markers by what a test needs ---------------------------------------------------
+
+WORKER_FIXTURES = frozenset({"worker_pool", "rt", "celery_session_worker"})
+"""Fixtures that start Celery workers: a test using one (even through ``rt`` or ``cli``) is
+marked ``workers``."""
+
+# The files that take longest (half a minute or more each on 2 cores under xdist), run first
+# so that no xdist worker starts one of them when the others are nearly done: with
+# --dist loadfile --no-loadscope-reorder (make test), xdist hands out whole files in collection
+# order. Those that mostly use the CPU (pip, wheel builds, fresh interpreters: wheel, dev,
+# quickstart, demo) alternate with those that mostly wait (leases, recovery passes). Keep it
+# roughly in `--durations` order; a file missing here runs in its alphabetical place.
+HEAVY_FIRST = (
+    "test_wheel.py",
+    "test_limits.py",
+    "test_dev.py",
+    "test_recovery_defaults.py",
+    "test_chaos.py",
+    "test_deployments.py",
+    "test_quickstart.py",
+    "test_backlog.py",
+    "test_broker_conformance.py",
+    "test_demo.py",
+    "test_time_limits.py",
+    "test_distributed_crash.py",
+    "test_rabbitmq.py",
+    "test_observability.py",
+    "test_redis_restart.py",
+    "test_quarantine.py",
+    "test_idempotent_submit.py",
+    "test_partition.py",
+    "test_schedules.py",
+    "test_cli_errors.py",
+    "test_outbox.py",
+    "test_priorities.py",
+    "test_sentinel.py",
+    "test_sentinel_tls.py",
+    "test_console_browser.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests that use the session's workers; put the heaviest files first."""
+    for item in items:
+        if WORKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.workers)
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+
+    def order(indexed: tuple[int, pytest.Item]) -> tuple[int, int]:
+        index, item = indexed
+        return (rank.get(item.path.name, len(rank)), index)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=order)]
+
+
+OUT_OF_CHECK = ("workers", "processes", "slow", "chaos")
+"""The markers `make check` leaves out (its -m); a test with one of them may start processes."""
+
+_allowed = [0]  # > 0 while a process may start whatever test is running
+_current: list[pytest.Item | None] = [None]
+
+
+@contextlib.contextmanager
+def processes_allowed() -> Iterator[None]:
+    """Let the block start processes, whatever the running test's markers."""
+    _allowed[0] += 1
+    try:
+        yield
+    finally:
+        _allowed[0] -= 1
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """Fail a test of the fast tier that starts a process (a Python audit hook: it sees every
+    ``subprocess``/``os.system``/``os.posix_spawn`` call of this process)."""
+    if event not in ("subprocess.Popen", "os.posix_spawn", "os.system"):
+        return
+    item = _current[0]
+    if item is None or _allowed[0] or any(item.get_closest_marker(m) for m in OUT_OF_CHECK):
+        return
+    command = args[1] if event == "subprocess.Popen" else args[0]
+    raise RuntimeError(
+        f"{item.nodeid} starts a process ({str(command)[:100]}) but is not marked `processes`"
+        " (or `workers`, `slow`): mark it so that `make check`, the fast tier, leaves it out"
+    )
+
+
+sys.addaudithook(_audit)
+
+
+@contextlib.contextmanager
+def _running(item: pytest.Item) -> Iterator[None]:
+    _current[0] = item
+    try:
+        yield
+    finally:
+        _current[0] = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    """Note the test being set up for :func:`_audit`. Not teardown: the last test of a session
+    (of any tier) tears the session's workers down."""
+    with _running(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Note the running test for :func:`_audit`."""
+    with _running(item):
+        return (yield)

@@ -22,7 +22,7 @@ from runner.distributed.client import RunHandle, submit
 from runner.distributed.engine import Runtime, first_checkpoint
 from runner.distributed.processes import WorkerProcess
 from runner.store.models import RunStatus
-from tests._dist_support import eventually, finished
+from tests._dist_support import eventually, finished, recovery_passes
 from tests.chaos_support import (
     DEFAULT_INTERVAL,
     DEFAULT_LEASE,
@@ -65,7 +65,7 @@ def test_a_backlog_three_leases_long_runs_every_step_once_from_one_message(
             handles = [submit(Nap, {"seconds": NAP}, rt=rt) for _ in range(STEPS)]
             statuses = [h.wait(timeout=120) for h in handles]
             waited = time.monotonic() - began
-            time.sleep(DEFAULT_INTERVAL + 1)  # one more recovery pass after the last run
+            recovery_passes(rt, 2)  # one more recovery pass after the last run
         print(f"{STEPS} steps on {SLOTS} slots drained in {waited:.1f}s")
         assert waited >= 2.5 * DEFAULT_LEASE  # the backlog really outlived the lease
         assert statuses == [RunStatus.SUCCEEDED] * STEPS

@@ -18,7 +18,7 @@ from runner.distributed.app import make_app
 from runner.distributed.client import RunHandle, submit
 from runner.distributed.engine import Runtime, task_id
 from runner.store.models import FLOW_CANCELLED, RunStatus
-from tests._dist_support import events_of, eventually, history, private_pool
+from tests._dist_support import events_of, eventually, history, leases_lapsed, private_pool
 from tests.conftest import WorkerPool
 from tests.flows.dist import executions, key
 from tests.flows.timing import SlowFlow
@@ -50,7 +50,7 @@ def _stopped_and_resumable(rt: Runtime, r: redis.Redis, handle: RunHandle, pid: 
     stopped_at = time.monotonic()
     eventually(lambda: not _alive(pid), timeout=5)
     print(f"the pool process {pid} was gone {time.monotonic() - stopped_at:.2f}s after the cancel")
-    time.sleep(3)  # several recovery passes and lease lengths: they leave it stopped
+    leases_lapsed(rt, handle.run_id)  # recovery passes after its lease: they leave it stopped
     latest = handle.latest()
     assert latest.status is RunStatus.CANCELLED
     assert latest.event == FLOW_CANCELLED
@@ -113,7 +113,7 @@ def test_a_step_the_stop_does_not_reach_ends_and_commits_nothing(
         handle = SlowFlow.submit({"seconds": 2})
         pid = _crawling(redis_client, handle.run_id)
         cancelled = RunHandle(handle.run_id, elsewhere).cancel()
-        time.sleep(4)  # the step's method ended meanwhile
+        leases_lapsed(rt, handle.run_id)  # the step's method ended, its lease with it
         assert _alive(pid)  # the pool process was not stopped ...
         latest = handle.latest()
         assert latest.id == cancelled.id  # ... and its attempt committed nothing

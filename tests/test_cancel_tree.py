@@ -8,7 +8,6 @@ cancelled directly fails its parent's step, as before."""
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
@@ -21,7 +20,7 @@ from runner.distributed.engine import Runtime, commit_on_latest
 from runner.flow import transition as tr
 from runner.flow.children import child_run_id
 from runner.store.models import FLOW_CANCELLED, RunStatus
-from tests._dist_support import eventually, history
+from tests._dist_support import eventually, history, leases_lapsed
 from tests.console_support import serving
 from tests.flows.crew_tree import CrewPair, CrewTree
 from tests.flows.dist import executions, key
@@ -58,7 +57,8 @@ def _tree_stopped(
     gone, no later task ran and no commit followed any cancel; the children's reasons."""
     for _, pid in crawling:
         eventually(lambda pid=pid: not _alive(pid), timeout=5)
-    time.sleep(3)  # several recovery passes and lease lengths: they leave the tree stopped
+    # Every lease of the tree lapsed and recovery passes went by: they leave it stopped.
+    leases_lapsed(rt, parent.run_id, *(child.run_id for child, _ in crawling))
     assert parent.status() is RunStatus.CANCELLED
     assert history(rt, parent.run_id)[-1].event == FLOW_CANCELLED
     assert executions(r, parent.run_id, "finish") == 0
@@ -219,7 +219,7 @@ def test_a_child_whose_canceller_died_after_the_parent_s_cancel_stops_at_its_nex
     stopped = child.latest()
     assert stopped.in_flight == ["s3#1"]
     assert stopped.meta.cancel_reason == f"its parent run {parent.run_id} was cancelled"
-    time.sleep(1)  # the skipped message is gone; nothing runs s3
+    leases_lapsed(rt, child.run_id)  # the skipped message is gone; nothing runs s3
     assert [executions(redis_client, child.run_id, t) for t in ("s1", "s2", "s3")] == [1, 1, 0]
     assert control.resume(parent.run_id, rt=rt).result(timeout=30) == "s3(s2(s1(bees)))"
     assert [executions(redis_client, child.run_id, t) for t in ("s1", "s2", "s3")] == [1, 1, 1]

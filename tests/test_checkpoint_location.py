@@ -21,6 +21,8 @@ from runner.cli.refs import MIN_CHECKPOINT, short_ids
 from runner.store.base import CheckpointStore
 from tests.location_flows import FAIL_ENV, LOG_ENV, ThreeStages
 
+pytestmark = pytest.mark.processes  # the CLI in subprocesses
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """

@@ -12,11 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from runner.distributed.client import submit
 from tests.flows.cli import GatedFlow, gate_key
 from tests.test_cli import tag  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.processes  # each test runs the CLI in a fresh interpreter
 
 ROOT = Path(__file__).resolve().parent.parent
 

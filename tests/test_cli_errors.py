@@ -284,6 +284,7 @@ def test_python_m_runner_cli_reports_errors_in_one_line(
     assert snapshot(rt) == before
 
 
+@pytest.mark.processes
 def test_python_m_runner_prints_a_graph_without_redis() -> None:
     done = run_process([sys.executable, "-m", "runner", "--redis-url", DOWN, "graph", GATED], {})
     assert done.returncode == 0, done.stderr

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes  # docker-compose in a subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 SECRETS = {
     "REDIS_PASSWORD": "0123abcd",

@@ -504,6 +504,7 @@ def test_runner_ui_serves_the_deployment_and_refuses_a_public_address_without_to
         proc.communicate(timeout=10)
 
 
+@pytest.mark.processes
 def test_runner_ui_without_the_console_libraries_says_how_to_install_them(
     worker_env: dict[str, str],
 ) -> None:

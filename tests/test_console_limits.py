@@ -23,17 +23,19 @@ def _admit(rt: Any, run: str) -> limits.Waiting | None:
 
 
 def test_the_limits_page_and_api_show_use_and_waiting_steps(rt: Any) -> None:
-    runs = [f"r{uuid.uuid4().hex[:6]}" for _ in range(7)]
+    runs = [f"r{uuid.uuid4().hex[:6]}" for _ in range(12)]
     held = [run for run in runs if _admit(rt, run) is not None]
     assert held == runs[5:]  # 5/s: a burst of five, then one every 0.2 s
+    # A waiting step is listed until 2 s after its turn (waiting.RECENT): the last one held
+    # (its turn 1.4 s away) still is when the console has started, however busy the machine.
     with serving(rt) as url, httpx.Client(base_url=url) as http:
         found = http.get("/api/limits").json()["limits"]
         (use,) = [u for u in found if u["name"] == "RatedFlow.call"]
         assert (use["kind"], use["spec"]) == ("rate", "5/s")
-        assert {w["run"] for w in use["waiting"]} == set(held)
+        assert {held[-1]} <= {w["run"] for w in use["waiting"]} <= set(held)
         page = http.get("/limits")
         assert page.status_code == 200
-        assert "RatedFlow.call" in page.text and held[0] in page.text
+        assert "RatedFlow.call" in page.text and held[-1] in page.text
 
 
 def test_a_run_page_says_what_its_waiting_step_waits_for(rt: Any) -> None:

@@ -18,6 +18,7 @@ from runner.distributed.recovery import recover
 from runner.errors import InvalidInputs
 from runner.settings import RunnerSettings
 from runner.store.models import RunStatus
+from tests._dist_support import eventually, leases_lapsed, recovery_passes
 from tests.flows.dist import executions
 from tests.flows.timing import GreetFlow, HastyFlow, SlowFlow
 from tests.test_cli import Cli, cli  # noqa: F401  (fixture)
@@ -39,8 +40,9 @@ def test_a_deadline_cancels_a_run_stuck_in_a_slow_step(
     assert status["status"] == "cancelled"
     assert status["cancel_reason"].startswith("its deadline passed")
     assert "its deadline passed" in cli.ok("status", handle.run_id).stdout
-    # The slow step was stopped; the run stays cancelled and nothing after it runs.
-    time.sleep(5)
+    # The slow step was stopped (its lease goes with it, or would outlive the 5 s step); the
+    # run stays cancelled and nothing after it runs.
+    leases_lapsed(rt, handle.run_id)
     assert handle.status() is RunStatus.CANCELLED
     assert executions(redis_client, handle.run_id, "report") == 0
 
@@ -52,8 +54,10 @@ def test_a_flows_own_run_deadline_applies_and_a_run_that_finishes_in_time_is_kep
     assert late.wait(timeout=10) is RunStatus.CANCELLED
     assert late.latest().meta.deadline is not None
     quick = GreetFlow.submit({"customer": "lu"}, deadline=2)
+    due = time.time() + 2
     assert quick.result(timeout=10) == len("hello lu")
-    time.sleep(2.5)
+    eventually(lambda: time.time() > due, timeout=5)
+    recovery_passes(rt, 2)  # passes after the deadline leave the finished run alone
     assert quick.status() is RunStatus.SUCCEEDED
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import redis
 
+pytestmark = pytest.mark.workers  # `runner dev` starts workers
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FLOWS = """

@@ -10,6 +10,8 @@ import pytest
 from runner.distributed.processes import children
 from tests.test_dev import FLOWS, DevProcess, bare_env, dev_argv, runner
 
+pytestmark = pytest.mark.workers  # `runner dev` starts workers
+
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:

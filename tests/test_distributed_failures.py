@@ -12,7 +12,7 @@ from runner.distributed import control
 from runner.distributed.engine import Runtime
 from runner.errors import RunCancelled, RunFailed
 from runner.store.models import RunStatus
-from tests._dist_support import events_of, eventually, finished, history
+from tests._dist_support import events_of, eventually, finished, history, recovery_passes
 from tests.flows import dist
 from tests.flows.dist import DistDoomed, DistFlaky, DistGated, DistSlow, executions
 
@@ -53,7 +53,7 @@ def test_exhausted_retries_fail_the_run_and_running_branches_still_commit(
     assert latest.state["sibling"] == "finished"
     assert latest.status is RunStatus.FAILED
     assert handle.status() is RunStatus.FAILED
-    time.sleep(1)  # nothing more is dispatched for a failed run
+    recovery_passes(rt, 3)  # nothing more is dispatched for a failed run
     assert executions(redis_client, run, "never") == 0
     assert rt.coord.leases(run) == {}
 
@@ -87,7 +87,7 @@ def test_cancel_stops_the_running_step_and_resume_reruns_only_it(
 
     # The running step was told to stop: opened now, its gate finds nobody; nothing commits.
     redis_client.set(dist.key(run, "gate", "two"), 1)
-    time.sleep(1.5)  # several recovery passes: they leave a cancelled run alone
+    recovery_passes(rt, 3)  # they leave a cancelled run alone
     assert handle.status() is RunStatus.CANCELLED
     assert handle.latest().id == cancelled.id
     assert not finished(rt, run, "two")

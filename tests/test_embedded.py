@@ -42,6 +42,7 @@ def wait_gone(pid: int, timeout: float = 10.0) -> bool:
     return not alive(pid)
 
 
+@pytest.mark.processes
 def test_embedded_server_answers_with_aof_in_its_data_dir_and_stops(tmp_path: Path) -> None:
     with EmbeddedRedis(data_dir=tmp_path) as server:
         pid = server.pid
@@ -60,6 +61,7 @@ def test_embedded_server_answers_with_aof_in_its_data_dir_and_stops(tmp_path: Pa
     assert (tmp_path / "redis.log").exists()
 
 
+@pytest.mark.processes
 def test_temporary_data_dir_is_removed_on_stop() -> None:
     server = EmbeddedRedis()
     server.start()
@@ -70,6 +72,7 @@ def test_temporary_data_dir_is_removed_on_stop() -> None:
     server.stop()  # a second stop is harmless
 
 
+@pytest.mark.processes
 def test_unconfigured_url_starts_one_embedded_server_and_reuses_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -124,6 +127,8 @@ CHILD = textwrap.dedent(
     print(embedded._shared.pid, flush=True)
     if sys.argv[1] == "wait":
         time.sleep(60)
+    else:
+        sys.stdin.readline()  # exits once the test has seen the server alive
     """
 )
 
@@ -133,6 +138,7 @@ CHILD = textwrap.dedent(
     [("exit", None), ("wait", signal.SIGINT), ("wait", signal.SIGTERM)],
     ids=["normal-exit", "sigint", "sigterm"],
 )
+@pytest.mark.processes
 def test_child_process_leaves_no_embedded_server_behind(
     tmp_path: Path, how: str, signum: signal.Signals | None
 ) -> None:
@@ -142,15 +148,19 @@ def test_child_process_leaves_no_embedded_server_behind(
         [sys.executable, "-c", CHILD, how],
         cwd=REPO,
         env=env,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     ) as child:
-        assert child.stdout is not None and child.stderr is not None
+        assert child.stdin and child.stdout is not None and child.stderr is not None
         pid = int(child.stdout.readline())
         assert alive(pid)
         if signum is not None:
             child.send_signal(signum)
+        else:
+            child.stdin.write("\n")
+            child.stdin.flush()
         child.wait(timeout=30)
         stderr = child.stderr.read()
     assert wait_gone(pid), f"redis-server {pid} outlived its parent"
@@ -166,6 +176,7 @@ def test_child_process_leaves_no_embedded_server_behind(
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux only")
+@pytest.mark.processes
 def test_embedded_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
     env["RUNNER_EMBEDDED_DIR"] = str(tmp_path)

@@ -271,6 +271,7 @@ print("result", Console().kickoff(), Terse().kickoff())
 """
 
 
+@pytest.mark.processes
 def test_on_the_console_the_question_is_printed_and_the_answer_read_stripped(
     tmp_path: Path,
 ) -> None:
@@ -289,6 +290,7 @@ def test_on_the_console_the_question_is_printed_and_the_answer_read_stripped(
     assert out.rstrip().endswith("result ['teal', ''] Ana")
 
 
+@pytest.mark.processes
 def test_with_no_console_the_answer_is_none(tmp_path: Path) -> None:
     script = tmp_path / "console_flow.py"
     script.write_text(textwrap.dedent(CONSOLE_FLOW))

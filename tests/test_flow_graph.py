@@ -324,6 +324,7 @@ class F:
 """
 
 
+@pytest.mark.processes
 def test_fingerprint_is_stable_across_processes_and_ignores_bodies() -> None:
     first = _fingerprint_of(FLOW_SOURCE.format(body="1", trigger="a"))
     assert len(first) == 16 and int(first, 16) >= 0

@@ -252,6 +252,7 @@ def test_without_emit_the_result_is_the_output_listeners_receive_and_kickoff_ret
     assert all(isinstance(o, HumanFeedbackResult) for o in flow.method_outputs)
 
 
+@pytest.mark.processes
 def test_with_no_provider_the_terminal_shows_the_output_and_reads_the_feedback(
     tmp_path: Path,
 ) -> None:

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -60,13 +59,29 @@ def test_twenty_threads_submitting_one_id_make_one_run(rt: Any, redis_client: re
     assert executions(redis_client, run_id, "measure") == 1
 
 
-PRODUCER = """
-import sys, time
+PRODUCERS = """
+import json, multiprocessing, sys
 from runner.distributed.client import submit
 from tests.flows.timing import GreetFlow
-run_id, at = sys.argv[1], float(sys.argv[2])
-time.sleep(max(0.0, at - time.time()))
-print(submit(GreetFlow, {"customer": "bob"}, id=run_id).run_id)
+run_id, n = sys.argv[1], int(sys.argv[2])
+fork = multiprocessing.get_context("fork")
+gate, results = fork.Barrier(n), fork.Queue()
+
+def producer():
+    gate.wait(timeout=60)  # every process is up: they submit at the same instant
+    try:
+        results.put(submit(GreetFlow, {"customer": "bob"}, id=run_id).run_id)
+    except BaseException as exc:
+        results.put(f"{type(exc).__name__}: {exc}")
+
+procs = [fork.Process(target=producer) for _ in range(n)]
+for proc in procs:
+    proc.start()
+ids = [results.get(timeout=60) for _ in procs]
+for proc in procs:
+    proc.join(timeout=60)
+codes = [proc.exitcode for proc in procs]
+print(json.dumps({"ids": ids, "pids": len({proc.pid for proc in procs}), "codes": codes}))
 """
 
 
@@ -74,22 +89,23 @@ print(submit(GreetFlow, {"customer": "bob"}, id=run_id).run_id)
 def test_twenty_processes_submitting_one_id_make_one_run(
     rt: Any, worker_env: dict[str, str], redis_client: redis.Redis
 ) -> None:
+    # Twenty processes forked from one interpreter that imported runner (and made no client
+    # yet): each opens its own connections and they race as twenty fresh interpreters would,
+    # for one import's CPU instead of twenty.
     run_id = new_id()
-    at = time.time() + 8  # every process imported runner and waits for the same instant
-    env = {**os.environ, **worker_env}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", PRODUCER, run_id, str(at)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for _ in range(20)
-    ]
-    outs = [proc.communicate(timeout=60) for proc in procs]
-    assert [proc.returncode for proc in procs] == [0] * 20, [err for _, err in outs]
-    assert {out.decode().strip() for out, _ in outs} == {run_id}
+    done = subprocess.run(
+        [sys.executable, "-c", PRODUCERS, run_id, "20"],
+        cwd=ROOT,
+        env={**os.environ, **worker_env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["pids"] == 20 and out["codes"] == [0] * 20, out
+    assert out["ids"] == [run_id] * 20, out
     handle = runner.RunHandle(run_id, rt)
     assert handle.result(timeout=30) == len("hello bob")
     assert creations(rt, run_id) == 1

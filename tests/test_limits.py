@@ -42,8 +42,7 @@ def test_a_rate_limit_holds_across_two_workers_and_unlimited_runs_keep_their_pac
     worker_env: dict[str, str], tmp_path: str
 ) -> None:
     with private_pool(worker_env, str(tmp_path)) as (pool, rt, _env):
-        pool.start()
-        pool.start()
+        pool.start_many(2)
         unloaded = _latency(rt, 8)
         group = uuid.uuid4().hex[:8]
         runs = [submit(RatedFlow, {"group": group}, rt=rt) for _ in range(30)]
@@ -67,8 +66,7 @@ def test_concurrency_two_never_runs_three_attempts_at_once(
     worker_env: dict[str, str], tmp_path: str
 ) -> None:
     with private_pool(worker_env, str(tmp_path)) as (pool, rt, _env):
-        pool.start()
-        pool.start()
+        pool.start_many(2)
         group = uuid.uuid4().hex[:8]
         runs = [submit(NarrowFlow, {"group": group, "seconds": 0.6}, rt=rt) for _ in range(8)]
         for run in runs:
@@ -88,8 +86,7 @@ def test_a_slot_held_by_a_killed_worker_comes_back_with_its_lease(
     worker_env: dict[str, str], tmp_path: str
 ) -> None:
     with private_pool(worker_env, str(tmp_path)) as (pool, rt, _env):
-        pool.start()
-        pool.start()
+        pool.start_many(2)
         group = uuid.uuid4().hex[:8]
         runs = [submit(NarrowFlow, {"group": group, "seconds": 1.5}, rt=rt) for _ in range(6)]
         first = eventually(lambda: notes(group, "began"), timeout=20)[0]
@@ -117,8 +114,7 @@ def test_steps_a_rate_limit_deferred_survive_the_worker_holding_them_being_kille
     neither lost nor run twice: each run's step commits once, only a step that had already
     started when the kill came starts again, and the limit still holds."""
     with private_pool(worker_env, str(tmp_path)) as (pool, rt, _env):
-        pool.start()
-        pool.start()
+        pool.start_many(2)
         group = uuid.uuid4().hex[:8]
         runs = [submit(RatedFlow, {"group": group}, rt=rt) for _ in range(25)]
         eventually(lambda: len(notes(group, "starts")) >= 5, timeout=20)  # the rest wait

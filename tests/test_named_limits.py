@@ -126,6 +126,7 @@ def test_a_bad_rate_in_set_limit_is_refused(store: RedisProvider) -> None:
         ("RUNNER_WORKER_QUEUES", "gpu,no way", "error: RUNNER_WORKER_QUEUES='no way': must be"),
     ],
 )
+@pytest.mark.processes
 def test_a_worker_refuses_a_bad_limit_or_queue_setting_in_one_line(
     worker_env: dict[str, str], variable: str, value: str, message: str
 ) -> None:

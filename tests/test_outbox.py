@@ -20,11 +20,15 @@ from tests.flows.dist import DistEcho
 pytestmark = pytest.mark.broker  # part of the broker conformance suite (make test-latest)
 
 
+@pytest.mark.workers
 def test_a_start_is_queued_by_the_commit_that_creates_its_run(
     worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
 ) -> None:
     with private_pool(worker_env, str(tmp_path)) as (pool, rt, env):
         assert rt.sends_in_commit
+        # Let-gos an earlier test of this process gave the thread are dropped first (under
+        # xdist any file may have run here before), so the flush below sees only this submit.
+        assert handoff.flush(10.0)
         handle = submit(DistEcho, {"count": 2}, rt=rt)
         # Nothing runs yet: the message is in the queue, marked sent, and nobody holds a
         # lease for it (nor ever did: no let-go is left to drop one).
@@ -39,6 +43,7 @@ def test_a_start_is_queued_by_the_commit_that_creates_its_run(
         assert queue_length(rt.app, env["RUNNER_QUEUE"]) == 0
 
 
+@pytest.mark.workers
 def test_with_a_broker_of_its_own_a_step_is_sent_after_its_commit(
     worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
 ) -> None:

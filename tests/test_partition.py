@@ -61,9 +61,13 @@ def _namespaces_unavailable() -> str | None:
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
-    """A /30 in 10.254.0.0/16 that no interface of the host uses."""
+    """A /30 in 10.254.0.0/16 that no interface of the host uses, from a random start: two
+    suites partitioning at once (xdist processes, other checkouts) rarely pick the same one
+    between one's look and its ``ip addr add``."""
     used = _ip("-4", "addr").stdout
-    for third in range(1, 255):
+    start = uuid.uuid4().int % 254
+    for offset in range(254):
+        third = 1 + (start + offset) % 254
         net = ipaddress.IPv4Network(f"10.254.{third}.0/30")
         if f"10.254.{third}." not in used:
             return net

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from runner.console.data import list_runs
 from runner.distributed.client import RunHandle
 from runner.distributed.engine import Runtime, first_checkpoint, task_id, task_name
 from runner.store.models import Checkpoint, RunStatus
-from tests._dist_support import eventually, private_pool
+from tests._dist_support import eventually, private_pool, recovery_passes
 from tests.flows.reliability import Nap
 
 pytestmark = pytest.mark.slow
@@ -94,7 +93,7 @@ def test_unreadable_runs_are_quarantined_and_recovery_goes_on(
             assert info is not None and info.error, why
             assert info.error.startswith("CorruptCheckpoint: "), (why, info.error)
             assert run_id not in rt.coord.active_runs(), why
-        time.sleep(4 * rt.settings.recovery_interval + 1)  # more passes: still logged once
+        recovery_passes(rt, 4)  # more passes: still logged once
         for why, run_id in broken.items():
             assert len(_quarantine_lines(tmp_path, run_id)) == 1, why
 

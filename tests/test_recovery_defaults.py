@@ -25,7 +25,7 @@ from tests.chaos_support import (
     DEFAULT_LEASE,
     at_defaults,
     runtime_on,
-    start_worker,
+    start_workers,
 )
 from tests.flows.reliability import Nap, executions
 
@@ -45,7 +45,7 @@ def _pair(worker_env: dict[str, str], tmp_path: Path) -> tuple[Runtime, list[Wor
     env = at_defaults(worker_env)
     env["RUNNER_PREFIX"] = env["RUNNER_QUEUE"] = f"rd-{os.urandom(4).hex()}"
     rt = runtime_on(env)
-    return rt, [start_worker(env, tmp_path, rt) for _ in range(2)]
+    return rt, start_workers(2, env, tmp_path, rt)
 
 
 def _owner(workers: list[WorkerProcess], pid: int) -> WorkerProcess:

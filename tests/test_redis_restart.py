@@ -9,20 +9,25 @@ flow are in flight, at the default lease and recovery settings.
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from runner.distributed.client import submit
+from runner.distributed.processes import WorkerProcess
 from runner.store.models import RunStatus
-from tests.chaos_support import RedisServer, runtime_on, start_worker
+from tests._dist_support import eventually
+from tests.chaos_support import RedisServer, runtime_on, start_workers
 from tests.flows.reliability import ChaosRouted, expected_effects
 
 pytestmark = pytest.mark.slow
 
 RUNS = 20
+
+
+def _log(worker: WorkerProcess) -> str:
+    return worker.log.read_text(errors="replace") if worker.log else ""
 
 
 def test_workers_ride_through_a_redis_restart_quietly(tmp_path: Path) -> None:
@@ -36,15 +41,17 @@ def test_workers_ride_through_a_redis_restart_quietly(tmp_path: Path) -> None:
             "RUNNER_FLOW_MODULES": "tests.flows.reliability",
         }
         rt = runtime_on(env)
-        workers = [start_worker(env, logs, rt, loglevel="info") for _ in range(2)]
+        workers = start_workers(2, env, logs, rt, loglevel="info")
         try:
             handles = [submit(ChaosRouted, {"n": i}, rt=rt) for i in range(RUNS)]
-            time.sleep(1.5)  # steps are running on both workers
+            # Steps ran on both workers: the restart comes mid-flight.
+            eventually(lambda: len({h.latest().worker for h in handles} - {None}) >= 2)
             down = server.restart(pause=2.0)
             print(f"Redis was down {down:.2f}s")
             statuses = [h.wait(timeout=120) for h in handles]
             effects = [sorted(h.latest().state["effects"]) for h in handles]
-            time.sleep(3)  # every worker has talked to Redis again since
+            # Every worker has talked to Redis again since (its recovery pass said so).
+            eventually(lambda: all("is back after" in _log(w) for w in workers), timeout=30)
         finally:
             for worker in workers:
                 worker.stop()

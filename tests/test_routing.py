@@ -13,7 +13,7 @@ from runner.cli import app
 from runner.distributed import broker, routing
 from runner.distributed.client import RunHandle, submit
 from runner.store.models import RunStatus
-from tests._dist_support import eventually, private_pool
+from tests._dist_support import eventually, private_pool, recovery_passes
 from tests.conftest import capture_events
 from tests.flows.flow_control import RoutedFlow
 
@@ -35,8 +35,11 @@ def test_a_gpu_step_waits_for_a_gpu_worker_and_runs_only_there(
         eventually(lambda: "prepare#1" in rt.coord.read(run.run_id).completed, timeout=20)
         assert routing.unconsumed(rt.store, rt.settings, "gpu")
         assert not routing.unconsumed(rt.store, rt.settings, None)
-        # Nobody consumes gpu: the step stays queued there, the run keeps running.
-        time.sleep(3)
+        # Nobody consumes gpu: the step stays queued there, the run keeps running, past a
+        # lease without a commit and the recovery passes after it.
+        quiet_since = rt.coord.read(run.run_id).created_at
+        eventually(lambda: time.time() > quiet_since + rt.settings.lease_seconds, timeout=10)
+        recovery_passes(rt, 2)
         assert RunHandle(run.run_id, rt).status() is RunStatus.RUNNING
         assert broker.queue_length(rt.app, gpu) == 1
         # ... and says so: `runner status` and `runner steps` name the queue it waits for.

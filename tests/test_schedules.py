@@ -21,7 +21,7 @@ from runner.distributed.recovery import recover
 from runner.distributed.schedules import fire_due
 from runner.errors import InvalidInputs, RunStateError
 from runner.store.schedules import ScheduleBook, make_schedule, run_id_of
-from tests._dist_support import private_pool
+from tests._dist_support import eventually, private_pool, recovery_passes
 from tests.flows.dist import executions
 from tests.flows.timing import GreetFlow
 from tests.test_cli import Cli, cli  # noqa: F401  (fixture)
@@ -42,23 +42,25 @@ def test_a_schedule_every_2s_fired_by_three_workers_makes_one_run_per_tick(
     worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
 ) -> None:
     with private_pool(worker_env, str(tmp_path)) as (pool, rt, env):
-        for _ in range(3):
-            pool.start(concurrency=1)
+        pool.start_many(3, concurrency=1)
         name = f"every2-{uuid.uuid4().hex[:6]}"
         cli = Cli(env)
         cli.ok("schedule", "add", name, GREET, "--every", "2s", "--input", "customer=sam")
-        time.sleep(13)
+        eventually(lambda: len(ticks_of(rt, name)) >= 4, timeout=30)
         cli.ok("schedule", "pause", name)
-        time.sleep(1)  # a pass that read the schedule before the pause ends
+        recovery_passes(rt, 2)  # a pass that read the schedule before the pause has ended
         ticks = ticks_of(rt, name)
-        assert len(ticks) >= 5, ticks
+        assert len(ticks) >= 4, ticks
         assert [b - a for a, b in itertools.pairwise(ticks)] == [2.0] * (len(ticks) - 1)
         for tick in ticks:
             run_id = run_id_of(name, tick)
             assert RunHandle(run_id, rt).result(timeout=20) == len("hello sam")
             assert executions(redis_client, run_id, "greet") == 1
-        time.sleep(2.5)
-        assert ticks_of(rt, name) == ticks  # paused: no more runs
+        # Paused: no more runs, though the next tick is due and passes went by since.
+        due = ticks[-1] + 2
+        eventually(lambda: time.time() > due, timeout=10)
+        recovery_passes(rt, 2)
+        assert ticks_of(rt, name) == ticks
 
 
 def test_many_firers_at_once_and_a_firer_that_died_before_recording_make_one_run_per_tick(

@@ -33,6 +33,8 @@ from tests._dist_support import finished, private_pool
 from tests.flows.production import ProdSplit
 from tests.redis_servers import SERVICE, RedisProcess, free_port, redis_server, sentinel
 
+pytestmark = pytest.mark.processes  # redis-servers and sentinels of its own
+
 
 @contextlib.contextmanager
 def sentinel_group(

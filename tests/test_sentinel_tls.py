@@ -216,6 +216,7 @@ def primary_port(sentinels: list[RedisProcess], certs: Certificates) -> int:
     return int(port)
 
 
+@pytest.mark.processes
 def test_a_plain_sentinel_url_cannot_reach_a_tls_group_and_says_so_in_one_line(
     certs: Certificates,
     tmp_path: Path,

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes  # the CLI and a worker in subprocesses
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

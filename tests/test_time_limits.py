@@ -8,7 +8,6 @@ passes after the lease would have lapsed).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import redis
 from runner.distributed.client import submit
 from runner.distributed.engine import Runtime
 from runner.store.models import Checkpoint, RunStatus
-from tests._dist_support import private_pool
+from tests._dist_support import leases_lapsed, private_pool
 from tests.flows.reliability import OverrunsHard, OverrunsSoft, executions
 
 pytestmark = pytest.mark.slow
@@ -40,7 +39,7 @@ def test_a_step_killed_at_the_hard_time_limit_is_retried_then_fails_the_run(
         failed = _failed_step(rt, handle.run_id)
         assert failed.error is not None and failed.error.type == "TimeLimitExceeded"
         assert failed.error.attempts == 2
-        time.sleep(rt.settings.lease_seconds + 3 * rt.settings.recovery_interval + 1)
+        leases_lapsed(rt, handle.run_id, passes=3)
         assert len(executions(redis_client, handle.run_id, "stubborn")) == 2
         assert rt.coord.leases(handle.run_id) == {}
         assert handle.run_id not in rt.coord.active_runs()
@@ -56,6 +55,6 @@ def test_a_step_over_its_soft_time_limit_is_retried_then_fails_the_run(
         failed = _failed_step(rt, handle.run_id)
         assert failed.error is not None and failed.error.type == "SoftTimeLimitExceeded"
         assert failed.error.attempts == 2
-        time.sleep(rt.settings.lease_seconds + 3 * rt.settings.recovery_interval + 1)
+        leases_lapsed(rt, handle.run_id, passes=3)
         assert len(executions(redis_client, handle.run_id, "slow")) == 2
         assert handle.run_id not in rt.coord.active_runs()

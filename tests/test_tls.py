@@ -25,6 +25,8 @@ from tests.console_support import flower, serving
 from tests.flows.production import ProdSplit
 from tests.redis_servers import Certificates, free_port, make_certificates, redis_server
 
+pytestmark = pytest.mark.processes  # TLS redis-servers of its own (and openssl)
+
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:

@@ -360,6 +360,7 @@ def test_in_process_a_crews_usage_is_summed_into_the_step_that_ran_it(
     assert latest.meta.usage.total.total_tokens == CREW_TOKENS
 
 
+@pytest.mark.processes
 def test_in_process_a_resume_spends_only_the_steps_left_and_shows_what_it_saved(
     store: RedisProvider, redis_url: str, prefix: str
 ) -> None:

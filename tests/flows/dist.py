@@ -378,7 +378,9 @@ class ChaosState(FlowState):
 
 def _work(flow: DistChaos, method: str) -> str:
     executed(flow.state.id, method)
-    time.sleep(random.uniform(0.2, 0.6))  # long enough for kills to land mid-step
+    # Long enough for kills to land mid-step; seeded by the run and step, as
+    # tests/flows/reliability.py does, so a run's timings repeat.
+    time.sleep(random.Random(f"{flow.state.id}/{method}").uniform(0.2, 0.6))
     flow.state.effects.append(method)
     return method
 
