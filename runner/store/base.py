@@ -322,6 +322,11 @@ class DeploymentStore(CoordinatedStore, Protocol):
         """Ids of the checkpoints that start with ``prefix``."""
         ...
 
+    def latest_each(self, run_ids: Sequence[str]) -> dict[str, Checkpoint | None]:
+        """:meth:`~CheckpointStore.latest` of each run (``runner runs`` lists a page of runs),
+        in one round trip where it can."""
+        ...
+
     # -- limits -------------------------------------------------------------------------------
 
     def set_rate(self, name: str, rate: str, burst: int) -> None:
