@@ -28,13 +28,16 @@ from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
-from runner.store.limits import LimitUse, RateLimit, Refusal, SlotLimit
-from runner.store.memory import StoreMemory
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.roster import FORGET_AFTER, WorkerFacts, WorkerRecord
-from runner.store.schedules import Schedule
+
+if TYPE_CHECKING:
+    # The deployment's records are imported by the stores that keep them, on first use.
+    from runner.store.limits import LimitUse, RateLimit, Refusal, SlotLimit
+    from runner.store.memory import StoreMemory
+    from runner.store.schedules import Schedule
 
 
 @runtime_checkable

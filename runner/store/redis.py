@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from pydantic_core import to_json
@@ -58,7 +58,6 @@ from runner.errors import (
 )
 from runner.store import codec as codecs
 from runner.store import connection, pools, scripts
-from runner.store import memory as memories
 from runner.store._common import (
     SERIALIZATION_ERRORS,
     conflict,
@@ -82,6 +81,9 @@ from runner.store.expiry import RetentionRecords
 from runner.store.keys import CLUSTER_SHARDS, RUN_PARTS, Keys, match_prefix
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.pending import PendingFeedbackStore
+
+if TYPE_CHECKING:
+    from runner.store.memory import StoreMemory
 
 T = TypeVar("T")
 
@@ -474,14 +476,18 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore):
             ]
         )
 
-    def memory(self) -> list[memories.StoreMemory]:
+    def memory(self) -> list[StoreMemory]:
         """Each Redis server's memory, limit and high-water mark (see :mod:`.memory`)."""
+        from runner.store import memory as memories
+
         limit, high, url = self.max_bytes, self.high_water, mask_url(self.url)
         return self._guard(lambda: memories.read(self.client, self.cluster, url, limit, high))
 
     def check_room(self, incoming: int = 0) -> None:
         """:class:`StoreFull` if ``incoming`` more bytes take the store past its high-water
         mark (a submit asks before it creates its run)."""
+        from runner.store import memory as memories
+
         memories.check_room(self.memory(), incoming, self.high_water)
 
     def close(self) -> None:
