@@ -60,6 +60,15 @@ new connection does not look redis-py's version up in the installed packages' me
 ``DriverInfo`` and looks it up itself."""
 
 
+NO_SETINFO: dict[str, Any] = (
+    {"driver_info": None}
+    if hasattr(redis, "DriverInfo")
+    else {"lib_name": None, "lib_version": None}
+)
+"""redis-py options that leave ``CLIENT SETINFO`` (two round trips of each new connection) out:
+for a probe's connection, which lives for one PING and is named in no ``CLIENT LIST``."""
+
+
 class BadRedisSettings(StoreError):
     """A Redis URL or connection setting that cannot be used (a Sentinel URL without its
     service, a password file that cannot be read): bad input, not a Redis that is down."""
