@@ -68,6 +68,7 @@ def _client(url: str, timeout: float) -> redis.Redis:
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
+        **connection.NO_SETINFO,
     )
 
 

@@ -277,6 +277,23 @@ def lone_prefix(redis_url: str, redis_client: redis.Redis, worker_env: dict[str,
     redis_client.delete(queue)
 
 
+def test_runs_reads_a_page_of_runs_together_and_a_corrupt_one_still_lists(
+    cli: Cli, lone_prefix: Any
+) -> None:
+    store, env = lone_prefix
+    made = [store.commit(Checkpoint(run_id=str(uuid.uuid4()), event="step")) for _ in range(3)]
+    newest_first = [ckpt.run_id for ckpt in reversed(made)]
+    listed = cli("runs", "--json", env=env)
+    assert [row["run_id"] for row in json.loads(listed.stdout)] == newest_first
+    # A snapshot overwritten with bytes that are not a checkpoint: the page's read fails,
+    # and each run is read on its own.
+    broken = made[1]
+    store.client.hset(store.keys.snapshots(broken.run_id), broken.id, b"\x00 not a checkpoint")
+    listed = cli("runs", "--json", env=env)
+    assert listed.exit_code == 0, listed.stderr
+    assert [row["run_id"] for row in json.loads(listed.stdout)] == newest_first
+
+
 def test_upgrade_converts_snapshots_an_earlier_version_stored(cli: Cli, lone_prefix: Any) -> None:
     store, env = lone_prefix
     run_id = str(uuid.uuid4())

@@ -45,6 +45,25 @@ print("PROBE " + json.dumps(found))
 
 CELERY = ["celery", "kombu"]
 RUNTIME = ["runner.distributed.engine", "runner.distributed.client", "runner.flow.orchestrator"]
+HEAVY = [
+    "cryptography.hazmat",  # AES-GCM of RUNNER_ENCRYPTION_KEYS (redis-py imports the package)
+    "psycopg",  # a postgresql:// archive
+    "prometheus_client",  # the workers' /metrics
+    "opentelemetry.sdk.trace",  # RUNNER_OTEL (redis-py imports opentelemetry's metrics SDK)
+    "opentelemetry.instrumentation",
+    "yaml",
+    "jsonschema",
+    "cronsim",  # schedules
+    "runner.observe",
+    "runner.store.archive",
+    "runner.store.rekey",
+]
+"""Libraries (and runner's modules over them) of features a reading command does not use, in
+a deployment that does not enable them (no encryption keys here)."""
+STORE_BOOKS = [
+    f"runner.store.{name}" for name in ("limits", "queues", "schedules", "timers", "memory")
+]
+"""The deployment's records a listing never reads (imported by the store on first use)."""
 OTHER_COMMANDS = [
     f"runner.cli.{name}"
     for name in (
@@ -112,6 +131,12 @@ def test_reading_commands_import_neither_celery_nor_kombu(
     found = probe(reading, worker_env)
     assert [(f["args"], f["code"]) for f in found] == [(args, 0) for args in reading]
     assert [f for f in found if f["loaded"]] == []
+    # `runner --help` imports every command's module: the others, in a process of their own.
+    commands = reading[1:]
+    found = probe(commands, worker_env, HEAVY)
+    assert [(f["args"], f["code"], f["loaded"]) for f in found] == [
+        (args, 0, []) for args in commands
+    ]
 
 
 def test_listing_runs_imports_neither_the_runtime_nor_the_other_commands(
@@ -123,9 +148,13 @@ def test_listing_runs_imports_neither_the_runtime_nor_the_other_commands(
     redis_client.set(gate_key(tag), 1)
     handle = submit(GatedFlow, {"tag": tag}, rt=rt)
     handle.wait(timeout=30)
-    found = probe([["runs"], ["runs", "--json"]], worker_env, CELERY + RUNTIME + OTHER_COMMANDS)
+    watched = CELERY + HEAVY + RUNTIME + OTHER_COMMANDS + STORE_BOOKS
+    found = probe([["runs"], ["runs", "--json"]], worker_env, watched)
     assert [(f["code"], f["loaded"]) for f in found] == [(0, []), (0, [])]
     assert handle.run_id in found[-1]["out"]
+    # Its JSON is printed without rich (a view's library) and without the flow events.
+    found = probe([["runs", "--json"]], worker_env, [*watched, "rich", "runner.flow.events"])
+    assert [(f["code"], f["loaded"]) for f in found] == [(0, [])]
 
 
 def test_help_lists_every_command_and_a_typo_suggests_the_closest(

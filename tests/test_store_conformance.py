@@ -609,6 +609,25 @@ def test_release_all_drops_the_leases_their_tokens_still_hold(coord_store):
     assert coord_store.leases(two) == {}
 
 
+def test_latest_each_reads_what_latest_reads_of_each_run(open_coord):
+    store = open_coord(max_checkpoints=0)
+    small, big, empty = ids.run_id(), ids.run_id(), ids.run_id()
+    store.commit(ckpt(small, event="flow_started", state={"n": 0}))
+    store.commit(ckpt(small, state={"n": 1}))
+    store.commit(ckpt(big, state=_big_state(big)))  # its state stored by field
+    store.commit(ckpt(big, state={**_big_state(big), "n": 1}))
+    wanted = [big, empty, small]
+    expected = {run: store.latest(run) for run in wanted}
+
+    # Another process (no field digests remembered) reads the same.
+    assert open_coord(max_checkpoints=0).latest_each(wanted) == expected
+    assert expected[empty] is None and expected[big].state["n"] == 1
+    assert list(store.latest_each(wanted)) == wanted  # in the order asked
+    assert store.latest_each([]) == {}
+    store.client.script_flush()  # Redis lost its scripts (a restart): loaded again
+    assert store.latest_each(wanted) == expected
+
+
 def test_runs_to_check_are_quiet_ones_those_with_a_lapsed_lease_and_those_asked_for(coord_store):
     busy, lapsed, asked, stopped = (ids.run_id() for _ in range(4))
     for run in (busy, lapsed, asked, stopped):

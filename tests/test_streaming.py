@@ -239,6 +239,7 @@ def test_an_in_process_retry_supersedes_the_first_attempts_entries(store: RedisP
     ]
 
 
+@pytest.mark.processes
 def test_runner_watch_stream_on_a_terminal_shows_the_steps_text_under_the_live_table(
     store: RedisProvider, redis_url: str
 ) -> None:

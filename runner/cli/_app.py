@@ -85,16 +85,22 @@ class RunnerGroup(TyperGroup):
         An unknown name loads them all, so the error can suggest the closest one."""
         for name in [cmd_name] if cmd_name in COMMANDS else COMMANDS:
             if name not in self.commands:
-                self._load(COMMANDS[name])
+                self._load(COMMANDS[name], name)
         return self.commands.get(cmd_name)
 
-    def _load(self, module: str) -> None:
+    def _load(self, module: str, name: str) -> None:
         # typer's public conversion of a Typer to click: a group of the module's commands,
-        # or the command itself when the module has one.
-        found = typer.main.get_command(importlib.import_module(f"{__package__}.{module}").app)
+        # or the command itself when the module has one. Of a module of plain commands,
+        # only the one called is converted (the conversion reads every parameter of each).
+        source = importlib.import_module(f"{__package__}.{module}").app
+        wanted = [info for info in source.registered_commands if _name(info) == name]
+        if wanted and not (source.registered_groups or source.registered_callback):
+            source = commands()
+            source.registered_commands = wanted
+        found = typer.main.get_command(source)
         named = found.commands if isinstance(found, TyperGroup) else {found.name: found}
-        for name, command in named.items():
-            self.add_command(command, name)
+        for each, command in named.items():
+            self.add_command(command, each)
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
@@ -125,6 +131,13 @@ class RunnerGroup(TyperGroup):
         except Exception as exc:
             report(exc, debug=_debug(ctx), internal=True)
             raise typer.Exit(FAILED) from None
+
+
+def _name(info: Any) -> str | None:
+    """The name typer gives the command of ``info`` (a ``typer.models.CommandInfo``)."""
+    if info.name:
+        return str(info.name)
+    return typer.main.get_command_name(info.callback.__name__) if info.callback else None
 
 
 def _debug(ctx: Any) -> bool:

@@ -14,11 +14,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from runner.errors import DefinitionError
-from runner.flow import events as ev
 from runner.flow.loading import load_flow
 from runner.settings import get_settings
 from runner.store.base import DeploymentStore
-from runner.store.models import Checkpoint, RunStatus
+from runner.store.models import (
+    FLOW_PAUSED,
+    METHOD_FAILED,
+    METHOD_FINISHED,
+    Checkpoint,
+    RunStatus,
+)
 from runner.views import asleep
 
 from ._session import History, Reader
@@ -125,15 +130,15 @@ def _row(run_id: str, depth: int, ckpt: Checkpoint) -> StepRow | None:
         "checkpoint": ckpt.id,
         "usage": ckpt.usage.model_dump() if ckpt.usage is not None else None,
     }
-    if ckpt.event == ev.METHOD_FINISHED and ckpt.activation:
+    if ckpt.event == METHOD_FINISHED and ckpt.activation:
         return StepRow(run_id, depth, bare(ckpt.activation), DONE, **common)
-    if ckpt.event == ev.METHOD_FAILED and ckpt.step:
+    if ckpt.event == METHOD_FAILED and ckpt.step:
         error = ckpt.error
         if error is not None and common["attempts"] is None:
             common["attempts"] = error.attempts
         text = f"{error.type}: {error.message}" if error else None
         return StepRow(run_id, depth, ckpt.step, FAILED, error=text, **common)
-    if ckpt.event == ev.FLOW_PAUSED and ckpt.step:
+    if ckpt.event == FLOW_PAUSED and ckpt.step:
         return StepRow(run_id, depth, ckpt.step, PAUSED, error=ckpt.meta.pause_reason, **common)
     return None
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,6 +13,7 @@ import typer
 
 from runner.errors import CorruptCheckpoint, InvalidInputs, RunTimeout
 from runner.flow.rates import PRIORITIES
+from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.views import asleep, scheduled_until, woken_at
 
@@ -343,9 +343,10 @@ def list_runs(
     """
     reader = session(ctx).reader
     # Selecting top-level runs and nesting child runs both read a run's latest checkpoint:
-    # one round trip per run, not two.
-    latest = functools.cache(functools.partial(_readable_latest, reader.store))
+    # read once, those of a page of runs in one round trip.
+    latest = Latest(reader.store)
     found = _select_runs(reader.store, latest, status, flow, limit, top_level=not flat)
+    latest.read_ahead([info.run_id for info in found])
     if as_json:
         listed = (
             [_listed(latest, info) for info in found]
@@ -415,8 +416,28 @@ def _children(reader: Reader, latest: Checkpoint) -> list[dict[str, Any]]:
     return found
 
 
-Latest = Callable[[str], Checkpoint | None]
-"""A run id -> its latest checkpoint (see :func:`_readable_latest`), read once per listing."""
+class Latest:
+    """A run id -> its latest checkpoint (see :func:`_readable_latest`), read once per listing;
+    :meth:`read_ahead` reads those of many runs in one round trip."""
+
+    def __init__(self, store: DeploymentStore) -> None:
+        self.store = store
+        self.known: dict[str, Checkpoint | None] = {}
+
+    def __call__(self, run_id: str) -> Checkpoint | None:
+        if run_id not in self.known:
+            self.known[run_id] = _readable_latest(self.store, run_id)
+        return self.known[run_id]
+
+    def read_ahead(self, run_ids: Sequence[str]) -> None:
+        """Read the latest checkpoints of ``run_ids`` not read yet, together."""
+        wanted = [run_id for run_id in dict.fromkeys(run_ids) if run_id not in self.known]
+        if len(wanted) < 2:
+            return  # one is read when asked for
+        try:
+            self.known.update(self.store.latest_each(wanted))
+        except CorruptCheckpoint:
+            return  # each is read when asked for, so the others (and that run) still list
 
 
 def _child_infos(reader: Reader, latest: Latest, run_id: str) -> list[RunInfo]:
@@ -475,7 +496,7 @@ def _is_top_level(latest: Latest, info: RunInfo) -> bool:
     return ckpt is None or ckpt.meta.parent is None
 
 
-def _readable_latest(store: Any, run_id: str) -> Checkpoint | None:
+def _readable_latest(store: DeploymentStore, run_id: str) -> Checkpoint | None:
     """The run's latest checkpoint; ``None`` if it cannot be read (a corrupt run still lists)."""
     try:
         return store.latest(run_id)
@@ -484,7 +505,7 @@ def _readable_latest(store: Any, run_id: str) -> Checkpoint | None:
 
 
 def _select_runs(
-    store: Any,
+    store: DeploymentStore,
     latest: Latest,
     status: RunStatus | None,
     flow: str | None,
@@ -498,12 +519,16 @@ def _select_runs(
     offset, page = 0, max(limit, 200)
     while len(found) < limit:
         batch = store.runs(limit=page, offset=offset, status=status)
-        for info in batch:
+        matching = [info for info in batch if flow is None or _flow_matches(info, flow)]
+        for at, info in enumerate(matching):
             if len(found) == limit:
                 break
-            if flow is not None and not _flow_matches(info, flow):
+            if not top_level:
+                found.append(info)
                 continue
-            if not top_level or _is_top_level(latest, info):
+            if info.run_id not in latest.known:  # the next ones it may take, read together
+                latest.read_ahead([i.run_id for i in matching[at : at + limit - len(found)]])
+            if _is_top_level(latest, info):
                 found.append(info)
         if len(batch) < page:
             break

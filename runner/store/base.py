@@ -28,14 +28,17 @@ from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
-from runner.store.limits import LimitUse, RateLimit, Refusal, SlotLimit
-from runner.store.memory import StoreMemory
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.roster import FORGET_AFTER, WorkerFacts, WorkerRecord
-from runner.store.schedules import Schedule
-from runner.store.streams import StreamAppend, StreamInfo, StreamRead
+
+if TYPE_CHECKING:
+    # The deployment's records are imported by the stores that keep them, on first use.
+    from runner.store.limits import LimitUse, RateLimit, Refusal, SlotLimit
+    from runner.store.memory import StoreMemory
+    from runner.store.schedules import Schedule
+    from runner.store.streams import StreamAppend, StreamInfo, StreamRead
 
 
 @runtime_checkable
@@ -365,6 +368,11 @@ class DeploymentStore(CoordinatedStore, StreamStore, Protocol):
 
     def checkpoint_ids(self, prefix: str) -> list[str]:
         """Ids of the checkpoints that start with ``prefix``."""
+        ...
+
+    def latest_each(self, run_ids: Sequence[str]) -> dict[str, Checkpoint | None]:
+        """:meth:`~CheckpointStore.latest` of each run (``runner runs`` lists a page of runs),
+        in one round trip where it can."""
         ...
 
     # -- limits -------------------------------------------------------------------------------

@@ -49,6 +49,26 @@ runs more steps at once than the pool holds: they take turns instead of failing 
 forked child rebuilds from the parent's waits as long)."""
 
 
+_DRIVER: dict[str, Any] = (
+    {"driver_info": redis.DriverInfo(lib_version=redis.__version__)}
+    if hasattr(redis, "DriverInfo")
+    else {}
+)
+"""What redis-py tells the server it is (``CLIENT SETINFO``), as it would say it: given, so a
+new connection does not look redis-py's version up in the installed packages' metadata
+(about 2 ms of a cold ``runner`` command per connection). redis-py before 7.1 has no
+``DriverInfo`` and looks it up itself."""
+
+
+NO_SETINFO: dict[str, Any] = (
+    {"driver_info": None}
+    if hasattr(redis, "DriverInfo")
+    else {"lib_name": None, "lib_version": None}
+)
+"""redis-py options that leave ``CLIENT SETINFO`` (two round trips of each new connection) out:
+for a probe's connection, which lives for one PING and is named in no ``CLIENT LIST``."""
+
+
 class BadRedisSettings(StoreError):
     """A Redis URL or connection setting that cannot be used (a Sentinel URL without its
     service, a password file that cannot be read): bad input, not a Redis that is down."""
@@ -194,7 +214,7 @@ def client(url: str, **kwargs: Any) -> Any:
     :class:`~redis.cluster.RedisCluster` for the ``+cluster`` schemes. ``kwargs`` are
     redis-py's (timeouts, retry). A plain Redis's connections are a blocking pool of
     :data:`POOL_SIZE` (see :data:`POOL_WAIT`)."""
-    options = {**client_options(url), **kwargs}
+    options = {**client_options(url), **_DRIVER, **kwargs}
     if is_sentinel(url):
         group = SentinelGroup.parse(url)
         # The sentinels get the caller's timeouts and retries too: a probe that must answer at

@@ -12,14 +12,18 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .keys import Keys
-from .limits import LimitBook, LimitUse, RateLimit, Refusal, SlotLimit
-from .queues import QueueBook
 from .roster import FORGET_AFTER, WorkerFacts, WorkerRecord
-from .schedules import Schedule, ScheduleBook
-from .timers import Timers
+
+if TYPE_CHECKING:
+    # Each book is imported on first use: a store that only reads runs (a cold `runner runs`)
+    # imports none of them (nor cronsim, which the schedules use).
+    from .limits import LimitBook, LimitUse, RateLimit, Refusal, SlotLimit
+    from .queues import QueueBook
+    from .schedules import Schedule, ScheduleBook
+    from .timers import Timers
 
 
 class DeploymentRecords:
@@ -35,10 +39,14 @@ class DeploymentRecords:
 
     @cached_property
     def _limits(self) -> LimitBook:
+        from .limits import LimitBook
+
         return LimitBook(self.client, self.keys)
 
     @cached_property
     def _queues(self) -> QueueBook:
+        from .queues import QueueBook
+
         return QueueBook(self.client, self.keys)
 
     @cached_property
@@ -48,8 +56,15 @@ class DeploymentRecords:
     def _timer(self, kind: str) -> Timers:
         found = self._timers.get(kind)
         if found is None:
+            from .timers import Timers
+
             found = self._timers[kind] = Timers(self, kind)
         return found
+
+    def _schedules(self) -> ScheduleBook:
+        from .schedules import ScheduleBook
+
+        return ScheduleBook(self)
 
     # -- limits -------------------------------------------------------------------------------
 
@@ -149,37 +164,37 @@ class DeploymentRecords:
     def add_schedule(self, schedule: Schedule) -> None:
         """See :meth:`ScheduleBook.add <runner.store.schedules.ScheduleBook.add>`."""
         with self._wrapped():
-            ScheduleBook(self).add(schedule)
+            self._schedules().add(schedule)
 
     def schedule(self, name: str) -> Schedule:
         """See :meth:`ScheduleBook.get <runner.store.schedules.ScheduleBook.get>`."""
         with self._wrapped():
-            return ScheduleBook(self).get(name)
+            return self._schedules().get(name)
 
     def schedules(self) -> list[Schedule]:
         """See :meth:`ScheduleBook.all <runner.store.schedules.ScheduleBook.all>`."""
         with self._wrapped():
-            return ScheduleBook(self).all()
+            return self._schedules().all()
 
     def pause_schedule(self, name: str, paused: bool) -> Schedule:
         """See :meth:`ScheduleBook.set_paused <runner.store.schedules.ScheduleBook.set_paused>`."""
         with self._wrapped():
-            return ScheduleBook(self).set_paused(name, paused)
+            return self._schedules().set_paused(name, paused)
 
     def remove_schedule(self, name: str) -> None:
         """See :meth:`ScheduleBook.remove <runner.store.schedules.ScheduleBook.remove>`."""
         with self._wrapped():
-            ScheduleBook(self).remove(name)
+            self._schedules().remove(name)
 
     def next_tick(self, name: str) -> float | None:
         """See :meth:`ScheduleBook.next_tick <runner.store.schedules.ScheduleBook.next_tick>`."""
         with self._wrapped():
-            return ScheduleBook(self).next_tick(name)
+            return self._schedules().next_tick(name)
 
     def advance_schedule(self, name: str, tick: float) -> None:
         """See :meth:`ScheduleBook.advance <runner.store.schedules.ScheduleBook.advance>`."""
         with self._wrapped():
-            ScheduleBook(self).advance(name, tick)
+            self._schedules().advance(name, tick)
 
 
 @contextmanager

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from pydantic_core import to_json
@@ -58,7 +58,6 @@ from runner.errors import (
 )
 from runner.store import codec as codecs
 from runner.store import connection, pools, scripts
-from runner.store import memory as memories
 from runner.store._common import (
     SERIALIZATION_ERRORS,
     conflict,
@@ -84,6 +83,9 @@ from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.pending import PendingFeedbackStore
 from runner.store.streams import StreamRecords
 
+if TYPE_CHECKING:
+    from runner.store.memory import StoreMemory
+
 T = TypeVar("T")
 
 _EXCLUDE_SEQ = {"seq"}
@@ -92,6 +94,9 @@ INLINE_BYTES = 16 * 1024
 """A checkpoint whose JSON is smaller is written whole, its state inside the snapshot:
 below it, storing the state by field costs more bookkeeping than the bytes it saves. A run
 whose latest checkpoint was stored by field goes on by field."""
+_READ_ONLY = ("", "", "0", "0")
+"""The arguments of :data:`~runner.store.scripts.BEGIN_STEP` that only read the latest
+checkpoint (no activation, so no lease)."""
 _BASES_KEPT = 1024
 """Runs whose latest field digests a provider remembers (least recently used go first)."""
 _INFO_FIELDS = frozenset(RunInfo.model_fields)
@@ -385,7 +390,31 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
 
     def latest(self, run_id: str) -> Checkpoint | None:
         """The run's newest checkpoint, or ``None``: one round trip."""
-        return self._begin_script(run_id, ["", "", "0", "0"]).latest
+        return self._begin_script(run_id, _READ_ONLY).latest
+
+    def latest_each(self, run_ids: Sequence[str]) -> dict[str, Checkpoint | None]:
+        """:meth:`latest` of each run, in one round trip (one pipeline of its script; one
+        call each on a Redis Cluster, whose pipelines take no scripts)."""
+        if self.cluster or len(run_ids) < 2:
+            return {run_id: self.latest(run_id) for run_id in run_ids}
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for run_id in run_ids:
+                keys = self._begin_keys(run_id)
+                pipe.evalsha(self._begin.sha, len(keys), *keys, *_READ_ONLY)
+            return pipe.execute(raise_on_error=False)
+
+        found: dict[str, Checkpoint | None] = {}
+        for run_id, reply in zip(run_ids, self._guard(fetch), strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                found[run_id] = self.latest(run_id)  # Redis lost its scripts: this loads it
+            elif isinstance(reply, Exception):
+                with self._wrapped():
+                    raise reply
+            else:
+                found[run_id] = self._begun(run_id, reply).latest
+        return found
 
     def history(self, run_id: str, *, limit: int = 50, offset: int = 0) -> list[Checkpoint]:
         """The run's checkpoints, newest first."""
@@ -416,6 +445,8 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
                 found.append(info)
                 if len(found) == limit:
                     break
+            if len(ids) < page:  # the end of the index: no next page to ask for
+                break
             start += page
         return found
 
@@ -446,14 +477,18 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
             ]
         )
 
-    def memory(self) -> list[memories.StoreMemory]:
+    def memory(self) -> list[StoreMemory]:
         """Each Redis server's memory, limit and high-water mark (see :mod:`.memory`)."""
+        from runner.store import memory as memories
+
         limit, high, url = self.max_bytes, self.high_water, mask_url(self.url)
         return self._guard(lambda: memories.read(self.client, self.cluster, url, limit, high))
 
     def check_room(self, incoming: int = 0) -> None:
         """:class:`StoreFull` if ``incoming`` more bytes take the store past its high-water
         mark (a submit asks before it creates its run)."""
+        from runner.store import memory as memories
+
         memories.check_room(self.memory(), incoming, self.high_water)
 
     def close(self) -> None:
@@ -636,9 +671,12 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _begin_script(self, run_id: str, args: list[str]) -> Begun:
+    def _begin_script(self, run_id: str, args: Sequence[str]) -> Begun:
+        return self._begun(run_id, self._call(self._begin, self._begin_keys(run_id), args))
+
+    def _begin_keys(self, run_id: str) -> list[str]:
         k = self.keys
-        keys = [
+        return [
             k.history(run_id),
             k.snapshots(run_id),
             k.attempts(run_id),
@@ -647,7 +685,10 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
             k.refs(run_id),
             k.values(run_id),
         ]
-        blob, outcome, holder, refs, *values = self._call(self._begin, keys, args) + [None] * 2
+
+    def _begun(self, run_id: str, reply: list[Any]) -> Begun:
+        """:data:`~runner.store.scripts.BEGIN_STEP`'s reply for ``run_id``, read."""
+        blob, outcome, holder, refs, *values = [*reply, None, None]
         found = BeginOutcome(outcome.decode())
         if blob is None:
             return Begun(None, found, "")
@@ -806,7 +847,7 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
         with self._bases_lock:
             self._bases.pop(run_id, None)
 
-    def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+    def _call(self, script: Any, keys: list[str], args: Sequence[Any]) -> Any:
         return self._guard(lambda: script(keys=keys, args=args))
 
     def _guard(self, fn: Callable[[], T]) -> T:
