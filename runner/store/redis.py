@@ -123,7 +123,8 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
         codec: codecs.Codec | None = None,
     ) -> None:
         """``patient`` clients retry Redis errors for seconds (workers: a blip must not cost
-        a finished step's commit); others report a dead server in well under a second.
+        a finished step's commit); others wait up to ``RUNNER_STORE_RETRY`` seconds for a
+        restarting Redis or a Sentinel failover (see :func:`_retry`), then report it.
         ``codec`` seals the payloads written (default: ``RUNNER_ENCRYPTION_KEYS``'s, if set;
         see :mod:`runner.store.codec`)."""
         from runner.settings import get_settings
@@ -838,10 +839,13 @@ def _connect(url: str, patient: bool) -> Any:
 
 
 def _retry(patient: bool) -> Retry:
-    """Patient: redis-py's default (10 retries, ~5 s); else 3 quick ones (~0.2 s)."""
+    """Patient (workers): redis-py's default (10 retries, ~5 s); else (producers: submit,
+    resume, answers, the console, the CLI) until Redis answers again within
+    ``RUNNER_STORE_RETRY`` seconds (:class:`~runner.store.connection.Patience`), so a
+    restart or a Sentinel failover is waited out rather than reported."""
     if patient:
         return Retry(ExponentialWithJitterBackoff(base=0.01, cap=1.0), 10)
-    return Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.25), 3)
+    return connection.patience()
 
 
 def _field(value: Any) -> str:
