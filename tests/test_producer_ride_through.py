@@ -18,7 +18,7 @@ import pytest
 from runner.distributed.client import RunHandle, submit
 from runner.errors import StoreUnavailable
 from runner.settings import reset_settings
-from runner.store.models import RunStatus
+from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
 from tests._dist_support import finished, private_pool
 from tests.chaos_support import RedisServer, runtime_on, start_worker
@@ -161,3 +161,22 @@ def test_a_redis_that_comes_back_within_the_bound_answers(
         assert 1.0 < time.monotonic() - began < 8
         timer.join()
     store.close()
+
+
+def test_a_producer_commit_short_of_its_replica_waits_for_one_within_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_settings: None
+) -> None:
+    monkeypatch.setenv("RUNNER_REDIS_WAIT_REPLICAS", "1")
+    monkeypatch.setenv("RUNNER_REDIS_WAIT_TIMEOUT", "0.3")
+    monkeypatch.setenv("RUNNER_STORE_RETRY", "15")
+    reset_settings()
+    with redis_server(tmp_path) as primary, contextlib.ExitStack() as stack:
+        store = RedisProvider(f"redis://127.0.0.1:{primary.port}/0", prefix="wait-producer")
+        replica = ("--replicaof", "127.0.0.1", str(primary.port))
+        timer = threading.Timer(1.5, lambda: stack.enter_context(redis_server(tmp_path, *replica)))
+        timer.start()
+        began = time.monotonic()
+        done = store.commit(Checkpoint(run_id="r1", event="flow_started", state={"n": 1}))
+        assert done.seq == 1 and time.monotonic() - began > 1.0  # waited for the replica
+        timer.join()
+        store.close()

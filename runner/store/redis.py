@@ -149,6 +149,9 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
         self.wait_replicas = (1 if sentinel else 0) if wait is None else wait
         """Replicas each commit waits for (``WAIT``) before it counts as done."""
         self.wait_timeout = settings.redis_wait_timeout
+        self.wait_patience = 0.0 if patient else settings.store_retry
+        """Seconds a commit short of its replicas asks again (a producer during a failover:
+        ``RUNNER_STORE_RETRY``; a worker's commit is sent again by its task instead)."""
         self.max_bytes, self.high_water = settings.store_max_bytes, settings.store_high_water
         """``RUNNER_STORE_MAX_BYTES`` and ``RUNNER_STORE_HIGH_WATER`` (see :meth:`check_room`)."""
         self.codec = codec if codec is not None else codecs.of_settings(settings)
@@ -245,7 +248,11 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
         included), so a failover to one of them cannot lose it; :class:`StoreUnavailable`
         if they do not within :attr:`wait_timeout` (the commit, idempotent, is sent again)."""
         want, ms = self.wait_replicas, int(self.wait_timeout * 1000)
-        got = int(self._guard(lambda: self.client.execute_command("WAIT", want, ms)))
+        deadline = time.monotonic() + self.wait_patience
+        while True:  # a producer waits for a failover's new primary to get its replica back
+            got = int(self._guard(lambda: self.client.execute_command("WAIT", want, ms)))
+            if got >= want or time.monotonic() >= deadline:
+                break
         if got < want:
             raise StoreUnavailable(
                 f"a commit of run {run} reached {got} of {want} Redis replicas in "
