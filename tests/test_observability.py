@@ -236,6 +236,28 @@ def test_a_run_is_one_trace_with_a_span_per_step_attempt_under_its_run_span(
         _resumes_join_the_trace(rt, gated.run_id, gated_spans)
         asking_spans = eventually(lambda: run_spans(asking.run_id, 5), timeout=20)
         _a_pause_ends_its_epoch_s_run_span(asking.run_id, asking_spans)
+        # Celery's consume spans too, of steps a resume or an answer sent from this process
+        # (which traces nothing) included: each step span's link is in its run's trace.
+        handles = (fan, flaky, gated, asking)
+
+        def with_linked() -> list[dict[str, Any]]:  # a consume span ends after its step's
+            found = _spans(redis_client, key)
+            ids = {s["context"]["span_id"] for s in found}
+            linked = {
+                link["context"]["span_id"]
+                for h in handles
+                for span in _of_run(found, h.run_id)
+                for link in span["links"]
+            }
+            return found if linked <= ids else []
+
+        everything = eventually(with_linked, timeout=20)
+        by_id = {s["context"]["span_id"]: s for s in everything}
+        for handle in handles:
+            for span in _of_run(everything, handle.run_id):
+                for link in span["links"]:
+                    consumed = by_id[link["context"]["span_id"]]
+                    assert consumed["context"]["trace_id"] == _hex(trace_id_of(handle.run_id), 32)
 
 
 def _fanout_is_one_trace(
@@ -365,7 +387,7 @@ def test_the_first_step_is_in_the_run_s_trace_when_the_producer_traces_nothing(
             timeout=60,
         )
         assert done.returncode == 0, done.stderr
-        run_id = json.loads(done.stdout.splitlines()[-1])["run_id"]
+        run_id = json.loads(done.stdout)["run_id"]
         handle = RunHandle(run_id, rt)
         assert handle.result(timeout=30) == "10 notes"
         trace_id = _hex(trace_id_of(run_id), 32)
