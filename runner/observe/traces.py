@@ -11,7 +11,10 @@ span of the same trace, whose parent is its epoch's run span:
   ``runner.epoch``, ``runner.attempt``, ``runner.outcome`` and, once committed,
   ``runner.checkpoint_id``; the method's exception is recorded on a failed attempt. It links
   to Celery's consume span of the message (opentelemetry-instrumentation-celery), and the
-  messages the step sends are published under it, so Celery's spans hang off the run's.
+  messages the step sends are published under it, so Celery's spans hang off the run's. A
+  message that carries no context of its run's trace (a run's first step, a resume's or an
+  answer's, sent by a producer that traces nothing) is given its epoch's run span as parent
+  before Celery's consume span starts (:func:`join_run_trace`): no span of a run is an orphan.
 * a **run span** (``run <Flow>``) per epoch, from its start to its end, sent by the worker
   that commits the end (succeeded, failed, or paused for a person's answer: the answer
   opens the next epoch), with ``ERROR`` status for a failed run. An epoch that ends
