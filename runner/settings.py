@@ -64,6 +64,12 @@ class RunnerSettings(BaseSettings):
     redis_wait_timeout: float = Field(
         default=2.0, gt=0, description="Seconds a commit waits for its replicas."
     )
+    store_retry: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds a producer's Redis command waits (with backoff) for a restarting "
+        "Redis or a Sentinel failover before it is StoreUnavailable.",
+    )
     max_checkpoints: int = Field(
         default=200, ge=0, description="Checkpoints kept per run (0 = keep all)."
     )

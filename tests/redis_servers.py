@@ -7,6 +7,7 @@ stopped (by its own pid) when the test ends: the shared Redis on 6379 is never r
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import time
@@ -202,3 +203,22 @@ def _sentinel_process(folder: Path, conf: Path, port: int) -> Iterator[RedisProc
         yield server
     finally:
         server.kill()
+
+
+@contextlib.contextmanager
+def short_patience(seconds: float = 0.5) -> Iterator[None]:
+    """Store clients made inside wait ``seconds`` (``RUNNER_STORE_RETRY``, 30 s by default)
+    for an unreachable Redis before they report it."""
+    from runner.settings import reset_settings
+
+    before = os.environ.get("RUNNER_STORE_RETRY")
+    os.environ["RUNNER_STORE_RETRY"] = str(seconds)
+    reset_settings()
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["RUNNER_STORE_RETRY"]
+        else:
+            os.environ["RUNNER_STORE_RETRY"] = before
+        reset_settings()

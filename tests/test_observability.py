@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from examples.fanout import FanoutFlow
 from examples.linear import LinearFlow
 from runner.distributed import control
-from runner.distributed.client import submit
+from runner.distributed.client import RunHandle, submit
 from runner.distributed.engine import Runtime
 from runner.distributed.processes import WorkerProcess
 from runner.observe.traces import run_span_id, trace_id_of
@@ -238,6 +238,28 @@ def test_a_run_is_one_trace_with_a_span_per_step_attempt_under_its_run_span(
         _resumes_join_the_trace(rt, gated.run_id, gated_spans)
         asking_spans = eventually(lambda: run_spans(asking.run_id, 5), timeout=20)
         _a_pause_ends_its_epoch_s_run_span(asking.run_id, asking_spans)
+        # Celery's consume spans too, of steps a resume or an answer sent from this process
+        # (which traces nothing) included: each step span's link is in its run's trace.
+        handles = (fan, flaky, gated, asking)
+
+        def with_linked() -> list[dict[str, Any]]:  # a consume span ends after its step's
+            found = _spans(redis_client, key)
+            ids = {s["context"]["span_id"] for s in found}
+            linked = {
+                link["context"]["span_id"]
+                for h in handles
+                for span in _of_run(found, h.run_id)
+                for link in span["links"]
+            }
+            return found if linked <= ids else []
+
+        everything = eventually(with_linked, timeout=20)
+        by_id = {s["context"]["span_id"]: s for s in everything}
+        for handle in handles:
+            for span in _of_run(everything, handle.run_id):
+                for link in span["links"]:
+                    consumed = by_id[link["context"]["span_id"]]
+                    assert consumed["context"]["trace_id"] == _hex(trace_id_of(handle.run_id), 32)
 
 
 def _fanout_is_one_trace(
@@ -274,8 +296,10 @@ def _fanout_is_one_trace(
         assert consumed["name"] == f"run/{span['name']}"
         assert consumed["kind"] == "SpanKind.CONSUMER"
         method = span["attributes"]["runner.method"]
-        if method == "plan":
-            continue  # sent by the test process, which traces nothing
+        if method == "plan":  # sent by the test process, which traces nothing: under the run
+            assert consumed["context"]["trace_id"] == trace_id
+            assert consumed["parent_id"] == root["context"]["span_id"]
+            continue
         published = by_id[consumed["parent_id"]]
         assert published["name"] == f"apply_async/{span['name']}"
         assert consumed["context"]["trace_id"] == published["context"]["trace_id"] == trace_id
@@ -334,6 +358,66 @@ def _a_pause_ends_its_epoch_s_run_span(run_id: str, spans: list[dict[str, Any]])
     assert asks[0]["parent_id"] == runs[0]["context"]["span_id"]
     assert asks[0]["start_time"] <= runs[0]["end_time"]
     assert asks[1]["parent_id"] == runs[1]["context"]["span_id"]
+
+
+@pytest.mark.slow
+def test_the_first_step_is_in_the_run_s_trace_when_the_producer_traces_nothing(
+    worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    key = f"telemetry-probe:{uuid.uuid4().hex}"
+    modules = f"{worker_env['RUNNER_FLOW_MODULES']},tests.telemetry_probe"
+    overrides = {"RUNNER_OTEL": "true", KEY_ENV: key, "RUNNER_FLOW_MODULES": modules}
+    with private_pool(worker_env, str(tmp_path), **overrides) as (pool, rt, env):
+        pool.start(concurrency=2)
+        # The producer: `runner submit` in a process of its own, with no OTel at all (no
+        # RUNNER_OTEL, no OTEL_*, no tracer provider), so its message carries no trace context.
+        plain = {k: v for k, v in os.environ.items() if not k.startswith(("RUNNER_", "OTEL_"))}
+        producer = {k: v for k, v in env.items() if k not in ("RUNNER_OTEL", KEY_ENV)}
+        code = (
+            "import sys\n"
+            "from runner.cli import app\n"
+            "try:\n"
+            "    app(['submit', 'examples.fanout:FanoutFlow', '--json'])\n"
+            "finally:\n"
+            "    assert 'opentelemetry.instrumentation.celery' not in sys.modules\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**plain, **producer},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        run_id = json.loads(done.stdout)["run_id"]
+        handle = RunHandle(run_id, rt)
+        assert handle.result(timeout=30) == "10 notes"
+        trace_id = _hex(trace_id_of(run_id), 32)
+
+        def of_trace() -> list[dict[str, Any]]:
+            found = [s for s in _spans(redis_client, key) if s["context"]["trace_id"] == trace_id]
+            consumed = [s for s in found if s["kind"] == "SpanKind.CONSUMER"]
+            return found if len(consumed) >= len(FANOUT_STEPS) else []
+
+        spans = eventually(of_trace, timeout=20)
+    everything = _spans(redis_client, key)
+    by_id = {s["context"]["span_id"]: s for s in everything}
+    run_span = _hex(run_span_id(run_id, 0), 16)
+    # Every consume span of the run's steps, the first's included, is in the run's trace.
+    consumed = {s["name"]: s for s in spans if s["kind"] == "SpanKind.CONSUMER"}
+    assert sorted(consumed) == sorted(f"run/FanoutFlow.{m}" for m in FANOUT_STEPS)
+    first = consumed["run/FanoutFlow.plan"]
+    assert first["parent_id"] == run_span  # the run span: no publish span was sent
+    # ... and nothing of the run is in another trace: each step span links to its consume
+    # span, which is in the run's trace.
+    steps = [s for s in _of_run(everything, run_id) if s["kind"] == "SpanKind.INTERNAL"]
+    assert {s["context"]["trace_id"] for s in steps} == {trace_id}
+    for step in steps:
+        if step["name"].startswith("run "):
+            continue
+        [link] = step["links"]
+        assert by_id[link["context"]["span_id"]]["context"]["trace_id"] == trace_id
+    assert [s for s in everything if s["name"] == "run/FanoutFlow.plan"] == [first]
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from runner.errors import StoreUnavailable
 from runner.store.base import DeploymentStore
 from runner.store.redis import RedisProvider
 from runner.store.roster import WorkerFacts, WorkerRecord
+from tests.redis_servers import short_patience
 
 FACTS = WorkerFacts(routes=("q", "q.night"), pid=41, host="box", runner="1.2", celery="5.7.0")
 
@@ -89,7 +90,8 @@ def test_records_another_writer_left_are_decoded_field_by_field(store: RedisProv
 
 
 def test_the_roster_of_an_unreachable_redis_is_store_unavailable() -> None:
-    store = RedisProvider("redis://127.0.0.1:1/0", prefix="nowhere")
+    with short_patience():  # producers wait RUNNER_STORE_RETRY for Redis: 0.5 s here
+        store = RedisProvider("redis://127.0.0.1:1/0", prefix="nowhere")
     for call in (
         lambda: store.workers(),
         lambda: store.forget_dead_workers(),

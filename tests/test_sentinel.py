@@ -31,7 +31,14 @@ from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
 from tests._dist_support import finished, private_pool
 from tests.flows.production import ProdSplit
-from tests.redis_servers import SERVICE, RedisProcess, free_port, redis_server, sentinel
+from tests.redis_servers import (
+    SERVICE,
+    RedisProcess,
+    free_port,
+    redis_server,
+    sentinel,
+    short_patience,
+)
 
 pytestmark = pytest.mark.processes  # redis-servers and sentinels of its own
 
@@ -94,7 +101,8 @@ def test_a_commit_waits_for_a_replica_and_is_refused_without_one_until_one_is_ba
     monkeypatch.setenv("RUNNER_REDIS_WAIT_TIMEOUT", "0.3")
     reset_settings()
     with redis_server(tmp_path) as primary:
-        store = RedisProvider(f"redis://127.0.0.1:{primary.port}/0", prefix="wait-test")
+        with short_patience(0):  # a producer would wait RUNNER_STORE_RETRY for a replica
+            store = RedisProvider(f"redis://127.0.0.1:{primary.port}/0", prefix="wait-test")
         first = Checkpoint(
             run_id="r1",
             event="method_execution_finished",

@@ -16,6 +16,7 @@ from runner.store.models import Checkpoint
 from runner.store.redis import RedisProvider
 from runner.store.schedules import make_schedule
 from runner.store.timers import STARTS
+from tests.redis_servers import short_patience
 
 
 @pytest.fixture
@@ -122,7 +123,8 @@ def test_runs_and_checkpoints_are_found_by_prefix(store: DeploymentStore) -> Non
 
 
 def test_the_records_of_an_unreachable_redis_are_store_unavailable() -> None:
-    store = RedisProvider("redis://127.0.0.1:1/0", prefix="nowhere")
+    with short_patience():  # producers wait RUNNER_STORE_RETRY for Redis: 0.5 s here
+        store = RedisProvider("redis://127.0.0.1:1/0", prefix="nowhere")
     for call in (
         lambda: store.limit_uses(),
         lambda: store.queue_consumers("q"),

@@ -16,6 +16,7 @@ that same Redis.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -86,6 +87,9 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
         "event_exchange": f"celeryev.{settings.prefix}",
         # Checkpoints are the record of a step; results cost a backend write per task.
         "task_ignore_result": not settings.task_results,
+        # A producer's send waits out a broker restart or a Sentinel failover as its store
+        # commands do (RUNNER_STORE_RETRY); a worker sets its own (worker.PATIENT_PUBLISH).
+        "task_publish_retry_policy": publish_policy(settings.store_retry),
     }
     conf.update(load_config_module())
     for key in connection.TRANSPORT_OPTIONS:  # a config file's (visibility_timeout) kept
@@ -99,6 +103,17 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
     routing.install(app, settings)  # before any send: every step goes to its method's queue
     fleet.stamp_sent_at()  # every message says when it was sent: a queue's oldest age
     return app
+
+
+def publish_policy(seconds: float) -> dict[str, float]:
+    """Celery's publish retry policy retrying for about ``seconds``: tries 0, 0.5, then 1 s
+    apart (kombu re-asks a Sentinel group's sentinels for the primary at each reconnect)."""
+    return {
+        "max_retries": math.ceil(seconds) + 1 if seconds > 0 else 0,
+        "interval_start": 0,
+        "interval_step": 0.5,
+        "interval_max": 1,
+    }
 
 
 def _result_backend(url: str, broker_url: str | None) -> str | None:

@@ -11,7 +11,10 @@ span of the same trace, whose parent is its epoch's run span:
   ``runner.epoch``, ``runner.attempt``, ``runner.outcome`` and, once committed,
   ``runner.checkpoint_id``; the method's exception is recorded on a failed attempt. It links
   to Celery's consume span of the message (opentelemetry-instrumentation-celery), and the
-  messages the step sends are published under it, so Celery's spans hang off the run's.
+  messages the step sends are published under it, so Celery's spans hang off the run's. A
+  message that carries no context of its run's trace (a run's first step, a resume's or an
+  answer's, sent by a producer that traces nothing) is given its epoch's run span as parent
+  before Celery's consume span starts (:func:`join_run_trace`): no span of a run is an orphan.
 * a **run span** (``run <Flow>``) per epoch, from its start to its end, sent by the worker
   that commits the end (succeeded, failed, or paused for a person's answer: the answer
   opens the next epoch), with ``ERROR`` status for a failed run. An epoch that ends
@@ -118,11 +121,42 @@ def configure() -> None:
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider_from_env())
     instrumentor = CeleryInstrumentor()
-    if not instrumentor.is_instrumented_by_opentelemetry:
-        instrumentor.instrument()
+    # Before the instrumentation's own task_prerun receiver (Celery calls receivers in the
+    # order they connected): one already connected (opentelemetry-instrument) is connected
+    # again after ours.
+    signals.task_prerun.connect(join_run_trace, weak=False, dispatch_uid="runner-join-trace")
+    if instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.uninstrument()
+    instrumentor.instrument()
     ev.register(RunSpans())
     # A pool process ends without running atexit hooks: send what it still holds first.
     signals.worker_process_shutdown.connect(_flush, weak=False)
+
+
+def traceparent_of(run_id: str, epoch: int) -> str:
+    """The W3C ``traceparent`` of the run span of ``epoch`` of ``run_id`` (sampled)."""
+    return f"00-{trace_id_of(run_id):032x}-{run_span_id(run_id, epoch):016x}-01"
+
+
+def join_run_trace(task: Any = None, kwargs: dict[str, Any] | None = None, **_: Any) -> None:
+    """Celery ``task_prerun``, before the instrumentation's: a step message that carries no
+    trace context of its run (sent by a producer that traces nothing, or whose publish span
+    is in a trace of the producer's own) is given its epoch's run span as parent, so
+    Celery's consume span of it (``run/<Flow>.<method>``) is in the run's trace like every
+    other span of the run. Messages sent under a step span (a worker's) keep their parent."""
+    kwargs = kwargs or {}
+    run_id, epoch = kwargs.get("run_id"), kwargs.get("epoch")
+    if task is None or not isinstance(run_id, str) or not isinstance(epoch, int):
+        return
+    request = getattr(task, "request", None)
+    if request is None:
+        return
+    given = getattr(request, "traceparent", None)
+    parts = given.split("-") if isinstance(given, str) else []
+    if len(parts) == 4 and parts[1] == f"{trace_id_of(run_id):032x}":
+        return  # published under a span of the run already
+    request.traceparent = traceparent_of(run_id, epoch)
+    request.tracestate = None
 
 
 def provider_from_env() -> TracerProvider:

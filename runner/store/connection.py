@@ -15,12 +15,17 @@ backend (kombu's Redis or Sentinel transport).
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
 from runner.errors import StoreError
@@ -67,6 +72,75 @@ NO_SETINFO: dict[str, Any] = (
 )
 """redis-py options that leave ``CLIENT SETINFO`` (two round trips of each new connection) out:
 for a probe's connection, which lives for one PING and is named in no ``CLIENT LIST``."""
+
+
+T = TypeVar("T")
+
+_UNBOUNDED = 1_000_000
+"""The retry count a :class:`Patience` shows redis-py: its bound is time, not a count."""
+
+_outer = threading.local()
+"""The deadline of the :class:`Patience` call this thread is inside, if any: a reconnect
+inside a command's retry (redis-py connects lazily in ``send_command``) shares the command's
+bound instead of starting one of its own."""
+
+
+class Patience(Retry):
+    """redis-py's ``Retry`` bounded by time: a command (or a connect, or a Sentinel's
+    discovery of the group's primary) that fails on a connection error is tried again, with
+    exponential backoff and jitter up to :attr:`cap` seconds apart, until ``seconds`` have
+    passed since its first try (``RUNNER_STORE_RETRY``); then its last error is raised.
+
+    redis-py retries on ``ConnectionError`` and ``TimeoutError``, which include Sentinel's
+    ``MasterNotFoundError`` ("no sentinel answered with a primary" while the sentinels elect
+    one); a refused connection to the old primary makes the connection ask the sentinels
+    again (``SentinelConnectionPool`` re-discovers the primary at each connect).
+    """
+
+    def __init__(self, seconds: float, base: float = 0.05, cap: float = 1.0) -> None:
+        super().__init__(ExponentialWithJitterBackoff(base=base, cap=cap), _UNBOUNDED)
+        self.seconds = seconds
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Patience) and other.seconds == self.seconds
+
+    __hash__ = Retry.__hash__
+
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        self._backoff.reset()
+        outer = getattr(_outer, "deadline", None)
+        deadline = outer if outer is not None else time.monotonic() + self.seconds
+        _outer.deadline = deadline
+        failures = 0
+        try:
+            while True:
+                try:
+                    return do()
+                except self._supported_errors as error:
+                    if is_retryable and not is_retryable(error):
+                        raise
+                    failures += 1
+                    if with_failure_count:
+                        fail(error, failures)
+                    else:
+                        fail(error)
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise error
+                    time.sleep(min(self._backoff.compute(failures), left))
+        finally:
+            _outer.deadline = outer
+
+
+def patience(seconds: float | None = None) -> Patience:
+    """A :class:`Patience` of ``seconds`` (default: the settings' ``RUNNER_STORE_RETRY``)."""
+    return Patience(get_settings().store_retry if seconds is None else seconds)
 
 
 class BadRedisSettings(StoreError):
@@ -220,6 +294,10 @@ def client(url: str, **kwargs: Any) -> Any:
         # The sentinels get the caller's timeouts and retries too: a probe that must answer at
         # once is not held up by redis-py's default retries on each sentinel in turn.
         timeouts = {k: v for k, v in kwargs.items() if k.startswith("socket_") or k == "retry"}
+        if isinstance(timeouts.get("retry"), Patience):
+            # Patience is the primary's: its connect asks the sentinels in turn at each try,
+            # so a dead sentinel is skipped at once rather than waited for.
+            timeouts["retry"] = Retry(NoBackoff(), 0)
         if group.tls:  # the primary's pool then makes SentinelManagedSSLConnections
             options["ssl"] = True
         sentinel = Sentinel(
@@ -230,6 +308,10 @@ def client(url: str, **kwargs: Any) -> Any:
         if url.startswith(scheme):
             from redis.cluster import RedisCluster
 
+            if isinstance(options.get("retry"), Patience):
+                # redis-py's cluster client counts its retries (a slot map refresh each):
+                # a count it is given, not a time bound.
+                options["retry"] = Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.25), 3)
             return RedisCluster.from_url(url.replace("+cluster", "", 1), **options)
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=POOL_SIZE, timeout=POOL_WAIT, **options

@@ -128,7 +128,8 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
         codec: codecs.Codec | None = None,
     ) -> None:
         """``patient`` clients retry Redis errors for seconds (workers: a blip must not cost
-        a finished step's commit); others report a dead server in well under a second.
+        a finished step's commit); others wait up to ``RUNNER_STORE_RETRY`` seconds for a
+        restarting Redis or a Sentinel failover (see :func:`_retry`), then report it.
         ``codec`` seals the payloads written (default: ``RUNNER_ENCRYPTION_KEYS``'s, if set;
         see :mod:`runner.store.codec`)."""
         from runner.settings import get_settings
@@ -153,6 +154,9 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
         self.wait_replicas = (1 if sentinel else 0) if wait is None else wait
         """Replicas each commit waits for (``WAIT``) before it counts as done."""
         self.wait_timeout = settings.redis_wait_timeout
+        self.wait_patience = 0.0 if patient else settings.store_retry
+        """Seconds a commit short of its replicas asks again (a producer during a failover:
+        ``RUNNER_STORE_RETRY``; a worker's commit is sent again by its task instead)."""
         self.max_bytes, self.high_water = settings.store_max_bytes, settings.store_high_water
         """``RUNNER_STORE_MAX_BYTES`` and ``RUNNER_STORE_HIGH_WATER`` (see :meth:`check_room`)."""
         self.codec = codec if codec is not None else codecs.of_settings(settings)
@@ -249,7 +253,11 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
         included), so a failover to one of them cannot lose it; :class:`StoreUnavailable`
         if they do not within :attr:`wait_timeout` (the commit, idempotent, is sent again)."""
         want, ms = self.wait_replicas, int(self.wait_timeout * 1000)
-        got = int(self._guard(lambda: self.client.execute_command("WAIT", want, ms)))
+        deadline = time.monotonic() + self.wait_patience
+        while True:  # a producer waits for a failover's new primary to get its replica back
+            got = int(self._guard(lambda: self.client.execute_command("WAIT", want, ms)))
+            if got >= want or time.monotonic() >= deadline:
+                break
         if got < want:
             raise StoreUnavailable(
                 f"a commit of run {run} reached {got} of {want} Redis replicas in "
@@ -879,10 +887,13 @@ def _connect(url: str, patient: bool) -> Any:
 
 
 def _retry(patient: bool) -> Retry:
-    """Patient: redis-py's default (10 retries, ~5 s); else 3 quick ones (~0.2 s)."""
+    """Patient (workers): redis-py's default (10 retries, ~5 s); else (producers: submit,
+    resume, answers, the console, the CLI) until Redis answers again within
+    ``RUNNER_STORE_RETRY`` seconds (:class:`~runner.store.connection.Patience`), so a
+    restart or a Sentinel failover is waited out rather than reported."""
     if patient:
         return Retry(ExponentialWithJitterBackoff(base=0.01, cap=1.0), 10)
-    return Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.25), 3)
+    return connection.patience()
 
 
 def _field(value: Any) -> str:
