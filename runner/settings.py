@@ -130,6 +130,17 @@ class RunnerSettings(BaseSettings):
         description="Worker log lines: text, or one JSON object a line carrying the step's "
         "run id, flow, step and attempt.",
     )
+    app_version: str | None = Field(
+        default=None,
+        description="The code version this deployment's checkpoints record and its workers "
+        "announce; unset = a hash of each flow's graph and state schema.",
+    )
+    version_policy: Literal["pinned", "compatible"] = Field(
+        default="compatible",
+        description="`pinned`: a run's steps run only on workers of the version that started "
+        "it; `compatible`: on any worker whose flow still has the run's methods and reads its "
+        "state.",
+    )
     dev_dir: str = Field(
         default=".runner",
         description="Folder of `runner dev` (its Redis data and URL file), found from the cwd up.",

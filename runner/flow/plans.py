@@ -33,7 +33,7 @@ from typing import Any
 
 from runner.errors import CheckpointNotFound, InvalidInputs, RunStateError
 from runner.flow import orchestrator as orch
-from runner.flow import results
+from runner.flow import results, versions
 from runner.flow import transition as tr
 from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
@@ -96,6 +96,8 @@ class ResumePlan:
     """The source's state with the inputs applied, validated by the flow's model (JSON)."""
     latest_id: str | None
     """The run's latest checkpoint when planned (``None``: the store keeps none)."""
+    version: str | None = None
+    """The code version resuming it (recorded on the resume's checkpoint)."""
     done: bool = False
     """Nothing is left to run at ``source`` and the caller asked for the run's result then
     (``kickoff(from_checkpoint=...)``, as CrewAI's): :attr:`result` is what it returns."""
@@ -108,7 +110,10 @@ class ResumePlan:
         now = latest.id if latest is not None else None
         if self.latest_id is not None and now != self.latest_id:
             raise changed_while_resuming(self.run_id, latest)
-        return tr.resumed(latest or self.source, self.source, self.state)
+        opened = tr.resumed(latest or self.source, self.source, self.state)
+        if self.version is not None:
+            opened.checkpoint.version = self.version
+        return opened
 
 
 def changed_while_resuming(run_id: str, latest: Checkpoint | None) -> RunStateError:
@@ -176,12 +181,13 @@ def plan_resume(
     check_fields(flow_cls, given)
     state = apply_inputs(flow, given, source.state)
     latest_id = latest.id if latest is not None else None
+    version = versions.of(flow_cls.graph())
     if not orch.pending(tr.record_of(source)):
         if done_is_result:
             result = results.run_result(source, flow_cls)
-            return ResumePlan(run_id, source, state, latest_id, done=True, result=result)
+            return ResumePlan(run_id, source, state, latest_id, version, done=True, result=result)
         raise RunStateError(f"checkpoint {source.id} has no step left to run", run_id=run_id)
-    return ResumePlan(run_id, source, state, latest_id)
+    return ResumePlan(run_id, source, state, latest_id, version)
 
 
 @dataclass(frozen=True)

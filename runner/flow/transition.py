@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner import ids
-from runner.flow import epochs, usage
+from runner.flow import epochs, usage, versions
 from runner.flow import orchestrator as orch
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation, ExecutionRecord
@@ -100,6 +100,7 @@ def start(
         state=state,
         flow=flow,
         fingerprint=graph.fingerprint,
+        version=versions.of(graph),
         meta=RunMeta(name=name, ready=[a.id for a in ready]),
         **extra,
     )
@@ -117,6 +118,7 @@ def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Tran
         state=state,
         status=RunStatus.RUNNING,
         fingerprint=graph.fingerprint,
+        version=versions.of(graph),
         meta=epochs.carry(
             latest.meta,
             epochs.Opening.RESTART,

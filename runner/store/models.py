@@ -566,6 +566,10 @@ class Checkpoint(BaseModel):
     """Import path of the flow or crew, ``pkg.mod:Class``."""
     fingerprint: str | None = None
     """Fingerprint of the flow's graph when the checkpoint was written."""
+    version: str | None = None
+    """The code version that wrote the checkpoint (``RUNNER_APP_VERSION``, else a hash of the
+    flow's graph and state schema: :mod:`runner.flow.versions`); ``None`` before versions
+    were recorded. A checkpoint no code wrote (an answer, a cancel) keeps the one before."""
     lineage: Lineage | None = None
     """Set on runs created by a fork."""
     created_at: float = Field(default_factory=time.time)
