@@ -56,6 +56,7 @@ def full_meta() -> RunMeta:
         "usage": RunUsage(),
         "opener": "gather#1",
         "opened_at": 4.0,
+        "upgrades": ["v1 -> v2"],
     }
     meta = RunMeta(**values)
     default = RunMeta()

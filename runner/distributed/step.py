@@ -285,6 +285,7 @@ def _run(
         Answers(list(meta.answers.get(act.id) or ()), review=meta.reviews.get(act.id)),
         # The sleeps earlier attempts reached: ``self.sleep`` passes those whose time has come.
         Sleeps(list(meta.sleeps.get(act.id, []))),
+        version=latest.version,
     )
     return flow, run_step(flow, graph, ctx, dict(latest.state), arg)
 

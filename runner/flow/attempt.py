@@ -19,7 +19,7 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from runner.errors import AwaitInput, NotSerializable, PauseRun, SleepRun
-from runner.flow import usage
+from runner.flow import usage, versions
 from runner.flow.context import StepContext, running
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation
@@ -135,7 +135,10 @@ def _ending(
             # A private copy (no list or dict shared with ``base_state``): changes a parallel
             # branch makes in place cannot leak into this step, nor a failed step's into the
             # run.
-            state_obj = ctx.state = flow._state_from_json(base_state)
+            loaded, _ = versions.read_state(
+                type(flow), base_state, ctx.version, str(base_state.get("id", ""))
+            )
+            state_obj = ctx.state = flow._state_from_json(loaded)
             method = getattr(flow, activation.method)
             value = (
                 method(flow._step_argument(activation, json_copy(arg)))

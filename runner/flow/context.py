@@ -80,6 +80,9 @@ class StepContext:
     sleeps: Sleeps = field(default_factory=Sleeps)
     state: Any = None
     """The step's own state object (``Flow.state`` inside the method), once made."""
+    version: str | None = None
+    """The code version that wrote the checkpoint the step starts from (its state is read
+    through a ``@state_upgrade`` of that version, if this code has one)."""
 
     @property
     def on_worker(self) -> bool:

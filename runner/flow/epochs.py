@@ -70,6 +70,9 @@ RULES: dict[str, tuple[Carry, Carry, Carry, Carry]] = {
     # Set on every epoch's opening checkpoint by ``transition.with_record``, from ``ready``.
     "opener": (KEEP, KEEP, KEEP, KEEP),
     "opened_at": (KEEP, KEEP, KEEP, KEEP),
+    # The state's own history: whoever continues it, the upgrades it went through stay told
+    # (the opening that upgrades it adds its entry; runner.flow.versions).
+    "upgrades": (KEEP, KEEP, KEEP, KEEP),
 }
 """Field -> its rule for each :class:`Opening`, in the order the enum lists them."""
 

@@ -119,7 +119,9 @@ def answer(flow: Any, paused: Checkpoint, given: Answer) -> Any:
     """Go on here with the run ``paused`` for a review, ``given`` its answer (``Flow.resume``):
     the step that waited runs again and finds the answer, in a new epoch."""
     graph = flow.graph()
-    plan = plans.plan_answer(graph, paused, given.text, by=given.by, outcome=given.outcome)
+    plan = plans.plan_answer(
+        graph, paused, given.text, by=given.by, outcome=given.outcome, flow_cls=type(flow)
+    )
     sink = WatchedSink(flow._sink(), flow._record_output)
     latest = sink.latest(paused.run_id)
     if latest is not None:
@@ -227,13 +229,15 @@ class LocalRun:
 
     def _call(
         self, act: Activation
-    ) -> tuple[Activation, dict[str, Any], Any, list[Any] | None, Any]:
+    ) -> tuple[Activation, dict[str, Any], Any, list[Any] | None, Any, str | None]:
         """The arguments of :meth:`_attempt` for ``act``: its base state, argument, the
-        answers people gave it and the review its output went to."""
+        answers people gave it, the review its output went to and the version that wrote
+        its base state."""
         assert self.latest is not None and self.record is not None
         arg = orch.argument_for(self.graph, self.record, act)
-        meta = self.latest.meta
-        return act, self.latest.state, arg, meta.answers.get(act.id), meta.reviews.get(act.id)
+        latest, meta = self.latest, self.latest.meta
+        answers, review = meta.answers.get(act.id), meta.reviews.get(act.id)
+        return act, latest.state, arg, answers, review, latest.version
 
     def _attempt(
         self,
@@ -242,6 +246,7 @@ class LocalRun:
         arg: Any,
         answers: list[Any] | None,
         review: Any,
+        version: str | None = None,
     ) -> StepResult:
         """Run ``act`` until it does not ask for a retry (on a pool thread)."""
         spec = self.graph.methods[act.method]
@@ -249,7 +254,12 @@ class LocalRun:
         while True:
             self._emit(ev.METHOD_STARTED, method=act.method, data={"attempt": attempt})
             ctx = StepContext(
-                self.flow, act, PROCESS, attempt, Answers(list(answers or ()), review=review)
+                self.flow,
+                act,
+                PROCESS,
+                attempt,
+                Answers(list(answers or ()), review=review),
+                version=version,
             )
             result = run_step(self.flow, self.graph, ctx, base, arg)
             # What retried attempts spent counts too: the step's usage is all its attempts'.

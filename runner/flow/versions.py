@@ -13,8 +13,14 @@ with :func:`of`.
 
 from __future__ import annotations
 
+import copy
 import hashlib
+from collections.abc import Callable
+from typing import Any
 
+from pydantic import ValidationError
+
+from runner.errors import StateUnreadable
 from runner.flow.graph import FlowGraph
 from runner.settings import RunnerSettings, get_settings
 
@@ -31,3 +37,107 @@ def of(graph: FlowGraph, settings: RunnerSettings | None = None) -> str:
     ``RUNNER_APP_VERSION``, else :func:`code_hash`."""
     chosen = (settings or get_settings()).app_version
     return chosen or code_hash(graph)
+
+
+# --- state that evolves ---------------------------------------------------------------------
+
+UPGRADE_ATTR = "__runner_state_upgrade__"
+"""The attribute :func:`state_upgrade` marks a hook with: the versions it maps from."""
+
+Hook = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def state_upgrade(*from_versions: str) -> Callable[[Hook], Any]:
+    """Mark a function of a flow class as the map of a state ``from_versions`` wrote (a
+    dict, as stored) to one its state model reads now (a dict)::
+
+        @state_upgrade("2026.11.1")
+        def split_name(old: dict) -> dict:
+            first, _, last = old.pop("name").partition(" ")
+            return {**old, "first": first, "last": last}
+
+    It runs once per run: when code of another version first loads a state one of those
+    versions wrote (a resume, an answer, a step of a run in flight), and the run records it
+    (``RunMeta.upgrades``); what it returns is the state from then on. Without a hook, a
+    stored state is read through the model as it is now: a new field takes its default, a
+    dropped one is ignored, anything else is refused naming the field and the run.
+    """
+    if not from_versions or not all(isinstance(v, str) and v for v in from_versions):
+        raise TypeError("@state_upgrade takes the version(s) whose state it maps, as strings")
+
+    def mark(fn: Hook) -> Any:
+        setattr(fn, UPGRADE_ATTR, tuple(from_versions))
+        return staticmethod(fn)
+
+    return mark
+
+
+def upgrade_hooks(flow_cls: type) -> dict[str, Hook]:
+    """Version -> the ``@state_upgrade`` hook of ``flow_cls`` (its bases' too) mapping it."""
+    found: dict[str, Hook] = {}
+    for klass in reversed(flow_cls.__mro__):
+        for value in vars(klass).values():
+            fn = value.__func__ if isinstance(value, staticmethod) else value
+            for version in getattr(fn, UPGRADE_ATTR, ()):
+                found[version] = fn
+    return found
+
+
+def upgraded(
+    flow_cls: Any, state: dict[str, Any], written_by: str | None
+) -> tuple[dict[str, Any], str | None]:
+    """``state`` (JSON) that ``written_by`` wrote, as this code's hook for that version maps
+    it, and the entry the run records (``"<from> -> <to>"``); unchanged and ``None`` when
+    this code wrote it or has no hook for it."""
+    now = of(flow_cls.graph())
+    hook = upgrade_hooks(flow_cls).get(written_by) if written_by not in (None, now) else None
+    if hook is None:
+        return state, None
+    mapped = hook(copy.deepcopy(state))
+    if not isinstance(mapped, dict):
+        raise TypeError(
+            f"@state_upgrade({written_by!r}) {getattr(hook, '__name__', hook)} returned "
+            f"{type(mapped).__name__}, not the state as a dict"
+        )
+    if "id" in state:
+        mapped.setdefault("id", state["id"])
+    return mapped, f"{written_by} -> {now}"
+
+
+def read_state(
+    flow_cls: Any, state: dict[str, Any], written_by: str | None, run_id: str
+) -> tuple[dict[str, Any], str | None]:
+    """:func:`upgraded`, checked against ``flow_cls``'s state model:
+    :class:`StateUnreadable` in one line naming the field, the run and the fix if the model
+    cannot read it."""
+    data, entry = upgraded(flow_cls, state, written_by)
+    model = flow_cls.state_type()
+    if model is not None:
+        try:
+            model.model_validate(copy.deepcopy(data))
+        except ValidationError as exc:
+            raise unreadable(flow_cls, exc, run_id, written_by) from None
+    return data, entry
+
+
+def unreadable(
+    flow_cls: Any, exc: ValidationError, run_id: str, written_by: str | None
+) -> StateUnreadable:
+    """The one-line refusal of a stored state ``flow_cls``'s model cannot read."""
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "state"
+    model = flow_cls.state_type()
+    by = written_by or "an unversioned run"
+    fixes = [f"give {field} a default"] if err["type"] == "missing" else []
+    if written_by:
+        fixes.append(
+            f"map the old state with @state_upgrade({written_by!r}) on {flow_cls.__name__}"
+        )
+    fix = ", or ".join(fixes) or f"make {field} read the stored value"
+    return StateUnreadable(
+        f"run {run_id}: its state (written by {by}) does not load into "
+        f"{getattr(model, '__name__', 'the state model')}: {field}: {err['msg']}; {fix}",
+        run_id=run_id,
+        field=field,
+        version=written_by,
+    )

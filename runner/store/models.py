@@ -349,6 +349,10 @@ class RunMeta(BaseModel):
     opened_at: float | None = None
     """When that checkpoint was made (what ``flow_finished`` and ``flow_failed`` measure
     the run's duration from)."""
+    upgrades: list[str] = Field(default_factory=list)
+    """The state upgrades (``@state_upgrade``) the run's state went through, in order, each
+    ``"<from version> -> <to version>"``: each ran once, when code of the second version
+    first loaded a state the first wrote (:mod:`runner.flow.versions`)."""
 
 
 def _split(activation_id: str) -> tuple[str, int]:
