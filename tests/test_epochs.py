@@ -57,6 +57,7 @@ def full_meta() -> RunMeta:
         "opener": "gather#1",
         "opened_at": 4.0,
         "upgrades": ["v1 -> v2"],
+        "patches": {"write#1": {"new-prompt": False}},
     }
     meta = RunMeta(**values)
     default = RunMeta()

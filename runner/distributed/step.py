@@ -40,7 +40,7 @@ from runner.flow import lifecycle, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import Asked, Halted, Raised, Slept, StepResult, run_step
-from runner.flow.context import WORKER, Answers, Sleeps, StepContext
+from runner.flow.context import WORKER, Answers, Patches, Sleeps, StepContext
 from runner.flow.flow import bind_trigger_payload, listeners_of, set_usage_metrics
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.human_feedback import restore_history
@@ -285,6 +285,7 @@ def _run(
         Answers(list(meta.answers.get(act.id) or ()), review=meta.reviews.get(act.id)),
         # The sleeps earlier attempts reached: ``self.sleep`` passes those whose time has come.
         Sleeps(list(meta.sleeps.get(act.id, []))),
+        patches=Patches(dict(meta.patches.get(act.id, {}))),
         version=latest.version,
     )
     return flow, run_step(flow, graph, ctx, dict(latest.state), arg)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -101,6 +101,8 @@ class StepResult:
     attempts: int = 1
     usage: UsageMetrics | None = None
     """What the attempt's LLM calls spent (:mod:`runner.flow.usage`), if it recorded any."""
+    patches: dict[str, bool] = field(default_factory=dict)
+    """The patch decisions (``self.patched``) this attempt made that the run had not recorded."""
 
 
 def run_step(
@@ -122,6 +124,7 @@ def run_step(
         duration=time.perf_counter() - began,
         attempts=ctx.attempt,
         usage=spent,
+        patches=dict(ctx.patches.decided),
     )
 
 

@@ -66,6 +66,8 @@ RULES: dict[str, tuple[Carry, Carry, Carry, Carry]] = {
     "answers": (RESET, KEEP, SET, KEEP),
     "feedback": (RESET, KEEP, KEEP, KEEP),
     "reviews": (RESET, KEEP, KEEP, KEEP),
+    # Patch decisions are the activation's, as its sleeps (runner.flow.patches).
+    "patches": (RESET, KEEP, KEEP, KEEP),
     "usage": (SET, SET, SET, SET),
     # Set on every epoch's opening checkpoint by ``transition.with_record``, from ``ready``.
     "opener": (KEEP, KEEP, KEEP, KEEP),

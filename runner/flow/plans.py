@@ -214,6 +214,9 @@ class AnswerPlan:
     state: dict[str, Any] | None = None
     """The paused run's state as this code loads it, when a ``@state_upgrade`` mapped it."""
     upgrade: str | None = None
+    version: str | None = None
+    """The code version that mapped it (the answer's checkpoint then records it: its state
+    is that version's, and no later load maps it again)."""
 
     def opening(self, latest: Checkpoint | None) -> tr.Transition:
         """The checkpoint that records the answer on ``latest`` (the run's latest as the
@@ -227,6 +230,7 @@ class AnswerPlan:
         opened = tr.answered(latest or self.paused, self.answer)
         if self.state is not None:
             opened.checkpoint.state = dict(self.state)
+            opened.checkpoint.version = self.version
         return upgrade_recorded(opened, self.upgrade)
 
 
@@ -267,7 +271,9 @@ def plan_answer(
     if flow_cls is None:
         return AnswerPlan(run_id, latest, answer)
     loaded, upgrade = versions.read_state(flow_cls, latest.state, latest.version, run_id)
-    return AnswerPlan(run_id, latest, answer, loaded if upgrade else None, upgrade)
+    if upgrade is None:
+        return AnswerPlan(run_id, latest, answer)
+    return AnswerPlan(run_id, latest, answer, loaded, upgrade, versions.of(flow_cls.graph()))
 
 
 def check_graph(graph: FlowGraph, ckpt: Checkpoint) -> None:

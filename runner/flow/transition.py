@@ -176,7 +176,7 @@ def step_done(
     return Transition(ckpt, ready, conflicts, record, closing_of(latest, ckpt))
 
 
-ACTIVATION_NOTES = ("sleeps", "answers", "reviews")
+ACTIVATION_NOTES = ("sleeps", "answers", "reviews", "patches")
 """The :class:`RunMeta` fields that keep notes per activation for its later attempts."""
 
 

@@ -349,6 +349,10 @@ class RunMeta(BaseModel):
     opened_at: float | None = None
     """When that checkpoint was made (what ``flow_finished`` and ``flow_failed`` measure
     the run's duration from)."""
+    patches: dict[str, dict[str, bool]] = Field(default_factory=dict)
+    """Activation id -> the patch decisions (``self.patched("change-id")``) its method made,
+    recorded when it paused or slept: its later attempts, on whichever code, decide alike
+    (kept, as ``sleeps``, until the activation commits)."""
     upgrades: list[str] = Field(default_factory=list)
     """The state upgrades (``@state_upgrade``) the run's state went through, in order, each
     ``"<from version> -> <to version>"``: each ran once, when code of the second version

@@ -1,0 +1,63 @@
+"""Version 1 of the deployed flows (see ``tests/deploys/__init__.py``)."""
+
+from __future__ import annotations
+
+from runner import Flow, FlowState, human_feedback, listen, start
+
+
+def editor(prompt: str) -> str:
+    return "approved" if "ship it" in prompt else "rejected"
+
+
+class Article(FlowState):
+    topic: str = ""
+    draft: str = ""
+    published: str = ""
+
+
+class ReviewFlow(Flow[Article]):
+    """write (reviewed by a person) -> publish."""
+
+    @start()
+    @human_feedback(message="Publish it?", emit=["approved", "rejected"], llm=editor)
+    def write(self) -> str:
+        self.state.draft = f"draft on {self.state.topic}"
+        return self.state.draft
+
+    @listen("approved")
+    def publish(self) -> str:
+        self.state.published = "plain"
+        return self.state.published
+
+
+class Order(FlowState):
+    count: int = 0
+    log: list[str] = []
+
+
+class AskFlow(Flow[Order]):
+    """confirm (asks a person) -> done."""
+
+    @start()
+    def confirm(self) -> str:
+        self.state.count = 1
+        answer = self.ask("sure?")
+        self.state.log = [*self.state.log, f"answer={answer}"]
+        return str(answer)
+
+    @listen(confirm)
+    def done(self) -> str:
+        return "done"
+
+
+class Strict(FlowState):
+    total: int = 0
+
+
+class StrictFlow(Flow[Strict]):
+    """ask -> done; version 2 changes the state's type with no upgrade."""
+
+    @start()
+    def confirm(self) -> str:
+        self.state.total = 3
+        return str(self.ask("sure?"))
