@@ -56,7 +56,7 @@ class Deploy:
         """Start a worker of ``version`` and wait until it answers."""
         env = self.of(version, **more)
         log = self.logdir / f"worker-{version}-{len(self.workers)}.log"
-        worker = WorkerProcess(env, concurrency=2, log=log, stop_timeout=10)
+        worker = WorkerProcess(env, concurrency=2, log=log, stop_timeout=10, loglevel="info")
         self.workers.append(worker)
         settings = RunnerSettings(
             redis_url=env["RUNNER_REDIS_URL"],
@@ -75,6 +75,18 @@ class Deploy:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
         return subprocess.run(
             [sys.executable, "-m", "runner", *args],
+            env={**env, **self.of(version)},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    def python(self, version: str, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """``python -c CODE ARGS...`` as a process of ``version`` (a producer of that deploy)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
             env={**env, **self.of(version)},
             cwd=ROOT,
             capture_output=True,

@@ -58,6 +58,7 @@ def full_meta() -> RunMeta:
         "opened_at": 4.0,
         "upgrades": ["v1 -> v2"],
         "patches": {"write#1": {"new-prompt": False}},
+        "pinned": "v1",
     }
     meta = RunMeta(**values)
     default = RunMeta()

@@ -179,7 +179,8 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     info, latest = run_now(reader, refs.resolve_run(reader, run))
     error = client.failure(reader.store, latest).error
     children = _children(reader, latest)
-    waits = progress.waits(reader, latest)
+    # A running run's steps may wait in the broker for a worker of a version: read it there.
+    waits = progress.waits(session(ctx).rt if info.status is RunStatus.RUNNING else reader, latest)
     if as_json:
         print_json(
             {

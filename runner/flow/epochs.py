@@ -66,6 +66,10 @@ RULES: dict[str, tuple[Carry, Carry, Carry, Carry]] = {
     "answers": (RESET, KEEP, SET, KEEP),
     "feedback": (RESET, KEEP, KEEP, KEEP),
     "reviews": (RESET, KEEP, KEEP, KEEP),
+    # The version a run started on pins it (RUNNER_VERSION_POLICY=pinned); a restart starts
+    # it again on the code restarting it. A fork keeps it; moving a run to new code on
+    # purpose (fork --map) sets it (runner.flow.versions).
+    "pinned": (SET, KEEP, KEEP, KEEP),
     # Patch decisions are the activation's, as its sleeps (runner.flow.patches).
     "patches": (RESET, KEEP, KEEP, KEEP),
     "usage": (SET, SET, SET, SET),

@@ -101,7 +101,7 @@ def start(
         flow=flow,
         fingerprint=graph.fingerprint,
         version=versions.of(graph),
-        meta=RunMeta(name=name, ready=[a.id for a in ready]),
+        meta=RunMeta(name=name, ready=[a.id for a in ready], pinned=versions.of(graph)),
         **extra,
     )
     return Transition(with_record(base, record, status=RunStatus.RUNNING), ready, record=record)
@@ -125,6 +125,7 @@ def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Tran
             ready=[a.id for a in ready],
             epoch=latest.meta.epoch + 1,
             usage=usage.restarted(latest.meta.usage),
+            pinned=versions.of(graph),
         ),
     )
     return Transition(ckpt, ready, record=record)

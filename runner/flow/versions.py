@@ -20,9 +20,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from runner.errors import StateUnreadable
+from runner.errors import RunnerError, StateUnreadable
 from runner.flow.graph import FlowGraph
 from runner.settings import RunnerSettings, get_settings
+from runner.store.models import Checkpoint
 
 
 def code_hash(graph: FlowGraph) -> str:
@@ -141,3 +142,56 @@ def unreadable(
         field=field,
         version=written_by,
     )
+
+
+# --- where a step may run: version as one more input to routing -------------------------------
+
+
+def cannot_continue(flow_cls: Any, ckpt: Checkpoint) -> list[str]:
+    """Why ``flow_cls`` (the code here) cannot continue the run at ``ckpt``, each reason one
+    line (none: it can): methods the run recorded or waits on that it lacks, a state its
+    model cannot read."""
+    from runner.flow import orchestrator as orch
+
+    reasons: list[str] = []
+    graph = flow_cls.graph()
+    if ckpt.fingerprint != graph.fingerprint:
+        try:
+            orch.check_graph(graph, ckpt.record, checkpoint_id=ckpt.id)
+        except RunnerError as exc:
+            reasons.append(str(exc))
+    try:
+        read_state(flow_cls, ckpt.state, ckpt.version, ckpt.run_id)
+    except (RunnerError, TypeError) as exc:
+        reasons.append(str(exc))
+    return reasons
+
+
+def hand_to(
+    flow_cls: Any, ckpt: Checkpoint, *, mine: str, policy: str, carried: str | None = None
+) -> str | None:
+    """The version of the workers a step of the run at ``ckpt`` is handed to, or ``None``:
+    it runs here (code of version ``mine``). ``carried``: the version the step's message
+    names (a hand-back's), which a worker of that version never hands on.
+
+    ``pinned``: the run's steps run on the version that started it (``RunMeta.pinned``).
+    ``compatible``: here, unless this code cannot continue the run (:func:`cannot_continue`)
+    and the version that wrote its latest checkpoint is another, which can.
+    """
+    if carried is not None and carried == mine:
+        return None
+    if policy == "pinned":
+        wanted = ckpt.meta.pinned
+        return wanted if wanted and wanted != mine else None
+    wrote = ckpt.version
+    if wrote is None or wrote == mine or not cannot_continue(flow_cls, ckpt):
+        return None
+    return wrote
+
+
+def waiting_for(ckpt: Checkpoint, policy: str) -> list[str]:
+    """The versions a step of the run at ``ckpt`` may have been handed to, most likely
+    first (the pinned one, else the one that wrote ``ckpt``)."""
+    found = [ckpt.meta.pinned] if policy == "pinned" else []
+    found.append(ckpt.version)
+    return list(dict.fromkeys(v for v in found if v))

@@ -349,6 +349,9 @@ class RunMeta(BaseModel):
     opened_at: float | None = None
     """When that checkpoint was made (what ``flow_finished`` and ``flow_failed`` measure
     the run's duration from)."""
+    pinned: str | None = None
+    """The code version that started the run (its latest start or restart, or its fork):
+    with ``RUNNER_VERSION_POLICY=pinned`` its steps run only on workers of that version."""
     patches: dict[str, dict[str, bool]] = Field(default_factory=dict)
     """Activation id -> the patch decisions (``self.patched("change-id")``) its method made,
     recorded when it paused or slept: its later attempts, on whichever code, decide alike

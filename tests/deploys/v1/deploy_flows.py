@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from runner import Flow, FlowState, human_feedback, listen, start
 
 
@@ -61,3 +63,32 @@ class StrictFlow(Flow[Strict]):
     def confirm(self) -> str:
         self.state.total = 3
         return str(self.ask("sure?"))
+
+
+class Leg(FlowState):
+    legs: int = 0
+
+
+class RollingFlow(Flow[Leg]):
+    """a -> b -> c, each a short step that counts its executions."""
+
+    @start()
+    def a(self) -> str:
+        return step(self, "a")
+
+    @listen(a)
+    def b(self) -> str:
+        return step(self, "b")
+
+    @listen(b)
+    def c(self) -> str:
+        return step(self, "c")
+
+
+def step(flow: Flow[Leg], name: str) -> str:
+    from tests.flows.dist import executed
+
+    executed(flow.state.id, name)
+    time.sleep(0.15)
+    flow.state.legs += 1
+    return f"{name} on v1"

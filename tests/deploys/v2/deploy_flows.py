@@ -3,6 +3,7 @@ state field added with a default, a type changed with a ``@state_upgrade`` and o
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from runner import Flow, FlowState, human_feedback, listen, start
@@ -70,3 +71,37 @@ class StrictFlow(Flow[Strict]):
     @start()
     def confirm(self) -> str:
         return str(self.ask("sure?"))
+
+
+class Leg(FlowState):
+    legs: int = 0
+    lang: str = "en"
+
+
+class RollingFlow(Flow[Leg]):
+    """a -> b -> (c, extra): version 2 adds ``extra``, a step version 1 has no task for."""
+
+    @start()
+    def a(self) -> str:
+        return step(self, "a")
+
+    @listen(a)
+    def b(self) -> str:
+        return step(self, "b")
+
+    @listen(b)
+    def c(self) -> str:
+        return step(self, "c")
+
+    @listen(b)
+    def extra(self) -> str:
+        return step(self, "extra")
+
+
+def step(flow: Flow[Leg], name: str) -> str:
+    from tests.flows.dist import executed
+
+    executed(flow.state.id, name)
+    time.sleep(0.15)
+    flow.state.legs += 1
+    return f"{name} on v2"
