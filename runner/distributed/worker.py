@@ -219,8 +219,16 @@ def _hand_back_unknown_tasks(app: Celery, rt: Runtime) -> None:
         mine = routing.worker_versions(rt.settings, rt.flows.values())
         policy = rt.settings.version_policy
         wanted = [v for v in versions.waiting_for(latest, policy) if v not in mine]
-        if wanted and kwargs.get("version") not in mine:
-            _hand_unknown(app, rt, name, message, kwargs, wanted[0])
+        base = str((getattr(message, "delivery_info", None) or {}).get("routing_key") or "")
+        base = base or rt.settings.queue
+        # A step of a run workers served, or of a version a live worker runs, waits for one
+        # (a rolling deploy); a run no worker ever took of a flow none has is refused (its
+        # flow is outside every worker's allow-list).
+        served = latest.worker is not None or (
+            bool(wanted) and bool(rt.store.queue_consumers(routing.version_queue(base, wanted[0])))
+        )
+        if wanted and served and kwargs.get("version") not in mine:
+            _hand_unknown(app, rt, name, message, kwargs, base, wanted[0])
             return
         fail_not_allowed(rt, latest.run_id, f"this worker has no task {name}")
 
@@ -228,13 +236,19 @@ def _hand_back_unknown_tasks(app: Celery, rt: Runtime) -> None:
 
 
 def _hand_unknown(
-    app: Celery, rt: Runtime, name: str, message: Any, kwargs: dict[str, Any], version: str
+    app: Celery,
+    rt: Runtime,
+    name: str,
+    message: Any,
+    kwargs: dict[str, Any],
+    base: str,
+    version: str,
 ) -> None:
-    """Send the step message of task ``name`` (Celery drops it here) to the workers of
-    ``version``, as :func:`runner.distributed.step._hand_over` does for a known task."""
+    """Send the step message of task ``name`` (Celery drops it here), received from queue
+    ``base``, to the workers of ``version``, as :func:`runner.distributed.step._hand_over`
+    does for a known task."""
     headers = getattr(message, "headers", None) or {}
-    base = str((getattr(message, "delivery_info", None) or {}).get("routing_key") or "")
-    queue = routing.version_queue(base or rt.settings.queue, version)
+    queue = routing.version_queue(base, version)
     priority = (getattr(message, "properties", None) or {}).get("priority")
     app.send_task(
         name,
