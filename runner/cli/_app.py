@@ -54,6 +54,7 @@ COMMANDS: dict[str, str] = {
     "dev": "dev",
     "ui": "ui",
     "limits": "limits",
+    "check-deploy": "deploy",
     "schedule": "schedules",
 }
 """Each command's module under :mod:`runner.cli`, in the order ``--help`` lists them. A module

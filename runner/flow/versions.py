@@ -195,3 +195,76 @@ def waiting_for(ckpt: Checkpoint, policy: str) -> list[str]:
     found = [ckpt.meta.pinned] if policy == "pinned" else []
     found.append(ckpt.version)
     return list(dict.fromkeys(v for v in found if v))
+
+
+# --- what a deploy would break: runner check-deploy -------------------------------------------
+
+
+def deploy_problems(flow_cls: Any, ckpt: Checkpoint) -> list[str]:
+    """Why ``flow_cls`` (candidate code) could not continue the run at ``ckpt`` as it stands,
+    each one line (none: it can): methods it recorded or waits on that are gone, a condition
+    changed under a pending step, a pending review's outcome the method no longer has, a state
+    the model cannot read, a patch whose old branch a waiting step needs."""
+    found = cannot_continue(flow_cls, ckpt)
+    graph = flow_cls.graph()
+    record = ckpt.record
+    for act in record.in_flight:
+        method = act.partition("#")[0]
+        spec = graph.methods.get(method)
+        if spec is None:
+            continue  # named by cannot_continue
+        trigger = record.triggers.get(act)
+        if trigger is not None and spec.condition is not None:
+            from runner.flow.conditions import leaves
+
+            if trigger not in leaves(spec.condition):
+                found.append(
+                    f"{method}: its pending step was triggered by {trigger!r}, which it "
+                    "no longer listens to (its condition changed)"
+                )
+        for change, decided in ckpt.meta.patches.get(act, {}).items():
+            now = patch_calls(flow_cls, method).get(change)
+            if decided is False and now != "patched":
+                what = "deprecates it" if now == "deprecated" else "no longer has it"
+                found.append(
+                    f"{method}: its waiting step took the old branch of patch {change!r}; "
+                    f"the new code {what} (keep `if self.patched({change!r})` until it ends)"
+                )
+    waiting = ckpt.meta.awaiting
+    spec = graph.methods.get(waiting.method) if waiting is not None else None
+    if waiting is not None and waiting.emit and spec is not None and spec.labels is not None:
+        gone = [label for label in waiting.emit if label not in spec.labels]
+        if gone:
+            found.append(
+                f"{waiting.method}: its pending review's outcome(s) {', '.join(gone)} are no "
+                "longer among its labels"
+            )
+    return found
+
+
+def patch_calls(flow_cls: Any, method: str) -> dict[str, str]:
+    """Change id -> ``patched`` or ``deprecated``: the ``self.patched("id")`` and
+    ``self.deprecate_patch("id")`` calls with a literal id in ``method``'s source."""
+    import ast
+    import inspect
+    import textwrap
+
+    fn = getattr(flow_cls, method, None)
+    fn = inspect.unwrap(fn) if callable(fn) else None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn))) if fn is not None else None
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    found: dict[str, str] = {}
+    for node in ast.walk(tree) if tree is not None else ():
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("patched", "deprecate_patch")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            kind = "patched" if node.func.attr == "patched" else "deprecated"
+            found.setdefault(node.args[0].value, kind)
+    return found

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from runner import Flow, FlowState, human_feedback, listen, start
+from runner import Flow, FlowState, human_feedback, listen, router, start
 
 
 def editor(prompt: str) -> str:
@@ -92,3 +92,31 @@ def step(flow: Flow[Leg], name: str) -> str:
     time.sleep(0.15)
     flow.state.legs += 1
     return f"{name} on v1"
+
+
+class RenameFlow(Flow[FlowState]):
+    """a -> old_step, which waits for a person; version 2 renames it."""
+
+    @start()
+    def a(self) -> str:
+        return "a"
+
+    @listen(a)
+    def old_step(self) -> str:
+        return str(self.ask("go on?"))
+
+
+class RouteFlow(Flow[FlowState]):
+    """gate -> decide (a router) -"retry"-> redo, which waits; version 2 routes "again"."""
+
+    @start()
+    def gate(self) -> str:
+        return "gate"
+
+    @router(gate)
+    def decide(self) -> str:
+        return "retry"
+
+    @listen("retry")
+    def redo(self) -> str:
+        return str(self.ask("again?"))

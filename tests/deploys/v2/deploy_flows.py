@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runner import Flow, FlowState, human_feedback, listen, start
+from runner import Flow, FlowState, human_feedback, listen, router, start
 from runner.flow.versions import state_upgrade
 
 
@@ -105,3 +105,27 @@ def step(flow: Flow[Leg], name: str) -> str:
     time.sleep(0.15)
     flow.state.legs += 1
     return f"{name} on v2"
+
+
+class RenameFlow(Flow[FlowState]):
+    @start()
+    def a(self) -> str:
+        return "a"
+
+    @listen(a)
+    def new_step(self) -> str:
+        return str(self.ask("go on?"))
+
+
+class RouteFlow(Flow[FlowState]):
+    @start()
+    def gate(self) -> str:
+        return "gate"
+
+    @router(gate)
+    def decide(self) -> str:
+        return "again"
+
+    @listen("again")
+    def redo(self) -> str:
+        return str(self.ask("again?"))
