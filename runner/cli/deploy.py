@@ -30,7 +30,7 @@ def check_deploy(
     still go on: waiting, paused, sleeping, scheduled or failed. Names each run it could not
     continue, and why (a missing method, a condition changed under a pending step, a state
     that no longer loads, a patch a waiting step needs); exit 1 if any. Changes nothing."""
-    from runner.distributed.deploys import check_deploy as check
+    from runner.distributed.deploy_check import check_deploy as check
 
     store = located(ctx, location).store
     found = check(modules, store)
