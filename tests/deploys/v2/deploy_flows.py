@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runner import Flow, FlowState, human_feedback, listen, router, start
-from runner.flow.versions import state_upgrade
+from runner import Flow, FlowState, human_feedback, listen, router, start, state_upgrade
 
 
 def editor(prompt: str) -> str:
