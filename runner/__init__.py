@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from runner.flow.decorators import listen, router, start
     from runner.flow.events import EventListener, FlowEvent
     from runner.flow.flow import Flow
+    from runner.flow.following import stream_run
     from runner.flow.human_feedback import (
         HumanFeedbackConfig,
         HumanFeedbackPending,
@@ -43,7 +44,9 @@ if TYPE_CHECKING:
         flow_config,
     )
     from runner.flow.llm import register_llm
+    from runner.flow.retain import retention
     from runner.flow.state import FlowState, add, append, merge_dict
+    from runner.flow.streaming import StreamFrame
     from runner.flow.usage import UsageMetrics, record_usage
     from runner.flow.versions import state_upgrade
     from runner.store.jsondir import JsonProvider
@@ -73,6 +76,7 @@ _HOMES = {
     "runner.flow.decorators": ("listen", "router", "start"),
     "runner.flow.events": ("EventListener", "FlowEvent"),
     "runner.flow.flow": ("Flow",),
+    "runner.flow.retain": ("retention",),
     "runner.flow.human_feedback": (
         "HumanFeedbackConfig",
         "HumanFeedbackPending",
@@ -88,7 +92,9 @@ _HOMES = {
         "InputResponse",
         "flow_config",
     ),
+    "runner.flow.following": ("stream_run",),
     "runner.flow.llm": ("register_llm",),
+    "runner.flow.streaming": ("StreamFrame",),
     "runner.flow.state": ("FlowState", "add", "append", "merge_dict"),
     "runner.flow.usage": ("UsageMetrics", "record_usage"),
     "runner.flow.versions": ("state_upgrade",),
@@ -178,6 +184,7 @@ __all__ = [
     "RunnerError",
     "SQLiteFlowPersistence",
     "SqliteProvider",
+    "StreamFrame",
     "Task",
     "TaskOutput",
     "UsageMetrics",
@@ -194,10 +201,12 @@ __all__ = [
     "persist",
     "record_usage",
     "register_llm",
+    "retention",
     "router",
     "set_flow_persistence_factory",
     "set_limit",
     "start",
     "state_upgrade",
+    "stream_run",
     "submit",
 ]

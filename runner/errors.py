@@ -115,6 +115,16 @@ class NotSerializable(StoreError):
     """State or an output cannot be written as JSON."""
 
 
+class EncryptionKeyError(StoreError):
+    """Stored data is encrypted with a key this process lacks, or its key (by id) does not
+    open it: ``key_id`` names the key (``RUNNER_ENCRYPTION_KEYS``)."""
+
+
+class StoreFull(StoreError):
+    """The store's memory is past its high-water mark: new runs are refused (running ones
+    go on) until memory is freed or the limit raised."""
+
+
 # --- run state errors: the run cannot do what was asked now ---------------------------------
 
 

@@ -86,12 +86,16 @@ def clock(ts: float | None) -> str:
 
 
 def runs_table(
-    infos: list[tuple[RunInfo, int]], shown: dict[str, str], scheduled: Collection[str] = ()
+    infos: list[tuple[RunInfo, int]],
+    shown: dict[str, str],
+    scheduled: Collection[str] = (),
+    expires: dict[str, str] | None = None,
 ) -> Table:
     """``runner runs``: one row per run (child runs indented under their parent).
 
     ``infos`` are (run, depth) pairs; ``shown`` maps each run id to its unique prefix;
-    ``scheduled``: the delayed runs still waiting to start (stored as running), shown so.
+    ``scheduled``: the delayed runs still waiting to start (stored as running), shown so;
+    ``expires``: run id -> when it leaves Redis (a column when given).
     """
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
     table.add_column("run", no_wrap=True)
@@ -100,7 +104,10 @@ def runs_table(
     table.add_column("step", overflow="fold")
     table.add_column("seq", justify="right", no_wrap=True)
     table.add_column("updated", no_wrap=True)
+    if expires is not None:
+        table.add_column("expires", no_wrap=True)
     for info, depth in infos:
+        extra = [] if expires is None else [expires.get(info.run_id, "-")]
         table.add_row(
             "  " * depth + ("└ " if depth else "") + shown.get(info.run_id, info.run_id),
             info.name or info.flow or "-",
@@ -110,6 +117,7 @@ def runs_table(
             info.step or "-",
             str(info.seq),
             stamp(info.updated_at),
+            *extra,
         )
     return table
 

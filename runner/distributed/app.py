@@ -28,7 +28,7 @@ from runner.errors import StoreUnavailable
 from runner.settings import RunnerSettings, get_settings
 from runner.store import connection
 
-from . import broker, routing
+from . import broker, fleet, routing
 from .services import services
 
 REQUIRED: dict[str, Any] = {
@@ -97,6 +97,7 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
     app.conf.runner_redis_url = url
     broker.configure_priorities(app)  # every step message carries a priority the broker honours
     routing.install(app, settings)  # before any send: every step goes to its method's queue
+    fleet.stamp_sent_at()  # every message says when it was sent: a queue's oldest age
     return app
 
 

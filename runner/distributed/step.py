@@ -34,9 +34,9 @@ from typing import Any, NoReturn, TypeVar
 
 from celery.exceptions import Ignore, Retry
 
-from runner.errors import CorruptCheckpoint, RunnerError, StepFailed
+from runner.errors import CorruptCheckpoint, EncryptionKeyError, RunnerError, StepFailed
 from runner.flow import events as ev
-from runner.flow import lifecycle, usage, versions
+from runner.flow import lifecycle, streaming, usage, versions
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import Asked, Halted, Raised, Slept, StepResult, run_step
@@ -48,6 +48,7 @@ from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
 from runner.observe import metrics
+from runner.store import codec as codecs
 from runner.store.models import Checkpoint, RunStatus, UsageMetrics
 from runner.store.timers import ANSWERS, STARTS
 
@@ -128,12 +129,13 @@ def execute(
     epoch: int,
     attempt: int,
     deployment: str | None = None,
-    spent: dict[str, Any] | None = None,
+    spent: dict[str, Any] | str | None = None,
     version: str | None = None,
 ) -> dict[str, Any]:
     """Body of every step task (see the module docstring). ``spent``: the token usage of the
-    step's earlier attempts (a retry carries it), which its own usage includes; ``version``:
-    the code version the step was handed to (:func:`_hand_over`)."""
+    step's earlier attempts (a retry carries it, sealed when encryption is on), which its
+    own usage includes; ``version``: the code version the step was handed to
+    (:func:`_hand_over`)."""
     if deployment is not None and deployment != rt.settings.prefix:
         return _hand_back(rt, task, run_id, activation, deployment)
     key, token = tr.activation_key_in(epoch, activation), attempt_token()
@@ -142,6 +144,15 @@ def execute(
     except CorruptCheckpoint as exc:
         quarantine(rt, run_id, str(exc))
         return {"run_id": run_id, "step": activation, "skipped": "its run is corrupt"}
+    except EncryptionKeyError as exc:
+        # This worker lacks the run's key (or has a wrong one): the step goes back to the
+        # queue for a worker that has it, said in one line, the run untouched.
+        log.error("run %s step %s not run here: %s", run_id, activation, exc)
+        raise task.retry(
+            countdown=rt.settings.lease_seconds,
+            max_retries=None,
+            kwargsrepr=kwargs_repr(run_id, activation, attempt),
+        ) from None
     if found == HELD and _take_over(rt, run_id, key, holder, token):
         found = OK
     with Lease(rt, run_id, key, token, held=found == OK) as lease:
@@ -167,9 +178,10 @@ def execute(
             _admitted(rt, task, flow_cls, latest, act, lease, attempt),
             rt.coord.heartbeat(run_id, key, token),
         ):
-            flow, result = _run(flow_cls, latest, act, attempt)
+            flow, result = _run(rt, flow_cls, latest, act, attempt)
             if spent is not None:
-                result.usage = usage.joined(UsageMetrics.model_validate(spent), result.usage)
+                earlier = _spent_of(rt, run_id, activation, spent)
+                result.usage = usage.joined(earlier, result.usage)
             return _settle(rt, task, flow_cls, flow, latest, result, lease)
 
 
@@ -297,7 +309,7 @@ def _runnable(
 
 
 def _run(
-    flow_cls: Any, latest: Checkpoint, act: Activation, attempt: int
+    rt: Runtime, flow_cls: Any, latest: Checkpoint, act: Activation, attempt: int
 ) -> tuple[Any, StepResult]:
     """Run ``act``'s method once on a copy of ``latest``'s state."""
     flow, graph = flow_cls(), flow_cls.graph()
@@ -323,6 +335,8 @@ def _run(
         Sleeps(list(meta.sleeps.get(act.id, []))),
         patches=Patches(dict(meta.patches.get(act.id, {}))),
         version=latest.version,
+        # A child run (a crew inside a flow) streams into its parent's stream.
+        stream_to=streaming.target(rt.store, run_id, meta.parent.run_id if meta.parent else None),
     )
     return flow, run_step(flow, graph, ctx, dict(latest.state), arg)
 
@@ -440,13 +454,33 @@ def _commit_settled(
     return commit_on_latest(rt, run_id, build, first=first, send_ready=True)
 
 
+def _spent_for(rt: Runtime, run_id: str, activation: str, spent: UsageMetrics) -> Any:
+    """The ``spent`` argument of a retry's message: the usage as JSON, sealed when
+    encryption is on (a message, and so Flower, carries no payload in clear)."""
+    codec = codecs.of_settings(rt.settings)
+    if codec is None:
+        return spent.model_dump(mode="json")
+    where = codecs.field_context(run_id, f"spent|{activation}")
+    return codec.seal(spent.model_dump_json().encode(), where)
+
+
+def _spent_of(rt: Runtime, run_id: str, activation: str, spent: Any) -> UsageMetrics:
+    """The usage a retry's message carries (:func:`_spent_for`)."""
+    if isinstance(spent, str):
+        where = codecs.field_context(run_id, f"spent|{activation}")
+        what = f"the usage of step {activation} of run {run_id} in its retry's message"
+        spent = codecs.open_value(codecs.of_settings(rt.settings), spent, where, what)
+        return UsageMetrics.model_validate_json(spent)
+    return UsageMetrics.model_validate(spent)
+
+
 def _retry(
     rt: Runtime, task: Any, spec: Any, result: StepResult, error: BaseException, lease: Lease
 ) -> NoReturn:
     """Hand the next attempt to Celery's retry, with the real error (``result``'s)."""
     kwargs = {**task.request.kwargs, "attempt": result.attempts + 1}
     if result.usage is not None:  # the next attempt's usage includes this one's
-        kwargs["spent"] = result.usage.model_dump(mode="json")
+        kwargs["spent"] = _spent_for(rt, lease.run_id, result.activation.id, result.usage)
     retry = _hand_on(
         rt,
         spec,

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from runner.errors import AwaitInput, NotSerializable, PauseRun, SleepRun
-from runner.flow import usage, versions
+from runner.flow import streaming, usage, versions
 from runner.flow.context import StepContext, running
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation
@@ -117,6 +117,8 @@ def run_step(
         end = _ending(flow, graph, ctx, base_state, arg)
     finally:
         spent = usage.stop_meter(metering)
+        # Every chunk the attempt wrote is in the store before it settles (and commits).
+        streaming.finish(ctx)
     return StepResult(
         ctx.activation,
         base_state,

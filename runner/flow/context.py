@@ -93,6 +93,12 @@ class StepContext:
     version: str | None = None
     """The code version that wrote the checkpoint the step starts from (its state is read
     through a ``@state_upgrade`` of that version, if this code has one)."""
+    stream_to: Any = None
+    """Where the step's stream chunks go (a :class:`runner.flow.streaming.StreamTarget`, set
+    by the executor); ``None``: nowhere (``stream_chunk`` does nothing)."""
+    stream: Any = None
+    """The attempt's stream writer (:class:`runner.flow.streaming.StepStream`), made at its
+    first chunk and closed by the step runner before the attempt settles."""
 
     @property
     def on_worker(self) -> bool:

@@ -30,7 +30,7 @@ from runner.checkpointing import (
 from runner.errors import CommitConflict, RunNotFound, RunStateError
 from runner.flow import events as ev
 from runner.flow import human_feedback as reviewing
-from runner.flow import lifecycle, plans, results, usage
+from runner.flow import lifecycle, plans, results, streaming, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import Asked, Halted, StepResult, run_step
@@ -159,6 +159,8 @@ class LocalRun:
         self.failure: lifecycle.Settled | None = None
         self.paused: Paused | None = None
         self.loop_here = _event_loop_running()
+        self.stream_to = streaming.target(sink.store, self.run_id, flow=flow)
+        """Where this run's steps stream (:func:`runner.flow.streaming.target`)."""
         self.here = plans.this_process()
         """What this run's checkpoints record as their ``worker`` (how a resume elsewhere
         tells that this process drives the run: :class:`~runner.flow.plans.Here`)."""
@@ -254,6 +256,7 @@ class LocalRun:
                 Answers(list(meta.answers.get(act.id) or ()), review=meta.reviews.get(act.id)),
                 patches=Patches(dict(meta.patches.get(act.id, {}))),
                 version=base.version,
+                stream_to=self.stream_to,
             )
             result = run_step(self.flow, self.graph, ctx, base.state, arg)
             # What retried attempts spent counts too: the step's usage is all its attempts'.

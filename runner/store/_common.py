@@ -59,9 +59,12 @@ def not_serializable(checkpoint: Checkpoint, exc: Exception) -> NotSerializable:
     )
 
 
-def decode(data: str | bytes, checkpoint_id: str, where: str) -> Checkpoint:
-    """Parse a stored snapshot; :class:`CorruptCheckpoint` naming the id if it is unreadable."""
+def decode(data: str | bytes | dict[str, Any], checkpoint_id: str, where: str) -> Checkpoint:
+    """Parse a stored snapshot (or its parsed JSON); :class:`CorruptCheckpoint` naming the id
+    if it is unreadable."""
     try:
+        if isinstance(data, dict):
+            return Checkpoint.model_validate(data)
         return Checkpoint.model_validate_json(data)
     except (ValidationError, ValueError, UnicodeDecodeError) as exc:
         reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)

@@ -36,6 +36,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, overload
 from urllib.parse import quote
@@ -201,6 +202,30 @@ class JsonProvider(PendingFeedbackStore):
         if info.parent_run_id and info.parent_checkpoint_id:  # release what the fork pinned
             self._pin(info.parent_run_id, info.parent_checkpoint_id, run_id, pin=False)
         return True
+
+    @store_io
+    def put_run(self, info: RunInfo, checkpoints: Sequence[Checkpoint]) -> None:
+        """Replace the run's copy here by ``info`` and ``checkpoints`` (ids and seqs kept):
+        the files first, then ``meta.run`` replaced (the commit point), then the files of
+        an earlier copy that are not in this one. What an archive write is."""
+        run_dir = self._dir(info.run_id)
+        with flocked(run_dir / "run.lock", create=True):
+            before = self._meta(info.run_id)
+            history = []
+            for cp in checkpoints:
+                name = file_name(cp)
+                write_atomic(self._root() / name, encode(cp))
+                history.append([cp.seq, cp.id, name])
+            activations = {
+                cp.activation: [cp.attempt, cp.id, cp.seq] for cp in checkpoints if cp.activation
+            }
+            pins = before["pins"] if before else {}
+            meta = {"info": info, "history": history, "activations": activations, "pins": pins}
+            self._save_meta(info.run_id, meta)
+            kept = {entry[2] for entry in history}
+            for entry in before["history"] if before else []:
+                if entry[2] not in kept:
+                    (self._root() / entry[2]).unlink(missing_ok=True)
 
     @overload
     def prune(self, run_id: str, keep: int, *, dry_run: bool = False) -> list[str]: ...

@@ -21,7 +21,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, overload
 
@@ -197,6 +197,25 @@ class SqliteProvider(PendingFeedbackStore):
             # The run was a fork: what it pinned in its parent may be pruned again.
             db.execute("DELETE FROM pins WHERE child_run_id = ?", (run_id,))
             return True
+
+    def put_run(self, info: RunInfo, checkpoints: Sequence[Checkpoint]) -> None:
+        """Replace the run's copy here by ``info`` and ``checkpoints`` (their ids and seqs
+        kept), in one transaction: what an archive write is (:mod:`runner.store.archive`)."""
+        with self._tx(write=True) as db:
+            for table in ("checkpoints", "activations", "runs"):
+                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (info.run_id,))
+            for cp in checkpoints:
+                db.execute(
+                    "INSERT INTO checkpoints (id, run_id, seq, data) VALUES (?, ?, ?, ?)",
+                    (cp.id, cp.run_id, cp.seq, encode(cp)),
+                )
+                if cp.activation is not None:
+                    db.execute(
+                        "INSERT OR REPLACE INTO activations"
+                        " (run_id, activation, attempt, checkpoint_id, seq) VALUES (?, ?, ?, ?, ?)",
+                        (cp.run_id, cp.activation, cp.attempt, cp.id, cp.seq),
+                    )
+            self._put_info(db, info)
 
     @overload
     def prune(self, run_id: str, keep: int, *, dry_run: bool = False) -> list[str]: ...
