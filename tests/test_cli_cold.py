@@ -45,7 +45,17 @@ RUNTIME = ["runner.distributed.engine", "runner.distributed.client", "runner.flo
 OTHER_COMMANDS = [
     f"runner.cli.{name}"
     for name in (
-        "ops", "history", "retain", "dev", "worker", "fleet", "ui", "limits", "schedules", "storage"
+        "ops",
+        "history",
+        "retain",
+        "dev",
+        "worker",
+        "fleet",
+        "ui",
+        "limits",
+        "deploy",
+        "schedules",
+        "storage",
     )
 ]
 
@@ -130,7 +140,7 @@ def test_help_lists_every_command_and_a_typo_suggests_the_closest(
         *("resume", "fork", "recover", "prune", "upgrade"),
         *("checkpoints", "steps", "show", "diff", "graph"),
         *("pin", "unpin", "gc", "restore"),
-        *("worker", "workers", "dev", "ui", "limits", "schedule"),
+        *("worker", "workers", "dev", "ui", "limits", "check-deploy", "schedule"),
         *("rekey", "store"),
     ]
     typo = subprocess.run(

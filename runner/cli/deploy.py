@@ -26,10 +26,12 @@ def check_deploy(
         bool, typer.Option("--json", help="Print JSON for scripts.", metavar=FLAG)
     ] = False,
 ) -> None:
-    """Check that the new code (MODULE..., importable here) can continue every run that may
-    still go on: waiting, paused, sleeping, scheduled or failed. Names each run it could not
-    continue, and why (a missing method, a condition changed under a pending step, a state
-    that no longer loads, a patch a waiting step needs); exit 1 if any. Changes nothing."""
+    """Name the runs the new code (MODULE...) could not continue; exit 1 if any.
+
+    Checks every run that may still go on (waiting, paused, sleeping, scheduled or failed)
+    against the new code, importable here, and names each it could not continue, and why (a
+    missing method, a condition changed under a pending step, a state that no longer loads,
+    a patch a waiting step needs). Changes nothing."""
     from runner.distributed.deploy_check import check_deploy as check
 
     store = located(ctx, location).store
