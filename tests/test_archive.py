@@ -128,9 +128,7 @@ def test_restore_refuses_a_run_already_in_redis(deploy: Runtime, tmp_path: Path)
 def test_a_crash_between_archive_and_delete_leaves_the_run_in_both(
     deploy: Runtime, kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    where = (
-        request.getfixturevalue("pg_database") if kind == "postgres" else str(tmp_path / "a.db")
-    )
+    where = request.getfixturevalue("pg_database") if kind == "postgres" else str(tmp_path / "a.db")
     run = kickoff(deploy)
     checkpoints = len(whole_history(deploy.store, run))
     marker = tmp_path / "archived"

@@ -51,9 +51,7 @@ def test_each_status_is_kept_for_its_own_retention(deploy: Runtime) -> None:
     expires = deploy.store.expiries([failed])[failed].expires_at
     assert expires == pytest.approx(info.updated_at + HOUR, abs=1)
     # Counted from the run's end: an hour on, it goes.
-    later = collect(
-        deploy.store, policy(deploy, "failed=1h"), now=info.updated_at + HOUR + 1
-    )
+    later = collect(deploy.store, policy(deploy, "failed=1h"), now=info.updated_at + HOUR + 1)
     assert later.expired == [failed] and deploy.store.run(failed) is None
 
 
@@ -181,9 +179,10 @@ def test_pin_and_unpin_from_the_cli(deploy: Runtime) -> None:
     pinned = cli(deploy, "pin", run[:12])
     assert pinned.returncode == 0, pinned.stderr
     assert "pinned" in cli(deploy, "runs").stdout
-    assert "would expire 0 run(s)" in cli(
-        deploy, "gc", "--dry-run", RUNNER_RETENTION="succeeded=0s"
-    ).stdout
+    assert (
+        "would expire 0 run(s)"
+        in cli(deploy, "gc", "--dry-run", RUNNER_RETENTION="succeeded=0s").stdout
+    )
     assert cli(deploy, "unpin", run).returncode == 0
     assert cli(deploy, "gc", RUNNER_RETENTION="succeeded=0s").returncode == 0
     assert deploy.store.run(run) is None

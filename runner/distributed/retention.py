@@ -205,4 +205,3 @@ class _Policies:
             return load_flow(path)
         except FlowImportError:
             return None
-
