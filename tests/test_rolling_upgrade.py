@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -99,7 +100,36 @@ def test_a_pinned_run_waits_for_a_worker_of_its_version_then_finishes_there(
     assert "waiting for a worker of version v1" in text
     assert executions(redis_client, run_id, "a") == 0  # the v2 worker never ran it
 
+    # runner workers: the v2 worker's code version beside its queue, the queue's twins
+    # listed under it (not as queues nobody consumes).
+    queue = deploy.env["RUNNER_QUEUE"]
+    fleet = workers_json(deploy, "v2")
+    ((v2,),) = [[w["name"] for w in fleet["workers"]]]
+    assert [(w["queues"], w["versions"]) for w in fleet["workers"]] == [([queue], ["v2"])]
+    assert [q["queue"] for q in fleet["queues"]] == [queue]
+    twins = [(t["version"], t["queue"], t["consumers"]) for t in fleet["queues"][0]["versions"]]
+    assert twins == [("v2", f"{queue}@v2", [v2])]
+    shown = deploy.cli("v2", "workers")
+    assert shown.returncode == 0, shown.stderr
+    row = next(line for line in shown.stdout.splitlines() if line.startswith(v2))
+    assert "default" in row.split() and "v2" in row.split()
+    assert "none: no live worker consumes it" not in shown.stdout
+
     deploy.worker("v1")
     done = deploy.wait(run_id, RunStatus.SUCCEEDED)
     assert done.record.outputs == {"a": "a on v1", "b": "b on v1", "c": "c on v1"}
     assert {m: executions(redis_client, run_id, m) for m in "abc"} == dict.fromkeys("abc", 1)
+    fleet = workers_json(deploy, "v1")
+    assert sorted(w["versions"] for w in fleet["workers"]) == [["v1"], ["v2"]]
+    by_version = {w["versions"][0]: w["name"] for w in fleet["workers"]}
+    assert [q["queue"] for q in fleet["queues"]] == [queue]
+    twins = [(t["version"], t["depth"], t["consumers"]) for t in fleet["queues"][0]["versions"]]
+    assert twins == [("v1", 0, [by_version["v1"]]), ("v2", 0, [by_version["v2"]])]
+
+
+def workers_json(deploy: Deploy, version: str) -> dict[str, Any]:
+    """``runner workers --json`` as a process of ``version``."""
+    done = deploy.cli(version, "workers", "--json")
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found

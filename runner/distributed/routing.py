@@ -160,18 +160,35 @@ def unconsumed(store: DeploymentStore, settings: RunnerSettings, name: str | Non
     return not store.queue_consumers(queue_name(settings, name))
 
 
+def version_of_queue(queue: str) -> tuple[str, str | None]:
+    """A queue's base name and, for a version twin ``<queue>@<version>``, the version."""
+    base, mark, version = queue.partition(VERSION_MARK)
+    return (base, version) if mark else (queue, None)
+
+
+def version_queue_base(queue: str) -> str:
+    """The queue a version twin is the twin of (a queue that is none: itself)."""
+    return version_of_queue(queue)[0]
+
+
 def about_this_worker(app: Celery) -> WorkerFacts:
     """What a worker says of itself in the roster beside its queues: the queues its flows
-    route to (so a queue no worker consumes is still known), its pid, host and versions."""
+    route to (so a queue no worker consumes is still known), its pid, host, the runner's and
+    Celery's versions, and the code versions of the app it runs (those whose queue twins it
+    consumes: :func:`consume_versions`)."""
     import os
     import socket
 
+    from .broker import consuming
+
+    twins = (version_of_queue(q)[1] for q in consuming(app))
     return WorkerFacts(
         routes=tuple(sorted(set(routes_of(app).queues.values()))),
         pid=os.getpid(),
         host=socket.gethostname(),
         runner=_version("celery-flows"),
         celery=_version("celery"),
+        app=tuple(sorted({v for v in twins if v})),
     )
 
 
