@@ -202,7 +202,9 @@ def _start_recovery_on_ready(app: Celery, rt: Runtime, watch: ConnectionWatch) -
 def _hand_back_unknown_tasks(app: Celery, rt: Runtime) -> None:
     """A step message for a task this worker lacks (nothing is imported) goes to the workers
     of the version its run was pinned to or last written by, when that is not this worker's
-    (a rolling deploy: :mod:`.routing`); with no such version, it fails its run."""
+    (a rolling deploy: :mod:`.routing`), else (this version wrote the latest checkpoint, in
+    a parallel branch) of the version whose commit made the step ready; with no such
+    version, it fails its run."""
 
     def on_unknown(sender: Any = None, name: str = "", message: Any = None, **_: Any) -> None:
         if getattr(sender, "app", app) is not app:
@@ -219,6 +221,10 @@ def _hand_back_unknown_tasks(app: Celery, rt: Runtime) -> None:
         mine = routing.worker_versions(rt.settings, rt.flows.values())
         policy = rt.settings.version_policy
         wanted = [v for v in versions.waiting_for(latest, policy) if v not in mine]
+        if not wanted and policy != "pinned":
+            # This worker's version wrote the latest checkpoint (it ran a parallel branch):
+            # the step is another version's, the one whose commit made it ready.
+            wanted = _senders(rt, latest.run_id, str(kwargs.get("activation", "")), mine)
         base = str((getattr(message, "delivery_info", None) or {}).get("routing_key") or "")
         base = base or rt.settings.queue
         # A step of a run workers served, or of a version a live worker runs, waits for one
@@ -233,6 +239,21 @@ def _hand_back_unknown_tasks(app: Celery, rt: Runtime) -> None:
         fail_not_allowed(rt, latest.run_id, f"this worker has no task {name}")
 
     signals.task_unknown.connect(on_unknown, weak=False)
+
+
+def _senders(rt: Runtime, run_id: str, activation: str, mine: list[str]) -> list[str]:
+    """The versions other than ``mine`` that wrote ``run_id``'s recent checkpoints, most
+    likely to have ``activation``'s task first: the version of the oldest checkpoint that
+    has it in flight (the commit that made it ready knew its method), then the others,
+    newest first."""
+    history = rt.store.history(run_id)  # newest first
+    ready = [
+        c.version
+        for c in history
+        if any(key.rpartition("/")[2] == activation for key in c.in_flight or ())
+    ]
+    found = [*reversed(ready), *(c.version for c in history)]
+    return list(dict.fromkeys(v for v in found if v and v not in mine))
 
 
 def _hand_unknown(
