@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from runner.checkpointing import CheckpointConfig, persist
     from runner.crew import Agent, Crew, CrewOutput, Task, TaskOutput
     from runner.distributed.client import RunHandle, submit
+    from runner.distributed.deploy_check import check_deploy
     from runner.distributed.limits import set_limit
     from runner.errors import DefinitionWarning, RunnerError
     from runner.flow.conditions import and_, or_
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from runner.flow.state import FlowState, add, append, merge_dict
     from runner.flow.streaming import StreamFrame
     from runner.flow.usage import UsageMetrics, record_usage
+    from runner.flow.versions import state_upgrade
     from runner.store.jsondir import JsonProvider
     from runner.store.models import Checkpoint, RunInfo, RunStatus
     from runner.store.persistence import (
@@ -67,6 +69,7 @@ _HOMES = {
     "runner.checkpointing": ("CheckpointConfig", "persist"),
     "runner.crew": ("Agent", "Crew", "CrewOutput", "Task", "TaskOutput"),
     "runner.distributed.client": ("RunHandle", "submit"),
+    "runner.distributed.deploy_check": ("check_deploy",),
     "runner.distributed.limits": ("set_limit",),
     "runner.errors": ("DefinitionWarning", "RunnerError"),
     "runner.flow.conditions": ("and_", "or_"),
@@ -94,6 +97,7 @@ _HOMES = {
     "runner.flow.streaming": ("StreamFrame",),
     "runner.flow.state": ("FlowState", "add", "append", "merge_dict"),
     "runner.flow.usage": ("UsageMetrics", "record_usage"),
+    "runner.flow.versions": ("state_upgrade",),
     "runner.store.jsondir": ("JsonProvider",),
     "runner.store.models": ("Checkpoint", "RunInfo", "RunStatus"),
     "runner.store.persistence": (
@@ -187,6 +191,7 @@ __all__ = [
     "add",
     "and_",
     "append",
+    "check_deploy",
     "default_flow_persistence",
     "flow_config",
     "human_feedback",
@@ -201,6 +206,7 @@ __all__ = [
     "set_flow_persistence_factory",
     "set_limit",
     "start",
+    "state_upgrade",
     "stream_run",
     "submit",
 ]

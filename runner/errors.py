@@ -132,6 +132,12 @@ class RunStateError(RunnerError):
     """A run is not in a state that allows the requested operation."""
 
 
+class StateUnreadable(RunStateError):
+    """A run's stored state does not load into the flow's state model as the code has it now
+    (a new required field, a changed type): ``run_id``, ``field``, ``version`` (that wrote
+    it) say which; the fix is a default or a ``@state_upgrade(version)`` hook."""
+
+
 class RunExists(RunStateError):
     """A submit named a run that exists and is not this submission's (or was told to reject)."""
 

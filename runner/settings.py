@@ -147,6 +147,17 @@ class RunnerSettings(BaseSettings):
         description="Worker log lines: text, or one JSON object a line carrying the step's "
         "run id, flow, step and attempt.",
     )
+    app_version: str | None = Field(
+        default=None,
+        description="The code version this deployment's checkpoints record and its workers "
+        "announce; unset = a hash of each flow's graph and state schema.",
+    )
+    version_policy: Literal["pinned", "compatible"] = Field(
+        default="compatible",
+        description="`pinned`: a run's steps run only on workers of the version that started "
+        "it; `compatible`: on any worker whose flow still has the run's methods and reads its "
+        "state.",
+    )
     retention: str = Field(
         default="",
         description="How long finished runs stay in Redis, counted from their end, e.g. "

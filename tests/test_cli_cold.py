@@ -75,6 +75,7 @@ OTHER_COMMANDS = [
         "fleet",
         "ui",
         "limits",
+        "deploy",
         "schedules",
         "storage",
     )
@@ -171,7 +172,7 @@ def test_help_lists_every_command_and_a_typo_suggests_the_closest(
         *("resume", "fork", "recover", "prune", "upgrade"),
         *("checkpoints", "steps", "show", "diff", "graph"),
         *("pin", "unpin", "gc", "restore"),
-        *("worker", "workers", "dev", "ui", "limits", "schedule"),
+        *("worker", "workers", "dev", "ui", "limits", "check-deploy", "schedule"),
         *("rekey", "store"),
     ]
     typo = subprocess.run(

@@ -56,6 +56,9 @@ def full_meta() -> RunMeta:
         "usage": RunUsage(),
         "opener": "gather#1",
         "opened_at": 4.0,
+        "upgrades": ["v1 -> v2"],
+        "patches": {"write#1": {"new-prompt": False}},
+        "pinned": "v1",
     }
     meta = RunMeta(**values)
     default = RunMeta()

@@ -89,6 +89,7 @@ def fleet(worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     with private_pool(worker_env, logdir) as (pool, rt, env):
         pool.start(concurrency=2)
         pool.env["RUNNER_WORKER_QUEUES"] = "default,gpu"
+        pool.env["RUNNER_APP_VERSION"] = "fleet-2"  # the first runs its flows' hashes
         pool.start(concurrency=3, pool="threads")
         found = Fleet(pool, rt, env)
         found.sent = time.time()
@@ -112,7 +113,11 @@ def test_runner_workers_shows_each_worker_and_each_queue_backlog(fleet: Fleet) -
     workers = {w["name"]: w for w in found["workers"]}
     assert set(workers) == {first, second}
     assert workers[first]["queues"] == [fleet.default]
-    assert workers[second]["queues"] == [fleet.default, fleet.gpu]
+    assert workers[second]["queues"] == [fleet.default, fleet.gpu]  # no version twin
+    # The code versions each runs: RUNNER_APP_VERSION, else a hash of each flow's code.
+    assert workers[second]["versions"] == ["fleet-2"]
+    hashes = workers[first]["versions"]
+    assert hashes and "fleet-2" not in hashes
     assert (workers[first]["pool"], workers[first]["concurrency"]) == ("prefork", 2)
     assert (workers[second]["pool"], workers[second]["concurrency"]) == ("threads", 3)
     running = [t for w in workers.values() for t in w["running"]]
@@ -135,7 +140,21 @@ def test_runner_workers_shows_each_worker_and_each_queue_backlog(fleet: Fleet) -
         "depth": 0,
         "oldest_seconds": 0.0,
         "consumers": sorted([first, second]),
+        "versions": [
+            {
+                "version": version,
+                "queue": f"{fleet.default}@{version}",
+                "depth": 0,
+                "oldest_seconds": 0.0,
+                "consumers": [second if version == "fleet-2" else first],
+            }
+            for version in sorted([*hashes, "fleet-2"])
+        ],
     }
+    # gpu's twins: the second worker's version consumed; the first's hashes known from its
+    # flows' routes, consumed by none, yet not queues of their own.
+    gpu_twins = {t["version"]: t["consumers"] for t in queues[fleet.gpu]["versions"]}
+    assert gpu_twins == {"fleet-2": [second], **{h: [] for h in hashes}}
     assert queues[fleet.gpu]["name"] == "gpu" and queues[fleet.gpu]["consumers"] == [second]
     overnight = queues[fleet.overnight]
     assert (overnight["name"], overnight["depth"], overnight["consumers"]) == ("overnight", 3, [])
@@ -148,7 +167,7 @@ def test_runner_workers_shows_each_worker_and_each_queue_backlog(fleet: Fleet) -
     lines = shown.stdout.splitlines()
     row = next(line for line in lines if line.startswith(second))
     assert "default, gpu" in row and "threads (3)" in row and "ago" in row
-    assert "celery 5.7.0" in row
+    assert "celery 5.7.0" in row and "fleet-2" in row
     overnight_row = next(line for line in lines if line.startswith("overnight"))
     assert fleet.overnight in overnight_row
     assert "3" in overnight_row.split() and "none: no live worker consumes it" in overnight_row

@@ -16,7 +16,9 @@ from runner.store.redis import RedisProvider
 from runner.store.roster import WorkerFacts, WorkerRecord
 from tests.redis_servers import short_patience
 
-FACTS = WorkerFacts(routes=("q", "q.night"), pid=41, host="box", runner="1.2", celery="5.7.0")
+FACTS = WorkerFacts(
+    routes=("q", "q.night"), pid=41, host="box", runner="1.2", celery="5.7.0", app=("v1", "v2")
+)
 
 
 @pytest.fixture

@@ -56,6 +56,7 @@ COMMANDS: dict[str, str] = {
     "dev": "dev",
     "ui": "ui",
     "limits": "limits",
+    "check-deploy": "deploy",
     "schedule": "schedules",
     **dict.fromkeys(["rekey", "store"], "storage"),
 }

@@ -36,10 +36,13 @@ def workers(
 ) -> None:
     """List the live workers and the queues of this deployment.
 
-    Each worker: the queues it consumes, its pool and concurrency, its busy slots (steps
-    running now), its last heartbeat (its last word in Redis, every recovery interval) and
-    its versions. Each queue: the messages waiting in it, the age of the oldest (on Redis;
-    RabbitMQ does not show it without taking the message) and the live workers consuming it.
+    Each worker: the queues it consumes, the code versions of the app it runs
+    (RUNNER_APP_VERSION, else its flows' hashes), its pool and concurrency, its busy slots
+    (steps running now), its last heartbeat (its last word in Redis, every recovery
+    interval) and its runner and Celery versions. Each queue: the messages waiting in it,
+    the age of the oldest (on Redis; RabbitMQ does not show it without taking the message)
+    and the live workers consuming it; under it, its version twins (queue@version) that
+    hold steps handed to a worker of that version, and who consumes them.
     """
     if timeout <= 0:
         raise BadUsage("--timeout must be more than 0 seconds")
@@ -56,7 +59,7 @@ def workers(
         typer.echo(f"no live worker ({found.broker} broker)")
     else:
         table = Table(show_edge=False, header_style="bold", pad_edge=False)
-        for column in ("worker", "queues", "pool", "busy", "heartbeat", "version"):
+        for column in ("worker", "queues", "code", "pool", "busy", "heartbeat", "version"):
             table.add_column(column, overflow="fold")
         for w in found.workers:
             slots = "-" if w.concurrency is None else str(w.concurrency)
@@ -65,7 +68,8 @@ def workers(
             heard = "-" if w.heartbeat_age is None else f"{duration(w.heartbeat_age)} ago"
             version = f"runner {w.runner_version or '?'}, celery {w.celery_version or '?'}"
             names = ", ".join(_label(found, q) for q in w.queues) or "-"
-            table.add_row(w.name, names, pool, busy, heard, version)
+            code = _versions(w.versions)
+            table.add_row(w.name, names, code, pool, busy, heard, version)
         out.print(table)
     for w in found.gone:
         age = "-" if w.heartbeat_age is None else duration(w.heartbeat_age)
@@ -79,6 +83,15 @@ def workers(
         oldest = _oldest(q.depth, q.oldest_seconds)
         consumers = ", ".join(q.consumers) or "none: no live worker consumes it"
         table.add_row(q.name, q.queue, depth, oldest, consumers)
+        # Its version twins under it, those steps wait in (the versions each worker runs
+        # are in the workers' table).
+        for twin in q.versions:
+            if not twin.depth:
+                continue
+            depth = "?" if twin.depth is None else str(twin.depth)
+            oldest = _oldest(twin.depth, twin.oldest_seconds)
+            consumers = ", ".join(twin.consumers) or f"none: no live worker of {twin.version}"
+            table.add_row(f"  @{twin.version}", twin.queue, depth, oldest, consumers)
     out.print(table)
     if any(q.depth and q.oldest_seconds is None for q in found.queues):
         typer.echo(f"oldest: {found.oldest_age}")
@@ -87,6 +100,14 @@ def workers(
 def _label(found: Fleet, queue: str) -> str:
     """A queue's name in ``RUNNER_WORKER_QUEUES`` terms (``default``, ``gpu``)."""
     return next((q.name for q in found.queues if q.queue == queue), queue)
+
+
+def _versions(versions: list[str], shown: int = 3) -> str:
+    """A worker's app versions: a few, then how many more (one per flow when versions are
+    its flows' hashes; ``--json`` lists them all)."""
+    if len(versions) <= shown:
+        return ", ".join(versions) or "-"
+    return f"{', '.join(versions[: shown - 1])} +{len(versions) - shown + 1} more"
 
 
 def _oldest(depth: int | None, age: float | None) -> str:

@@ -172,12 +172,23 @@ def fork(
     run_id: Annotated[
         str | None, typer.Option("--run-id", metavar="ID", help="Id of the new run.")
     ] = None,
+    map_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--map",
+            metavar="OLD=NEW",
+            help="Continue on code that renamed method OLD to NEW (repeatable).",
+        ),
+    ] = None,
     wait: WaitOpt = False,
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
     location: LocationOpt = None,
 ) -> None:
     """Start a new run from a checkpoint, optionally with edited state; print its id.
+
+    With --map OLD=NEW the run moves, on purpose, onto code that renamed its method OLD:
+    the new run continues from the checkpoint with NEW where the run recorded OLD.
 
     The new run skips the steps completed at the checkpoint, except --rerun steps and
     everything downstream of them. The source run is untouched; the new run records
@@ -191,7 +202,16 @@ def fork(
         ref = _restored(ctx, rt, location, ref)
     source = refs.resolve_checkpoint_or_run(rt, ref)
     values = _typed(text_pairs(set_, "--set"), source)
-    handle = control.fork(source.id, values, rerun or [], branch, run_id, rt=rt)
+    renames = text_pairs(map_, "--map")
+    handle = control.fork(
+        source.id,
+        values,
+        rerun or [],
+        branch,
+        run_id,
+        renames={str(k): str(v) for k, v in renames.items()},
+        rt=rt,
+    )
     start = handle.latest()
     if start.event == "flow_started" and start.status is RunStatus.SUCCEEDED:
         # Allowed (the state was edited) but easy to mistake for a run that did work.

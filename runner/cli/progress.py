@@ -117,7 +117,7 @@ def waits(reader: Reader, latest: Checkpoint) -> dict[str, str]:
     # Imported here: of the commands that show progress only `status` asks what steps wait for.
     from runner.distributed.waiting import waits_of
 
-    return waits_of(reader.store, get_settings(), latest)
+    return waits_of(reader.store, get_settings(), latest, getattr(reader, "app", None))
 
 
 def _row(run_id: str, depth: int, ckpt: Checkpoint) -> StepRow | None:

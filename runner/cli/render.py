@@ -199,6 +199,8 @@ def status_view(
     grid.add_row("step", info.step or "-")
     grid.add_row("event", info.event or "-")
     grid.add_row("seq", f"{info.seq}  (checkpoint {info.latest or latest.id})")
+    if latest.version:
+        grid.add_row("version", latest.version)
     grid.add_row("created", when(info.created_at))
     grid.add_row("updated", when(info.updated_at))
     if expires is not None:

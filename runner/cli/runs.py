@@ -192,7 +192,8 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     info, latest = run_now(reader, refs.resolve_run(reader, run))
     error = client.failure(reader.store, latest).error
     children = _children(reader, latest)
-    waits = progress.waits(reader, latest)
+    # A running run's steps may wait in the broker for a worker of a version: read it there.
+    waits = progress.waits(session(ctx).rt if info.status is RunStatus.RUNNING else reader, latest)
     from .expiry_view import expiry_fields, expiry_line
 
     if as_json:
@@ -217,6 +218,9 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                 },
                 "deadline": latest.meta.deadline,
                 "priority": latest.meta.priority,
+                # The code version that wrote the latest checkpoint (runner.flow.versions).
+                "version": latest.version,
+                "fingerprint": latest.fingerprint,
                 "cancel_reason": latest.meta.cancel_reason
                 if info.status is RunStatus.CANCELLED
                 else None,
@@ -329,6 +333,12 @@ def list_runs(
         str | None,
         typer.Option("--flow", "-f", metavar="NAME", help="Only runs of this flow (name or path)."),
     ] = None,
+    version: Annotated[
+        str | None,
+        typer.Option(
+            "--version", metavar="V", help="Only runs whose latest checkpoint version V wrote."
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most N runs.")] = 20,
     flat: Annotated[
         bool,
@@ -345,7 +355,9 @@ def list_runs(
     # Selecting top-level runs and nesting child runs both read a run's latest checkpoint:
     # read once, those of a page of runs in one round trip.
     latest = Latest(reader.store)
-    found = _select_runs(reader.store, latest, status, flow, limit, top_level=not flat)
+    found = _select_runs(
+        reader.store, latest, status, flow, limit, top_level=not flat, version=version
+    )
     latest.read_ahead([info.run_id for info in found])
     if as_json:
         listed = (
@@ -356,7 +368,8 @@ def list_runs(
         print_json(_with_expiry(reader.store, listed))
         return
     if not found:
-        typer.echo("no runs" if status is None and flow is None else "no runs match")
+        nothing = (status, flow, version) == (None, None, None)
+        typer.echo("no runs" if nothing else "no runs match")
         return
     from . import render  # rich: a view only (see render)
 
@@ -465,7 +478,11 @@ def _tree(reader: Reader, latest: Latest, info: RunInfo) -> dict[str, Any]:
 def _listed(latest: Latest, info: RunInfo) -> dict[str, Any]:
     """A run as ``runs --json`` lists it: its metadata, and when it starts if it is a
     delayed run still waiting (``scheduled_until``, as ``status --json`` has it)."""
-    return {**info.model_dump(mode="json"), "scheduled_until": _starts_at(latest, info)}
+    return {
+        **info.model_dump(mode="json"),
+        "scheduled_until": _starts_at(latest, info),
+        "version": _version_of(latest, info),
+    }
 
 
 def _with_expiry(store: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -512,9 +529,10 @@ def _select_runs(
     limit: int,
     *,
     top_level: bool,
+    version: str | None = None,
 ) -> list[RunInfo]:
-    """Up to ``limit`` runs matching ``status`` and ``flow`` (and with ``top_level``, not child
-    runs), paging the run index."""
+    """Up to ``limit`` runs matching ``status``, ``flow`` and ``version`` (their latest
+    checkpoint's; and with ``top_level``, not child runs), paging the run index."""
     found: list[RunInfo] = []
     offset, page = 0, max(limit, 200)
     while len(found) < limit:
@@ -523,17 +541,24 @@ def _select_runs(
         for at, info in enumerate(matching):
             if len(found) == limit:
                 break
-            if not top_level:
+            if not top_level and version is None:
                 found.append(info)
                 continue
             if info.run_id not in latest.known:  # the next ones it may take, read together
                 latest.read_ahead([i.run_id for i in matching[at : at + limit - len(found)]])
-            if _is_top_level(latest, info):
+            if version is not None and _version_of(latest, info) != version:
+                continue
+            if not top_level or _is_top_level(latest, info):
                 found.append(info)
         if len(batch) < page:
             break
         offset += page
     return found[:limit]
+
+
+def _version_of(latest: Latest, info: RunInfo) -> str | None:
+    ckpt = latest(info.run_id)
+    return ckpt.version if ckpt is not None else None
 
 
 def _flow_matches(info: RunInfo, flow: str) -> bool:

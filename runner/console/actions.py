@@ -230,9 +230,11 @@ def fork(
     branch: str | None = None,
     run_id: str | None = None,
     outputs: dict[str, Any] | None = None,
+    renames: dict[str, str] | None = None,
 ) -> RunHandle:
     """A new run from checkpoint ``ref`` with the edited ``values`` (only fields that
-    changed are set), ``rerun`` steps and, for a crew, edited task ``outputs``."""
+    changed are set), ``rerun`` steps and, for a crew, edited task ``outputs``; ``renames``
+    (old -> new method) moves it onto code that renamed methods."""
     source: Checkpoint = control.find_checkpoint(rt, ref)
     flow_cls = load_flow(str(source.flow))
     changes = validated_changes(flow_cls, source.state, values)
@@ -264,7 +266,7 @@ def fork(
             rt=rt,
         )
         return RunHandle(crew_handle.run_id, rt)
-    return control.fork(source.id, changes, rerun or [], branch, run_id, rt=rt)
+    return control.fork(source.id, changes, rerun or [], branch, run_id, renames=renames, rt=rt)
 
 
 def submit(

@@ -109,6 +109,11 @@ class ForkBody(BaseModel):
         default_factory=dict,
         description="Crews only: task name -> its new output text; later tasks re-run.",
     )
+    map: dict[str, str] = Field(
+        default_factory=dict,
+        description="Old method name -> new: continue on code that renamed methods "
+        "(`runner fork --map`).",
+    )
 
 
 class Started(BaseModel):
@@ -302,5 +307,6 @@ def post_fork(request: Request, ref: str, body: ForkBody) -> Started:
         branch=body.branch,
         run_id=body.run_id,
         outputs=body.outputs,
+        renames=body.map,
     )
     return Started(run_id=handle.run_id, status=handle.status())

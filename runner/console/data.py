@@ -391,7 +391,7 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "completed": latest.completed,
         "in_flight": latest.in_flight,
         # In-flight step -> what it waits for (a limit, a queue no live worker consumes).
-        "waiting": waits_of(rt.store, rt.settings, latest),
+        "waiting": waits_of(rt.store, rt.settings, latest, rt.app),
         "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
         # A person's answer it waits for: a review of a step's output, or a question.
         "awaiting": awaiting_of(info.status, latest),
@@ -399,6 +399,9 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "scheduled_until": scheduled_until(latest),
         "sleeping": {act: why for act in latest.in_flight if (why := asleep(latest, act))},
         "deadline": latest.meta.deadline,
+        # The code version that wrote its latest checkpoint (runner.flow.versions).
+        "version": latest.version,
+        "fingerprint": latest.fingerprint,
         # Its steps' priority (submit(priority=...)); None: each method's, else the default.
         "priority": latest.meta.priority,
         "cancel_reason": latest.meta.cancel_reason if info.status is RunStatus.CANCELLED else None,

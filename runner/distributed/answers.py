@@ -41,7 +41,9 @@ def deliver(
     if latest is None:
         raise RunNotFound(f"no run {run_id}", run_id=run_id)
     flow_cls = load_flow(str(latest.flow))
-    plan = plans.plan_answer(flow_cls.graph(), latest, text, by=by, outcome=outcome, step=step)
+    plan = plans.plan_answer(
+        flow_cls.graph(), latest, text, by=by, outcome=outcome, step=step, flow_cls=flow_cls
+    )
     done = commit_on_latest(rt, run_id, plan.opening)
     assert done is not None
     ckpt, went_on = done

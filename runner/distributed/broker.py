@@ -434,6 +434,18 @@ def read_unacked(client: redis.Redis, layout: Layout, before: float) -> dict[str
     return taken
 
 
+def holds(app: Celery, queue: str, task: str) -> bool | None:
+    """Whether ``app``'s Redis broker has the message of ``task`` waiting in ``queue``
+    (``None``: it cannot tell: another broker, a queue too long to read, Redis away)."""
+    if not (redis_broker(app) and unacked_view_ready(app)):
+        return None
+    try:
+        found = read_queue(broker_client(app), Layout.of(app), queue)
+    except redis.RedisError:
+        return None
+    return None if found is None else task in found
+
+
 def read_queue(client: redis.Redis, layout: Layout, queue: str) -> set[str] | None:
     """Task ids of the messages in ``queue`` (``None``: longer than :data:`QUEUE_READ_LIMIT`)."""
     names = layout.queue_keys(queue)
@@ -563,9 +575,10 @@ class BrokerView:
             self._long_ago = self._unacked(time.time() - self.lease_seconds) or {}
         return self._long_ago
 
-    def lost(self, task: str, name: str) -> bool:
+    def lost(self, task: str, name: str, versions: Collection[str] = ()) -> bool:
         """Whether the message of ``task`` (a task ``name``) is nowhere in the broker: not
-        in the queue Celery routes ``name`` to, not taken.
+        in the queue Celery routes ``name`` to, nor in its twin of one of ``versions`` (a
+        step handed to the workers of a version, :mod:`.routing`), not taken.
 
         ``False`` when that cannot be told (another broker, a queue too long to read, Redis
         unreachable). A message caught in a live worker's hands between its pop and its
@@ -576,23 +589,25 @@ class BrokerView:
         if client is None:
             return False
         queue = queue_of(self.app, name, self.default_queue)
-        if queue not in self._queues:
-            # The queue first, then what was taken: a message moves from the one to the
-            # other, so read in this order it is seen at least once.
-            try:
-                self._queues[queue] = read_queue(client, self.layout, queue)
-            except redis.RedisError as exc:
-                log.warning("recovery could not read the broker's queue %s: %s", queue, exc)
-                self._queues[queue] = None
-            self._taken_read = False
-        queued = self._queues[queue]
-        if queued is not None and not self._taken_read:
+        queues = [queue, *(f"{queue}@{v}" for v in versions)]  # routing.version_queue's form
+        for one in queues:
+            if one not in self._queues:
+                # The queues first, then what was taken: a message moves from the one to the
+                # other, so read in this order it is seen at least once.
+                try:
+                    self._queues[one] = read_queue(client, self.layout, one)
+                except redis.RedisError as exc:
+                    log.warning("recovery could not read the broker's queue %s: %s", one, exc)
+                    self._queues[one] = None
+                self._taken_read = False
+        found = [self._queues[one] for one in queues]
+        if all(q is not None for q in found) and not self._taken_read:
             self._taken_read = True
             taken = self._unacked(float("inf"))
             self._taken = None if taken is None else set(taken)
-        if queued is None or self._taken is None:
+        if any(q is None for q in found) or self._taken is None:
             return False
-        return task not in queued and task not in self._taken
+        return all(task not in q for q in found if q is not None) and task not in self._taken
 
     def _unacked(self, before: float) -> dict[str, float] | None:
         """Task id -> when taken, for messages taken before ``before`` (``None``: unread)."""

@@ -22,12 +22,13 @@ from runner.errors import (
     RunStateError,
     UnknownStep,
 )
-from runner.flow import epochs, plans, usage
+from runner.flow import epochs, plans, usage, versions
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
 from runner.flow.plans import check_fields, check_graph
+from runner.flow.renames import check_map, renamed_meta, renamed_record
 from runner.store.models import Checkpoint, RunStatus
 
 from .answers import deliver
@@ -155,19 +156,34 @@ def fork(
     branch: str | None = None,
     run_id: str | None = None,
     *,
+    renames: dict[str, str] | None = None,
     rt: Runtime | None = None,
 ) -> RunHandle:
-    """Start a new run from checkpoint (or run) ``ref`` with edits; the source is untouched."""
+    """Start a new run from checkpoint (or run) ``ref`` with edits; the source is untouched.
+
+    ``renames`` (``old -> new`` method names, ``runner fork --map``) moves a run onto code
+    whose methods were renamed: the new run's record reads each old method as its new one,
+    and the run is pinned to the code forking it (:mod:`runner.flow.renames`)."""
     rt = rt or runtime()
     source = find_checkpoint(rt, ref)
     flow_cls = load_flow(str(source.flow))
     graph = check_steps(flow_cls, rerun or [])
+    renames = dict(renames or {})
+    if renames:
+        check_map(graph, renames)
+        source = source.model_copy(
+            update={
+                "record": renamed_record(source.record, renames),
+                "meta": renamed_meta(source.meta, renames),
+            }
+        )
     check_graph(graph, source)
     new_id = run_id or str(uuid.uuid4())
     if rt.store.run(new_id) is not None:
         raise RunStateError(f"run {new_id} already exists", run_id=new_id)
-    edits = nested_edits(source.state, set or {})
-    state = _validated(flow_cls, source.state, {**edits, "id": new_id})
+    loaded, _upgrade = versions.read_state(flow_cls, source.state, source.version, source.run_id)
+    edits = nested_edits(loaded, set or {})
+    state = _validated(flow_cls, loaded, {**edits, "id": new_id})
     record = tr.record_of(source)
     if rerun:
         record = orch.invalidate(graph, record, rerun)
@@ -182,15 +198,21 @@ def fork(
             steps=list(graph.methods),
         )
     first = rt.store.fork(source.id, new_run_id=new_id, branch=branch, state=state)
+    meta = renamed_meta(first.meta, renames)
+    if renames:  # moved on purpose: this code is the run's from now on
+        meta = meta.model_copy(update={"pinned": versions.of(graph)})
     start = tr.with_record(
         first,
         record,
         event="flow_started",
         step=None,
         status=RunStatus.RUNNING if pending else RunStatus.SUCCEEDED,
+        version=versions.of(graph),
+        # A record renamed onto this graph is this graph's.
+        **({"fingerprint": graph.fingerprint} if renames else {}),
         # The source's run-local notes (a pause, a resume, merge conflicts) are not the fork's.
         meta=epochs.carry(
-            first.meta,
+            meta,
             epochs.Opening.FORK,
             ready=[a.id for a in pending],
             epoch=0,

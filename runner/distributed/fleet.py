@@ -17,6 +17,17 @@ the console's ``/metrics`` at each scrape.
   interval. The time of its last write is the worker's **last heartbeat**; a worker whose
   word lapsed is listed as gone.
 
+**Code versions**: a worker consumes, beside each of its queues, that queue's twin
+``<queue>@<version>`` for each code version of the app it runs (:mod:`.routing`), and says
+those versions in its roster record. A worker's view lists its queues without the twins and
+its app versions apart (``versions``); a queue's view lists its twins under it
+(``versions``: each version's depth, oldest message and live consumers), so a twin is never
+shown as a queue of its own, nor as one nobody consumes; ``runner workers`` and the console
+show a twin's row only while it holds messages (steps handed to that version), with its
+consumers or ``none: no live worker of V``. The twins looked at are those of the versions the
+roster names (live workers' and, for an hour, gone ones'): a step handed to a version no
+worker announced in that time waits unseen here (``runner status RUN`` names it).
+
 **Queues** are the deployment's default queue, every queue a live worker consumes, and every
 queue a worker's flows route to (a queue nobody consumes is known that way). For each:
 
@@ -91,6 +102,20 @@ def stamp_sent_at() -> None:
 
 
 @dataclass
+class TwinView:
+    """A queue's version twin ``<queue>@<version>``: the steps handed to workers of one code
+    version."""
+
+    version: str
+    queue: str
+    """The broker's name (``runner.<prefix>@<version>``)."""
+    depth: int | None
+    oldest_seconds: float | None
+    consumers: list[str] = field(default_factory=list)
+    """Live workers of the version consuming it."""
+
+
+@dataclass
 class QueueView:
     """One queue of the deployment."""
 
@@ -104,6 +129,8 @@ class QueueView:
     """Age of the oldest waiting message (0 when empty; ``None``: not measured)."""
     consumers: list[str] = field(default_factory=list)
     """Live workers consuming it."""
+    versions: list[TwinView] = field(default_factory=list)
+    """Its version twins, by version."""
 
     def as_json(self) -> dict[str, Any]:
         """A JSON object of the fields."""
@@ -116,7 +143,10 @@ class WorkerView:
 
     name: str
     queues: list[str]
-    """Broker names of the queues it consumes."""
+    """Broker names of the queues it consumes (their version twins left out)."""
+    versions: list[str] = field(default_factory=list)
+    """The code versions of the app it runs (``RUNNER_APP_VERSION``, else its flows' hashes):
+    steps handed to these reach it through its queues' twins."""
     pool: str | None = None
     """Celery's pool: ``prefork``, ``threads``, ``solo``, ... (``None``: did not answer)."""
     concurrency: int | None = None
@@ -201,18 +231,39 @@ def backlog(
     for record in records:
         known.update(record.queues)
         known.update(record.facts.routes)
+        # The twins of its versions, gone workers' too: the steps handed to a version whose
+        # workers left wait there.
+        bases = {routing.version_queue_base(q) for q in (*record.queues, *record.facts.routes)}
+        known.update(routing.version_queue(q, v) for q in bases for v in record.facts.app)
     consumers: dict[str, list[str]] = {}
     for worker in workers:
-        known.update(worker.queues)
-        for queue in worker.queues:
+        mine = [*worker.queues, *_twins(worker)]
+        known.update(mine)
+        for queue in mine:
             consumers.setdefault(queue, []).append(worker.name)
+    # A twin's base queue is listed too (the twin under it).
+    known.update(routing.version_queue_base(q) for q in list(known))
     ordered = sorted(known, key=lambda q: (q != settings.queue, q))
     depths = _read_depths(app, ordered, now)
-    views = []
+    views: dict[str, QueueView] = {}
+    twins: list[tuple[str, str]] = []
     for q in ordered:
+        base, version = routing.version_of_queue(q)
+        if version is not None:
+            twins.append((base, q))
+            continue
         depth, oldest = depths.get(q, (None, None))
-        views.append(QueueView(q, _label(settings, q), depth, oldest, consumers.get(q, [])))
-    return views
+        views[q] = QueueView(q, _label(settings, q), depth, oldest, consumers.get(q, []))
+    for base, q in twins:
+        depth, oldest = depths.get(q, (None, None))
+        version = routing.version_of_queue(q)[1] or ""
+        views[base].versions.append(TwinView(version, q, depth, oldest, consumers.get(q, [])))
+    return list(views.values())
+
+
+def _twins(worker: WorkerView) -> list[str]:
+    """The version twins ``worker`` consumes: each of its queues' for each of its versions."""
+    return [routing.version_queue(q, v) for q in worker.queues for v in worker.versions]
 
 
 def backlog_reader(rt: Runtime) -> Callable[[], list[tuple[str, int, float | None]]]:
@@ -220,11 +271,13 @@ def backlog_reader(rt: Runtime) -> Callable[[], list[tuple[str, int, float | Non
     age) of every known queue, read from the roster and the broker when called."""
 
     def read() -> list[tuple[str, int, float | None]]:
-        return [
-            (q.queue, q.depth, q.oldest_seconds)
-            for q in backlog(rt.app, rt.settings, rt.store.workers())
-            if q.depth is not None
-        ]
+        found = backlog(rt.app, rt.settings, rt.store.workers())
+        rows: list[tuple[str, int | None, float | None]] = []
+        for view in found:
+            rows.append((view.queue, view.depth, view.oldest_seconds))
+            # The twins too: a gauge of the steps waiting for a worker of one version.
+            rows.extend((t.queue, t.depth, t.oldest_seconds) for t in view.versions)
+        return [(q, depth, oldest) for q, depth, oldest in rows if depth is not None]
 
     return read
 
@@ -297,11 +350,18 @@ def _worker(
     running = answers["active"].get(name)
     facts = WorkerFacts() if record is None else record.facts
     at = None if record is None else record.at
+    queues = (
+        [str(q.get("name")) for q in consumed]
+        if consumed is not None
+        else list(() if record is None else record.queues)
+    )
+    split = [routing.version_of_queue(q) for q in queues]
+    # Its app versions: what it says in the roster, else the twins it consumes.
+    versions = set(facts.app) or {v for _, v in split if v is not None}
     return WorkerView(
         name=name,
-        queues=sorted(str(q.get("name")) for q in consumed)
-        if consumed is not None
-        else list(() if record is None else record.queues),
+        queues=sorted({q for q, v in split if v is None}),
+        versions=sorted(versions),
         pool=broker.pool_name(pool.get("implementation")),
         concurrency=pool.get("max-concurrency"),
         busy=None if running is None else len(running),

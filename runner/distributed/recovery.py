@@ -61,6 +61,7 @@ from runner.errors import (
 )
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
+from runner.flow import versions
 from runner.flow.orchestrator import Activation
 from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus
@@ -231,7 +232,9 @@ def _stale(
             # re-sent since (a re-send stamps the marker later than that delivery).
             stale.append(act)
         elif now - marked[key] >= rt.settings.lease_seconds and broker.lost(
-            task, task_name(str(latest.meta.name), act.method)
+            task,
+            task_name(str(latest.meta.name), act.method),
+            versions.waiting_for(latest, rt.settings.version_policy),
         ):
             stale.append(act)  # sent a lease ago and in nobody's hands: lost in the hand-off
     return stale

@@ -105,6 +105,52 @@ def step_priority(app: Celery, task: str, run_priority: int | None) -> int:
     return routes_of(app).priorities.get(task, DEFAULT_PRIORITY)
 
 
+# --- versions -------------------------------------------------------------------------------
+#
+# A worker also consumes, for each queue it consumes, that queue's version-suffixed twin
+# ``<queue>@<version>`` for every code version it runs (``RUNNER_APP_VERSION``, else each of
+# its flows' code hashes, :mod:`runner.flow.versions`), and announces it as it announces the
+# others: the consumers of ``<queue>@V`` are the live workers of version V. A worker that
+# cannot run a step it received (its flow or method unknown here, its state unreadable, or
+# pinned to another version: :func:`runner.flow.versions.hand_to`) hands it to the queue of
+# the version that can (:func:`version_queue`), never failing the run; with no live worker of
+# that version the step waits there, shown as ``waiting for a worker of version V``.
+
+VERSION_MARK = "@"
+
+
+def version_queue(queue: str, version: str) -> str:
+    """The version-suffixed twin of ``queue`` (a twin's twin is another version's twin)."""
+    return f"{queue.partition(VERSION_MARK)[0]}{VERSION_MARK}{version}"
+
+
+def worker_versions(settings: RunnerSettings, flows: Any) -> list[str]:
+    """The code versions a worker running ``flows`` (flow classes) runs."""
+    from runner.flow import versions
+
+    if settings.app_version:
+        return [settings.app_version]
+    return sorted({versions.of(flow_cls.graph(), settings) for flow_cls in flows})
+
+
+def consume_versions(app: Celery, versions: list[str]) -> list[str]:
+    """In a worker, before it starts: consume the version twins of the queues it consumes;
+    returns them."""
+    from .broker import consume_only, consuming
+
+    base = [q for q in consuming(app) if VERSION_MARK not in q]
+    twins = [version_queue(q, v) for q in base for v in versions]
+    consume_only(app, [*base, *twins])
+    return twins
+
+
+def version_waits(
+    store: DeploymentStore, settings: RunnerSettings, queue: str, versions: list[str]
+) -> str | None:
+    """The first of ``versions`` no live worker runs (no consumer of ``queue``'s twin)."""
+    return next((v for v in versions if not store.queue_consumers(version_queue(queue, v))), None)
+
+
 # --- who consumes what ----------------------------------------------------------------------
 
 
@@ -114,18 +160,35 @@ def unconsumed(store: DeploymentStore, settings: RunnerSettings, name: str | Non
     return not store.queue_consumers(queue_name(settings, name))
 
 
+def version_of_queue(queue: str) -> tuple[str, str | None]:
+    """A queue's base name and, for a version twin ``<queue>@<version>``, the version."""
+    base, mark, version = queue.partition(VERSION_MARK)
+    return (base, version) if mark else (queue, None)
+
+
+def version_queue_base(queue: str) -> str:
+    """The queue a version twin is the twin of (a queue that is none: itself)."""
+    return version_of_queue(queue)[0]
+
+
 def about_this_worker(app: Celery) -> WorkerFacts:
     """What a worker says of itself in the roster beside its queues: the queues its flows
-    route to (so a queue no worker consumes is still known), its pid, host and versions."""
+    route to (so a queue no worker consumes is still known), its pid, host, the runner's and
+    Celery's versions, and the code versions of the app it runs (those whose queue twins it
+    consumes: :func:`consume_versions`)."""
     import os
     import socket
 
+    from .broker import consuming
+
+    twins = (version_of_queue(q)[1] for q in consuming(app))
     return WorkerFacts(
         routes=tuple(sorted(set(routes_of(app).queues.values()))),
         pid=os.getpid(),
         host=socket.gethostname(),
         runner=_version("celery-flows"),
         celery=_version("celery"),
+        app=tuple(sorted({v for v in twins if v})),
     )
 
 

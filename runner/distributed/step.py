@@ -36,11 +36,11 @@ from celery.exceptions import Ignore, Retry
 
 from runner.errors import CorruptCheckpoint, EncryptionKeyError, RunnerError, StepFailed
 from runner.flow import events as ev
-from runner.flow import lifecycle, streaming, usage
+from runner.flow import lifecycle, streaming, usage, versions
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import Asked, Halted, Raised, Slept, StepResult, run_step
-from runner.flow.context import WORKER, Answers, Sleeps, StepContext
+from runner.flow.context import WORKER, Answers, Patches, Sleeps, StepContext
 from runner.flow.flow import bind_trigger_payload, listeners_of, set_usage_metrics
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.human_feedback import restore_history
@@ -52,7 +52,7 @@ from runner.store import codec as codecs
 from runner.store.models import Checkpoint, RunStatus, UsageMetrics
 from runner.store.timers import ANSWERS, STARTS
 
-from . import handoff, limits
+from . import handoff, limits, routing
 from .cancel import follow_parent
 from .coord import DONE, HELD, OK, attempt_token, holder_is_dead
 from .engine import (
@@ -130,10 +130,12 @@ def execute(
     attempt: int,
     deployment: str | None = None,
     spent: dict[str, Any] | str | None = None,
+    version: str | None = None,
 ) -> dict[str, Any]:
     """Body of every step task (see the module docstring). ``spent``: the token usage of the
     step's earlier attempts (a retry carries it, sealed when encryption is on), which its
-    own usage includes."""
+    own usage includes; ``version``: the code version the step was handed to
+    (:func:`_hand_over`)."""
     if deployment is not None and deployment != rt.settings.prefix:
         return _hand_back(rt, task, run_id, activation, deployment)
     key, token = tr.activation_key_in(epoch, activation), attempt_token()
@@ -158,6 +160,14 @@ def execute(
         if isinstance(act, dict):
             return act
         assert latest is not None
+        if found == OK:
+            mine = versions.of(flow_cls.graph(), rt.settings)
+            policy = rt.settings.version_policy
+            elsewhere = versions.hand_to(
+                flow_cls, latest, mine=mine, policy=policy, carried=version
+            )
+            if elsewhere is not None:
+                return _hand_over(rt, task, lease, latest, elsewhere)
         if found == HELD:  # a live attempt runs it: look again when its lease could lapse
             raise task.retry(
                 countdown=rt.settings.lease_seconds / 2,
@@ -223,6 +233,32 @@ def _defer(rt: Runtime, task: Any, lease: Lease, waiting: limits.Waiting, attemp
     )
     handoff.let_go(rt.coord, lease.run_id, [lease.key])
     raise sent
+
+
+def _hand_over(
+    rt: Runtime, task: Any, lease: Lease, latest: Checkpoint, version: str
+) -> dict[str, Any]:
+    """Hand a step this worker cannot run (or may not: pinned) to the workers of ``version``:
+    its message, the same task id, goes to their queue (:func:`.routing.version_queue`),
+    naming the version; the run is not failed. As :func:`_defer`, this process holds the step
+    as its sender until the message is published, then it is queued."""
+    if rt.coord.take_over(lease.run_id, lease.key, lease.token, handoff.sender_token()):
+        lease.held = False
+    request = task.request
+    kwargs = {**(request.kwargs or {}), "version": version}
+    queue = routing.version_queue(routing.task_queue(rt.app, task.name), version)
+    rt.app.send_task(
+        task.name,
+        kwargs=kwargs,
+        task_id=request.id,
+        queue=queue,
+        kwargsrepr=kwargs_repr(lease.run_id, str(kwargs.get("activation", ""))),
+        priority=message_priority(rt, task.name, latest.meta.priority),
+        ignore_result=not rt.settings.task_results,
+    )
+    handoff.let_go(rt.coord, lease.run_id, [lease.key])
+    log.info("run %s step %s: handed to a worker of version %s", lease.run_id, lease.key, version)
+    return {"run_id": lease.run_id, "step": kwargs.get("activation"), "handed_to": version}
 
 
 def _take_over(rt: Runtime, run_id: str, key: str, holder: str, token: str) -> bool:
@@ -297,6 +333,8 @@ def _run(
         Answers(list(meta.answers.get(act.id) or ()), review=meta.reviews.get(act.id)),
         # The sleeps earlier attempts reached: ``self.sleep`` passes those whose time has come.
         Sleeps(list(meta.sleeps.get(act.id, []))),
+        patches=Patches(dict(meta.patches.get(act.id, {}))),
+        version=latest.version,
         # A child run (a crew inside a flow) streams into its parent's stream.
         stream_to=streaming.target(rt.store, run_id, meta.parent.run_id if meta.parent else None),
     )

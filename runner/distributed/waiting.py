@@ -5,7 +5,10 @@ records :mod:`runner.store.limits` and :mod:`runner.store.queues` decode."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from runner.errors import RunnerError
+from runner.flow import versions
 from runner.flow.loading import load_flow
 from runner.settings import RunnerSettings
 from runner.store.base import DeploymentStore
@@ -15,12 +18,17 @@ from . import routing
 
 
 def waits_of(
-    store: DeploymentStore, settings: RunnerSettings, latest: Checkpoint
+    store: DeploymentStore, settings: RunnerSettings, latest: Checkpoint, app: Any = None
 ) -> dict[str, str]:
-    """In-flight step -> what it waits for, for the steps of a running run that wait."""
+    """In-flight step -> what it waits for, for the steps of a running run that wait.
+
+    With ``app`` (its Celery app: a Redis broker is read), a step handed to the workers of a
+    version none of which is live (:mod:`.routing`) waits ``for a worker of version V``;
+    without it, that is told of a run pinned to a version (``RUNNER_VERSION_POLICY=pinned``)
+    only."""
     if latest.status is not RunStatus.RUNNING or not latest.in_flight:
         return {}
-    found: dict[str, str] = {}
+    found: dict[str, str] = _version_waits(store, settings, latest, app)
     for use in store.limit_uses():
         for run, step, seconds in use.waiting:
             if run == latest.run_id:
@@ -37,4 +45,39 @@ def waits_of(
         if routing.unconsumed(store, settings, spec.queue):
             queue = routing.queue_name(settings, spec.queue)
             found[step] = f"queue {spec.queue} ({queue}): no live worker consumes it"
+    return found
+
+
+def _version_waits(
+    store: DeploymentStore, settings: RunnerSettings, latest: Checkpoint, app: Any
+) -> dict[str, str]:
+    """In-flight step -> ``waiting for a worker of version V`` for each step handed to (or,
+    pinned, bound for) the workers of a version none of which is live."""
+    wanted = versions.waiting_for(latest, settings.version_policy)
+    pinned = settings.version_policy == "pinned"
+    if not wanted or (app is None and not pinned):
+        return {}
+    from .engine import task_id
+
+    try:
+        graph = load_flow(str(latest.flow)).graph()
+    except (RunnerError, ImportError):
+        graph = None  # the default queue: a method's own queue= is unknown here
+    found: dict[str, str] = {}
+    for act in latest.in_flight:
+        step = act.rpartition("/")[2]
+        spec = graph.methods.get(step.partition("#")[0]) if graph is not None else None
+        base = routing.queue_name(settings, spec.queue if spec is not None else None)
+        for version in wanted:
+            twin = routing.version_queue(base, version)
+            if store.queue_consumers(twin):
+                continue
+            there = None
+            if app is not None:
+                from .broker import holds
+
+                there = holds(app, twin, task_id(latest.run_id, latest.meta.epoch, step))
+            if there or (there is None and pinned):
+                found[step] = f"waiting for a worker of version {version}"
+                break
     return found

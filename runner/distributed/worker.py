@@ -35,6 +35,7 @@ from celery.exceptions import TimeLimitExceeded
 from runner.embedded import mask_url
 from runner.errors import DefinitionError, FlowImportError, RunnerError, StoreUnavailable
 from runner.flow import transition as tr
+from runner.flow import versions
 from runner.observe import hooks as observe
 from runner.settings import RunnerSettings, get_settings
 
@@ -65,12 +66,14 @@ def install(
     for name in settings.flow_modules if modules is None else modules:
         for flow_cls in flows_in(name):
             register_flow(app, rt, flow_cls)
+    # The version twins of its queues: steps handed to this worker's version reach it there.
+    routing.consume_versions(app, routing.worker_versions(settings, rt.flows.values()))
     # After the flow modules: a tracer provider one of them set up is used as it is.
     observe.install(app, settings)
     watch = ConnectionWatch(f"Redis at {mask_url(rt.store.url)}")
     _check_broker_at_start(app, rt)
     _start_recovery_on_ready(app, rt, watch)
-    _fail_runs_of_unknown_tasks(app, rt)
+    _hand_back_unknown_tasks(app, rt)
     _hold_received_steps(app, rt, watch)
     _settle_hard_time_limits(app, rt)
     _quiet_reconnects(watch)
@@ -128,11 +131,21 @@ def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
             attempt: int = 1,
             deployment: str | None = None,
             spent: dict[str, Any] | None = None,
+            version: str | None = None,
         ) -> dict[str, Any]:
             with observe.Attempt(task, run_id, activation, epoch, attempt) as seen:
                 return seen.done(
                     execute(
-                        rt, task, flow_cls, run_id, activation, epoch, attempt, deployment, spent
+                        rt,
+                        task,
+                        flow_cls,
+                        run_id,
+                        activation,
+                        epoch,
+                        attempt,
+                        deployment,
+                        spent,
+                        version,
                     )
                 )
 
@@ -186,8 +199,12 @@ def _start_recovery_on_ready(app: Celery, rt: Runtime, watch: ConnectionWatch) -
     signals.worker_ready.connect(on_ready, weak=False)
 
 
-def _fail_runs_of_unknown_tasks(app: Celery, rt: Runtime) -> None:
-    """A step message for a task this worker lacks fails its run (nothing is imported)."""
+def _hand_back_unknown_tasks(app: Celery, rt: Runtime) -> None:
+    """A step message for a task this worker lacks (nothing is imported) goes to the workers
+    of the version its run was pinned to or last written by, when that is not this worker's
+    (a rolling deploy: :mod:`.routing`), else (this version wrote the latest checkpoint, in
+    a parallel branch) of the version whose commit made the step ready; with no such
+    version, it fails its run."""
 
     def on_unknown(sender: Any = None, name: str = "", message: Any = None, **_: Any) -> None:
         if getattr(sender, "app", app) is not app:
@@ -201,9 +218,68 @@ def _fail_runs_of_unknown_tasks(app: Celery, rt: Runtime) -> None:
         latest = rt.coord.read(str(run_id))
         if latest is None or not name.startswith(f"{latest.meta.name}."):
             return  # not one of this deployment's runs, or not its flow's task
+        mine = routing.worker_versions(rt.settings, rt.flows.values())
+        policy = rt.settings.version_policy
+        wanted = [v for v in versions.waiting_for(latest, policy) if v not in mine]
+        if not wanted and policy != "pinned":
+            # This worker's version wrote the latest checkpoint (it ran a parallel branch):
+            # the step is another version's, the one whose commit made it ready.
+            wanted = _senders(rt, latest.run_id, str(kwargs.get("activation", "")), mine)
+        base = str((getattr(message, "delivery_info", None) or {}).get("routing_key") or "")
+        base = base or rt.settings.queue
+        # A step of a run workers served, or of a version a live worker runs, waits for one
+        # (a rolling deploy); a run no worker ever took of a flow none has is refused (its
+        # flow is outside every worker's allow-list).
+        served = latest.worker is not None or (
+            bool(wanted) and bool(rt.store.queue_consumers(routing.version_queue(base, wanted[0])))
+        )
+        if wanted and served and kwargs.get("version") not in mine:
+            _hand_unknown(app, rt, name, message, kwargs, base, wanted[0])
+            return
         fail_not_allowed(rt, latest.run_id, f"this worker has no task {name}")
 
     signals.task_unknown.connect(on_unknown, weak=False)
+
+
+def _senders(rt: Runtime, run_id: str, activation: str, mine: list[str]) -> list[str]:
+    """The versions other than ``mine`` that wrote ``run_id``'s recent checkpoints, most
+    likely to have ``activation``'s task first: the version of the oldest checkpoint that
+    has it in flight (the commit that made it ready knew its method), then the others,
+    newest first."""
+    history = rt.store.history(run_id)  # newest first
+    ready = [
+        c.version
+        for c in history
+        if any(key.rpartition("/")[2] == activation for key in c.in_flight or ())
+    ]
+    found = [*reversed(ready), *(c.version for c in history)]
+    return list(dict.fromkeys(v for v in found if v and v not in mine))
+
+
+def _hand_unknown(
+    app: Celery,
+    rt: Runtime,
+    name: str,
+    message: Any,
+    kwargs: dict[str, Any],
+    base: str,
+    version: str,
+) -> None:
+    """Send the step message of task ``name`` (Celery drops it here), received from queue
+    ``base``, to the workers of ``version``, as :func:`runner.distributed.step._hand_over`
+    does for a known task."""
+    headers = getattr(message, "headers", None) or {}
+    queue = routing.version_queue(base, version)
+    priority = (getattr(message, "properties", None) or {}).get("priority")
+    app.send_task(
+        name,
+        kwargs={**kwargs, "version": version},
+        task_id=headers.get("id"),
+        queue=queue,
+        priority=priority,
+        ignore_result=not rt.settings.task_results,
+    )
+    log.info("step %s of run %s: handed to a worker of version %s", name, kwargs["run_id"], version)
 
 
 def _recovery_loop(rt: Runtime, watch: ConnectionWatch) -> None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from pydantic_core import to_jsonable_python
 
 from runner.errors import AwaitInput, NotSerializable, PauseRun, SleepRun
-from runner.flow import streaming, usage
+from runner.flow import streaming, usage, versions
 from runner.flow.context import StepContext, running
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation
@@ -101,6 +101,8 @@ class StepResult:
     attempts: int = 1
     usage: UsageMetrics | None = None
     """What the attempt's LLM calls spent (:mod:`runner.flow.usage`), if it recorded any."""
+    patches: dict[str, bool] = field(default_factory=dict)
+    """The patch decisions (``self.patched``) this attempt made that the run had not recorded."""
 
 
 def run_step(
@@ -124,6 +126,7 @@ def run_step(
         duration=time.perf_counter() - began,
         attempts=ctx.attempt,
         usage=spent,
+        patches=dict(ctx.patches.decided),
     )
 
 
@@ -137,7 +140,10 @@ def _ending(
             # A private copy (no list or dict shared with ``base_state``): changes a parallel
             # branch makes in place cannot leak into this step, nor a failed step's into the
             # run.
-            state_obj = ctx.state = flow._state_from_json(base_state)
+            loaded, _ = versions.read_state(
+                type(flow), base_state, ctx.version, str(base_state.get("id", ""))
+            )
+            state_obj = ctx.state = flow._state_from_json(loaded)
             method = getattr(flow, activation.method)
             value = (
                 method(flow._step_argument(activation, json_copy(arg)))

@@ -66,6 +66,15 @@ class Answers:
 
 
 @dataclass
+class Patches:
+    """The step's patch decisions (:mod:`runner.flow.patches`): those an earlier attempt of
+    it recorded (``RunMeta.patches`` of its activation) and those this attempt made."""
+
+    recorded: dict[str, bool] = field(default_factory=dict)
+    decided: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
 class StepContext:
     """One attempt of one step: which flow object and activation, where it runs, which
     attempt it is, and what earlier attempts and people left it."""
@@ -80,6 +89,10 @@ class StepContext:
     sleeps: Sleeps = field(default_factory=Sleeps)
     state: Any = None
     """The step's own state object (``Flow.state`` inside the method), once made."""
+    patches: Patches = field(default_factory=Patches)
+    version: str | None = None
+    """The code version that wrote the checkpoint the step starts from (its state is read
+    through a ``@state_upgrade`` of that version, if this code has one)."""
     stream_to: Any = None
     """Where the step's stream chunks go (a :class:`runner.flow.streaming.StreamTarget`, set
     by the executor); ``None``: nowhere (``stream_chunk`` does nothing)."""

@@ -66,10 +66,19 @@ RULES: dict[str, tuple[Carry, Carry, Carry, Carry]] = {
     "answers": (RESET, KEEP, SET, KEEP),
     "feedback": (RESET, KEEP, KEEP, KEEP),
     "reviews": (RESET, KEEP, KEEP, KEEP),
+    # The version a run started on pins it (RUNNER_VERSION_POLICY=pinned); a restart starts
+    # it again on the code restarting it. A fork keeps it; moving a run to new code on
+    # purpose (fork --map) sets it (runner.flow.versions).
+    "pinned": (SET, KEEP, KEEP, KEEP),
+    # Patch decisions are the activation's, as its sleeps (runner.flow.patches).
+    "patches": (RESET, KEEP, KEEP, KEEP),
     "usage": (SET, SET, SET, SET),
     # Set on every epoch's opening checkpoint by ``transition.with_record``, from ``ready``.
     "opener": (KEEP, KEEP, KEEP, KEEP),
     "opened_at": (KEEP, KEEP, KEEP, KEEP),
+    # The state's own history: whoever continues it, the upgrades it went through stay told
+    # (the opening that upgrades it adds its entry; runner.flow.versions).
+    "upgrades": (KEEP, KEEP, KEEP, KEEP),
 }
 """Field -> its rule for each :class:`Opening`, in the order the enum lists them."""
 

@@ -38,6 +38,7 @@ from runner.checkpointing import (
 from runner.errors import DefinitionError, InvalidInputs
 from runner.flow import human_feedback as reviewing
 from runner.flow import input_provider as asking
+from runner.flow import patches as patching
 from runner.flow import streaming, usage
 from runner.flow.attempt import json_copy
 from runner.flow.context import step_context, warn_unhonoured
@@ -304,6 +305,19 @@ class Flow(Generic[StateT]):
         if not callable(run_as_child):
             raise DefinitionError(f"run_crew takes a Crew, not {crew!r}")
         return run_as_child(self, inputs)
+
+    def patched(self, change_id: str) -> bool:
+        """Whether this run takes the new branch of the change ``change_id``: ``True`` when
+        the run reaches this point first on code that has the patch, ``False`` when the step
+        re-runs code it passed before without it (before the ``ask`` or sleep it paused at).
+        The decision is recorded in the run, so every later re-run decides the same
+        (:mod:`runner.flow.patches`; Temporal's ``workflow.patched``)."""
+        return patching.patched(self, change_id)
+
+    def deprecate_patch(self, change_id: str) -> bool:
+        """Say that ``change_id``'s old branch is gone (no waiting run needs it any more;
+        ``runner check-deploy`` tells): returns ``True``, recorded as ``patched`` would."""
+        return patching.deprecate(self, change_id)
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds``; on workers, durably and holding no worker.

@@ -109,6 +109,10 @@ class FlowGraph:
     unknown_triggers: tuple[tuple[str, str], ...] = ()
     """``(step, trigger)`` pairs naming a trigger no step has and no router returns: such a
     listener never runs (a :class:`DefinitionWarning`, an error for a strict flow)."""
+    schema: str = ""
+    """16 hex digits of a hash of the state model's JSON schema (``dict`` state: of
+    nothing); with :attr:`fingerprint`, what a run's default code version is made of
+    (:mod:`runner.flow.versions`)."""
 
     @property
     def kickoff(self) -> tuple[str, ...]:
@@ -319,7 +323,22 @@ def _build(flow_cls: type) -> FlowGraph:
         open_labels=any(m.is_router and m.labels is None for m in specs.values()),
         _index=MappingProxyType({k: tuple(v) for k, v in index.items()}),
         unknown_triggers=unknown,
+        schema=_schema_hash(flow_cls),
     )
+
+
+def _schema_hash(flow_cls: type) -> str:
+    """A hash of ``flow_cls``'s state model's JSON schema (its fields, types, defaults)."""
+    find = getattr(flow_cls, "state_type", None)
+    model = find() if callable(find) else None
+    if model is None:
+        text = "dict"
+    else:
+        try:
+            text = json.dumps(model.model_json_schema(), sort_keys=True, default=str)
+        except Exception:  # a field type with no JSON schema: its annotation's text stands in
+            text = repr(sorted((n, repr(f.annotation)) for n, f in model.model_fields.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _validate(flow: str, specs: Mapping[str, MethodSpec]) -> tuple[tuple[str, str], ...]:

@@ -35,8 +35,8 @@ from typing import Any
 from runner.errors import CycleLimitExceeded, DefinitionError, RunnerError
 from runner.flow import events as ev
 from runner.flow import orchestrator as orch
+from runner.flow import patches, usage, versions
 from runner.flow import transition as tr
-from runner.flow import usage
 from runner.flow.attempt import Asked, Halted, Raised, Returned, Slept, StepResult
 from runner.flow.children import ChildRun, child_run_id
 from runner.flow.graph import FlowGraph, MethodSpec
@@ -207,12 +207,23 @@ def settle(
             )
     ckpt = settled.transition.checkpoint
     ckpt.worker, ckpt.duration, ckpt.attempts = worker, result.duration, result.attempts
+    stamp(graph, ckpt, settled.transition.closing)
+    if isinstance(result.end, Asked | Slept):  # the step runs again: it decides the same
+        ckpt.meta = patches.recorded_in(ckpt.meta, act.id, result.patches)
     # What a resume will not spend again: a completed step's, and a reviewed method's (its
     # output under review is kept with the pause; the method never runs again).
     reviewed = isinstance(result.end, Asked) and result.end.awaiting.kind == FEEDBACK
     done = act.method if settled.outcome is Outcome.DONE or reviewed else None
     usage.charge(ckpt, settled.transition.closing, result.usage, done)
     return settled
+
+
+def stamp(graph: FlowGraph, *ckpts: Checkpoint | None) -> None:
+    """Record on ``ckpts`` (being built) that this code wrote them: its version."""
+    version = versions.of(graph)
+    for ckpt in ckpts:
+        if ckpt is not None:
+            ckpt.version = version
 
 
 def _done(

@@ -34,7 +34,7 @@ from runner.flow import lifecycle, plans, results, streaming, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import Asked, Halted, StepResult, run_step
-from runner.flow.context import PROCESS, Answers, StepContext
+from runner.flow.context import PROCESS, Answers, Patches, StepContext
 from runner.flow.flow import apply_inputs, set_usage_metrics
 from runner.flow.graph import FlowGraph
 from runner.flow.lifecycle import Outcome
@@ -119,7 +119,9 @@ def answer(flow: Any, paused: Checkpoint, given: Answer) -> Any:
     """Go on here with the run ``paused`` for a review, ``given`` its answer (``Flow.resume``):
     the step that waited runs again and finds the answer, in a new epoch."""
     graph = flow.graph()
-    plan = plans.plan_answer(graph, paused, given.text, by=given.by, outcome=given.outcome)
+    plan = plans.plan_answer(
+        graph, paused, given.text, by=given.by, outcome=given.outcome, flow_cls=type(flow)
+    )
     sink = WatchedSink(flow._sink(), flow._record_output)
     latest = sink.latest(paused.run_id)
     if latest is not None:
@@ -227,26 +229,22 @@ class LocalRun:
         (a method may start one of its own, as async methods do)."""
         return not self.loop_here and not self.graph.methods[act.method].is_async
 
-    def _call(
-        self, act: Activation
-    ) -> tuple[Activation, dict[str, Any], Any, list[Any] | None, Any]:
-        """The arguments of :meth:`_attempt` for ``act``: its base state, argument, the
-        answers people gave it and the review its output went to."""
+    def _call(self, act: Activation) -> tuple[Activation, Checkpoint, Any]:
+        """The arguments of :meth:`_attempt` for ``act``: the checkpoint it starts from (its
+        base state, the answers people gave it, the review its output went to, its patch
+        decisions, the version that wrote it) and its argument."""
         assert self.latest is not None and self.record is not None
-        arg = orch.argument_for(self.graph, self.record, act)
-        meta = self.latest.meta
-        return act, self.latest.state, arg, meta.answers.get(act.id), meta.reviews.get(act.id)
+        return act, self.latest, orch.argument_for(self.graph, self.record, act)
 
     def _attempt(
         self,
         act: Activation,
-        base: dict[str, Any],
+        base: Checkpoint,
         arg: Any,
-        answers: list[Any] | None,
-        review: Any,
     ) -> StepResult:
         """Run ``act`` until it does not ask for a retry (on a pool thread)."""
         spec = self.graph.methods[act.method]
+        meta = base.meta
         attempt, spent = 1, None
         while True:
             self._emit(ev.METHOD_STARTED, method=act.method, data={"attempt": attempt})
@@ -255,10 +253,12 @@ class LocalRun:
                 act,
                 PROCESS,
                 attempt,
-                Answers(list(answers or ()), review=review),
+                Answers(list(meta.answers.get(act.id) or ()), review=meta.reviews.get(act.id)),
+                patches=Patches(dict(meta.patches.get(act.id, {}))),
+                version=base.version,
                 stream_to=self.stream_to,
             )
-            result = run_step(self.flow, self.graph, ctx, base, arg)
+            result = run_step(self.flow, self.graph, ctx, base.state, arg)
             # What retried attempts spent counts too: the step's usage is all its attempts'.
             result.usage = spent = usage.joined(spent, result.usage)
             if lifecycle.decide(result, spec, self.settings) is not Outcome.RETRY:

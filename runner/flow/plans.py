@@ -33,7 +33,7 @@ from typing import Any
 
 from runner.errors import CheckpointNotFound, InvalidInputs, RunStateError
 from runner.flow import orchestrator as orch
-from runner.flow import results
+from runner.flow import results, versions
 from runner.flow import transition as tr
 from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
@@ -96,6 +96,11 @@ class ResumePlan:
     """The source's state with the inputs applied, validated by the flow's model (JSON)."""
     latest_id: str | None
     """The run's latest checkpoint when planned (``None``: the store keeps none)."""
+    version: str | None = None
+    """The code version resuming it (recorded on the resume's checkpoint)."""
+    upgrade: str | None = None
+    """The state upgrade (``@state_upgrade``) loading ``source``'s state ran, if any
+    (recorded in ``RunMeta.upgrades``)."""
     done: bool = False
     """Nothing is left to run at ``source`` and the caller asked for the run's result then
     (``kickoff(from_checkpoint=...)``, as CrewAI's): :attr:`result` is what it returns."""
@@ -108,7 +113,18 @@ class ResumePlan:
         now = latest.id if latest is not None else None
         if self.latest_id is not None and now != self.latest_id:
             raise changed_while_resuming(self.run_id, latest)
-        return tr.resumed(latest or self.source, self.source, self.state)
+        opened = tr.resumed(latest or self.source, self.source, self.state)
+        if self.version is not None:
+            opened.checkpoint.version = self.version
+        return upgrade_recorded(opened, self.upgrade)
+
+
+def upgrade_recorded(opened: tr.Transition, upgrade: str | None) -> tr.Transition:
+    """``opened`` with ``upgrade`` (if any) added to its run's ``RunMeta.upgrades``."""
+    if upgrade is not None:
+        meta = opened.checkpoint.meta
+        opened.checkpoint.meta = meta.model_copy(update={"upgrades": [*meta.upgrades, upgrade]})
+    return opened
 
 
 def changed_while_resuming(run_id: str, latest: Checkpoint | None) -> RunStateError:
@@ -174,14 +190,18 @@ def plan_resume(
     flow_cls = type(flow)
     check_graph(flow_cls.graph(), source)
     check_fields(flow_cls, given)
-    state = apply_inputs(flow, given, source.state)
+    loaded, upgrade = versions.read_state(flow_cls, source.state, source.version, run_id)
+    state = apply_inputs(flow, given, loaded)
     latest_id = latest.id if latest is not None else None
+    version = versions.of(flow_cls.graph())
     if not orch.pending(tr.record_of(source)):
         if done_is_result:
             result = results.run_result(source, flow_cls)
-            return ResumePlan(run_id, source, state, latest_id, done=True, result=result)
+            return ResumePlan(
+                run_id, source, state, latest_id, version, upgrade, done=True, result=result
+            )
         raise RunStateError(f"checkpoint {source.id} has no step left to run", run_id=run_id)
-    return ResumePlan(run_id, source, state, latest_id)
+    return ResumePlan(run_id, source, state, latest_id, version, upgrade)
 
 
 @dataclass(frozen=True)
@@ -191,6 +211,12 @@ class AnswerPlan:
     run_id: str
     paused: Checkpoint
     answer: Answer
+    state: dict[str, Any] | None = None
+    """The paused run's state as this code loads it, when a ``@state_upgrade`` mapped it."""
+    upgrade: str | None = None
+    version: str | None = None
+    """The code version that mapped it (the answer's checkpoint then records it: its state
+    is that version's, and no later load maps it again)."""
 
     def opening(self, latest: Checkpoint | None) -> tr.Transition:
         """The checkpoint that records the answer on ``latest`` (the run's latest as the
@@ -201,7 +227,11 @@ class AnswerPlan:
                 f"run {self.run_id} changed while answering (now at seq {latest.seq}); try again",
                 run_id=self.run_id,
             )
-        return tr.answered(latest or self.paused, self.answer)
+        opened = tr.answered(latest or self.paused, self.answer)
+        if self.state is not None:
+            opened.checkpoint.state = dict(self.state)
+            opened.checkpoint.version = self.version
+        return upgrade_recorded(opened, self.upgrade)
 
 
 def plan_answer(
@@ -212,10 +242,12 @@ def plan_answer(
     by: str | None = None,
     outcome: str | None = None,
     step: str | None = None,
+    flow_cls: Any = None,
 ) -> AnswerPlan:
     """The plan to give run ``latest.run_id`` (at ``latest``) the answer it awaits, or the
     refusal: a run that awaits nothing, a ``step`` that is not the one it awaits now (the
-    answerer read another question), an ``outcome`` that is not one of its labels."""
+    answerer read another question), an ``outcome`` that is not one of its labels, a state
+    ``flow_cls`` (the code answering, if given) cannot load (:mod:`runner.flow.versions`)."""
     run_id = latest.run_id
     awaited = latest.meta.awaiting
     if awaited is None or latest.status is not RunStatus.PAUSED:
@@ -235,7 +267,13 @@ def plan_answer(
             run_id=run_id,
         )
     check_graph(graph, latest)
-    return AnswerPlan(run_id, latest, Answer(text=text, outcome=outcome, by=by, awaited=awaited))
+    answer = Answer(text=text, outcome=outcome, by=by, awaited=awaited)
+    if flow_cls is None:
+        return AnswerPlan(run_id, latest, answer)
+    loaded, upgrade = versions.read_state(flow_cls, latest.state, latest.version, run_id)
+    if upgrade is None:
+        return AnswerPlan(run_id, latest, answer)
+    return AnswerPlan(run_id, latest, answer, loaded, upgrade, versions.of(flow_cls.graph()))
 
 
 def check_graph(graph: FlowGraph, ckpt: Checkpoint) -> None:

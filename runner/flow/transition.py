@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner import ids
-from runner.flow import epochs, usage
+from runner.flow import epochs, usage, versions
 from runner.flow import orchestrator as orch
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation, ExecutionRecord
@@ -100,7 +100,8 @@ def start(
         state=state,
         flow=flow,
         fingerprint=graph.fingerprint,
-        meta=RunMeta(name=name, ready=[a.id for a in ready]),
+        version=versions.of(graph),
+        meta=RunMeta(name=name, ready=[a.id for a in ready], pinned=versions.of(graph)),
         **extra,
     )
     return Transition(with_record(base, record, status=RunStatus.RUNNING), ready, record=record)
@@ -117,12 +118,14 @@ def restart(graph: FlowGraph, latest: Checkpoint, state: dict[str, Any]) -> Tran
         state=state,
         status=RunStatus.RUNNING,
         fingerprint=graph.fingerprint,
+        version=versions.of(graph),
         meta=epochs.carry(
             latest.meta,
             epochs.Opening.RESTART,
             ready=[a.id for a in ready],
             epoch=latest.meta.epoch + 1,
             usage=usage.restarted(latest.meta.usage),
+            pinned=versions.of(graph),
         ),
     )
     return Transition(ckpt, ready, record=record)
@@ -174,7 +177,7 @@ def step_done(
     return Transition(ckpt, ready, conflicts, record, closing_of(latest, ckpt))
 
 
-ACTIVATION_NOTES = ("sleeps", "answers", "reviews")
+ACTIVATION_NOTES = ("sleeps", "answers", "reviews", "patches")
 """The :class:`RunMeta` fields that keep notes per activation for its later attempts."""
 
 

@@ -415,8 +415,10 @@ class DeploymentStore(CoordinatedStore, StreamStore, Protocol):
     def announce_queues(
         self, queues: Sequence[str], worker: str, ttl: float, facts: WorkerFacts | None = None
     ) -> None:
-        """Record that ``worker`` consumes ``queues`` for the next ``ttl`` seconds and, with
-        ``facts``, its record in the workers' roster (lapsing with it)."""
+        """Record that ``worker`` consumes ``queues`` (a queue's version twins
+        ``<queue>@<version>`` among them) for the next ``ttl`` seconds and, with ``facts``, its
+        record in the workers' roster (lapsing with it): what it says of itself, the code
+        versions of the app it runs included (:class:`~runner.store.roster.WorkerFacts`)."""
         ...
 
     def retire_queues(self, queues: Sequence[str], worker: str) -> None:
@@ -430,7 +432,8 @@ class DeploymentStore(CoordinatedStore, StreamStore, Protocol):
     # -- the workers' roster ------------------------------------------------------------------
 
     def workers(self) -> list[WorkerRecord]:
-        """Every worker's last roster record, lapsed ones too, by name."""
+        """Every worker's last roster record, lapsed ones too, by name: its queues, the
+        queues its flows route to, its pid, host, runner, Celery and app code versions."""
         ...
 
     def forget_dead_workers(self, older_than: float = FORGET_AFTER) -> list[str]:

@@ -349,6 +349,17 @@ class RunMeta(BaseModel):
     opened_at: float | None = None
     """When that checkpoint was made (what ``flow_finished`` and ``flow_failed`` measure
     the run's duration from)."""
+    pinned: str | None = None
+    """The code version that started the run (its latest start or restart, or its fork):
+    with ``RUNNER_VERSION_POLICY=pinned`` its steps run only on workers of that version."""
+    patches: dict[str, dict[str, bool]] = Field(default_factory=dict)
+    """Activation id -> the patch decisions (``self.patched("change-id")``) its method made,
+    recorded when it paused or slept: its later attempts, on whichever code, decide alike
+    (kept, as ``sleeps``, until the activation commits)."""
+    upgrades: list[str] = Field(default_factory=list)
+    """The state upgrades (``@state_upgrade``) the run's state went through, in order, each
+    ``"<from version> -> <to version>"``: each ran once, when code of the second version
+    first loaded a state the first wrote (:mod:`runner.flow.versions`)."""
 
 
 def _split(activation_id: str) -> tuple[str, int]:
@@ -566,6 +577,10 @@ class Checkpoint(BaseModel):
     """Import path of the flow or crew, ``pkg.mod:Class``."""
     fingerprint: str | None = None
     """Fingerprint of the flow's graph when the checkpoint was written."""
+    version: str | None = None
+    """The code version that wrote the checkpoint (``RUNNER_APP_VERSION``, else a hash of the
+    flow's graph and state schema: :mod:`runner.flow.versions`); ``None`` before versions
+    were recorded. A checkpoint no code wrote (an answer, a cancel) keeps the one before."""
     lineage: Lineage | None = None
     """Set on runs created by a fork."""
     created_at: float = Field(default_factory=time.time)

@@ -16,7 +16,9 @@ A runner worker writes its record when it is ready and every recovery interval a
 same round trip as its queues' consumers (:mod:`.queues`), and its record is dropped with its
 word on its queues at a warm shutdown. A record holds ``at`` (when it was written, Unix
 seconds: the worker's last heartbeat), ``until`` (when it lapses unless written again), the
-queues it consumes and what the worker says of itself (:class:`WorkerFacts`).
+queues it consumes and what the worker says of itself (:class:`WorkerFacts`: the queues its
+flows route to, its pid and host, the runner's and Celery's versions and the code versions of
+the app it runs). A record written before ``app`` was known reads as no app version.
 
 A worker killed without a warm shutdown leaves its record: it reads as lapsed, and is dropped
 once it lapsed more than :data:`FORGET_AFTER` ago by the next worker that starts
@@ -50,6 +52,10 @@ class WorkerFacts:
     """The runner's version."""
     celery: str | None = None
     """Celery's version."""
+    app: tuple[str, ...] = ()
+    """The code versions of the app it runs (``RUNNER_APP_VERSION``, else each of its flows'
+    hashes: :func:`runner.distributed.routing.worker_versions`), whose queue twins
+    ``<queue>@<version>`` it consumes."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,7 @@ def encode(queues: Sequence[str], facts: WorkerFacts, at: float, until: float) -
             "host": facts.host,
             "runner": facts.runner,
             "celery": facts.celery,
+            "app": list(facts.app),
             "at": at,
             "until": until,
         },
@@ -105,6 +112,7 @@ def decode(name: str, raw: Any) -> WorkerRecord | None:
         host=_text(body.get("host")),
         runner=_text(body.get("runner")),
         celery=_text(body.get("celery")),
+        app=_names(body.get("app")),
     )
     return WorkerRecord(name, _names(body.get("queues")), facts, float(at), float(until))
 
