@@ -73,6 +73,7 @@ def archived(rt: Runtime, where: str, retention: str = "succeeded=0s,failed=0s")
     return collect(rt.store, policy(rt, retention, archive=where))
 
 
+@pytest.mark.processes
 def test_a_run_goes_to_the_archive_whole_and_comes_back(deploy: Runtime, location: str) -> None:
     failed = kickoff(deploy, fail=True)
     before = whole_history(deploy.store, failed)
@@ -113,6 +114,7 @@ def test_a_run_goes_to_the_archive_whole_and_comes_back(deploy: Runtime, locatio
     assert deploy.store.run(str(fork.state.id)).status is RunStatus.SUCCEEDED
 
 
+@pytest.mark.processes
 def test_restore_refuses_a_run_already_in_redis(deploy: Runtime, tmp_path: Path) -> None:
     where = str(tmp_path / "archive.db")
     run = kickoff(deploy)
@@ -124,6 +126,7 @@ def test_restore_refuses_a_run_already_in_redis(deploy: Runtime, tmp_path: Path)
     assert missing.returncode == 2 and missing.stderr.startswith("error:")
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_a_crash_between_archive_and_delete_leaves_the_run_in_both(
     deploy: Runtime, kind: str, tmp_path: Path, request: pytest.FixtureRequest

@@ -21,6 +21,7 @@ def deploy(redis_url: str, tmp_path: Path) -> Iterator[Deploy]:
     made.close()
 
 
+@pytest.mark.processes
 def test_check_deploy_names_the_runs_the_new_code_cannot_continue_and_changes_nothing(
     deploy: Deploy,
 ) -> None:

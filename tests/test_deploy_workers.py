@@ -124,6 +124,7 @@ def deploy(redis_url: str, tmp_path: Path) -> Iterator[Deploy]:
     made.close()
 
 
+@pytest.mark.processes
 def test_runs_paused_on_v1_go_on_on_v2_with_patches_and_state_as_the_new_code_reads_it(
     deploy: Deploy,
 ) -> None:
@@ -167,6 +168,7 @@ def test_runs_paused_on_v1_go_on_on_v2_with_patches_and_state_as_the_new_code_re
     assert "v1" in versions_written and versions_written[0] == "v2"  # newest first
 
 
+@pytest.mark.processes
 def test_a_patch_decided_at_a_pause_is_recorded_and_decided_alike_on_the_next_run(
     deploy: Any,
 ) -> None:

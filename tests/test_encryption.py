@@ -218,6 +218,7 @@ def runner_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[s
     )
 
 
+@pytest.mark.processes
 def test_the_cli_without_the_key_or_with_a_wrong_one_says_so_in_one_line(
     store: Store, redis_url: str, prefix: str, mark: str
 ) -> None:
@@ -250,6 +251,7 @@ def test_the_cli_without_the_key_or_with_a_wrong_one_says_so_in_one_line(
     )
 
 
+@pytest.mark.processes
 def test_rekey_on_the_cli_stops_and_goes_on(store: Store, redis_url: str, prefix: str) -> None:
     old = store(K1)
     for n in range(3):

@@ -30,6 +30,7 @@ def deploy(redis_url: str, tmp_path: Path) -> Iterator[Deploy]:
     made.close()
 
 
+@pytest.mark.processes
 def test_fork_map_continues_a_run_whose_method_was_renamed_on_the_new_code(
     deploy: Deploy,
 ) -> None:
@@ -61,6 +62,7 @@ def test_fork_map_continues_a_run_whose_method_was_renamed_on_the_new_code(
     assert source is not None and source.status is RunStatus.PAUSED  # the source is untouched
 
 
+@pytest.mark.processes
 def test_the_api_forks_with_a_map_too(deploy: Deploy, monkeypatch: pytest.MonkeyPatch) -> None:
     old = deploy.worker("v1")
     run_id = deploy.submit("v1", "RenameFlow")

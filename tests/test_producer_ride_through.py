@@ -146,6 +146,7 @@ def test_past_the_bound_a_dead_redis_is_store_unavailable(
     store.close()
 
 
+@pytest.mark.processes
 def test_a_redis_that_comes_back_within_the_bound_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_settings: None
 ) -> None:
@@ -163,6 +164,7 @@ def test_a_redis_that_comes_back_within_the_bound_answers(
     store.close()
 
 
+@pytest.mark.processes
 def test_a_producer_commit_short_of_its_replica_waits_for_one_within_the_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_settings: None
 ) -> None:

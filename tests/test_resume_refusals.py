@@ -328,6 +328,7 @@ def holding(store: Any, run_id: str) -> bool:
     )
 
 
+@pytest.mark.processes
 def test_a_run_another_live_process_runs_is_refused_here_until_that_process_ends(
     tmp_path: Path, worker_env: dict[str, str]
 ) -> None:

@@ -78,6 +78,7 @@ def test_a_rolling_deploy_with_30_runs_in_flight_fails_loses_and_repeats_nothing
         assert counts["extra"] == (1 if b_on_v2 else 0), (run_id, counts, latest.record.outputs)
 
 
+@pytest.mark.processes
 def test_a_pinned_run_waits_for_a_worker_of_its_version_then_finishes_there(
     deploy: Deploy, redis_client: redis.Redis
 ) -> None:

@@ -39,6 +39,7 @@ def small_redis(tmp_path: Path) -> Iterator[str]:
         yield f"redis://127.0.0.1:{server.port}/0"
 
 
+@pytest.mark.processes
 def test_redis_judges_a_script_by_the_memory_at_its_start(small_redis: str) -> None:
     # What the commit's atomicity rests on (Redis 7, noeviction): a script that starts under
     # the limit runs to its end even if it crosses it; one that starts over it has its first
@@ -82,6 +83,7 @@ def consistent(client: redis.Redis, store: RedisProvider, run_id: str) -> int:
     return seq
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("sealed", [False, True], ids=["clear", "sealed"])
 def test_commits_until_redis_is_out_of_memory_leave_no_half_commit(
     small_redis: str, sealed: bool
@@ -229,6 +231,7 @@ def test_a_full_store_refuses_submits_while_running_runs_finish(
             pool.stop_all()
 
 
+@pytest.mark.processes
 def test_runner_store_shows_the_limit_and_warns_of_an_evicting_policy(tmp_path: Path) -> None:
     with redis_server(
         tmp_path, "--maxmemory", str(64 * MB), "--maxmemory-policy", "allkeys-lru"

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+import pytest
 import redis
 
 from runner.distributed.client import RunHandle, submit
@@ -153,6 +154,7 @@ def test_runner_submit_wait_stream_prints_tokens_then_the_result(
     assert out.rstrip().endswith("succeeded: 40")
 
 
+@pytest.mark.processes
 def test_runner_watch_stream_of_an_unknown_run_is_one_line(worker_env: dict[str, str]) -> None:
     proc = _cli(worker_env, "watch", "no-such-run", "--stream")
     _out, err = proc.communicate(timeout=60)
@@ -160,6 +162,7 @@ def test_runner_watch_stream_of_an_unknown_run_is_one_line(worker_env: dict[str,
     assert err.strip().count("\n") == 0 and "no-such-run" in err, err
 
 
+@pytest.mark.processes
 def test_a_worker_killed_mid_stream_leaves_its_entries_superseded_by_the_retrys(
     worker_env: dict[str, str], tmp_path: Any
 ) -> None:

@@ -140,9 +140,9 @@ def _ending(
             # A private copy (no list or dict shared with ``base_state``): changes a parallel
             # branch makes in place cannot leak into this step, nor a failed step's into the
             # run.
-            loaded, _ = versions.read_state(
-                type(flow), base_state, ctx.version, str(base_state.get("id", ""))
-            )
+            # Mapped by this code's @state_upgrade hook when another version wrote it (the
+            # model then reads it below; the planners refuse an unreadable one in one line).
+            loaded, _ = versions.upgraded(type(flow), base_state, ctx.version)
             state_obj = ctx.state = flow._state_from_json(loaded)
             method = getattr(flow, activation.method)
             value = (

@@ -115,7 +115,7 @@ def read_state(
     model = flow_cls.state_type()
     if model is not None:
         try:
-            model.model_validate(copy.deepcopy(data))
+            model.model_validate(data)  # read only: the model is dropped
         except ValidationError as exc:
             raise unreadable(flow_cls, exc, run_id, written_by) from None
     return data, entry
