@@ -124,6 +124,22 @@ def diff(
 @app.command()
 def graph(
     flow: Annotated[str, typer.Argument(metavar="FLOW", help="pkg.mod:FlowClass")],
+    definition: Annotated[
+        str | None,
+        typer.Option(
+            "--definition",
+            metavar="yaml|json",
+            help="Print the flow's definition (crewai.flow/v1) instead of the Mermaid graph.",
+        ),
+    ] = None,
 ) -> None:
-    """Print a flow's graph as Mermaid text (paste into a Markdown mermaid block)."""
-    typer.echo(load_flow(flow).graph().to_mermaid(), nl=False)
+    """Print a flow's graph as Mermaid text (paste into a Markdown mermaid block), or its
+    definition as YAML or JSON; both are drawn from the one definition."""
+    if definition not in (None, "yaml", "json"):
+        raise typer.BadParameter("--definition takes yaml or json")
+    flow_cls = load_flow(flow)
+    if definition is None:
+        typer.echo(flow_cls.graph().to_mermaid(), nl=False)
+        return
+    found = flow_cls.flow_definition()
+    typer.echo(found.to_yaml() if definition == "yaml" else found.to_json(), nl=False)

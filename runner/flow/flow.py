@@ -40,6 +40,7 @@ from runner.flow import human_feedback as reviewing
 from runner.flow import input_provider as asking
 from runner.flow import usage
 from runner.flow.attempt import current_activation, current_sleeps, current_state, json_copy
+from runner.flow.definition import FlowDefinition, class_definition
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph, compile_graph, unknown_trigger
@@ -168,6 +169,14 @@ class Flow(Generic[StateT]):
     def graph(cls) -> FlowGraph:
         """The compiled graph of this flow class."""
         return compile_graph(cls)
+
+    @classmethod
+    def flow_definition(cls) -> FlowDefinition:
+        """This flow as data (CrewAI's ``FlowDefinition``, ``schema: crewai.flow/v1``): its
+        methods with their start/listen/router conditions and emits, its state schema with
+        defaults and its config; ``.to_yaml()`` / ``.to_json()`` serialise it. The graph,
+        ``runner graph`` and the fingerprint derive from its methods part."""
+        return class_definition(cls, cls.graph().definition)
 
     @classmethod
     def state_type(cls) -> type[BaseModel] | None:

@@ -44,7 +44,7 @@ from runner.flow.attempt import (
     run_awaitable,
     to_json,
 )
-from runner.flow.decorators import router
+from runner.flow.decorators import REVIEW_ATTR, router
 from runner.flow.input_provider import ConsoleProvider, flow_config
 from runner.flow.llm import call_llm, is_llm, resolve_llm
 from runner.store.base import CheckpointStore
@@ -56,7 +56,7 @@ log = logging.getLogger("runner.flow")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-CONFIG_ATTR = "__human_feedback_config__"
+CONFIG_ATTR = REVIEW_ATTR
 """The attribute a reviewed method carries its :class:`HumanFeedbackConfig` under (CrewAI's)."""
 
 __all__ = [
