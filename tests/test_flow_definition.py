@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import pytest
@@ -24,7 +24,7 @@ class Report(FlowState):
     notes: list[str] = []
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     OK = "ok"
     RETRY = "retry"
 

@@ -57,7 +57,8 @@ def unknown(name: str) -> str:
     known = ", ".join(repr(n) for n in sorted((EDITOR, WRITER)))
     return (
         f"no LLM is registered under the name {name!r} (registered: {known}); register your "
-        f"client in a module the workers import: runner.register_llm({name!r}, client)"
+        f"client in a module the workers import: runner.register_llm({name!r}, client), "
+        "or install crewai or litellm to resolve model names through them"
     )
 
 

@@ -295,6 +295,7 @@ def context_for(
         emit=list(config.emit) if config.emit is not None else None,
         default_outcome=config.default_outcome,
         metadata=dict(config.metadata or {}),
+        llm=config.llm if isinstance(config.llm, str) else None,  # the name, never a client
     )
 
 
