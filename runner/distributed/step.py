@@ -282,7 +282,8 @@ def _run(
     try:
         with deferring():  # starting a child run returns a ChildRun marker instead of blocking
             answers, review = latest.meta.answers.get(act.id), latest.meta.reviews.get(act.id)
-            result = run_step(flow, graph, act, dict(latest.state), arg, answers, review)
+            outputs = dict(tr.record_of(latest).outputs)
+            result = run_step(flow, graph, act, dict(latest.state), arg, answers, review, outputs)
     finally:
         current_sleeps.reset(sleeps)
     result.attempts = attempt

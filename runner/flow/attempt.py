@@ -35,6 +35,13 @@ current_activation: contextvars.ContextVar[tuple[Any, Activation] | None] = cont
 derive their id from it)."""
 
 
+current_outputs: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "runner_step_outputs", default=None
+)
+"""Inside a running step: the outputs of the run's steps committed so far, by method (what
+a declared flow's ``${outputs.step}`` reads)."""
+
+
 @dataclass
 class Sleeps:
     """The durable sleeps of the step running on a worker: the wake-up times recorded by its
@@ -113,10 +120,11 @@ def run_step(
     arg: Any,
     answers: list[Any] | None = None,
     review: Any = None,
+    outputs: dict[str, Any] | None = None,
 ) -> StepResult:
     """Run ``activation``'s method once on a fresh copy of ``base_state``; ``answers`` are
     the ones people gave it so far (``RunMeta.answers``), ``review`` the review its output
-    went to (``RunMeta.reviews``)."""
+    went to (``RunMeta.reviews``), ``outputs`` the run's committed outputs by method."""
     spec = graph.methods[activation.method]
     began = time.perf_counter()
     result = StepResult(activation, base_state)
@@ -124,6 +132,7 @@ def run_step(
     running = current_activation.set((flow, activation))
     given = Answers(list(answers or ()), review=review)
     answering = current_answers.set(given)
+    seen = current_outputs.set(outputs)
     metering = usage.start_meter()
     try:
         # A private copy (no list or dict shared with ``base_state``): changes a parallel
@@ -160,6 +169,7 @@ def run_step(
             current_state.reset(token)
         result.usage = usage.stop_meter(metering)
         current_answers.reset(answering)
+        current_outputs.reset(seen)
         current_activation.reset(running)
         result.duration = time.perf_counter() - began
     return result

@@ -427,6 +427,7 @@ class FlowDefinition(BaseModel):
             definition = cls.model_validate(dict(data))
         except ValidationError as exc:
             raise DefinitionError(validation_line(exc), field=first_path(exc)) from None
+        check_expressions(definition)
         if source is not None:
             definition._source_path = source.resolve()
         return definition
@@ -449,6 +450,84 @@ class FlowDefinition(BaseModel):
                 }
             )
         return found
+
+
+# --- checks a definition passes when it is loaded -------------------------------------------
+
+BASE_ROOTS = frozenset({"state", "outputs"})
+"""What a method's expressions and templates may read."""
+EACH_ROOTS = BASE_ROOTS | {"item"}
+"""What the steps of an ``each`` may read besides: the item."""
+
+_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def check_expressions(definition: FlowDefinition) -> None:
+    """Refuse (a :class:`DefinitionError` naming the field's path) a code reference not of
+    the form ``module:qualname``, and a CEL expression or ``${...}`` template that does not
+    parse or reads a root it may not."""
+    for name, method in definition.methods.items():
+        check_action(method.do, f"methods.{name}.do", BASE_ROOTS)
+
+
+def check_action(action: Any, where: str, allowed: frozenset[str]) -> None:
+    """:func:`check_expressions` of one action at ``where``."""
+    from runner.flow import expressions as cel
+
+    if isinstance(action, CodeAction | ToolAction):
+        if not _REF.fullmatch(action.ref):
+            raise DefinitionError(
+                f"{where}.ref: {action.ref!r} is not of the form module:qualname", field=where
+            )
+        if action.with_ is not None:
+            cel.validate_template(action.with_, allowed, f"{where}.with")
+    elif isinstance(action, ExpressionAction):
+        cel.validate_expression(action.expr, allowed, f"{where}.expr")
+    elif isinstance(action, CrewAction):
+        if action.inputs is not None:
+            cel.validate_template(action.inputs, allowed, f"{where}.inputs")
+    elif isinstance(action, AgentAction):
+        cel.validate_template(action.with_.input, allowed, f"{where}.with.input")
+    elif isinstance(action, EachAction):
+        cel.validate_expression(action.in_, BASE_ROOTS, f"{where}.in")
+        for i, step in enumerate(action.do):
+            if step.if_ is not None:
+                cel.validate_expression(step.if_, EACH_ROOTS, f"{where}.do[{i}].if")
+            check_action(step.action, f"{where}.do[{i}].action", EACH_ROOTS)
+
+
+def refs(definition: FlowDefinition) -> list[tuple[str, str]]:
+    """Every ``(path of the field, code reference)`` of the definition: what a worker must
+    be allowed to import to run it."""
+    found: list[tuple[str, str]] = []
+
+    def visit(action: Any, where: str) -> None:
+        if isinstance(action, CodeAction):
+            found.append((f"{where}.ref", action.ref))
+        elif isinstance(action, EachAction):
+            for i, step in enumerate(action.do):
+                visit(step.action, f"{where}.do[{i}].action")
+
+    for name, method in definition.methods.items():
+        visit(method.do, f"methods.{name}.do")
+    if isinstance(definition.state, PydanticState) and definition.state.ref:
+        found.append(("state.ref", definition.state.ref))
+    return found
+
+
+DECLARED_MODULE = "runner.crew.declared"
+"""The module whose attributes are the flow classes made from declarations (a declared
+flow's import path is ``runner.crew.declared:D_<its definition, compressed>``): any process
+that has the path has the flow."""
+
+ALLOWED_REFS: list[list[str]] = []
+"""Set by a worker (``[modules]``): a declared flow's code references resolve only in
+these modules (its allow-list, ``RUNNER_FLOW_MODULES``); empty: anywhere (in process)."""
+
+
+def is_declared(path: str | None) -> bool:
+    """Whether a flow path names a flow made from a declaration."""
+    return bool(path) and str(path).partition(":")[0] == DECLARED_MODULE
 
 
 # --- helpers --------------------------------------------------------------------------------

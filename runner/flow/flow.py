@@ -179,6 +179,22 @@ class Flow(Generic[StateT]):
         return class_definition(cls, cls.graph().definition)
 
     @classmethod
+    def from_declaration(
+        cls,
+        contents: Any = None,
+        *,
+        path: str | Path | None = None,
+        **kwargs: Any,
+    ) -> Flow[Any]:
+        """A flow object made from a definition (CrewAI's): ``contents`` is a
+        :class:`FlowDefinition`, a dict, YAML/JSON text or a :class:`~pathlib.Path`, or
+        ``path`` names a YAML/JSON file. It runs as a class flow does, in process
+        (``kickoff``) and on workers (``type(flow).submit(...)``), each method a step; the
+        run records the definition. Bad input is one line naming the field's path."""
+        assert EXECUTORS.declare is not None, "runner/__init__.py plugs it in"
+        return EXECUTORS.declare(contents, path=path)(**kwargs)  # type: ignore[no-any-return]
+
+    @classmethod
     def state_type(cls) -> type[BaseModel] | None:
         """The pydantic state model, or ``None`` for dict state (found once per class)."""
         found = cls.__dict__.get(_STATE_TYPE_ATTR, _UNKNOWN)

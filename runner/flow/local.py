@@ -226,13 +226,14 @@ class LocalRun:
 
     def _call(
         self, act: Activation
-    ) -> tuple[Activation, dict[str, Any], Any, list[Any] | None, Any]:
+    ) -> tuple[Activation, dict[str, Any], Any, list[Any] | None, Any, dict[str, Any]]:
         """The arguments of :meth:`_attempt` for ``act``: its base state, argument, the
-        answers people gave it and the review its output went to."""
+        answers people gave it, the review its output went to and the outputs so far."""
         assert self.latest is not None and self.record is not None
         arg = orch.argument_for(self.graph, self.record, act)
         meta = self.latest.meta
-        return act, self.latest.state, arg, meta.answers.get(act.id), meta.reviews.get(act.id)
+        answers, review = meta.answers.get(act.id), meta.reviews.get(act.id)
+        return act, self.latest.state, arg, answers, review, dict(self.record.outputs)
 
     def _attempt(
         self,
@@ -241,13 +242,14 @@ class LocalRun:
         arg: Any,
         answers: list[Any] | None,
         review: Any,
+        outputs: dict[str, Any] | None = None,
     ) -> StepResult:
         """Run ``act`` until it does not ask for a retry (on a pool thread)."""
         spec = self.graph.methods[act.method]
         attempt, spent = 1, None
         while True:
             self._emit(ev.METHOD_STARTED, method=act.method, data={"attempt": attempt})
-            result = run_step(self.flow, self.graph, act, base, arg, answers, review)
+            result = run_step(self.flow, self.graph, act, base, arg, answers, review, outputs)
             result.attempts = attempt
             # What retried attempts spent counts too: the step's usage is all its attempts'.
             result.usage = spent = usage.joined(spent, result.usage)
