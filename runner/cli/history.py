@@ -6,11 +6,10 @@ from typing import Annotated
 
 import typer
 
-from runner.flow.loading import load_flow
 from runner.flow.usage import run_sums, run_sums_text
 from runner.views import answers_given, checkpoint_diff
 
-from . import progress, refs
+from . import progress, refs, sources
 from ._app import commands
 from ._session import FLAG, console, print_json, session
 from .location import LocationOpt, located
@@ -123,7 +122,12 @@ def diff(
 
 @app.command()
 def graph(
-    flow: Annotated[str, typer.Argument(metavar="FLOW", help="pkg.mod:FlowClass")],
+    flow: Annotated[
+        str,
+        typer.Argument(
+            metavar="FLOW", help="pkg.mod:FlowClass, or a flow definition's YAML/JSON file"
+        ),
+    ],
     definition: Annotated[
         str | None,
         typer.Option(
@@ -137,7 +141,7 @@ def graph(
     definition as YAML or JSON; both are drawn from the one definition."""
     if definition not in (None, "yaml", "json"):
         raise typer.BadParameter("--definition takes yaml or json")
-    flow_cls = load_flow(flow)
+    flow_cls = sources.flow_class(flow)
     if definition is None:
         typer.echo(flow_cls.graph().to_mermaid(), nl=False)
         return

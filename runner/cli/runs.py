@@ -17,7 +17,7 @@ from runner.flow.rates import PRIORITIES
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.views import asleep, scheduled_until, woken_at
 
-from . import progress, refs
+from . import progress, refs, sources
 from ._app import commands
 from ._outcome import (
     exit_code_of,
@@ -63,7 +63,12 @@ InputOpt = Annotated[
 @app.command()
 def submit(
     ctx: typer.Context,
-    flow: Annotated[str, typer.Argument(metavar="FLOW", help="pkg.mod:FlowClass")],
+    flow: Annotated[
+        str,
+        typer.Argument(
+            metavar="FLOW", help="pkg.mod:FlowClass, or a flow definition's YAML/JSON file"
+        ),
+    ],
     inputs: InputOpt = None,
     inputs_file: Annotated[
         Path | None,
@@ -141,7 +146,7 @@ def submit(
 
     # Checked before connecting, so a typo is exit 2 even without Redis (submit checks
     # again, with the allow-list).
-    flow_cls = client.load_flow(flow)
+    flow_cls = sources.flow_class(flow)
     client.check_importable(flow_cls)
     values = load_inputs(inputs, inputs_file, flow_cls.state_type())
     client.check_fields(flow_cls, client.split_trigger_payload(values)[0])

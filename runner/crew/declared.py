@@ -227,8 +227,9 @@ def _method(flow: str, name: str, method: FlowMethodDefinition) -> Any:
     where = f"methods.{name}"
     action = method.do
 
-    def step(self: Flow[Any]) -> Any:
-        return run_action(self, action, context_of(self), f"{where}.do")
+    def step(self: Flow[Any], trigger_output: Any = None) -> Any:
+        context = {**context_of(self), "trigger": trigger_output}
+        return run_action(self, action, context, f"{where}.do")
 
     step.__name__ = name
     step.__qualname__ = f"{flow}.{name}"
@@ -320,6 +321,10 @@ def run_action(flow: Flow[Any], action: Any, context: dict[str, Any], where: str
         fn = resolve_ref(action.ref, f"{where}.ref")
         kwargs = cel.render(action.with_ or {}, context, f"{where}.with")
         if _takes_self(fn):
+            # A flow class's method: called on this flow, given its trigger's output if it
+            # takes one (as the class flow would be).
+            if _wants_trigger(fn, kwargs):
+                return fn(flow, context.get("trigger"), **kwargs)
             return fn(flow, **kwargs)
         return fn(**kwargs)
     if isinstance(action, CrewAction):
@@ -369,7 +374,8 @@ def run_each(flow: Flow[Any], action: EachAction, context: dict[str, Any], where
         raise DefinitionError(
             f"{where}.in: must evaluate to a list, not {type(items).__name__}", field=where
         )
-    if deferred() and items:
+    # Inside an each child (its state holds the items) the one item runs here.
+    if deferred() and items and EACH_ITEMS not in context["state"]:
         child = _each_child(flow, action, len(items))
         state = {k: v for k, v in context["state"].items() if k not in ("id", EACH_ITEMS)}
         inputs = {**state, EACH_ITEMS: items, EACH_OUTPUTS: context["outputs"]}
@@ -444,6 +450,15 @@ def resolve_ref(ref: str, where: str) -> Any:
 
 def _allowed(module: str, modules: list[str]) -> bool:
     return module in modules
+
+
+def _wants_trigger(fn: Any, kwargs: dict[str, Any]) -> bool:
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    return any(
+        p.kind in kinds and p.name not in kwargs and p.default is inspect.Parameter.empty
+        for p in params
+    ) or any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
 
 
 def _takes_self(fn: Any) -> bool:

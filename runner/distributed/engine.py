@@ -400,6 +400,10 @@ def allowed_flow(rt: Runtime, latest: Checkpoint) -> Any | None:
     path; both must match a class this worker imported from its allow-list.
     """
     flow_cls = rt.flows.get(str(latest.meta.name))
+    if flow_cls is None and is_declared(latest.flow):
+        # A declared flow is the definition its path carries (its code refs are checked
+        # when they run); a worker registers no task of its own for it.
+        flow_cls = rt.flows.setdefault(str(latest.meta.name), load_flow(str(latest.flow)))
     if flow_cls is None or flow_cls.flow_path() != latest.flow:
         return None
     return flow_cls

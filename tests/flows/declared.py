@@ -12,6 +12,7 @@ import time
 
 import redis
 
+from runner.flow.llm import register_llm
 from runner.settings import get_settings
 
 
@@ -36,3 +37,14 @@ def count_item(item: object, tag: str, pause: float = 0.0) -> str:
         client.close()
     time.sleep(pause)
     return f"done-{item}"
+
+
+ECHO = "test/echo-notes"
+"""An LLM name the workers register (a declared crew's agents name it)."""
+
+
+def _notes(prompt: str) -> str:
+    return "notes on " + prompt.split("Research ", 1)[-1].split("\n", 1)[0]
+
+
+register_llm(ECHO, _notes)
