@@ -338,3 +338,54 @@ def test_a_yaml_flow_from_the_cli_survives_a_worker_killed_mid_fan_out(
     keys = list(redis_client.scan_iter(f"decl-test:{tag}:*"))
     if keys:
         redis_client.delete(*keys)
+
+
+def test_a_declared_run_is_cancelled_resumed_and_forked_from_the_cli(
+    worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis, rt: Any
+) -> None:
+    items = list(range(8))
+    tag = f"d{uuid.uuid4().hex[:8]}"
+    source = tmp_path / "research.json"
+    source.write_text(json.dumps(_crew_definition(items, pause=1.5)))
+    done = _cli(worker_env, "submit", str(source), "--input", f"tag={tag}")
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+    child = eventually(lambda: _child_of(rt, run_id), timeout=60)
+
+    def finished_items() -> set[str]:
+        latest = rt.store.latest(child)
+        outputs = tr.record_of(latest).outputs if latest is not None else {}
+        return {m for m in outputs if m.startswith("item_")}
+
+    eventually(lambda: len(finished_items()) >= 2, timeout=60)
+    assert _cli(worker_env, "cancel", run_id).returncode == 0
+    eventually(lambda: rt.store.latest(child).status is RunStatus.CANCELLED, timeout=30)
+    done_before = finished_items()
+    assert len(done_before) < len(items)
+
+    resumed = _cli(worker_env, "resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    assert RunHandle(run_id, rt).result(timeout=60) == _expected(items)
+    for name in done_before:
+        assert int(redis_client.get(count_key(tag, int(name.removeprefix("item_"))))) == 1
+
+    # A fork from the checkpoint after the crew, with another score: the router goes the
+    # other way and the crew is not run again.
+    research = next(
+        c
+        for c in rt.store.history(run_id, limit=200)
+        if c.step == "research"
+        and c.error is None
+        and "research" in tr.record_of(c).outputs
+        and "decide" not in tr.record_of(c).outputs
+    )
+    forked = _cli(worker_env, "fork", research.id, "--set", "score=1", "--json")
+    assert forked.returncode == 0, forked.stderr
+    new_run = json.loads(forked.stdout)["run_id"]
+    assert RunHandle(new_run, rt).result(timeout=60) == "nothing"
+    assert "research" not in {
+        c.step for c in rt.store.history(new_run, limit=200) if c.event.endswith("finished")
+    } - {None}
+    keys = list(redis_client.scan_iter(f"decl-test:{tag}:*"))
+    if keys:
+        redis_client.delete(*keys)
