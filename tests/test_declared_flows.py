@@ -389,3 +389,13 @@ def test_a_declared_run_is_cancelled_resumed_and_forked_from_the_cli(
     keys = list(redis_client.scan_iter(f"decl-test:{tag}:*"))
     if keys:
         redis_client.delete(*keys)
+
+
+def test_runner_graph_draws_a_definition_file(tmp_path: Path) -> None:
+    source = tmp_path / "routed.yaml"
+    source.write_text(ROUTE)
+    done = _cli({}, "--redis-url", "redis://127.0.0.1:1/0", "graph", str(source))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == declared_flow(path=source).graph().to_mermaid()
+    again = _cli({}, "graph", str(source), "--definition", "json")
+    assert json.loads(again.stdout) == FlowDefinition.from_declaration(ROUTE).to_dict()

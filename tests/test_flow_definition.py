@@ -138,6 +138,18 @@ def test_starts_conditional_starts_and_stacked_listeners() -> None:
     assert methods["fine"]["listen"] == "ok"
 
 
+def test_crewais_flow_level_settings_are_the_config() -> None:
+    class Settled(Flow):
+        stream = True
+        max_method_calls = 7
+
+        @start()
+        def go(self) -> None: ...
+
+    config = Settled.flow_definition().config
+    assert config.stream is True and config.max_method_calls == 7
+
+
 def test_persist_and_a_dynamic_router() -> None:
     @persist()
     class Kept(Flow):

@@ -351,12 +351,15 @@ class FlowDefinition(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
     _source_path: Path | None = PrivateAttr(default=None)
 
-    schema_: Literal["crewai.flow/v1"] = Field(default=SCHEMA, alias="schema")
+    schema_: Literal["crewai.flow/v1"] = Field(default="crewai.flow/v1", alias="schema")
     name: str
     description: str | None = None
     state: StateDefinition | None = None
     config: FlowConfigDefinition = Field(default_factory=FlowConfigDefinition)
     persist: PersistenceDefinition | None = None
+    conversational: dict[str, Any] | None = None
+    """CrewAI's conversational block, kept as given (conversational flows are not run from
+    a definition here yet)."""
     methods: dict[str, FlowMethodDefinition] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -755,7 +758,14 @@ def config_definition(flow_cls: type) -> FlowConfigDefinition:
     if isinstance(checkpoint, BaseModel):
         checkpoint = _jsonable(checkpoint.model_dump(mode="json", exclude_none=True))
     provider = getattr(flow_cls, "input_provider", None)
+    # CrewAI's flow-level settings, where a class sets them (``stream = True``).
+    given = {
+        name: value
+        for name in ("tracing", "stream", "suppress_flow_events", "max_method_calls")
+        if isinstance(value := getattr(flow_cls, name, None), bool | int)
+    }
     return FlowConfigDefinition(
+        **given,
         input_provider=None
         if provider is None or isinstance(provider, str)
         else object_ref(provider),

@@ -192,7 +192,8 @@ class Flow(Generic[StateT]):
         (``kickoff``) and on workers (``type(flow).submit(...)``), each method a step; the
         run records the definition. Bad input is one line naming the field's path."""
         assert EXECUTORS.declare is not None, "runner/__init__.py plugs it in"
-        return EXECUTORS.declare(contents, path=path)(**kwargs)  # type: ignore[no-any-return]
+        flow: Flow[Any] = EXECUTORS.declare(contents, path=path)(**kwargs)
+        return flow
 
     @classmethod
     def state_type(cls) -> type[BaseModel] | None:
