@@ -17,15 +17,28 @@ import pytest
 import redis
 import yaml
 
-from runner import Flow, FlowDefinition, and_, listen, or_, start, submit_definition
+from runner import (
+    Flow,
+    FlowDefinition,
+    and_,
+    flow_config,
+    human_feedback,
+    listen,
+    or_,
+    router,
+    start,
+    submit_definition,
+)
 from runner.crew.declared import declared_flow
 from runner.distributed.client import RunHandle
 from runner.distributed.engine import DECLARED_TASK, task_name
 from runner.errors import DefinitionError
 from runner.flow import transition as tr
+from runner.flow.llm import register_llm
 from runner.store.models import RunStatus
 from tests._dist_support import eventually, private_pool
 from tests.flows.declared import ECHO, count_key
+from tests.test_flow_definition import Report
 
 HERE = __name__
 
@@ -399,3 +412,41 @@ def test_runner_graph_draws_a_definition_file(tmp_path: Path) -> None:
     assert done.stdout == declared_flow(path=source).graph().to_mermaid()
     again = _cli({}, "graph", str(source), "--definition", "json")
     assert json.loads(again.stdout) == FlowDefinition.from_declaration(ROUTE).to_dict()
+
+
+class Approving:
+    """A reviewer who approves at once."""
+
+    def request_feedback(self, context: Any, flow: Any) -> str:
+        return "ship it"
+
+
+class Reviewed(Flow[Report]):
+    @start()
+    @human_feedback(message="Ship?", emit=["approved", "hold"], llm="decl-test-judge")
+    def draft(self) -> str:
+        self.state.notes.append("drafted")
+        return f"draft on {self.state.topic}"
+
+    @listen("approved")
+    def ship(self) -> str:
+        return "shipped " + ",".join(self.state.notes)
+
+    @router(ship)
+    def after(self) -> str:
+        return "done"
+
+
+def test_a_class_flows_definition_keeps_its_state_model_and_its_review() -> None:
+    register_llm("decl-test-judge", lambda prompt: "approved")
+    flow_config.hitl_provider = Approving()
+    try:
+        declared = Flow.from_declaration(Reviewed.flow_definition().to_json())
+        assert isinstance(declared.state, Report)
+        assert declared.kickoff() == "done"
+        assert declared.method_outputs[1] == "shipped drafted"  # the body ran once
+        assert declared.last_human_feedback is not None
+        assert declared.last_human_feedback.outcome == "approved"
+    finally:
+        flow_config.hitl_provider = None
+        register_llm("decl-test-judge", None)

@@ -49,7 +49,7 @@ from runner.flow import expressions as cel
 from runner.flow.attempt import current_outputs
 from runner.flow.children import ChildRun, deferred
 from runner.flow.conditions import Cond
-from runner.flow.decorators import listen, router, start
+from runner.flow.decorators import REVIEW_ATTR, listen, router, start
 from runner.flow.definition import (
     ACTION_ATTR,
     ALLOWED_REFS,
@@ -319,6 +319,8 @@ def run_action(flow: Flow[Any], action: Any, context: dict[str, Any], where: str
         return cel.evaluate(action.expr, context, f"{where}.expr")
     if isinstance(action, CodeAction):
         fn = resolve_ref(action.ref, f"{where}.ref")
+        if getattr(fn, REVIEW_ATTR, None) is not None:
+            fn = getattr(fn, "__wrapped__", fn)  # the method's body: the definition reviews
         kwargs = cel.render(action.with_ or {}, context, f"{where}.with")
         if _takes_self(fn):
             # A flow class's method: called on this flow, given its trigger's output if it

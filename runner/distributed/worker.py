@@ -42,7 +42,14 @@ from runner.settings import RunnerSettings, get_settings
 
 from . import broker, handoff, routing
 from .coord import OK
-from .engine import DECLARED_TASK, RECOVER_TASK, Runtime, fail_not_allowed, task_name
+from .engine import (
+    DECLARED_TASK,
+    RECOVER_TASK,
+    Runtime,
+    allowed_flow,
+    fail_not_allowed,
+    task_name,
+)
 from .recovery import recover
 from .step import execute, hard_time_limit
 
@@ -381,6 +388,9 @@ def _settle_hard_time_limits(app: Celery, rt: Runtime) -> None:
         if not isinstance(exception, TimeLimitExceeded) or getattr(sender, "app", None) is not app:
             return
         flow_cls = rt.flows.get(str(sender.name).rpartition(".")[0])
+        if sender.name == DECLARED_TASK and isinstance(kwargs, dict) and "run_id" in kwargs:
+            latest = rt.coord.read(str(kwargs["run_id"]))
+            flow_cls = None if latest is None else allowed_flow(rt, latest)
         if flow_cls is None or not isinstance(kwargs, dict) or "run_id" not in kwargs:
             return
         threading.Thread(
