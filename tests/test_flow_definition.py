@@ -209,6 +209,10 @@ def test_a_definition_is_refused_with_the_path_of_the_bad_field() -> None:
         )
     with pytest.raises(DefinitionError, match="mapping"):
         FlowDefinition.from_declaration("- a list\n")
+    with pytest.raises(ValueError, match="Provide contents or path"):
+        FlowDefinition.from_declaration()
+    with pytest.raises(ValueError, match=r"^methods\.go\.do\.do"):  # a ValueError, as CrewAI's
+        FlowDefinition.from_declaration(bad)
 
 
 def test_runner_graph_prints_the_definition() -> None:

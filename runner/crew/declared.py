@@ -65,6 +65,7 @@ from runner.flow.definition import (
     ExpressionAction,
     FlowDefinition,
     FlowMethodDefinition,
+    InvalidDefinition,
     JsonSchemaState,
     PydanticState,
     ScriptAction,
@@ -197,24 +198,24 @@ def _build(definition: FlowDefinition, attribute: str) -> type[Flow[Any]]:
 
 def _check_supported(action: Any, where: str, nested: bool = False) -> None:
     if isinstance(action, ToolAction):
-        raise DefinitionError(
+        raise InvalidDefinition(
             f"{where}.call: tool actions are not run here; call the tool from a code action",
             field=f"{where}.call",
         )
     if isinstance(action, ScriptAction):
-        raise DefinitionError(
+        raise InvalidDefinition(
             f"{where}.call: script actions are not run here (no exec of definition text); "
             "use a code action naming a function",
             field=f"{where}.call",
         )
     if isinstance(action, CrewAction) and action.from_declaration is not None:
-        raise DefinitionError(
+        raise InvalidDefinition(
             f"{where}.from_declaration: give the crew inline under with",
             field=f"{where}.from_declaration",
         )
     if isinstance(action, EachAction):
         if nested:
-            raise DefinitionError(f"{where}: an each cannot hold an each", field=where)
+            raise InvalidDefinition(f"{where}: an each cannot hold an each", field=where)
         for i, step in enumerate(action.do):
             _check_supported(step.action, f"{where}.do[{i}].action", nested=True)
 
@@ -259,12 +260,12 @@ def _method(flow: str, name: str, method: FlowMethodDefinition) -> Any:
             fn = router(emit=method.emit)(fn)
     elif routes:
         if trigger is None:
-            raise DefinitionError(f"{where}.listen: a router needs a trigger", field=where)
+            raise InvalidDefinition(f"{where}.listen: a router needs a trigger", field=where)
         fn = router(trigger, emit=method.emit)(fn)
     elif trigger is not None:
         fn = listen(trigger)(fn)
     else:
-        raise DefinitionError(
+        raise InvalidDefinition(
             f"{where}: a method needs start or listen (it would never run)", field=where
         )
     return fn

@@ -42,6 +42,12 @@ Condition: TypeAlias = str | dict[str, Any]
 Data: TypeAlias = Any
 """JSON data whose strings may hold ``${...}`` templates."""
 
+
+class InvalidDefinition(DefinitionError, ValueError):
+    """A definition that cannot be loaded or run here: one line naming the bad field's path
+    (a ``ValueError`` too, as CrewAI raises)."""
+
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -412,24 +418,24 @@ class FlowDefinition(BaseModel):
             try:
                 contents = source.read_text(encoding="utf-8")
             except OSError as exc:
-                raise DefinitionError(f"cannot read {source}: {exc.strerror}") from None
+                raise InvalidDefinition(f"cannot read {source}: {exc.strerror}") from None
         data: Any = contents
         if isinstance(contents, str):
             if not contents.strip():
                 where = f" file is empty: {source}" if source else " contents are empty"
-                raise DefinitionError(f"Flow declaration{where}")
+                raise InvalidDefinition(f"Flow declaration{where}")
             import yaml
 
             try:
                 data = yaml.safe_load(contents)
             except yaml.YAMLError as exc:
-                raise DefinitionError(f"not YAML or JSON: {' '.join(str(exc).split())}") from None
+                raise InvalidDefinition(f"not YAML or JSON: {' '.join(str(exc).split())}") from None
         if not isinstance(data, Mapping):
-            raise DefinitionError("Flow declaration must contain a mapping")
+            raise InvalidDefinition("Flow declaration must contain a mapping")
         try:
             definition = cls.model_validate(dict(data))
         except ValidationError as exc:
-            raise DefinitionError(validation_line(exc), field=first_path(exc)) from None
+            raise InvalidDefinition(validation_line(exc), field=first_path(exc)) from None
         check_expressions(definition)
         if source is not None:
             definition._source_path = source.resolve()
@@ -479,7 +485,7 @@ def check_action(action: Any, where: str, allowed: frozenset[str]) -> None:
 
     if isinstance(action, CodeAction | ToolAction):
         if not _REF.fullmatch(action.ref):
-            raise DefinitionError(
+            raise InvalidDefinition(
                 f"{where}.ref: {action.ref!r} is not of the form module:qualname", field=where
             )
         if action.with_ is not None:
@@ -594,7 +600,7 @@ def condition_of(value: Condition, where: str) -> Cond:
         if key in ("or", "and") and isinstance(children, list) and children:
             parsed = tuple(condition_of(c, f"{where}.{key}[{i}]") for i, c in enumerate(children))
             return Or(parsed) if key == "or" else And(parsed)
-    raise DefinitionError(
+    raise InvalidDefinition(
         f"{where}: a condition is a name or {{or: [...]}} / {{and: [...]}}, not {value!r}",
         field=where,
     )

@@ -20,7 +20,7 @@ MACROS = frozenset({"all", "exists", "exists_one", "filter", "map"})
 """CEL macros whose first argument binds a local name."""
 
 
-class ExpressionError(DefinitionError):
+class ExpressionError(DefinitionError, ValueError):
     """An expression that does not parse, names an unknown root, or fails to evaluate."""
 
 
