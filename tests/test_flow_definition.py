@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import yaml
@@ -134,7 +134,7 @@ def test_starts_conditional_starts_and_stacked_listeners() -> None:
     assert methods["conditional"]["start"] == "fine" and "listen" not in methods["conditional"]
     assert methods["both"]["start"] is True and methods["both"]["listen"] == "first"
     assert methods["gate"]["start"] is True and methods["gate"]["router"] is True
-    assert methods["gate"]["emit"] == ["ok"]
+    assert methods["gate"]["emit"] == ["ok", "retry"]  # its annotation, Verdict
     assert methods["fine"]["listen"] == "ok"
 
 
@@ -232,3 +232,36 @@ def test_runner_graph_prints_the_definition() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert yaml.safe_load(done.stdout) == GatedFlow.flow_definition().to_dict()
+
+
+class Route(StrEnum):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class AnnotatedRouters(Flow):
+    @start()
+    def begin(self) -> str:
+        return "x"
+
+    @router(begin)
+    def literal(self) -> Literal["left", "right"]:
+        return self.state["way"]
+
+    @router(begin)
+    def enum(self) -> Route:
+        return self.state["route"]
+
+    @router(begin)
+    def container(self) -> list[Literal["up"]]:
+        return self.state["list"]
+
+    @listen(or_("left", "right", "approve", "reject"))
+    def after(self) -> None: ...
+
+
+def test_a_routers_return_annotation_declares_its_emit() -> None:
+    methods = AnnotatedRouters.flow_definition().methods
+    assert methods["literal"].emit == ["left", "right"]
+    assert methods["enum"].emit == ["approve", "reject"]
+    assert methods["container"].emit is None  # not a label: read from the body, unknown

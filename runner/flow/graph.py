@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+import types
+import typing
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -244,7 +246,11 @@ def _takes_arg(fn: Callable[..., Any]) -> bool:
 def _spec(name: str, fn: Callable[..., Any], decl: StepDecl, owner: type) -> MethodSpec:
     labels = None
     if decl.is_router:
-        labels = decl.labels if decl.labels is not None else infer_labels(fn, owner)
+        labels = decl.labels
+        if labels is None:
+            labels = annotated_labels(fn)
+        if labels is None:
+            labels = infer_labels(fn, owner)
     opts = decl.options
     return MethodSpec(
         name=name,
@@ -338,6 +344,36 @@ def _validate(flow: str, specs: Mapping[str, MethodSpec]) -> tuple[tuple[str, st
 
 _MISSING = object()
 _SKIP = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def annotated_labels(fn: Callable[..., Any]) -> frozenset[str] | None:
+    """The labels a router's return annotation declares (as CrewAI reads them): a
+    ``Literal`` of strings, an Enum class, or a union of those (``Annotated`` unwrapped);
+    ``None`` for any other annotation, or none."""
+    try:
+        hint = typing.get_type_hints(fn, include_extras=True).get("return")
+    except Exception:  # an annotation that does not resolve here: read the body instead
+        return None
+    found = _annotation_labels(hint)
+    return None if not found else frozenset(found)
+
+
+def _annotation_labels(hint: Any) -> list[str] | None:
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _annotation_labels(typing.get_args(hint)[0])
+    if origin is typing.Literal:
+        values = typing.get_args(hint)
+        if all(isinstance(v, str | Enum) for v in values):
+            return [str(v.value) if isinstance(v, Enum) else v for v in values]
+        return None
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return [str(member.value) for member in hint]
+    if origin in (typing.Union, types.UnionType):
+        parts = [_annotation_labels(arg) for arg in typing.get_args(hint)]
+        if all(p is not None for p in parts):
+            return [label for p in parts if p is not None for label in p]
+    return None
 
 
 def infer_labels(fn: Callable[..., Any], owner: type | None = None) -> frozenset[str] | None:
