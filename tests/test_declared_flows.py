@@ -450,3 +450,14 @@ def test_a_class_flows_definition_keeps_its_state_model_and_its_review() -> None
     finally:
         flow_config.hitl_provider = None
         register_llm("decl-test-judge", None)
+
+
+def test_a_code_reference_outside_the_workers_allow_list_is_refused_at_submit(rt: Any) -> None:
+    from runner.distributed.engine import FlowNotAllowed
+
+    definition = _crew_definition([1])
+    definition["methods"]["fan"]["do"]["do"][0]["action"]["ref"] = "os:system"
+    before = rt.store.run_ids()
+    with pytest.raises(FlowNotAllowed, match=r"^methods\.fan\.do\.do\[0\]\.action\.ref: os:system"):
+        submit_definition(definition, {"tag": "x"}, rt=rt)
+    assert rt.store.run_ids() == before
