@@ -461,3 +461,38 @@ def test_a_code_reference_outside_the_workers_allow_list_is_refused_at_submit(rt
     with pytest.raises(FlowNotAllowed, match=r"^methods\.fan\.do\.do\[0\]\.action\.ref: os:system"):
         submit_definition(definition, {"tag": "x"}, rt=rt)
     assert rt.store.run_ids() == before
+
+
+FAILING = {
+    "name": "Failing",
+    "state": {"type": "dict", "default": {"text": " ok ", "ready": False}},
+    "methods": {
+        "clean": {
+            "start": True,
+            "do": {
+                "call": "code",
+                "ref": "tests.flows.declared:strip",
+                "with": {"text": "${state.text}"},
+            },
+        },
+        "check": {
+            "listen": "clean",
+            "do": {"call": "expression", "expr": "state.ready ? outputs.clean : state.missing"},
+        },
+    },
+}
+
+
+def test_a_declared_run_resumes_from_its_checkpoint_file_with_its_definition(
+    tmp_path: Path,
+) -> None:
+    from runner import CheckpointConfig
+
+    flow = Flow.from_declaration(FAILING, checkpoint=CheckpointConfig(location=str(tmp_path)))
+    with pytest.raises(DefinitionError, match=r"methods\.check\.do\.expr: CEL"):
+        flow.kickoff()
+    newest = sorted(tmp_path.rglob("*.json"))[-1]
+    again = Flow.from_checkpoint(str(newest), definition=FAILING)  # CrewAI's signature
+    assert type(again).flow_definition().name == "Failing"
+    assert again.kickoff(inputs={"ready": True}) == "ok"
+    assert again.method_outputs == ["ok"]  # clean is not run again; check is

@@ -537,11 +537,18 @@ class Flow(Generic[StateT]):
         return EXECUTORS.on_workers(cls, inputs, **options)
 
     @classmethod
-    def from_checkpoint(cls, config: CheckpointConfig | str | Path, **kwargs: Any) -> Flow[Any]:
+    def from_checkpoint(
+        cls, config: CheckpointConfig | str | Path, *, definition: Any = None, **kwargs: Any
+    ) -> Flow[Any]:
         """A flow holding the state of the checkpoint ``config`` names (its id and fields,
         to inspect before resuming, as in CrewAI) that, on ``kickoff()``, resumes that
         checkpoint's run, skipping completed methods. A missing checkpoint is
-        :class:`~runner.errors.CheckpointNotFound` here, not at the kickoff."""
+        :class:`~runner.errors.CheckpointNotFound` here, not at the kickoff. ``definition``
+        (CrewAI's): the run is of the flow made from that definition."""
+        if definition is not None:
+            assert EXECUTORS.declare is not None, "runner/__init__.py plugs it in"
+            declared: Any = EXECUTORS.declare(definition)
+            return declared.from_checkpoint(config, **kwargs)  # type: ignore[no-any-return]
         flow = cls(**kwargs)
         restore = _restore_point(config)
         if isinstance(restore, CheckpointConfig) and flow._checkpoint is None:
