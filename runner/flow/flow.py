@@ -548,7 +548,7 @@ class Flow(Generic[StateT]):
         if definition is not None:
             assert EXECUTORS.declare is not None, "runner/__init__.py plugs it in"
             declared: Any = EXECUTORS.declare(definition)
-            return declared.from_checkpoint(config, **kwargs)  # type: ignore[no-any-return]
+            return declared.from_checkpoint(config, **kwargs)
         flow = cls(**kwargs)
         restore = _restore_point(config)
         if isinstance(restore, CheckpointConfig) and flow._checkpoint is None:
