@@ -3,7 +3,9 @@
 * :func:`bench_redis` picks the Redis a benchmark talks to, always on a private DB
   (:data:`BENCH_DB` unless told otherwise): ``--url``, else ``$RUNNER_BENCH_REDIS_URL``,
   else a local ``127.0.0.1:6379`` that answers PING, else a private :class:`EmbeddedRedis`
-  started for the benchmark and stopped after it.
+  started for the benchmark and stopped after it. With ``fsync`` it is instead a private
+  ``redis-server`` with that durability (:func:`redis_server`); :func:`durability` says what
+  a server persists, for the tables.
 * :func:`delete_prefix`/:func:`count_keys` clean up and inspect a benchmark's own keys with
   SCAN; :func:`flush_bench_db` empties the bench DB and refuses DB 0.
 * :func:`percentile`/:func:`summarize` reduce latency samples, :func:`interleave` collects
@@ -17,6 +19,11 @@ import gc
 import math
 import os
 import re
+import shutil
+import socket
+import sqlite3
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,8 +37,9 @@ from runner.embedded import EmbeddedRedis, mask_url, ping
 from runner.errors import StoreUnavailable
 from runner.store.redis import RedisProvider
 
-BENCH_DB = 13
-"""Default Redis DB number of the benchmarks (kept apart from the application's DB 0)."""
+BENCH_DB = 15
+"""Default Redis DB number of the benchmarks: apart from the application's DB 0 and from
+the tests' (DB 11 and up, one per xdist worker)."""
 URL_ENV = "RUNNER_BENCH_REDIS_URL"
 """Environment variable naming the benchmark Redis (used as given, DB included)."""
 LOCAL_URL = "redis://127.0.0.1:6379"
@@ -86,14 +94,103 @@ def url_db(url: str) -> int:
         pool.disconnect()
 
 
+FSYNC = ("none", "everysec", "always")
+"""Durability of a private :func:`redis_server`: nothing persisted, or the append-only file
+with ``appendfsync everysec`` (a second of writes at risk) or ``always`` (an fsync per write,
+as SQLite's default and DBOS's Postgres/SQLite commit)."""
+
+
 @contextmanager
-def bench_redis(url: str | None = None, *, db: int = BENCH_DB) -> Iterator[BenchRedis]:
+def redis_server(fsync: str, *, db: int = BENCH_DB) -> Iterator[BenchRedis]:
+    """A private ``redis-server`` on a free loopback port for the duration, its data in a
+    temporary directory removed after: ``fsync`` one of :data:`FSYNC` (``none``: no RDB, no
+    AOF; else AOF with that ``appendfsync``). Yields DB ``db`` of it."""
+    if fsync not in FSYNC:
+        raise ValueError(f"fsync is one of {', '.join(FSYNC)}, not {fsync!r}")
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise StoreUnavailable("redis-server is not on PATH (needed for --fsync)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data = tempfile.mkdtemp(prefix=f"bench-redis-{fsync}-")
+    aof = ["--appendonly", "no"] if fsync == "none" else ["--appendonly", "yes"]
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *aof]
+    args += ["--appendfsync", "everysec" if fsync == "none" else fsync, "--dir", data]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/{db}"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                ping(url, timeout=0.2)
+                break
+            except StoreUnavailable:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield BenchRedis(url, f"private redis-server, {durability_of(fsync)}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def durability_of(fsync: str) -> str:
+    """How a table names the durability ``fsync`` (one of :data:`FSYNC`) gives."""
+    return "nothing persisted" if fsync == "none" else f"AOF appendfsync {fsync}"
+
+
+def durability(client: redis.Redis) -> str:
+    """What the server behind ``client`` persists, read with CONFIG GET (``unknown`` if it
+    refuses CONFIG): ``AOF appendfsync always|everysec|no``, ``RDB snapshots only`` or
+    ``nothing persisted``."""
+    try:
+        conf = client.config_get("appendonly") | client.config_get("appendfsync")
+        conf |= client.config_get("save")
+    except redis.RedisError:
+        return "unknown (CONFIG refused)"
+    text = {_text(k): _text(v) for k, v in conf.items()}
+    if text.get("appendonly") == "yes":
+        return f"AOF appendfsync {text.get('appendfsync')}"
+    return "RDB snapshots only" if text.get("save") else "nothing persisted"
+
+
+def sqlite_sync(conn: sqlite3.Connection) -> str:
+    """``WAL, synchronous=FULL`` (or what the connection has): SQLite's durability."""
+    mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    level = conn.execute("PRAGMA synchronous").fetchone()[0]
+    name = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(level, str(level))
+    return f"SQLite {mode.upper()}, synchronous={name}" + (
+        " (fsync per commit)" if level >= 2 else ""
+    )
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@contextmanager
+def bench_redis(
+    url: str | None = None, *, db: int = BENCH_DB, fsync: str | None = None
+) -> Iterator[BenchRedis]:
     """Yield the Redis to benchmark against; stop it afterwards if it was started here.
 
-    ``url`` (a ``--url`` option) or ``$RUNNER_BENCH_REDIS_URL`` is used as given and must
+    With ``fsync`` (one of :data:`FSYNC`), a private :func:`redis_server` of that durability.
+    Else ``url`` (a ``--url`` option) or ``$RUNNER_BENCH_REDIS_URL`` is used as given and must
     answer PING (else :class:`StoreUnavailable`). Otherwise DB ``db`` of ``127.0.0.1:6379``
     if that answers, else DB ``db`` of a private :class:`EmbeddedRedis` for the duration.
     """
+    if fsync is not None:
+        if url:
+            raise ValueError("--url and --fsync exclude each other (--fsync starts a server)")
+        with redis_server(fsync, db=db) as private:
+            yield private
+        return
     given, source = (url, "--url") if url else (os.environ.get(URL_ENV), f"${URL_ENV}")
     if given:
         ping(given)
@@ -149,6 +246,22 @@ def delete_prefix(client: redis.Redis, prefix: str, batch: int = 500) -> int:
     if pending:
         removed += client.unlink(*pending)
     return removed
+
+
+def delete_queues(client: redis.Redis, queue_keys: Sequence[str], token: str) -> None:
+    """Delete a benchmark's broker keys: ``queue_keys`` (each queue's lists, from
+    :meth:`~runner.distributed.broker.Layout.queue_keys`), their kombu bindings, and the
+    entries of kombu's shared ``_kombu.binding_deadlines`` that name ``token`` (its pidbox
+    exchanges); nobody else's."""
+    queues = [key for key in queue_keys if key]
+    bindings = [
+        f"_kombu.{kind}.{queue}" for queue in queues for kind in ("binding", "binding_permanent")
+    ]
+    client.delete(*queues, *bindings)
+    deadlines = "_kombu.binding_deadlines"
+    ours = [_text(m) for m in client.zrange(deadlines, 0, -1) if token in _text(m)]
+    if ours:
+        client.zrem(deadlines, *ours)
 
 
 def flush_bench_db(client: redis.Redis) -> None:

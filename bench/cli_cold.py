@@ -15,9 +15,13 @@ as a user meets the CLI in a shell:
 * two rows that tell where the difference goes: ``import runner`` (the package's own
   imports: authoring API, crews, stores) and ``import runner.cli`` (the command group and
   what every command shares, settings and store; no command module, which is imported when
-  one of its commands runs; no Redis). These two are plain ``python -c`` imports: the console
-  script (:mod:`runner.__main__`) also keeps the garbage collector out of its imports, which
-  this row does not, so it may exceed the whole command.
+  one of its commands runs; no Redis).
+
+Every ``python -c`` case imports as the console script (:mod:`runner.__main__`) does: the
+garbage collector off during the imports, then :func:`gc.freeze` (:data:`GC_TREATMENT`), so
+the command and its baseline are treated alike and the ratio measures what the command adds,
+not what the collector costs only one side. ``--plain-gc`` adds the baseline without it, for
+reference.
 
 The cases run in rounds, their order rotating, ``--pairs`` timed rounds after one untimed,
 so a noisy neighbour on this shared machine weighs on all of them alike. The table gives each
@@ -25,7 +29,7 @@ case's median, min and max in ms and its ratio to the baseline: the median over 
 (case / baseline in the same round). Target: ``runner runs --json`` within 1.5x of the
 baseline. It also checks that the command imported neither Celery nor kombu.
 
-Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 13 of 127.0.0.1:6379, else a
+Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 15 of 127.0.0.1:6379, else a
 private embedded server (see :mod:`bench._common`). The runs are written under a fresh
 prefix (flows kicked off in this process) and deleted at the end; no DB is flushed.
 """
@@ -63,7 +67,10 @@ TARGET = 1.5
 UNSET = ("PYTHONDONTWRITEBYTECODE",)
 """Left out of the cases' environment: an installed package has its bytecode cached (the
 untimed round writes it), so no case compiles its sources in the timed rounds."""
-BASELINE = "python -c 'import redis, pydantic, typer'"
+GC_TREATMENT = "import gc; gc.disable(); {imports}; gc.enable(); gc.freeze()"
+"""How every ``python -c`` case imports: as :func:`runner.__main__.main` does."""
+BASELINE = "python -c 'import redis, pydantic, typer' (GC as the command's)"
+PLAIN = "python -c 'import redis, pydantic, typer' (GC on, for reference)"
 COMMAND = "runner runs --json"
 PROBE = """
 import json, sys
@@ -122,14 +129,26 @@ def case_env(url: str, prefix: str) -> dict[str, str]:
     return {**kept, "RUNNER_REDIS_URL": url, "RUNNER_PREFIX": prefix}
 
 
-def cases() -> dict[str, list[str]]:
-    """Name -> argv of each timed case."""
-    return {
+def treated(imports: str) -> list[str]:
+    """``python -c`` running ``imports`` with :data:`GC_TREATMENT`."""
+    return [sys.executable, "-c", GC_TREATMENT.format(imports=imports)]
+
+
+def cases(plain_gc: bool = False) -> dict[str, list[str]]:
+    """Name -> argv of each timed case (``plain_gc``: with the untreated baseline too)."""
+    named = {
         COMMAND: [*runner_script(), "runs", "--json"],
-        BASELINE: [sys.executable, "-c", "import redis, pydantic, typer"],
-        "python -c 'import runner'": [sys.executable, "-c", "import runner"],
-        "python -c 'import runner.cli'": [sys.executable, "-c", "import runner.cli"],
+        BASELINE: treated("import redis, pydantic, typer"),
+        "python -c 'import redis, pydantic.types, pydantic_settings, typer' (GC as the "
+        "command's; what its settings import too, for reference)": treated(
+            "import redis, pydantic.types, pydantic_settings, typer"
+        ),
+        "python -c 'import runner' (GC as the command's)": treated("import runner"),
+        "python -c 'import runner.cli' (GC as the command's)": treated("import runner.cli"),
     }
+    if plain_gc:
+        named[PLAIN] = [sys.executable, "-c", "import redis, pydantic, typer"]
+    return named
 
 
 def once(argv: Sequence[str], env: dict[str, str]) -> tuple[float, str]:
@@ -192,6 +211,7 @@ def report(samples: dict[str, list[float]], runs: int, source: str, loaded: list
         "median over the rounds of case / baseline in the same round"
     )
     print("- bytecode caches written by the untimed round (PYTHONDONTWRITEBYTECODE unset)")
+    print(f"- every python -c case imports as the command does: {GC_TREATMENT}")
     print(f"- redis via {source}")
 
 
@@ -203,7 +223,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--runs", type=int, default=20, help="runs stored for the listing")
     parser.add_argument(
-        "--url", help="Redis URL (default: $RUNNER_BENCH_REDIS_URL, local DB 13, else embedded)"
+        "--plain-gc", action="store_true", help="add the baseline with the GC left on"
+    )
+    parser.add_argument(
+        "--url", help="Redis URL (default: $RUNNER_BENCH_REDIS_URL, local DB 15, else embedded)"
     )
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.runs < 1:
@@ -223,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed(target.url, prefix, args.runs)
                 env = case_env(target.url, prefix)
                 loaded = loads_celery(env)
-                samples = rounds(cases(), env, args.pairs)
+                samples = rounds(cases(args.plain_gc), env, args.pairs)
             finally:
                 removed = delete_prefix(admin, prefix + ":")
                 left = count_keys(admin, prefix + ":")

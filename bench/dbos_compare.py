@@ -3,7 +3,7 @@
 Usage::
 
     python bench/dbos_compare.py [--n 100] [--warmup 10] [--iterations 3000] [--repeat 3]
-                                 [--url URL]
+                                 [--url URL] [--fsync always]
 
 Two comparisons, each with the cases interleaved (rotating order, garbage collector off):
 
@@ -20,10 +20,15 @@ Two comparisons, each with the cases interleaved (rotating order, garbage collec
   ``--iterations`` times (one step row per iteration); the whole run's time, median of
   ``--repeat`` runs each, alternating.
 
+Durability: DBOS's SQLite commits with ``synchronous=FULL`` (SQLite's default; DBOS sets
+none), an fsync per commit, so ours runs both on the benchmark's Redis (whatever it persists)
+and on a private ``redis-server`` with ``appendfsync always`` (``--fsync``; empty for none);
+each row states its durability.
+
 DBOS comes with the ``bench`` extra (``pip install -e '.[bench]'``); without it the script
 prints one line saying so and exits 0.
 
-Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 13 of 127.0.0.1:6379, else a
+Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 15 of 127.0.0.1:6379, else a
 private embedded server (see :mod:`bench._common`). Only keys under a fresh per-process
 prefix are written, and they are deleted at the end; no DB is flushed.
 """
@@ -31,8 +36,10 @@ prefix are written, and they are deleted at the end; no DB is flushed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import logging
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -57,8 +64,12 @@ from bench._common import (
     bench_redis,
     count_keys,
     delete_prefix,
+    durability,
+    durability_of,
     interleave,
     print_table,
+    redis_server,
+    sqlite_sync,
     summarize,
 )
 from bench.loop import LoopFlow, no_gc
@@ -66,6 +77,8 @@ from bench.loop import LoopFlow, no_gc
 STEPS = len(LinearFlow.graph().methods)
 """Steps of the chain (20)."""
 CASES = ("runner, no persistence", "runner + Redis", "plain calls", "DBOS + SQLite")
+DURABLE = "runner + Redis AOF {fsync}"
+"""The name of the case on a private Redis of that ``appendfsync``."""
 
 
 def bump(counter: int) -> int:
@@ -122,15 +135,25 @@ def launch_dbos(tmp: Path) -> Dbos:
     return Dbos(chain, loop, lambda: DBOS.destroy(destroy_registry=True))
 
 
-def chain_cases(provider: RedisProvider, dbos: Dbos) -> dict[str, Callable[[int], Any]]:
+def kickoff_on(config: CheckpointConfig) -> Callable[[int], Any]:
+    """A case preparing one :class:`LinearFlow` run checkpointed by ``config``."""
+    return lambda _: LinearFlow(checkpoint=config).kickoff
+
+
+def chain_cases(
+    provider: RedisProvider, dbos: Dbos, durable: dict[str, RedisProvider]
+) -> dict[str, Callable[[int], Any]]:
     """Each case prepares one run (untimed) and returns the call to time."""
     config = CheckpointConfig(provider=provider)
-    return {
+    cases: dict[str, Callable[[int], Any]] = {
         CASES[0]: lambda _: LinearFlow().kickoff,
         CASES[1]: lambda _: LinearFlow(checkpoint=config).kickoff,
-        CASES[2]: lambda _: plain_chain,
-        CASES[3]: lambda _: dbos.chain,
     }
+    for fsync, store in durable.items():
+        cases[DURABLE.format(fsync=fsync)] = kickoff_on(CheckpointConfig(provider=store))
+    cases[CASES[2]] = lambda _: plain_chain
+    cases[CASES[3]] = lambda _: dbos.chain
+    return cases
 
 
 def check(provider: RedisProvider, dbos: Dbos) -> None:
@@ -145,63 +168,75 @@ def check(provider: RedisProvider, dbos: Dbos) -> None:
     assert last and len(DBOS.list_workflow_steps(last[0].workflow_id)) == STEPS
 
 
-def time_loops(provider: RedisProvider, dbos: Dbos, iterations: int, repeat: int) -> list[float]:
-    """Whole-run seconds of the loop: ours and DBOS's, ``repeat`` times each, alternating;
-    the medians, ours first."""
-    config = CheckpointConfig(provider=provider)
-    ours: list[float] = []
-    theirs: list[float] = []
+def time_loops(
+    stores: dict[str, RedisProvider], dbos: Dbos, iterations: int, repeat: int
+) -> dict[str, float]:
+    """Whole-run seconds of the loop on each of ``stores`` (by case name) and on DBOS
+    (:data:`CASES` ``[3]``), ``repeat`` times each, the order rotating; the medians."""
+    times: dict[str, list[float]] = {name: [] for name in [*stores, CASES[3]]}
+    names = list(times)
     for i in range(repeat):
-        for who in ("ours", "dbos") if i % 2 == 0 else ("dbos", "ours"):
+        shift = i % len(names)
+        for who in names[shift:] + names[:shift]:
             with no_gc():
                 began = time.perf_counter()
-                if who == "ours":
-                    flow = LoopFlow(checkpoint=config)
+                if who in stores:
+                    flow = LoopFlow(checkpoint=CheckpointConfig(provider=stores[who]))
                     assert flow.kickoff(inputs={"target": iterations}) == "done"
-                    ours.append(time.perf_counter() - began)
                 else:
                     assert dbos.loop(iterations) == iterations
-                    theirs.append(time.perf_counter() - began)
-    return [statistics.median(ours), statistics.median(theirs)]
+                times[who].append(time.perf_counter() - began)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def report(
     samples: dict[str, list[float]],
-    loops: list[float],
+    loops: dict[str, float],
     args: argparse.Namespace,
     source: str,
     version: str,
+    held: dict[str, str],
 ) -> None:
-    """Print both tables and the ratios (samples in µs, loops in s)."""
-    p50 = {name: summarize(samples[name]).p50 / 1000 for name in CASES}
+    """Print both tables and the ratios (samples in µs, loops in s); ``held``: each case's
+    durability."""
+    p50 = {name: summarize(values).p50 / 1000 for name, values in samples.items()}
     overhead = {
-        CASES[1]: (p50[CASES[1]] - p50[CASES[0]]) / STEPS,
-        CASES[3]: (p50[CASES[3]] - p50[CASES[2]]) / STEPS,
+        name: (value - p50[CASES[2] if name == CASES[3] else CASES[0]]) / STEPS
+        for name, value in p50.items()
+        if name not in (CASES[0], CASES[2])
     }
     print(
         f"## {STEPS} checkpointed steps in process, beside DBOS Transact {version} "
         f"({args.n} runs per case after {args.warmup}, interleaved)\n"
     )
     rows = [
-        [name, f"{p50[name]:.2f}", f"{overhead[name]:.3f}" if name in overhead else "-"]
-        for name in CASES
+        [
+            name,
+            held.get(name, "-"),
+            f"{p50[name]:.2f}",
+            f"{overhead[name]:.3f}" if name in overhead else "-",
+        ]
+        for name in p50
     ]
-    print_table(["case", "run p50 (ms)", "overhead per checkpointed step (ms)"], rows)
-    ratio = overhead[CASES[1]] / overhead[CASES[3]]
-    print(
-        f"runner's overhead per checkpointed step is {ratio:.2f}x DBOS's "
-        f"(DBOS's is {1 / ratio:.1f}x ours)\n"
-    )
+    print_table(["case", "durability", "run p50 (ms)", "overhead per checkpointed step (ms)"], rows)
+    for name in overhead:
+        if name != CASES[3]:
+            ratio = overhead[name] / overhead[CASES[3]]
+            print(f"{name}: overhead per checkpointed step {ratio:.2f}x DBOS's")
+    print()
     n = args.iterations
-    print(f"## A loop of {n:,} iterations (median of {args.repeat} runs each, alternating)\n")
+    print(f"## A loop of {n:,} iterations (median of {args.repeat} runs each, rotating)\n")
     rows = [
-        ["runner + Redis (step + router: 2 checkpoints)", f"{loops[0]:.2f}", ""],
-        ["DBOS + SQLite (one step)", f"{loops[1]:.2f}", ""],
+        [
+            f"{name} ({'one step' if name == CASES[3] else 'step + router: 2 checkpoints'})",
+            held.get(name, "-"),
+            f"{total:.2f}",
+            f"{total / n * 1000:.3f}",
+            f"{total / loops[CASES[3]]:.2f}x",
+        ]
+        for name, total in loops.items()
     ]
-    for row, total in zip(rows, loops, strict=True):
-        row[2] = f"{total / n * 1000:.3f}"
-    print_table(["case", "whole run (s)", "per iteration (ms)"], rows)
-    print(f"runner's time is {loops[0] / loops[1]:.2f}x DBOS's\n")
+    print_table(["case", "durability", "whole run (s)", "per iteration (ms)", "vs DBOS"], rows)
     print("notes:")
     print(
         f"- ours: {STEPS + 1} commits per chain (flow_started + one per method), each one "
@@ -219,11 +254,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=3000, help="loop iterations per run")
     parser.add_argument("--repeat", type=int, default=3, help="loop runs of each, alternating")
     parser.add_argument(
-        "--url", help="Redis URL (default: $RUNNER_BENCH_REDIS_URL, local DB 13, else embedded)"
+        "--url", help="Redis URL (default: $RUNNER_BENCH_REDIS_URL, local DB 15, else embedded)"
+    )
+    parser.add_argument(
+        "--fsync",
+        default="always",
+        help="comma-separated appendfsync settings of private redis-servers ours also runs on "
+        "(everysec, always; empty: none)",
     )
     args = parser.parse_args(argv)
     if args.n < 1 or args.warmup < 0 or args.iterations < 1 or args.repeat < 1:
         parser.error("--n, --iterations and --repeat must be >= 1 and --warmup >= 0")
+    args.fsync = [f for f in args.fsync.split(",") if f]
+    if set(args.fsync) - {"everysec", "always"}:
+        parser.error("--fsync takes everysec, always")
     return args
 
 
@@ -238,21 +282,38 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     prefix = f"bench-dbos-{uuid.uuid4().hex[:8]}"
     try:
-        with bench_redis(args.url) as target, tempfile.TemporaryDirectory() as tmp:
+        with (
+            bench_redis(args.url) as target,
+            tempfile.TemporaryDirectory() as tmp,
+            contextlib.ExitStack() as stack,
+        ):
             provider = RedisProvider(target.url, prefix=prefix)
+            stack.callback(provider.close)
+            durable: dict[str, RedisProvider] = {}
+            held = {CASES[0]: "nothing persisted", CASES[2]: "nothing persisted"}
+            for fsync in args.fsync:
+                server = stack.enter_context(redis_server(fsync))
+                durable[fsync] = RedisProvider(server.url, prefix=prefix)
+                stack.callback(durable[fsync].close)
+                held[DURABLE.format(fsync=fsync)] = f"Redis, {durability_of(fsync)}"
             admin = target.client()
+            held[CASES[1]] = f"Redis, {durability(admin)}"
             dbos = launch_dbos(Path(tmp))
             try:
                 check(provider, dbos)
-                samples = interleave(chain_cases(provider, dbos), n=args.n, warmup=args.warmup)
-                loops = time_loops(provider, dbos, args.iterations, args.repeat)
+                cases = chain_cases(provider, dbos, durable)
+                samples = interleave(cases, n=args.n, warmup=args.warmup)
+                stores = {CASES[1]: provider}
+                stores.update({DURABLE.format(fsync=f): s for f, s in durable.items()})
+                loops = time_loops(stores, dbos, args.iterations, args.repeat)
+                with contextlib.closing(sqlite3.connect(Path(tmp) / "dbos.sqlite")) as db:
+                    held[CASES[3]] = sqlite_sync(db) + ", SQLite's default (DBOS sets none)"
             finally:
                 dbos.shutdown()
-                provider.close()
                 removed = delete_prefix(admin, prefix + ":")
                 left = count_keys(admin, prefix + ":")
                 admin.close()
-            report(samples, loops, args, target.source, version("dbos"))
+            report(samples, loops, args, target.source, version("dbos"), held)
             print(f"- cleanup: removed {removed} keys under {prefix}:, {left} left")
     except StoreUnavailable as exc:
         print(f"dbos_compare: {exc}", file=sys.stderr)

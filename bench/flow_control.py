@@ -10,7 +10,7 @@ one step with ``rate_limit="10/s"``, and ``FreeFlow``, one unlimited step. It ti
 submits ``--runs`` ``LimitedFlow`` runs at once and times ``--free`` more ``FreeFlow`` runs
 beside that backlog, and prints the observed rate of the limited starts (after the burst)
 against the configured one, the busiest second, and the two latencies.
-Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 13 of 127.0.0.1:6379, else a private
+Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 15 of 127.0.0.1:6379, else a private
 embedded server. The workers are stopped and the benchmark's keys deleted at the end.
 """
 
@@ -30,7 +30,13 @@ if str(ROOT) not in sys.path:  # run as `python bench/flow_control.py`
     sys.path.insert(0, str(ROOT))
 
 from bench._bench_limited import RATE, FreeFlow, LimitedFlow, starts_key  # noqa: E402
-from bench._common import bench_redis, delete_prefix, print_table, raw_client  # noqa: E402
+from bench._common import (  # noqa: E402
+    bench_redis,
+    delete_prefix,
+    durability,
+    print_table,
+    raw_client,
+)
 from runner.distributed.app import make_app  # noqa: E402
 from runner.distributed.client import submit  # noqa: E402
 from runner.distributed.engine import Runtime  # noqa: E402
@@ -129,6 +135,8 @@ def main() -> None:
     parser.add_argument("--url", default=None, help="Redis URL (default: see the docstring)")
     args = parser.parse_args()
     with bench_redis(args.url) as found:
+        with contextlib.closing(found.client()) as probe:
+            print(f"redis: {found.masked} ({found.source}), {durability(probe)}")
         run(found.url, args)
 
 

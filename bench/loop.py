@@ -3,6 +3,7 @@
 Usage::
 
     python bench/loop.py [--iterations 3000] [--repeat 3] [--url URL] [--profile]
+                         [--fsync always]
 
 A flow whose router loops over a step that increments one integer (:class:`LoopFlow`: the
 start ``step``, re-run on the label ``again`` of the router ``loop``), run in this process
@@ -10,22 +11,31 @@ with ``CheckpointConfig(provider=RedisProvider(...))``: every iteration commits 
 checkpoints (the step's and the router's). Beside it, in the same run, the baseline the
 issue measured against: LangGraph with ``SqliteSaver`` (a file in a temp directory) running
 the same loop, a ``step`` node and a conditional edge back to it (LangGraph's router), one
-checkpoint per iteration. If ``langgraph`` and ``langgraph-checkpoint-sqlite`` (the
-``bench`` extra) are not installed, the baseline is a raw Redis MULTI/EXEC of the same
-writes as each of our checkpoints (SET snapshot, ZADD history, HSET run meta), two per
-iteration, and the table says so.
+checkpoint per iteration, with its default ``durability="async"`` (a node's checkpoint is
+written in the background while the next node runs; the run waits for the last) and with
+``durability="sync"`` (written before the next node runs, as ours are). SQLite runs in WAL
+mode with ``synchronous=FULL``, an fsync per commit, so ours also runs on a private
+``redis-server`` with ``appendfsync always`` (``--fsync``, comma-separated; empty for none)
+beside the benchmark's Redis; each column states its durability. If ``langgraph`` and
+``langgraph-checkpoint-sqlite`` (the ``bench`` extra) are not installed, the baseline is a raw
+Redis MULTI/EXEC of the same writes as each of our checkpoints (SET snapshot, ZADD history,
+HSET run meta), two per iteration, and the table says so.
 
-The runs alternate (ours, baseline, ours, ...) ``--repeat`` times, garbage collector off.
+The runs alternate (each case once per round, the order rotating) ``--repeat`` times,
+garbage collector off.
 Each step records ``time.perf_counter()`` when it starts; an iteration's time is the gap
 between two starts, so it includes the step, the router and their commits. The table gives,
 around iterations 10 / 100 / 1,000 / 3,000 (the median over the iterations within 10 of
 the mark, or within a tenth of it if more, then the median over the repeats), the time per
 iteration and the bytes of the checkpoint written at that iteration (ours: the router's
 checkpoint JSON as stored; LangGraph: the checkpoint row, ``checkpoint`` + ``metadata``
-blobs), then the whole run. Target: iteration 3,000 within 1.2x of iteration 10, in time
-and in bytes. ``--profile`` prints the top of a cProfile of one run of ours instead.
+blobs), then the whole run from ``kickoff``/``invoke`` to its return: what a caller waits
+(LangGraph's ``async`` gaps leave its background writes out; its whole run has them), and
+the ratio of each whole run to the fastest LangGraph one. Target: iteration 3,000 within
+1.2x of iteration 10, in time and in bytes. ``--profile`` prints the top of a cProfile of
+one run of ours instead.
 
-Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 13 of 127.0.0.1:6379, else a
+Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 15 of 127.0.0.1:6379, else a
 private embedded server (see :mod:`bench._common`). Only keys under a fresh per-process
 prefix are written, and they are deleted at the end; no DB is flushed.
 """
@@ -33,6 +43,7 @@ prefix are written, and they are deleted at the end; no DB is flushed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import json
@@ -57,14 +68,25 @@ from runner.store.models import Checkpoint
 from runner.store.redis import RedisProvider
 
 try:
-    from bench._common import bench_redis, count_keys, delete_prefix, print_table
+    from bench._common import (
+        bench_redis,
+        count_keys,
+        delete_prefix,
+        durability,
+        durability_of,
+        print_table,
+        redis_server,
+    )
 except ModuleNotFoundError:  # run as `python bench/loop.py`: bench/ is on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from _common import (  # type: ignore[no-redef]
         bench_redis,
         count_keys,
         delete_prefix,
+        durability,
+        durability_of,
         print_table,
+        redis_server,
     )
 
 MARKS = (10, 100, 1000, 3000)
@@ -174,8 +196,9 @@ class LoopDict(TypedDict):
     counter: int
 
 
-def langgraph_runner(tmp: Path) -> Callable[[int, bool], Run] | None:
-    """A function running the loop on LangGraph + SqliteSaver, or ``None`` if not installed."""
+def langgraph_runner(tmp: Path, durability: str) -> Callable[[int, bool], Run] | None:
+    """A function running the loop on LangGraph + SqliteSaver with ``durability``
+    (``"async"``, LangGraph's default, or ``"sync"``), or ``None`` if not installed."""
     try:
         from langgraph.checkpoint.sqlite import SqliteSaver
         from langgraph.graph import END, START, StateGraph
@@ -202,7 +225,8 @@ def langgraph_runner(tmp: Path) -> Callable[[int, bool], Run] | None:
             app = graph.compile(checkpointer=saver)
             with no_gc():
                 began = time.perf_counter()
-                out = app.invoke({"counter": 0}, config)
+                mode: Any = durability  # "async" or "sync" (a Literal to LangGraph)
+                out = app.invoke({"counter": 0}, config, durability=mode)
                 total = time.perf_counter() - began
         assert out == {"counter": iterations} and len(stamps) == iterations
         result = Run(stamps, total)
@@ -261,34 +285,59 @@ def _bytes(run: Run, at: int) -> str:
     return f"{run.sizes[at]:,}" if at in run.sizes else "-"
 
 
-def report(ours: list[Run], base: list[Run], baseline: str, iterations: int, source: str) -> None:
+@dataclass
+class Case:
+    """One column of the table: how a run is made, what it persists, its runs."""
+
+    label: str
+    durability: str
+    run: Callable[[int, bool], Run]
+    ours: bool
+    runs: list[Run] = field(default_factory=list)
+
+
+def report(cases: list[Case], iterations: int, source: str) -> None:
     """Print the table and the verdict."""
     marks = [k for k in MARKS if k <= iterations]
+    repeat = len(cases[0].runs)
     print(
         f"## A router looping over one step, {iterations:,} iterations "
-        f"(median of {len(ours)} runs each, alternating)\n"
+        f"(median of {repeat} runs each, rotating order)\n"
     )
-    headers = [
-        "loop iteration (step + router)",
-        "runner ms",
-        "runner checkpoint bytes",
-        f"{baseline} ms",
-        f"{baseline} checkpoint bytes",
+    headers = ["loop iteration (step + router)"]
+    for case in cases:
+        headers += [f"{case.label} ms", f"{case.label} checkpoint bytes"]
+    rows: list[list[object]] = [
+        ["durability", *(cell for c in cases for cell in (c.durability, ""))]
     ]
-    rows: list[list[object]] = []
     for k in marks:
         rows.append(
             [
                 f"around iteration {k:,}",
-                f"{median_of(ours, k):.3f}",
-                _bytes(ours[0], k),
-                f"{median_of(base, k):.3f}",
-                _bytes(base[0], k),
+                *(
+                    cell
+                    for c in cases
+                    for cell in (f"{median_of(c.runs, k):.3f}", _bytes(c.runs[0], k))
+                ),
             ]
         )
-    whole = [statistics.median(r.total for r in runs) for runs in (ours, base)]
-    rows.append([f"whole run of {iterations:,} (s)", f"{whole[0]:.2f}", "", f"{whole[1]:.2f}", ""])
+    whole = [statistics.median(r.total for r in c.runs) for c in cases]
+    fastest = min((w for w, c in zip(whole, cases, strict=True) if not c.ours), default=None)
+    rows.append(
+        [
+            f"whole run of {iterations:,} (s)",
+            *(cell for w in whole for cell in (f"{w:.2f}", "")),
+        ]
+    )
+    if fastest:
+        rows.append(
+            [
+                "whole run vs the fastest baseline",
+                *(cell for w in whole for cell in (f"{w / fastest:.2f}x", "")),
+            ]
+        )
     print_table(headers, rows)
+    ours = next(c for c in cases if c.ours).runs
     first, last = marks[0], marks[-1]
     time_ratio = median_of(ours, last) / median_of(ours, first)
     size_ratio = ours[0].sizes[last] / ours[0].sizes[first]
@@ -297,8 +346,12 @@ def report(ours: list[Run], base: list[Run], baseline: str, iterations: int, sou
         f"target: iteration {last:,} within {TARGET}x of iteration {first:,}: "
         f"time {time_ratio:.2f}x, checkpoint bytes {size_ratio:.2f}x  {verdict}"
     )
-    base_ratio = median_of(base, last) / median_of(base, first)
-    print(f"baseline in this run: {baseline} iteration {last:,} / {first:,}: {base_ratio:.2f}x")
+    for case in cases:
+        if not case.ours:
+            ratio = median_of(case.runs, last) / median_of(case.runs, first)
+            print(
+                f"baseline in this run: {case.label} iteration {last:,} / {first:,}: {ratio:.2f}x"
+            )
     print()
     print("notes:")
     print(
@@ -308,6 +361,10 @@ def report(ours: list[Run], base: list[Run], baseline: str, iterations: int, sou
     print(
         f"- time per iteration: median of the iterations within {WINDOW} of it, or within a "
         "tenth of its number if more (1,000: 900-1,100), then median over the runs"
+    )
+    print(
+        "- whole run: kickoff()/invoke() to its return; LangGraph async writes each checkpoint "
+        "in the background during the next node (its gaps leave them out, its whole run not)"
     )
     print(f"- redis via {source}")
 
@@ -327,12 +384,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=3000, help="loop iterations per run")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each, alternating")
     parser.add_argument(
-        "--url", help="Redis URL (default: $RUNNER_BENCH_REDIS_URL, local DB 13, else embedded)"
+        "--url", help="Redis URL (default: $RUNNER_BENCH_REDIS_URL, local DB 15, else embedded)"
     )
     parser.add_argument("--profile", action="store_true", help="cProfile one run of ours")
+    parser.add_argument(
+        "--fsync",
+        default="always",
+        help="comma-separated appendfsync settings of private redis-servers ours also runs on "
+        "(everysec, always; empty: none)",
+    )
     args = parser.parse_args(argv)
     if args.iterations < MARKS[0] + WINDOW or args.repeat < 1:
         parser.error(f"--iterations must be >= {MARKS[0] + WINDOW} and --repeat >= 1")
+    args.fsync = [f for f in args.fsync.split(",") if f]
+    if set(args.fsync) - {"everysec", "always"}:
+        parser.error("--fsync takes everysec, always")
     return args
 
 
@@ -342,29 +408,50 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     prefix = f"bench-loop-{uuid.uuid4().hex[:8]}"
     try:
-        with bench_redis(args.url) as target, tempfile.TemporaryDirectory() as tmp:
+        with (
+            bench_redis(args.url) as target,
+            tempfile.TemporaryDirectory() as tmp,
+            contextlib.ExitStack() as stack,
+        ):
             provider = SizingProvider(target.url, prefix=prefix)
+            stack.callback(provider.close)
             admin = target.client()
             try:
                 if args.profile:
                     profile(provider, args.iterations)
                     return 0
-                baseline = "LangGraph + SqliteSaver"
-                other = langgraph_runner(Path(tmp))
-                if other is None:
-                    baseline = "raw MULTI/EXEC (langgraph not installed)"
-                    other = raw_runner(admin, prefix, provider)
-                ours: list[Run] = []
-                base: list[Run] = []
+                with contextlib.closing(target.client()) as probe:
+                    held = f"Redis, {durability(probe)}"
+                cases = [Case("runner", held, lambda n, _: run_ours(provider, n), True)]
+                for fsync in args.fsync:
+                    server = stack.enter_context(redis_server(fsync))
+                    durable = SizingProvider(server.url, prefix=prefix)
+                    stack.callback(durable.close)
+                    cases.append(
+                        Case(
+                            f"runner, AOF {fsync}",
+                            f"Redis, {durability_of(fsync)}",
+                            lambda n, _, d=durable: run_ours(d, n),  # type: ignore[misc]
+                            True,
+                        )
+                    )
+                for mode in ("async", "sync"):
+                    other = langgraph_runner(Path(tmp), mode)
+                    if other is not None:
+                        sqlite = "SQLite WAL, synchronous=FULL (fsync per commit)"
+                        cases.append(Case(f"LangGraph {mode}", sqlite, other, False))
+                if len(cases) == 1 + len(args.fsync):
+                    raw = "raw MULTI/EXEC (langgraph not installed)"
+                    cases.append(Case(raw, held, raw_runner(admin, prefix, provider), False))
                 for i in range(args.repeat):
-                    ours.append(run_ours(provider, args.iterations))
-                    base.append(other(args.iterations, i == 0))
+                    shift = i % len(cases)
+                    for case in cases[shift:] + cases[:shift]:
+                        case.runs.append(case.run(args.iterations, i == 0))
             finally:
-                provider.close()
                 removed = delete_prefix(admin, prefix + ":")
                 left = count_keys(admin, prefix + ":")
                 admin.close()
-            report(ours, base, baseline, args.iterations, target.source)
+            report(cases, args.iterations, target.source)
             print(f"- cleanup: removed {removed} keys under {prefix}:, {left} left")
     except StoreUnavailable as exc:
         print(f"loop: {exc}", file=sys.stderr)

@@ -142,7 +142,10 @@ def run(args: argparse.Namespace) -> None:
         if mine.get(name, 0) >= 0.05 or theirs.get(name, 0) >= 0.05
     ]
     rows.append(["**total**", f"**{sum(mine.values()):.1f}**", f"**{sum(theirs.values()):.1f}**"])
-    print(f"{args.runs} runs of a {STEPS}-step flow vs {args.runs} chains of {STEPS} no-op tasks\n")
+    print(
+        f"{args.runs} runs of a {STEPS}-step flow vs {args.runs} chains of {STEPS} no-op tasks "
+        "(one private Redis, nothing persisted, for both: commands are counted, not timed)\n"
+    )
     print_table(["Redis command", "runner, per step", "raw Celery, per task"], rows)
     cpu_mine, cpu_theirs = extra[CPU]
     net_mine, net_theirs = extra[NET]

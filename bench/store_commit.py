@@ -36,7 +36,7 @@ JSON, what every checkpoint cost before the state was stored by field), interlea
 bytes sent to Redis (counted on the client's connection), bytes the step adds to Redis's memory
 (``MEMORY USAGE`` of the run's keys, every checkpoint kept), and p50 latency.
 
-Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 13 of 127.0.0.1:6379, else a private
+Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 15 of 127.0.0.1:6379, else a private
 embedded server (see :mod:`bench._common`). Only keys under a fresh per-process prefix are
 written, and they are deleted at the end; no DB is flushed. Exits 0 whatever the verdicts (1 if
 Redis cannot be reached).
@@ -66,11 +66,13 @@ from runner.store.redis import RedisProvider
 try:
     from bench._cluster import cluster_tools, local_cluster
     from bench._common import (
+        FSYNC,
         BenchRedis,
         Summary,
         bench_redis,
         count_keys,
         delete_prefix,
+        durability,
         interleave,
         print_table,
         summarize,
@@ -79,11 +81,13 @@ try:
 except ModuleNotFoundError:  # run as `python bench/store_commit.py`: bench/ is on sys.path
     from _cluster import cluster_tools, local_cluster  # type: ignore[no-redef]
     from _common import (  # type: ignore[no-redef]
+        FSYNC,
         BenchRedis,
         Summary,
         bench_redis,
         count_keys,
         delete_prefix,
+        durability,
         interleave,
         print_table,
         summarize,
@@ -571,9 +575,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=1000, help="timed commits per case and size")
     parser.add_argument("--warmup", type=int, default=100, help="untimed commits first")
     parser.add_argument(
-        "--url", help="Redis URL (default: $RUNNER_BENCH_REDIS_URL, local DB 13, else embedded)"
+        "--url", help="Redis URL (default: $RUNNER_BENCH_REDIS_URL, local DB 15, else embedded)"
     )
     parser.add_argument("--big", type=int, default=20, help="timed steps of the 5 MB state")
+    parser.add_argument(
+        "--fsync", choices=FSYNC, default=None, help="a private redis-server of this durability"
+    )
     args = parser.parse_args(argv)
     if args.n < 1 or args.warmup < 0 or args.big < 1:
         parser.error("--n and --big must be >= 1 and --warmup >= 0")
@@ -586,10 +593,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     root = f"bench-commit-{uuid.uuid4().hex[:8]}"
     try:
-        with bench_redis(args.url) as target:
+        with bench_redis(args.url, fsync=args.fsync) as target:
             admin = target.client()
             try:
                 version = admin.info("server").get("redis_version", "?")
+                held = durability(admin)
                 results = [
                     run_size(label, size, target, root, args.n, args.warmup)
                     for label, size in SIZES.items()
@@ -608,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
                 removed = delete_prefix(admin, root + ":")
                 left = count_keys(admin, root + ":")
                 admin.close()
+            print(f"durability: every case commits to the same Redis: {held}\n")
             report(target, version, results, args.n, args.warmup)
             print(f"- cleanup: removed {removed} keys under {root}:, {left} left")
             print()

@@ -125,7 +125,8 @@ def main() -> int:
     plain = summarize(samples[NO_WAIT])
     print(
         f"### Replicated commit ({args.n} commits of a 2 KB state after {args.warmup} "
-        "warm-up, primary and replica on loopback)\n"
+        "warm-up, primary and replica on loopback; durability: nothing persisted on either, "
+        "WAIT 1 puts each commit in a second server's memory)\n"
     )
     rows = []
     for case in (NO_WAIT, WAITED):

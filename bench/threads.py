@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m bench.threads [--runs 200] [--threads 200] [--rounds 3] [--url URL]
+    python -m bench.threads [--runs 200] [--threads 200] [--rounds 3] [--url URL | --fsync F]
 
 ``--runs`` runs of three 1-second I/O-bound steps (``bench._bench_io``: a blocking
 ``time.sleep``, and the same as ``async def`` methods awaiting ``asyncio.sleep``) are
@@ -16,9 +16,15 @@ of 10 runs each; the table shows the median wall time from the first submit to t
 finished (3 s is the floor: three 1-second waits in a row), the best and worst round, and
 the ratio to raw Celery.
 
-Redis: ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 13 of 127.0.0.1:6379, else a
-private embedded server (see :mod:`bench._common`). The workers are stopped and the
-benchmark's keys deleted at the end. Exits 0.
+Both sides use the same Redis (broker, results, store): the table states what it persists;
+``--fsync`` starts a private ``redis-server`` of that durability. The flow worker's step
+failures (its log's ERROR lines, e.g. redis-py's "Too many connections") are counted and
+shown.
+
+Redis: ``--fsync``, else ``--url``, else ``$RUNNER_BENCH_REDIS_URL``, else DB 15 of
+127.0.0.1:6379, else a private embedded server (see :mod:`bench._common`). The workers are
+stopped and the benchmark's own keys deleted at the end (its prefix, its queues, the results
+of its chains' tasks, whose ids are under its token). Exits 0.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python bench/threads.py`: the repo root is not on it
@@ -39,7 +46,15 @@ if str(ROOT) not in sys.path:  # run as `python bench/threads.py`: the repo root
 
 from celery import Celery, chain  # noqa: E402
 
-from bench._common import bench_redis, delete_prefix, print_table, raw_client  # noqa: E402
+from bench._common import (  # noqa: E402
+    FSYNC,
+    bench_redis,
+    delete_prefix,
+    delete_queues,
+    durability,
+    print_table,
+    raw_client,
+)
 from runner.distributed.app import make_app  # noqa: E402
 from runner.distributed.broker import Layout  # noqa: E402
 from runner.distributed.client import submit  # noqa: E402
@@ -77,11 +92,16 @@ def flow_round(rt: Runtime, flow: str, runs: int) -> float:
     return time.perf_counter() - began
 
 
-def raw_round(raw: Celery, runs: int) -> float:
-    """Seconds from sending ``runs`` chains of three tasks at once until the last finished."""
+def raw_round(raw: Celery, runs: int, token: str) -> float:
+    """Seconds from sending ``runs`` chains of three tasks at once until the last finished
+    (task ids start with ``token``, so their results are found and deleted)."""
     step = raw.signature("bench.io_wait", immutable=True)
+
+    def link() -> Any:
+        return step.clone().set(task_id=f"{token}-{uuid.uuid4().hex}")
+
     began = time.perf_counter()
-    results = [chain(step.clone(), step.clone(), step.clone()).apply_async() for _ in range(runs)]
+    results = [chain(link(), link(), link()).apply_async() for _ in range(runs)]
     for result in results:
         result.get(timeout=WAIT, disable_sync_subtasks=False)
     return time.perf_counter() - began
@@ -100,7 +120,7 @@ def run(url: str, args: argparse.Namespace) -> None:
     cases: dict[str, Callable[[int], float]] = {
         "runner": lambda n: flow_round(rt, "bench._bench_io:IOFlow", n),
         "runner_async": lambda n: flow_round(rt, "bench._bench_io:AsyncIOFlow", n),
-        "raw": lambda n: raw_round(raw, n),
+        "raw": lambda n: raw_round(raw, n, prefix),
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
     logs = Path(tempfile.mkdtemp(prefix="bench-threads-"))
@@ -119,12 +139,18 @@ def run(url: str, args: argparse.Namespace) -> None:
                     times[name].append(cases[name](args.runs))
     finally:
         with contextlib.closing(raw_client(rt)) as client:
-            delete_prefix(client, prefix)
-            delete_prefix(client, "celery-task-meta-")
-            for queue in (flow_q, raw_q):  # its lists (one per priority) and binding
-                client.delete(*Layout.of(raw).queue_keys(queue), f"_kombu.binding.{queue}")
+            held = durability(client)
+            delete_prefix(client, f"{prefix}:")
+            delete_prefix(client, f"celery-task-meta-{prefix}-")
+            queues = [k for q in (flow_q, raw_q) for k in Layout.of(raw).queue_keys(q)]
+            delete_queues(client, queues, token)
         rt.app.close()
         raw.close()
+    failures = sum(
+        1
+        for line in (logs / "flows.log").read_text(errors="replace").splitlines()
+        if "ERROR/" in line
+    )
 
     raw_median = statistics.median(times["raw"])
 
@@ -139,7 +165,8 @@ def run(url: str, args: argparse.Namespace) -> None:
 
     print(
         f"{args.runs} concurrent runs of three 1-second I/O-bound steps, one worker "
-        f"-P threads -c {args.threads} each; median of {args.rounds} rounds (floor: 3 s)\n"
+        f"-P threads -c {args.threads} each; median of {args.rounds} rounds (floor: 3 s); "
+        f"one Redis for both sides: {held}\n"
     )
     print_table(
         ["case", "wall time (s)", "best / worst (s)", "vs raw Celery"],
@@ -149,6 +176,7 @@ def run(url: str, args: argparse.Namespace) -> None:
             row("raw Celery: chain of 3 tasks (time.sleep)", "raw"),
         ],
     )
+    print(f"flow worker ERROR lines (failed steps, e.g. 'Too many connections'): {failures}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--url", default=None)
+    parser.add_argument(
+        "--fsync", choices=FSYNC, default=None, help="a private redis-server of this durability"
+    )
     args = parser.parse_args(argv)
-    with bench_redis(args.url) as target:
+    with bench_redis(args.url, fsync=args.fsync) as target:
         print(f"redis: {target.masked} ({target.source})")
         run(target.url, args)
     return 0

@@ -11,6 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# Installs the process's one at-fork hook (runner.distributed.services), which makes a
+# forked child's locks, threads and Redis pools its own; it imports no more than the ids.
+from runner.distributed import services as _at_fork  # noqa: F401
 from runner.flow.executors import EXECUTORS
 
 if TYPE_CHECKING:
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
     from runner.flow.definition import FlowDefinition
     from runner.flow.events import EventListener, FlowEvent
     from runner.flow.flow import Flow
+    from runner.flow.following import stream_run
     from runner.flow.human_feedback import (
         HumanFeedbackConfig,
         HumanFeedbackPending,
@@ -41,7 +45,9 @@ if TYPE_CHECKING:
         flow_config,
     )
     from runner.flow.llm import register_llm
+    from runner.flow.retain import retention
     from runner.flow.state import FlowState, add, append, merge_dict
+    from runner.flow.streaming import StreamFrame
     from runner.flow.usage import UsageMetrics, record_usage
     from runner.store.jsondir import JsonProvider
     from runner.store.models import Checkpoint, RunInfo, RunStatus
@@ -71,6 +77,7 @@ _HOMES = {
     "runner.flow.definition": ("FlowDefinition",),
     "runner.flow.events": ("EventListener", "FlowEvent"),
     "runner.flow.flow": ("Flow",),
+    "runner.flow.retain": ("retention",),
     "runner.flow.human_feedback": (
         "HumanFeedbackConfig",
         "HumanFeedbackPending",
@@ -86,7 +93,9 @@ _HOMES = {
         "InputResponse",
         "flow_config",
     ),
+    "runner.flow.following": ("stream_run",),
     "runner.flow.llm": ("register_llm",),
+    "runner.flow.streaming": ("StreamFrame",),
     "runner.flow.state": ("FlowState", "add", "append", "merge_dict"),
     "runner.flow.usage": ("UsageMetrics", "record_usage"),
     "runner.store.jsondir": ("JsonProvider",),
@@ -184,6 +193,7 @@ __all__ = [
     "RunnerError",
     "SQLiteFlowPersistence",
     "SqliteProvider",
+    "StreamFrame",
     "Task",
     "TaskOutput",
     "UsageMetrics",
@@ -200,10 +210,12 @@ __all__ = [
     "persist",
     "record_usage",
     "register_llm",
+    "retention",
     "router",
     "set_flow_persistence_factory",
     "set_limit",
     "start",
+    "stream_run",
     "submit",
     "submit_definition",
 ]

@@ -83,13 +83,13 @@ def ping(url: str, timeout: float = PING_TIMEOUT) -> None:
         masked = mask_url(url)
     except ValueError as exc:  # not even a URL; none of it is shown: it may hold a password
         raise BadRedisUrl(f"the Redis URL cannot be read: {exc}") from None
-    connection.check_database(url)
     try:
         client = _client(url, timeout)
     except ValueError as exc:  # redis-py parses the URL here, before any connection
         raise BadRedisUrl(
             f"{masked} is not a Redis URL: {_masked_reason(exc, url)}", url=masked
         ) from None
+    connection.check_database(url)  # after redis-py's own reading: a URL at all, first
     try:
         with contextlib.closing(client):
             client.ping()

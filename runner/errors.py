@@ -65,6 +65,13 @@ class DefinitionWarning(UserWarning):
     no router returns (it never runs). ``Flow(strict=True)`` makes it an error."""
 
 
+class IgnoredOptionWarning(DefinitionWarning):
+    """A step option the executor running it does not honour: ``kickoff()`` runs a flow in
+    this process, where ``time_limit``, ``rate_limit``, ``concurrency``, ``limits``,
+    ``queue`` and ``priority`` (honoured on Celery workers) do nothing. Given once per flow
+    class and option."""
+
+
 class FlowImportError(DefinitionError):
     """A ``pkg.mod:Flow`` path does not import, or is outside the allow-list."""
 
@@ -106,6 +113,16 @@ class StaleAttempt(StoreError):
 
 class NotSerializable(StoreError):
     """State or an output cannot be written as JSON."""
+
+
+class EncryptionKeyError(StoreError):
+    """Stored data is encrypted with a key this process lacks, or its key (by id) does not
+    open it: ``key_id`` names the key (``RUNNER_ENCRYPTION_KEYS``)."""
+
+
+class StoreFull(StoreError):
+    """The store's memory is past its high-water mark: new runs are refused (running ones
+    go on) until memory is freed or the limit raised."""
 
 
 # --- run state errors: the run cannot do what was asked now ---------------------------------

@@ -33,6 +33,16 @@ def checkpoint_id(now_ms: int | None = None) -> str:
     return f"{ms:012x}{tail:016x}"
 
 
+def after_fork() -> None:
+    """Make a forked child's ids its own: a fresh lock (a parent thread may have held it at
+    the fork) and a fresh random tail (else parent and child make the same ids in the same
+    millisecond). Called by the process's one at-fork hook
+    (:mod:`runner.distributed.services`)."""
+    global _lock, _last_ms
+    _lock = threading.Lock()
+    _last_ms = 0
+
+
 def run_id() -> str:
     """Return a fresh run id (a UUID4 string, as CrewAI's flow state ids)."""
     return str(uuid.uuid4())

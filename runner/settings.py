@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from runner.errors import InvalidSettings
+from runner.store.policy import Policy, parse_policy
 
 
 class RunnerSettings(BaseSettings):
@@ -65,6 +66,16 @@ class RunnerSettings(BaseSettings):
     )
     max_checkpoints: int = Field(
         default=200, ge=0, description="Checkpoints kept per run (0 = keep all)."
+    )
+    stream_maxlen: int = Field(
+        default=10_000,
+        ge=1,
+        description="Entries kept in each run's stream of live output (older ones trimmed).",
+    )
+    stream_linger_ms: float = Field(
+        default=5.0,
+        ge=0,
+        description="Milliseconds a step's stream writer waits to batch chunks into one write.",
     )
     flow_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -130,6 +141,39 @@ class RunnerSettings(BaseSettings):
         description="Worker log lines: text, or one JSON object a line carrying the step's "
         "run id, flow, step and attempt.",
     )
+    retention: str = Field(
+        default="",
+        description="How long finished runs stay in Redis, counted from their end, e.g. "
+        "`succeeded=7d,failed=30d,cancelled=7d` (s/m/h/d); a status not named is kept. "
+        "Enforced by the workers' recovery pass; a flow's `@retention` overrides it.",
+    )
+    archive: str = Field(
+        default="",
+        description="Where finished runs go before Redis drops them: a SQLite file, a JSON "
+        "checkpoint directory or a `postgresql://` URL; unset = expired runs are deleted.",
+    )
+    retention_batch: int = Field(
+        default=100,
+        ge=1,
+        description="Expired runs one recovery pass archives and deletes at most.",
+    )
+    encryption_keys: SecretStr | None = Field(
+        default=None,
+        description="`kid:base64key[,kid0:oldkey]`: AES-GCM of every payload the Redis store "
+        "writes; the first key seals, all open; unset = payloads stored clear.",
+    )
+    store_max_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="Memory the store may use, in bytes; unset = Redis's maxmemory (if any).",
+    )
+    store_high_water: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Fraction of the store's memory limit past which a submit is refused "
+        "(StoreFull); running runs go on committing.",
+    )
     dev_dir: str = Field(
         default=".runner",
         description="Folder of `runner dev` (its Redis data and URL file), found from the cwd up.",
@@ -140,6 +184,40 @@ class RunnerSettings(BaseSettings):
     def _split_modules(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("retention")
+    @classmethod
+    def _parse_retention(cls, value: str) -> str:
+        parse_policy(value)  # one InvalidSettings line naming RUNNER_RETENTION if bad
+        return value
+
+    @field_validator("archive")
+    @classmethod
+    def _archive_location(cls, value: str) -> str:
+        scheme = value.partition("://")[0] if "://" in value else ""
+        if scheme and scheme not in ("postgresql", "postgres"):
+            raise ValueError(
+                f"{scheme}:// is not an archive: give a SQLite file, a JSON directory "
+                "or a postgresql:// URL"
+            )
+        return value
+
+    @property
+    def retention_policy(self) -> Policy:
+        """:attr:`retention` parsed (status -> seconds kept)."""
+        return parse_policy(self.retention)
+
+    @field_validator("encryption_keys", mode="after")
+    @classmethod
+    def _parse_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        # Checked here, so a bad list is one InvalidSettings line in every process; the
+        # message never holds a key.
+        if value is None or not value.get_secret_value().strip():
+            return None
+        from runner.store.codec import parse_keys
+
+        parse_keys(value.get_secret_value())
         return value
 
     @model_validator(mode="after")

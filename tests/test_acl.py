@@ -126,6 +126,13 @@ def test_workers_producers_and_a_read_only_console_run_with_least_privilege(
                     assert {r["run_id"] for r in runs} == {split.run_id, gated.run_id}
                     page = httpx.get(f"{console}/api/runs/{gated.run_id}", timeout=10)
                     assert page.status_code == 200 and "gate" in page.text
+                    # Celery's remote control needs writes this user lacks: the Workers page
+                    # lists the worker from its roster in Redis, as not answering.
+                    fleet = httpx.get(f"{console}/api/workers", timeout=20)
+                    assert fleet.status_code == 200, fleet.text
+                    listed = [(w["name"], w["answered"]) for w in fleet.json()["workers"]]
+                    assert listed == [(pool.workers[0].name, False)]
+                    assert fleet.json()["queues"][0]["depth"] == 0
                 assert rt.store.history(gated.run_id, limit=100)
                 with pytest.raises(StoreError, match=REFUSED):
                     rt.store.update_run(split.run_id, branch="written by the console")

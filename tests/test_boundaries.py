@@ -34,7 +34,14 @@ client or keys."""
 STORE_INTERNALS = ("runner.store.keys", "runner.store.scripts", "runner.store.pools")
 """Store modules only the store's own modules import: the key builder, the Lua scripts and
 redis-py's pool internals."""
-STORE_RAW_NAMES = {"Timers", "ScheduleBook", "LimitBook", "QueueBook", "DeploymentRecords"}
+STORE_RAW_NAMES = {
+    "Timers",
+    "ScheduleBook",
+    "LimitBook",
+    "QueueBook",
+    "Roster",
+    "DeploymentRecords",
+}
 """The store's classes over a raw client: outside the store, their records are the
 protocol's methods."""
 RAW_ATTRIBUTES = {"client", "keys"}

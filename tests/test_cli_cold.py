@@ -44,7 +44,18 @@ CELERY = ["celery", "kombu"]
 RUNTIME = ["runner.distributed.engine", "runner.distributed.client", "runner.flow.orchestrator"]
 OTHER_COMMANDS = [
     f"runner.cli.{name}"
-    for name in ("ops", "history", "dev", "worker", "ui", "limits", "schedules")
+    for name in (
+        "ops",
+        "history",
+        "retain",
+        "dev",
+        "worker",
+        "fleet",
+        "ui",
+        "limits",
+        "schedules",
+        "storage",
+    )
 ]
 
 
@@ -127,7 +138,9 @@ def test_help_lists_every_command_and_a_typo_suggests_the_closest(
         *("submit", "status", "watch", "runs", "cancel"),
         *("resume", "fork", "recover", "prune", "upgrade"),
         *("checkpoints", "steps", "show", "diff", "graph"),
-        *("worker", "dev", "ui", "limits", "schedule"),
+        *("pin", "unpin", "gc", "restore"),
+        *("worker", "workers", "dev", "ui", "limits", "schedule"),
+        *("rekey", "store"),
     ]
     typo = subprocess.run(
         [sys.executable, "-m", "runner", "chekpoints"],

@@ -198,7 +198,7 @@ def test_redis_down_from_the_environment_too(cli: Cli) -> None:  # noqa: F811
 
 @pytest.mark.parametrize(
     "url",
-    ["redis://127.0.0.1:6379/abc", "redis://127.0.0.1:6379/1/2", "unix:///tmp/r.sock?db=x"],
+    ["redis://127.0.0.1:6379/abc", "redis://127.0.0.1:6379/1/2", "rediss://127.0.0.1:6379/x"],
 )
 def test_a_database_part_that_is_not_a_number_is_bad_input_not_database_0(
     cli: Cli,  # noqa: F811

@@ -167,3 +167,34 @@ def test_checkpoints_on_a_cluster_without_a_broker_of_their_own_are_refused(clus
     url = f"redis+cluster://127.0.0.1:{cluster_nodes[0]}"
     with pytest.raises(StoreUnavailable, match="RUNNER_BROKER_URL"):
         make_app(RunnerSettings(redis_url=url))
+
+
+def test_retention_and_archive_work_on_a_cluster(store, tmp_path):
+    # Each retention script touches one run's keys and its shard's index entries: Cluster
+    # would refuse one spanning two slots (CROSSSLOT).
+    from runner import CheckpointConfig
+    from runner.distributed.retention import close_archives, collect
+    from runner.store.archive import open_archive, restore_run
+    from tests.flows.retained import Report
+
+    runs = []
+    for _ in range(6):
+        flow = Report(checkpoint=CheckpointConfig(provider=store, on_events=["*"]))
+        flow.kickoff()
+        runs.append(str(flow.state.id))
+    assert len({store.keys.shard(run) for run in runs}) > 1
+    assert store.pin_run(runs[0], True)
+    where = str(tmp_path / "archive.db")
+    settings = RunnerSettings(prefix=store.keys.prefix, retention="succeeded=0s", archive=where)
+    try:
+        done = collect(store, settings)
+    finally:
+        close_archives()
+    assert sorted(done.expired) == sorted(runs[1:]) == sorted(done.archived)
+    assert store.run(runs[0]) is not None and all(store.run(r) is None for r in runs[1:])
+    archive = open_archive(where)
+    try:
+        assert restore_run(archive, store, runs[1]).status is RunStatus.SUCCEEDED
+    finally:
+        archive.close()
+    assert store.latest(runs[1]).status is RunStatus.SUCCEEDED

@@ -24,7 +24,8 @@ from runner.crew import (
 )
 from runner.distributed.client import load_flow
 from runner.errors import DefinitionError, InvalidInputs
-from runner.flow.children import deferring
+from runner.flow.context import WORKER, StepContext, running
+from runner.flow.orchestrator import Activation
 from runner.store.jsondir import JsonProvider
 from tests.flows import crews
 from tests.flows.crews import CrewPipeline, counts, make_crew, twelve
@@ -397,7 +398,8 @@ def test_on_workers_run_crew_returns_a_child_run_marker() -> None:
     from runner.flow.state import dump_state
 
     flow = OneCrewFlow()
-    with deferring():
+    on_a_worker = StepContext(flow, Activation("research#1", "research", 1, "plan"), WORKER)
+    with running(on_a_worker):
         marker = flow.research()
     assert marker == ChildRun(
         flow="tests.flows.crews:crew_a",

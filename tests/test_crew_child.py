@@ -12,7 +12,7 @@ from typing import Any
 from runner.distributed import control, engine
 from runner.distributed.client import submit
 from runner.flow import transition as tr
-from runner.flow.attempt import StepResult
+from runner.flow.attempt import Returned, StepResult
 from runner.flow.children import ChildRun, child_run_id
 from runner.flow.orchestrator import Activation
 from runner.store.models import ParentLink, RunStatus
@@ -89,7 +89,7 @@ def test_an_attempt_from_an_earlier_epoch_does_not_relink(rt: Any) -> None:
     first = history(rt, parent.run_id)[0]
     act = next(a for a in tr.record_of(first).in_flight if a.startswith("stage"))
     marker = ChildRun(flow=crews.crew_a.flow_path(), name="crew_a", inputs={"topic": "x"})
-    result = StepResult(Activation(act, "stage", 1, None), {}, new_state={"notes": "x"})
+    result = StepResult(Activation(act, "stage", 1, None), {}, Returned({"notes": "x"}, None))
     reply = engine.start_child(rt, parent.run_id, 7, marker, result)
     assert reply["skipped"] == "the activation is no longer waiting"
     assert parent.latest().seq == seq

@@ -407,7 +407,7 @@ def _metric_names() -> set[str]:
     Instruments(registry)
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "gauge": [""]}
     names = {f.name + end for f in registry.collect() for end in suffixes[f.type]}
-    return {*names, "runner_queue_depth", "runner_runs"}
+    return {*names, "runner_queue_depth", "runner_queue_oldest_seconds", "runner_runs"}
 
 
 def test_the_grafana_dashboard_queries_only_metrics_the_runner_serves() -> None:
@@ -424,6 +424,7 @@ def test_the_grafana_dashboard_queries_only_metrics_the_runner_serves() -> None:
         "runner_takeovers_total",
         "runner_quarantined_runs_total",
         "runner_queue_depth",
+        "runner_queue_oldest_seconds",
         "runner_runs",
     }
 

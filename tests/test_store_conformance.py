@@ -26,6 +26,7 @@ from runner.errors import (
     StoreError,
 )
 from runner.store.base import BeginOutcome, CheckpointStore, CommitRequest, CoordinatedStore
+from runner.store.codec import Codec
 from runner.store.jsondir import JsonProvider
 from runner.store.models import Checkpoint, Lineage, RunStatus, StepError
 from runner.store.redis import RedisProvider
@@ -33,18 +34,26 @@ from runner.store.sqlite import SqliteProvider
 
 Opener = Callable[..., CheckpointStore]
 
+SEALED = Codec([("test", bytes(range(32)))])
+"""The "-sealed" providers' codec: the store with its payloads encrypted."""
 
-@pytest.fixture(params=["redis", "sqlite", "jsondir"])
+
+@pytest.fixture(
+    params=["redis", "redis-sealed", "sqlite", "sqlite-sealed", "jsondir", "jsondir-sealed"]
+)
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    """Opens stores of one provider, all on the same storage; closes them afterwards."""
+    """Opens stores of one provider, all on the same storage; closes them afterwards
+    (``-sealed``: its payloads encrypted)."""
     opened: list[CheckpointStore] = []
 
     def make(**kwargs: Any) -> CheckpointStore:
-        if request.param == "redis":
+        if request.param.endswith("-sealed"):
+            kwargs.setdefault("codec", SEALED)
+        if request.param.startswith("redis"):
             url = request.getfixturevalue("redis_url")
             prefix = request.getfixturevalue("prefix")
             return RedisProvider(url, prefix=prefix, **kwargs)
-        if request.param == "sqlite":
+        if request.param.startswith("sqlite"):
             return SqliteProvider(tmp_path / "store.db", **kwargs)
         return JsonProvider(tmp_path / "store", **kwargs)
 
@@ -64,13 +73,15 @@ def store(open_store: Opener) -> CheckpointStore:
     return open_store(max_checkpoints=0)
 
 
-@pytest.fixture(params=["redis"])
+@pytest.fixture(params=["redis", "redis-sealed"])
 def open_coord(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Opener]:
     """Opens stores of each provider that implements :class:`CoordinatedStore`, all on the
     same storage; closes them afterwards."""
     opened: list[CheckpointStore] = []
 
     def opener(**kwargs: Any) -> CheckpointStore:
+        if request.param == "redis-sealed":
+            kwargs.setdefault("codec", SEALED)
         provider = RedisProvider(redis_url, prefix=prefix, **kwargs)
         assert isinstance(provider, CoordinatedStore)
         opened.append(provider)

@@ -50,11 +50,14 @@ COMMANDS: dict[str, str] = {
     **dict.fromkeys(["submit", "status", "watch", "runs", "cancel"], "runs"),
     **dict.fromkeys(["resume", "fork", "recover", "prune", "upgrade"], "ops"),
     **dict.fromkeys(["checkpoints", "steps", "show", "diff", "graph"], "history"),
+    **dict.fromkeys(["pin", "unpin", "gc", "restore"], "retain"),
     "worker": "worker",
+    "workers": "fleet",
     "dev": "dev",
     "ui": "ui",
     "limits": "limits",
     "schedule": "schedules",
+    **dict.fromkeys(["rekey", "store"], "storage"),
 }
 """Each command's module under :mod:`runner.cli`, in the order ``--help`` lists them. A module
 is imported when one of its commands is called or listed, so ``runner runs`` imports neither

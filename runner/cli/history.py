@@ -11,7 +11,7 @@ from runner.views import answers_given, checkpoint_diff
 
 from . import progress, refs, sources
 from ._app import commands
-from ._session import FLAG, console, print_json, session
+from ._session import FLAG, console, print_json
 from .location import LocationOpt, located
 
 app = commands()
@@ -51,6 +51,7 @@ def steps(
     ctx: typer.Context,
     run: Annotated[str, typer.Argument(metavar="RUN", help="Run id, or a unique prefix of it.")],
     as_json: JsonOpt = False,
+    location: LocationOpt = None,
 ) -> None:
     """List each step activation of a run, child runs' steps under the step that started them.
 
@@ -58,7 +59,7 @@ def steps(
     duration, the checkpoint it committed and the tokens it spent; then, per run, the tokens
     spent in all, since its latest start or resume, and what that resume saved.
     """
-    reader = session(ctx).reader
+    reader = located(ctx, location)
     rows = progress.step_rows(reader, refs.resolve_run(reader, run))
     if as_json:
         print_json([row.as_json() for row in rows])

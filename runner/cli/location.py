@@ -23,6 +23,7 @@ import typer
 
 from runner.store.jsondir import JsonProvider
 from runner.store.models import RunStatus
+from runner.store.postgres import PostgresProvider, is_postgres_url
 from runner.store.sqlite import SqliteProvider
 
 from . import refs
@@ -30,13 +31,14 @@ from ._outcome import exit_code_of, outcome, say
 from ._session import BadUsage, History, print_json, session
 
 LocationOpt = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--location",
         metavar="PATH",
         help=(
             "Read a JSON checkpoint directory or a SQLite file (a CheckpointConfig's "
-            "location) instead of Redis."
+            "location), or an archive (RUNNER_ARCHIVE: also a postgresql:// URL), "
+            "instead of Redis."
         ),
         show_default=False,
     ),
@@ -53,10 +55,10 @@ class LocationView:
     """A store of files the checkpoint commands read through (a
     :class:`~runner.cli._session.History`)."""
 
-    store: JsonProvider | SqliteProvider
+    store: JsonProvider | SqliteProvider | PostgresProvider
 
 
-def located(ctx: typer.Context, location: Path | None) -> History:
+def located(ctx: typer.Context, location: str | Path | None) -> History:
     """The runs ``--location`` names (closed when the command ends), else the deployment's
     (:attr:`~runner.cli._session.Session.reader`)."""
     if location is None:
@@ -66,8 +68,12 @@ def located(ctx: typer.Context, location: Path | None) -> History:
     return view
 
 
-def open_location(location: Path) -> LocationView:
-    """The store at ``location``; :class:`BadUsage` if it is none of this runner's."""
+def open_location(where: str | Path) -> LocationView:
+    """The store at ``where`` (a path, or a PostgreSQL archive's URL); :class:`BadUsage` if
+    it is none of this runner's."""
+    if isinstance(where, str) and is_postgres_url(where):
+        return LocationView(PostgresProvider(where))
+    location = Path(where)
     try:
         if location.is_dir():
             # A provider makes runs/ when it opens a directory: one that has none (nor the

@@ -175,6 +175,7 @@ def fork(
     wait: WaitOpt = False,
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
+    location: LocationOpt = None,
 ) -> None:
     """Start a new run from a checkpoint, optionally with edited state; print its id.
 
@@ -182,9 +183,12 @@ def fork(
     everything downstream of them. The source run is untouched; the new run records
     its parent run and checkpoint (see `runner status NEW_RUN`). A fork that would
     change nothing (no step left to run at the checkpoint, no --rerun, no --set value
-    that differs) is refused (exit 2).
+    that differs) is refused (exit 2). With --location (an archive, a JSON directory or a
+    SQLite file), the source run is first restored into Redis (`runner restore`).
     """
     rt = session(ctx).rt
+    if location is not None:
+        ref = _restored(ctx, rt, location, ref)
     source = refs.resolve_checkpoint_or_run(rt, ref)
     values = _typed(text_pairs(set_, "--set"), source)
     handle = control.fork(source.id, values, rerun or [], branch, run_id, rt=rt)
@@ -198,6 +202,18 @@ def fork(
             err=True,
         )
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
+
+
+def _restored(ctx: typer.Context, rt: engine.Runtime, location: str, ref: str) -> str:
+    """The id of ``ref``'s checkpoint at ``location``, its run restored into Redis first."""
+    from runner.store.archive import restore_run
+
+    view = located(ctx, location)
+    source = refs.resolve_checkpoint_or_run(view, ref)
+    if rt.store.run(source.run_id) is None:
+        restore_run(view.store, rt.store, source.run_id)  # type: ignore[arg-type]
+        typer.echo(f"note: run {source.run_id} restored from {location} to fork it", err=True)
+    return source.id
 
 
 @app.command()

@@ -17,6 +17,7 @@ from runner.errors import DefinitionError
 from runner.flow import events as ev
 from runner.flow.loading import load_flow
 from runner.settings import get_settings
+from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunStatus
 from runner.views import asleep
 
@@ -70,7 +71,7 @@ def bare(activation: str) -> str:
     return activation.rpartition("/")[2]
 
 
-def step_rows(reader: Reader, run_id: str, depth: int = 0) -> list[StepRow]:
+def step_rows(reader: Any, run_id: str, depth: int = 0) -> list[StepRow]:
     """The run's activations in commit order, each child run's rows right after its step."""
     ckpts = history(reader, run_id)
     if not ckpts:
@@ -87,7 +88,8 @@ def step_rows(reader: Reader, run_id: str, depth: int = 0) -> list[StepRow]:
     # by its failure or pause row if it has one.
     running = latest.status is RunStatus.RUNNING
     stopped = {row.step for row in rows if row.outcome in (FAILED, PAUSED)}
-    held = waits(reader, latest)
+    # What a step waits for is the deployment's to say (a --location store has no limits).
+    held = waits(reader, latest) if isinstance(reader.store, DeploymentStore) else {}
     for act in latest.in_flight:
         if running or bare(act) not in stopped:
             why = held.get(bare(act)) or asleep(latest, bare(act))

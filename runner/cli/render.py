@@ -86,12 +86,16 @@ def clock(ts: float | None) -> str:
 
 
 def runs_table(
-    infos: list[tuple[RunInfo, int]], shown: dict[str, str], scheduled: Collection[str] = ()
+    infos: list[tuple[RunInfo, int]],
+    shown: dict[str, str],
+    scheduled: Collection[str] = (),
+    expires: dict[str, str] | None = None,
 ) -> Table:
     """``runner runs``: one row per run (child runs indented under their parent).
 
     ``infos`` are (run, depth) pairs; ``shown`` maps each run id to its unique prefix;
-    ``scheduled``: the delayed runs still waiting to start (stored as running), shown so.
+    ``scheduled``: the delayed runs still waiting to start (stored as running), shown so;
+    ``expires``: run id -> when it leaves Redis (a column when given).
     """
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
     table.add_column("run", no_wrap=True)
@@ -100,7 +104,10 @@ def runs_table(
     table.add_column("step", overflow="fold")
     table.add_column("seq", justify="right", no_wrap=True)
     table.add_column("updated", no_wrap=True)
+    if expires is not None:
+        table.add_column("expires", no_wrap=True)
     for info, depth in infos:
+        extra = [] if expires is None else [expires.get(info.run_id, "-")]
         table.add_row(
             "  " * depth + ("└ " if depth else "") + shown.get(info.run_id, info.run_id),
             info.name or info.flow or "-",
@@ -110,6 +117,7 @@ def runs_table(
             info.step or "-",
             str(info.seq),
             stamp(info.updated_at),
+            *extra,
         )
     return table
 
@@ -176,8 +184,10 @@ def status_view(
     latest: Checkpoint,
     error: StepError | None,
     children: list[dict[str, Any]] | None = None,
+    expires: str | None = None,
 ) -> RenderableType:
-    """``runner status``: the run's metadata, progress, lineage and last error."""
+    """``runner status``: the run's metadata, progress, lineage and last error; ``expires``:
+    when it leaves Redis (a row when given, see :mod:`runner.cli.expiry_view`)."""
     grid = _grid()
     grid.add_row("run", info.run_id)
     grid.add_row("flow", f"{info.flow or '-'}" + (f"  ({info.name})" if info.name else ""))
@@ -191,6 +201,8 @@ def status_view(
     grid.add_row("seq", f"{info.seq}  (checkpoint {info.latest or latest.id})")
     grid.add_row("created", when(info.created_at))
     grid.add_row("updated", when(info.updated_at))
+    if expires is not None:
+        grid.add_row("expires", expires)
     grid.add_row("completed", ", ".join(latest.completed) or "-")
     _in_flight_row(grid, info.status, latest)
     if info.parent_run_id:

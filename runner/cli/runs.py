@@ -17,7 +17,7 @@ from runner.flow.rates import PRIORITIES
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.views import asleep, scheduled_until, woken_at
 
-from . import progress, refs, sources
+from . import progress, refs, sources, streams
 from ._app import commands
 from ._outcome import (
     exit_code_of,
@@ -42,6 +42,14 @@ WaitOpt = Annotated[
         "--wait",
         "-w",
         help="Follow the run until it stops (live on a terminal); print how it ended.",
+        metavar=FLAG,
+    ),
+]
+StreamOpt = Annotated[
+    bool,
+    typer.Option(
+        "--stream",
+        help="Print what the run's steps stream (tokens, progress) as it comes.",
         metavar=FLAG,
     ),
 ]
@@ -132,13 +140,15 @@ def submit(
     wait: WaitOpt = False,
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
+    stream: StreamOpt = False,
 ) -> None:
     """Start a run of FLOW on the workers and print its run id.
 
     With --wait (or --timeout), wait for it to stop and print the result; exit 1 if it
-    failed or was cancelled. Inputs are validated before anything is stored, and so is the
-    flow against the workers' allow-list when it is known here (RUNNER_FLOW_MODULES, or
-    the one `runner dev` published).
+    failed or was cancelled; with --wait --stream, print what its steps stream meanwhile.
+    Inputs are validated before anything is stored, and so is the flow against the
+    workers' allow-list when it is known here (RUNNER_FLOW_MODULES, or the one `runner dev`
+    published).
     """
     # The client (and the flow core under it) is imported by the commands that use it, so
     # `runner runs` does not pay for it.
@@ -163,6 +173,9 @@ def submit(
         priority=priority,
         rt=rt,
     )
+    if stream and (wait or timeout is not None) and not as_json:
+        typer.echo(handle.run_id)
+        streams.follow_stream(rt, handle.run_id, timeout=timeout)
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
 
 
@@ -185,10 +198,13 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     error = client.failure(reader.store, latest).error
     children = _children(reader, latest)
     waits = progress.waits(reader, latest)
+    from .expiry_view import expiry_fields, expiry_line
+
     if as_json:
         print_json(
             {
                 **info.model_dump(mode="json"),
+                **expiry_fields(reader.store, [info]).get(info.run_id, {}),
                 "checkpoint": latest.id,
                 "completed": latest.completed,
                 "in_flight": latest.in_flight,
@@ -219,7 +235,8 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     else:
         from . import render  # rich: a view only (see render)
 
-        console().print(render.status_view(info, latest, error, children))
+        expires = expiry_line(reader.store, info)
+        console().print(render.status_view(info, latest, error, children, expires))
         for step, why in waits.items():
             console().print(f"waiting: {step} waits for {why}")
 
@@ -236,16 +253,20 @@ def watch(
         bool,
         typer.Option("--json", help="Stream each new checkpoint as a JSON line.", metavar=FLAG),
     ] = False,
+    stream: StreamOpt = False,
 ) -> None:
     """Follow a run live until it stops; exit with its outcome (0 succeeded or paused, 1 not).
 
     Shows the steps done of the total (crew tasks of child runs included), each step with
     its attempts, worker and duration, the time elapsed and the last error. With --json,
     prints one JSON line per new checkpoint of the run or its child runs, then one line
-    with the outcome.
+    with the outcome. With --stream, prints what the steps stream (tokens, progress) as it
+    comes, under the live table on a terminal.
     """
     reader = session(ctx).reader
     run_id = refs.resolve_run(reader, run)
+    if stream and not as_json:
+        streams.follow_stream(reader, run_id, timeout=timeout)
     if as_json:
         status = _stream(reader, run_id, interval, timeout)
     else:
@@ -331,10 +352,12 @@ def list_runs(
     latest = functools.cache(functools.partial(_readable_latest, reader.store))
     found = _select_runs(reader.store, latest, status, flow, limit, top_level=not flat)
     if as_json:
-        if flat:
-            print_json([_listed(latest, info) for info in found])
-        else:
-            print_json([_tree(reader, latest, info) for info in found])
+        listed = (
+            [_listed(latest, info) for info in found]
+            if flat
+            else [_tree(reader, latest, info) for info in found]
+        )
+        print_json(_with_expiry(reader.store, listed))
         return
     if not found:
         typer.echo("no runs" if status is None and flow is None else "no runs match")
@@ -344,7 +367,10 @@ def list_runs(
     nested = [(info, 0) for info in found] if flat else _nest(reader, latest, found)
     shown = refs.short_runs(reader, [info.run_id for info, _depth in nested])
     waiting = {info.run_id for info, _depth in nested if _starts_at(latest, info) is not None}
-    console().print(render.runs_table(nested, shown, scheduled=waiting))
+    from .expiry_view import expiry_texts
+
+    expires = expiry_texts(reader.store, [info for info, _depth in nested])
+    console().print(render.runs_table(nested, shown, scheduled=waiting, expires=expires))
 
 
 @app.command()
@@ -424,6 +450,24 @@ def _listed(latest: Latest, info: RunInfo) -> dict[str, Any]:
     """A run as ``runs --json`` lists it: its metadata, and when it starts if it is a
     delayed run still waiting (``scheduled_until``, as ``status --json`` has it)."""
     return {**info.model_dump(mode="json"), "scheduled_until": _starts_at(latest, info)}
+
+
+def _with_expiry(store: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``runs --json``'s entries (their children too) with when each expires, read in one
+    round trip (:func:`~runner.cli.expiry_view.expiry_fields`)."""
+    from .expiry_view import expiry_fields
+
+    every: list[dict[str, Any]] = []
+    todo = list(listed)
+    while todo:
+        entry = todo.pop()
+        every.append(entry)
+        todo += entry.get("children", [])
+    infos = [RunInfo.model_validate({k: e[k] for k in RunInfo.model_fields}) for e in every]
+    found = expiry_fields(store, infos)
+    for entry in every:
+        entry.update(found.get(entry["run_id"], {}))
+    return listed
 
 
 def _starts_at(latest: Latest, info: RunInfo) -> float | None:

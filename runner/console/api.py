@@ -8,15 +8,21 @@ fork names each rejected field in ``error.errors``. With a token, send it as
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
+from runner.distributed.fleet import survey
+from runner.flow import following
 from runner.flow.rates import PRIORITIES
 from runner.store.models import RunStatus
 
-from . import actions, data
+from . import actions, data, streams
 from .context import console_of
 
 router = APIRouter(prefix="/api", tags=["api"])
@@ -139,11 +145,57 @@ def get_run(request: Request, run_id: str) -> dict[str, Any]:
     return data.run_detail(console.rt, run_id, console.flower_url)
 
 
+@router.get(
+    "/runs/{run_id}/stream",
+    summary="The run's live stream (Server-Sent Events)",
+    response_class=StreamingResponse,
+)
+async def get_stream(
+    request: Request,
+    run_id: str,
+    channels: Annotated[
+        list[str] | None, Query(description="Only these channels (e.g. tokens).")
+    ] = None,
+    from_id: Annotated[
+        str | None, Query(description="Start after this entry id (Last-Event-ID wins).")
+    ] = None,
+    last_event_id: Annotated[str | None, Header(description="Resume after this id.")] = None,
+) -> StreamingResponse:
+    """What the run's steps stream (tokens, progress), live, one event per entry (``id:`` the
+    entry id; ``data:`` the frame as JSON: channel, type, content, data, step, attempt,
+    superseded, run_id), ending with an ``end`` event carrying how the run ended and its
+    result. Resume with ``Last-Event-ID`` (browsers send it when they reconnect) or
+    ``from_id``: every entry comes once. 404 for an unknown run."""
+    store = console_of(request).rt.store
+    after, stop = last_event_id or from_id, threading.Event()
+    frames = await run_in_threadpool(
+        functools.partial(following.follow, store, run_id, channels, after, stop=stop)
+    )
+    return StreamingResponse(
+        streams.events(frames, stop),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
 @router.get("/limits", summary="Rate and concurrency limits in use")
 def get_limits(request: Request) -> dict[str, Any]:
     """Each limit in use (`runner limits`): kind, setting, use now, and the steps waiting on
     it with the seconds until they try again."""
     return {"limits": data.limits(console_of(request).rt.store)}
+
+
+@router.get("/workers", summary="Live workers and the queues' backlog")
+def get_workers(
+    request: Request,
+    timeout: Annotated[
+        float, Query(gt=0, le=10, description="Seconds to wait for the workers' answers.")
+    ] = 1.0,
+) -> dict[str, Any]:
+    """`runner workers --json`: each live worker (queues, pool, concurrency, busy slots,
+    last heartbeat, versions), the workers gone in the last hour, and each queue's depth
+    and oldest message's age (`oldest_age` says how that is measured on this broker)."""
+    return survey(console_of(request).rt, timeout=timeout).as_json()
 
 
 @router.get("/schedules", summary="Schedules")

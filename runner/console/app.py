@@ -20,6 +20,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 
 from runner.distributed.engine import Runtime
+from runner.distributed.fleet import backlog_reader
 from runner.errors import (
     RunnerError,
 )
@@ -101,12 +102,15 @@ def build_app(
 def _serve_metrics(app: FastAPI, runtime: Runtime, settings: RunnerSettings) -> None:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    registry = metrics.console_registry(runtime.app, runtime.store, [settings.queue])
+    registry = metrics.console_registry(
+        runtime.app, runtime.store, [settings.queue], backlog_reader(runtime)
+    )
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus_metrics() -> Response:
-        """Prometheus' scrape (behind the token, like every page): runs by status and the
-        queue depth, read when scraped (:mod:`runner.observe.metrics`)."""
+        """Prometheus' scrape (behind the token, like every page): runs by status and each
+        queue's depth and oldest message's age, read when scraped
+        (:mod:`runner.observe.metrics`)."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -18,6 +18,7 @@ from runner.errors import (
     RunnerError,
     RunNotFound,
     RunStateError,
+    StoreFull,
     StoreUnavailable,
 )
 
@@ -50,14 +51,15 @@ def console_of(request: Request) -> Console:
 
 
 def status_for(exc: RunnerError) -> int:
-    """The HTTP status of a runner error: 404 unknown id, 422 bad input, 409 refused."""
+    """The HTTP status of a runner error: 404 unknown id, 422 bad input, 409 refused, 503
+    the store is unreachable or full."""
     if isinstance(exc, RunNotFound | CheckpointNotFound):
         return 404
     if isinstance(exc, InvalidInputs | DefinitionError):
         return 422
     if isinstance(exc, RunStateError):
         return 409
-    if isinstance(exc, StoreUnavailable):
+    if isinstance(exc, StoreUnavailable | StoreFull):
         return 503
     return 500
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
+from runner.distributed.fleet import survey
 from runner.errors import RunnerError
 from runner.store.models import RunStatus
 
@@ -73,6 +74,25 @@ def limits_page(request: Request) -> Response:
     """Each rate and concurrency limit in use, its use now and the steps waiting on it."""
     console = console_of(request)
     return console.page(request, "limits.html", limits=data.limits(console.rt.store))
+
+
+@router.get("/workers")
+def workers_page(request: Request) -> Response:
+    """Each live worker (queues, pool, busy slots, heartbeat) and each queue's backlog."""
+    console = console_of(request)
+    return console.page(request, "workers.html", **_fleet(console))
+
+
+@router.get("/fragments/workers")
+def workers_fragment(request: Request) -> Response:
+    """The Workers page's tables (polled)."""
+    console = console_of(request)
+    return console.page(request, "_workers.html", **_fleet(console))
+
+
+def _fleet(console: Any) -> dict[str, Any]:
+    found = survey(console.rt).as_json()
+    return {"fleet": found, "labels": {q["queue"]: q["name"] for q in found["queues"]}}
 
 
 @router.get("/schedules")

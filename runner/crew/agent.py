@@ -79,10 +79,12 @@ class Agent:
         return text
 
     def execute_task(self, task_input: TaskInput) -> Any:
-        """Call ``llm`` with this task's prompt; return its answer (text, dict or model)."""
+        """Call ``llm`` with this task's prompt; return its answer (text, dict or model). A
+        client that streams (LangChain's ``.stream``, a callable taking ``stream=``) streams
+        its tokens to the step's stream meanwhile (:func:`runner.flow.llm.call_llm`)."""
         if self.llm is None:
             raise DefinitionError(
                 f"agent {self.role!r} has no llm: pass Agent(llm=...) or give the task a fn",
                 agent=self.role,
             )
-        return call_llm(self.llm, self.prompt(task_input))
+        return call_llm(self.llm, self.prompt(task_input), stream=True)

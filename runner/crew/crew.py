@@ -28,8 +28,8 @@ from runner.crew.agent import Agent
 from runner.crew.compile import CrewFlow, compile_crew
 from runner.crew.task import CrewOutput, Task, TaskOutput
 from runner.errors import DefinitionError, FlowImportError, InvalidInputs
-from runner.flow.attempt import current_activation
-from runner.flow.children import ChildRun, child_run_id, deferred
+from runner.flow.children import ChildRun, child_run_id
+from runner.flow.context import step_context
 from runner.flow.flow import checkpoint_store, state_json
 from runner.flow.loading import load_flow
 from runner.flow.local import check_graph
@@ -327,15 +327,15 @@ class Crew:
         commits the method with its output when it ends, so no worker waits on it.
         """
         inputs = dict(inputs or {})
-        running = current_activation.get()
-        activation = running[1] if running is not None and running[0] is flow else None
+        ctx = step_context()
+        activation = ctx.activation if ctx is not None and ctx.runs(flow) else None
         if activation is not None and type(flow).graph().spec(activation.method).is_router:
             raise DefinitionError(
                 f"{activation.method} is a router: run the crew in a @listen method and "
                 "route on its output",
                 method=activation.method,
             )
-        if deferred():
+        if ctx is not None and ctx.on_worker:
             self.require_importable()
             self.check_inputs(inputs)
             return ChildRun(flow=self.flow_path(), name=self.name, inputs=inputs)

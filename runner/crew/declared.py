@@ -46,9 +46,9 @@ from runner.crew.task import Task
 from runner.distributed.engine import FlowNotAllowed
 from runner.errors import DefinitionError
 from runner.flow import expressions as cel
-from runner.flow.attempt import current_outputs
-from runner.flow.children import ChildRun, deferred
+from runner.flow.children import ChildRun
 from runner.flow.conditions import Cond
+from runner.flow.context import on_worker, step_context
 from runner.flow.decorators import REVIEW_ATTR, listen, router, start
 from runner.flow.definition import (
     ACTION_ATTR,
@@ -306,7 +306,8 @@ def context_of(flow: Flow[Any]) -> dict[str, Any]:
     (an ``each`` child's parent's outputs under its own)."""
     state = dump_state(flow.state, strict=False)
     outputs = dict(state.get(EACH_OUTPUTS) or {}) if isinstance(state, dict) else {}
-    outputs.update(current_outputs.get() or {})
+    ctx = step_context()
+    outputs.update((ctx.outputs if ctx is not None else None) or {})
     return {"state": state, "outputs": outputs}
 
 
@@ -378,7 +379,7 @@ def run_each(flow: Flow[Any], action: EachAction, context: dict[str, Any], where
             f"{where}.in: must evaluate to a list, not {type(items).__name__}", field=where
         )
     # Inside an each child (its state holds the items) the one item runs here.
-    if deferred() and items and EACH_ITEMS not in context["state"]:
+    if on_worker() and items and EACH_ITEMS not in context["state"]:
         child = _each_child(flow, action, len(items))
         state = {k: v for k, v in context["state"].items() if k not in ("id", EACH_ITEMS)}
         inputs = {**state, EACH_ITEMS: items, EACH_OUTPUTS: context["outputs"]}

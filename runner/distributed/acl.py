@@ -32,17 +32,20 @@ from runner.settings import RunnerSettings
 _COMMANDS = {
     # Workers: data commands, Lua (every commit is one script), pub/sub, MULTI (kombu),
     # blocking pops (kombu's BRPOP), WAIT (a commit's replicas): nothing that administers.
+    # INFO (in @dangerous, so granted after it) tells a submit (a schedule's tick too) the
+    # store's memory and limit: past its high-water mark it is refused (runner.store.memory).
     "worker": "-@all +@read +@write +@scripting +@pubsub +@transaction +@connection "
-    "+@blocking +time +wait -@dangerous",
+    "+@blocking +time +wait -@dangerous +info",
     # Producers send and wait: the same without blocking pops.
     "producer": "-@all +@read +@write +@scripting +@pubsub +@transaction +@connection "
-    "+time +wait -@blocking -@dangerous",
+    "+time +wait -@blocking -@dangerous +info",
     # The console browses: reads only, its live view's subscriptions, and the store's
     # scripts (the latest checkpoint is read by one). Redis checks every command a script
     # runs against the user's rules, so a script's write is refused all the same; the keys
-    # cannot be read-only (%R~) because Redis takes a script's keys for written ones.
+    # cannot be read-only (%R~) because Redis takes a script's keys for written ones. INFO
+    # for the store's memory gauges.
     "console": "-@all +@read +@connection +subscribe +psubscribe +unsubscribe +punsubscribe "
-    "+evalsha +script|load -@dangerous",
+    "+evalsha +script|load -@dangerous +info",
 }
 
 

@@ -28,7 +28,8 @@ from runner.errors import StoreUnavailable
 from runner.settings import RunnerSettings, get_settings
 from runner.store import connection
 
-from . import broker, routing
+from . import broker, fleet, routing
+from .services import services
 
 REQUIRED: dict[str, Any] = {
     "task_serializer": "json",
@@ -96,6 +97,7 @@ def make_app(settings: RunnerSettings | None = None, *, main: str = "runner") ->
     app.conf.runner_redis_url = url
     broker.configure_priorities(app)  # every step message carries a priority the broker honours
     routing.install(app, settings)  # before any send: every step goes to its method's queue
+    fleet.stamp_sent_at()  # every message says when it was sent: a queue's oldest age
     return app
 
 
@@ -107,18 +109,15 @@ def _result_backend(url: str, broker_url: str | None) -> str | None:
     return broker_url if broker_url and broker_url.startswith(("redis", "rediss")) else None
 
 
-_app: Celery | None = None
-
-
 def get_app() -> Celery:
-    """The process-wide producer app (workers install theirs with :func:`set_app`)."""
-    global _app
-    if _app is None:
-        _app = make_app()
-    return _app
+    """The process-wide producer app (workers install theirs with :func:`set_app`), kept
+    in the process's services."""
+    own = services()
+    if own.app is None:
+        own.app = make_app()
+    return own.app
 
 
 def set_app(app: Celery | None) -> None:
     """Make ``app`` the one :func:`get_app` returns (``None`` forgets it)."""
-    global _app
-    _app = app
+    services().app = app

@@ -31,6 +31,10 @@ What the runner takes from them that is not their public API, and what it expect
   ``BatchPublishError``; :func:`queue_depths` reads a queue's length by kombu's passive
   ``queue_declare`` (``ChannelError`` for one that does not exist); :data:`CONNECTION_ERRORS`
   are kombu's and redis-py's errors of a lost connection.
+* **Queues and workers in view** (:func:`redis_backlog`, :func:`pool_name`), for
+  ``runner workers``: the Redis transport's lists of a queue, read at their consuming end
+  (the section's own comment says how), and ``celery.concurrency.ALIASES`` to name a
+  worker's pool as ``-P`` does.
 * **Priorities** (:func:`configure_priorities`, :func:`wire_priority`): every step message
   carries a priority, in the broker's terms. kombu's Redis transport keeps a queue's
   messages of priority ``p`` in the list ``<queue><sep><p>`` (``p`` rounded down to one of
@@ -66,11 +70,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,6 +91,8 @@ from runner.errors import RunnerError
 from runner.flow.rates import PRIORITIES
 from runner.store import connection
 from runner.store.base import OUTBOX_COMMANDS, OutboxCommand
+
+from .services import services
 
 log = logging.getLogger("runner.broker")
 
@@ -137,9 +141,12 @@ class Checks:
     def __init__(self) -> None:
         self.found: dict[str, str | None] = {}
         self.lock = threading.RLock()
-        own = weakref.ref(self)
-        # A pool child forked while another thread checks must not inherit a held lock.
-        os.register_at_fork(after_in_child=lambda: _fresh_lock(own()))
+        services().adopt(self)
+
+    def after_fork(self) -> None:
+        """A pool child forked while another thread checks must not inherit a held lock
+        (the verdicts it inherits stand)."""
+        self.lock = threading.RLock()
 
     def ready(self, capability: str, probe: Callable[[], str | None]) -> bool:
         """Whether ``capability`` is as expected, running ``probe`` (``None``: as expected,
@@ -180,11 +187,6 @@ class Checks:
             what,
             FALLBACKS[capability],
         )
-
-
-def _fresh_lock(checks: Checks | None) -> None:
-    if checks is not None:
-        checks.lock = threading.RLock()
 
 
 checks = Checks()
@@ -604,17 +606,17 @@ class BrokerView:
             return None
 
 
-_broker_clients: dict[str, redis.Redis] = {}
-
-
 def broker_client(app: Celery) -> redis.Redis:
-    """A plain client on ``app``'s Redis broker (one per URL and process); on a Sentinel
-    group's current primary for kombu's ``sentinel://`` form."""
+    """A plain client on ``app``'s Redis broker (one per URL and process: a forked child
+    makes its own); on a Sentinel group's current primary for kombu's ``sentinel://`` form."""
     url = str(app.conf.get(connection.BROKER_REDIS_URL) or app.conf.broker_url)
-    client = _broker_clients.get(url)
-    if client is None:
-        client = _broker_clients[url] = connection.client(url)  # TLS and ACL as configured
+    # TLS and ACL as configured
+    client: redis.Redis = services().one((BROKER_CLIENT, url), lambda: connection.client(url))
     return client
+
+
+BROKER_CLIENT = "broker.client"
+"""The key of this process's clients on a Redis broker in its services (with the URL)."""
 
 
 def queue_of(app: Celery, name: str, default: str) -> str:
@@ -850,3 +852,74 @@ RECONNECTED = "Connected to"
 CANCEL_ON_CONNECTION_LOSS = "worker_cancel_long_running_tasks_on_connection_loss"
 """Named in the warning Celery 5 gives at every connection loss (Celery 6 will cancel
 running tasks instead; config/celeryconfig.py keeps them running)."""
+
+
+# --- queues and workers in view (runner workers, the console's Workers page, /metrics) -----
+# Kept apart from the sections above: what ``runner.distributed.fleet`` reads of a Redis
+# broker's queues and of Celery's names for a worker's pool. kombu 5.7's Redis transport
+# ``LPUSH``es a message onto its queue's list (``<queue><sep><p>`` for priority ``p > 0``)
+# and takes it with ``BRPOP``: the message at index -1 of each list is the next one taken
+# from it, the one pushed longest ago (kombu puts a restored message back at that end too).
+# The message is JSON whose ``headers`` are the Celery protocol-2 headers, where
+# :data:`SENT_AT` is the runner's own.
+
+SENT_AT = "sent_at"
+"""The header every task message of a runner process carries: when it was sent (Unix
+seconds, the sender's clock), set by :func:`runner.distributed.fleet.stamp_sent_at`."""
+
+
+def sent_at_of(raw: Any) -> float | None:
+    """The :data:`SENT_AT` header of a raw Redis-transport message, or ``None`` (none, or
+    not a Celery task message)."""
+    try:
+        value = json.loads(raw)["headers"][SENT_AT]
+    except (TypeError, ValueError, KeyError):
+        return None
+    return float(value) if isinstance(value, int | float) else None
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """A Redis broker queue's messages: how many (every priority list), and when the
+    oldest of the lists' next messages was sent (``None``: empty, or none says)."""
+
+    depth: int
+    oldest_sent_at: float | None
+
+
+def redis_backlog(app: Celery, queues: Collection[str]) -> dict[str, Backlog]:
+    """Each of ``queues`` of ``app``'s Redis broker, read in one round trip (two commands a
+    priority list: its length and the message at its consuming end)."""
+    layout, client = Layout.of(app), broker_client(app)
+    names = {queue: layout.queue_keys(queue) for queue in queues}
+    pipe = client.pipeline(transaction=False)
+    for keys in names.values():
+        for key in keys:
+            pipe.llen(key)
+            pipe.lindex(key, -1)
+    replies = iter(pipe.execute())
+    found: dict[str, Backlog] = {}
+    for queue, keys in names.items():
+        depth, sent = 0, []
+        for _ in keys:
+            length, last = next(replies), next(replies)
+            depth += int(length)
+            if last is not None and (at := sent_at_of(last)) is not None:
+                sent.append(at)
+        found[queue] = Backlog(depth, min(sent) if sent else None)
+    return found
+
+
+def pool_name(implementation: Any) -> str | None:
+    """Celery's ``-P`` name of the pool class a worker reports in its ``stats`` (its
+    ``pool.implementation``: ``celery.concurrency.thread:TaskPool`` is ``threads``)."""
+    if not implementation:
+        return None
+    import celery.concurrency
+
+    aliases = getattr(celery.concurrency, "ALIASES", {})  # name -> "module:Class", no import
+    named = [name for name, path in aliases.items() if path == str(implementation)]
+    if named:
+        return str(named[0])  # in Celery's order: prefork before its alias processes
+    module = str(implementation).partition(":")[0]
+    return module.rpartition(".")[2] or module

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -28,7 +29,7 @@ from runner.errors import (
     RunTimeout,
     StoreUnavailable,
 )
-from runner.flow import results
+from runner.flow import following, results, streaming
 from runner.flow.definition import is_declared
 from runner.flow.definition import refs as declared_refs
 from runner.flow.graph import TRIGGER_PAYLOAD
@@ -50,24 +51,24 @@ from .engine import (
     ended,
     first_checkpoint,
 )
-
-_runtime: Runtime | None = None
+from .services import services
 
 
 def runtime() -> Runtime:
-    """The process-wide producer runtime (app + store) from the settings."""
-    global _runtime
-    if _runtime is None:
+    """The process-wide producer runtime (app + store) from the settings, kept in the
+    process's services."""
+    own = services()
+    if own.runtime is None:
         from .app import get_app
 
-        _runtime = Runtime.create(get_app())
-    return _runtime
+        own.runtime = Runtime.create(get_app())
+    found: Runtime = own.runtime
+    return found
 
 
 def set_runtime(rt: Runtime | None) -> None:
     """Use ``rt`` for submits in this process (tests, embedded demo)."""
-    global _runtime
-    _runtime = rt
+    services().runtime = rt
 
 
 def check_importable(flow_cls: Any) -> None:
@@ -224,6 +225,8 @@ def submit(
     first.checkpoint.meta.deadline = None if seconds is None else now + seconds
     first.checkpoint.meta.priority = priority
     run_id = first.checkpoint.run_id
+    # A store past its high-water mark takes no new run (running ones keep the memory left).
+    rt.store.check_room(len(first.checkpoint.model_dump_json()))
     # Timers set before the commit, so no run lacks one; a timer left for a run another
     # submit created is checked against that run's own checkpoint.
     if seconds is not None:
@@ -359,6 +362,26 @@ class RunHandle:
             run_id=self.run_id,
             step=stopped.step,
         )
+
+    def stream(
+        self,
+        channels: Sequence[str] | None = None,
+        from_id: str | None = None,
+        *,
+        block: float = 0.5,
+    ) -> following.RunStream:
+        """The run's live stream (what its steps write with ``self.stream_chunk`` and their
+        LLMs' tokens): iterate it (``for`` or ``async for``) for :class:`~runner.flow.
+        streaming.StreamFrame` objects as they come, ending with a frame of how the run ended;
+        then ``.result`` is :meth:`result`. ``channels``: only those (e.g. ``["tokens"]``);
+        ``from_id``: resume after the frame id last seen (each entry comes once).
+        :class:`~runner.errors.RunNotFound` for an unknown run."""
+        frames = following.follow(self.rt.store, self.run_id, channels, from_id, block=block)
+
+        def result(end: streaming.StreamFrame) -> Any:
+            return None if end.data.get("status") == RunStatus.PAUSED.value else self.result()
+
+        return following.RunStream(frames, result)
 
     def resume(
         self,

@@ -34,6 +34,8 @@ from contextlib import AbstractContextManager, contextmanager
 from runner.store.base import BeginOutcome, Begun, CoordinatedStore, Coordination, StopNotices
 from runner.store.models import Checkpoint, RunStatus
 
+from .services import services
+
 log = logging.getLogger("runner.worker")
 
 OK, HELD, DONE = BeginOutcome.OK, BeginOutcome.HELD, BeginOutcome.DONE
@@ -198,23 +200,31 @@ class Coordinator:
 class _Heartbeats:
     """One thread per process renewing every lease the process's running steps hold.
 
-    Started lazily (and again in a forked pool child, where the parent's thread does
-    not exist), so a step pays no thread start; a lease is renewed every third of
-    its length, so a short step finishes on the lease :meth:`Coordinator.begin_attempt` took.
+    Started on first use (and again in a forked pool child, where the parent's thread does
+    not exist: :meth:`after_fork`), so a step pays no thread start; a lease is renewed
+    every third of its length, so a short step finishes on the lease
+    :meth:`Coordinator.begin_attempt` took.
     """
 
     def __init__(self, coord: Coordinator) -> None:
         self.coord = coord
         self.held: dict[tuple[str, str], str] = {}
         self.lock = threading.Lock()
-        self.pid = 0
+        self.thread: threading.Thread | None = None
+        services().adopt(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: no thread yet, a fresh lock, none of the parent's leases."""
+        self.lock, self.thread = threading.Lock(), None
+        self.held = {}
 
     def add(self, run_id: str, key: str, token: str) -> None:
         with self.lock:
-            if self.pid != os.getpid():  # first use, or a forked child: start our own thread
-                self.pid = os.getpid()
-                self.held.clear()
-                threading.Thread(target=self._loop, name="lease-heartbeat", daemon=True).start()
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._loop, name="lease-heartbeat", daemon=True
+                )
+                self.thread.start()
             self.held[(run_id, key)] = token
 
     def remove(self, run_id: str, key: str, token: str | None = None) -> None:

@@ -47,6 +47,7 @@ from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
 from runner.flow.usage import last_of
 from runner.settings import RunnerSettings, get_settings
+from runner.store import codec as codecs
 from runner.store.base import CommitRequest, DeploymentStore
 from runner.store.models import Checkpoint, ParentLink, RunStatus, UsageMetrics
 from runner.store.redis import RedisProvider
@@ -88,7 +89,12 @@ class Runtime:
     ) -> Runtime:
         """A runtime on ``app``'s Redis (``patient``: retry Redis errors for seconds)."""
         settings = settings or get_settings()
-        store = RedisProvider(app.conf.runner_redis_url, prefix=settings.prefix, patient=patient)
+        store = RedisProvider(
+            app.conf.runner_redis_url,
+            prefix=settings.prefix,
+            patient=patient,
+            codec=codecs.of_settings(settings),  # these settings' keys, not the environment's
+        )
         return cls(
             app,
             store,
@@ -314,7 +320,9 @@ def commit_on_latest(
         step = built.transition if isinstance(built, lifecycle.Settled) else built
         try:
             ready = step.ready if send_ready else []
-            ckpt = commit_and_send(rt, step.checkpoint, latest.seq, ready, closing=step.closing)
+            ckpt = commit_and_send(
+                rt, step.checkpoint, latest.seq, ready, closing=step.closing, announce=True
+            )
         except CommitConflict:
             latest = None
             time.sleep(random.random() / 1000)
@@ -322,10 +330,9 @@ def commit_on_latest(
         except StaleAttempt:
             return None
         state_copy.keep_copy(rt.flows, rt.store, ckpt)  # @persist's copy, beyond Redis
-        if ckpt.status is not RunStatus.RUNNING:
-            rt.coord.notify_stopped(run_id, ckpt.status.value)
-            if ckpt.status.finished and ckpt.meta.parent is not None:
-                on_child_finished(rt, ckpt)
+        # A commit that stopped the run told its waiters itself (announce).
+        if ckpt.status.finished and ckpt.meta.parent is not None:
+            on_child_finished(rt, ckpt)
         return ckpt, built
     raise CommitConflict(f"run {run_id}: too many concurrent commits", run_id=run_id)
 
@@ -337,6 +344,7 @@ def commit_and_send(
     ready: list[Activation],
     *,
     closing: Checkpoint | None = None,
+    announce: bool = False,
 ) -> Checkpoint:
     """Commit ``checkpoint`` (compare-and-set on ``expected_seq``), and the run's
     ``closing`` checkpoint after it if it ends the run, and send ``ready``, the
@@ -346,7 +354,9 @@ def commit_and_send(
     is the store's Redis, the commit's script writes their messages too (the outbox): a
     step is committed ready and queued at once. Otherwise the commit gives them the
     sender's soft lease, and they are sent after it (see :mod:`.handoff`): a committer
-    dying in between leaves leases that lapse, and recovery sends them.
+    dying in between leaves leases that lapse, and recovery sends them. ``announce``: a
+    commit that stops the run tells its waiters (:meth:`~.coord.Coordinator.watch_stopped`)
+    in the same round trip where the store can (see ``CommitRequest.announce``).
     """
     marks: list[str] = []
     epoch, run_id, name = checkpoint.meta.epoch, checkpoint.run_id, str(checkpoint.meta.name)
@@ -367,6 +377,7 @@ def commit_and_send(
             sender=handoff.sender_token() if marks and messages is None else "",
             sender_lease=rt.settings.lease_seconds,
             outbox=messages or (),
+            announce=announce,
         )
     )
     if marks and messages is None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -39,14 +38,13 @@ from collections.abc import Sequence
 from runner.errors import RunnerError
 
 from .coord import Coordinator, attempt_token
+from .services import services
 
 log = logging.getLogger("runner.worker")
 
 SOFT = "~"
 """Tokens of soft leases start with this (an attempt's token never does; the store's
 lease scripts know it too)."""
-
-_senders: dict[int, str] = {}
 
 
 def soft_token(kind: str) -> str:
@@ -55,12 +53,8 @@ def soft_token(kind: str) -> str:
 
 
 def sender_token() -> str:
-    """This process's sender token (one per process: a forked child gets its own)."""
-    pid = os.getpid()
-    token = _senders.get(pid)
-    if token is None:
-        token = _senders[pid] = soft_token("send")
-    return token
+    """This process's sender token (one per process: a forked child makes its own)."""
+    return services().one(SENDER_TOKEN, lambda: soft_token("send"))
 
 
 def hold(coord: Coordinator, run_id: str, keys: Sequence[str]) -> None:
@@ -81,12 +75,13 @@ def let_go(coord: Coordinator, run_id: str, keys: Sequence[str]) -> None:
     and recovery sends those steps again: a duplicate message, which begin turns away.
     """
     if keys:
-        _releases.add(coord, [(run_id, key, sender_token()) for key in keys])
+        releases().add(coord, [(run_id, key, sender_token()) for key in keys])
 
 
 def flush(timeout: float = 5.0) -> bool:
     """Wait until the leases :func:`let_go` was given are dropped; whether they were."""
-    return _releases.flush(timeout)
+    found = services().made.get(_Releases)
+    return True if found is None else found.flush(timeout)  # none given to this process
 
 
 LINGER = 0.05
@@ -94,28 +89,35 @@ LINGER = 0.05
 short beside any lease, long beside a step."""
 
 
+SENDER_TOKEN = "handoff.sender-token"
+"""The key of this process's sender token in its services."""
+
+
+def releases() -> _Releases:
+    """This process's let-go thread and the leases it is to drop (a forked child's own)."""
+    return services().one(_Releases, _Releases)
+
+
 class _Releases:
-    """Sender leases to drop, dropped together by one thread per process."""
+    """Sender leases to drop, dropped together by one thread per process (started on
+    first use; a forked child makes a new one of these, with a thread of its own)."""
 
     def __init__(self) -> None:
         self.pending: dict[Coordinator, list[tuple[str, str, str]]] = {}
         self.busy = False
         self.cond = threading.Condition()
-        self.pid = 0
+        self.thread: threading.Thread | None = None
 
     def add(self, coord: Coordinator, held: list[tuple[str, str, str]]) -> None:
         with self.cond:
-            if self.pid != os.getpid():  # first use, or a forked child: start our own thread
-                self.pid, self.busy = os.getpid(), False
-                self.pending.clear()
-                threading.Thread(target=self._loop, name="let-go", daemon=True).start()
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="let-go", daemon=True)
+                self.thread.start()
             self.pending.setdefault(coord, []).extend(held)
             self.cond.notify_all()
 
     def flush(self, timeout: float) -> bool:
         with self.cond:
-            if self.pid != os.getpid():
-                return True  # nothing given to this process's thread
             return self.cond.wait_for(lambda: not self.pending and not self.busy, timeout)
 
     def _loop(self) -> None:
@@ -138,7 +140,6 @@ class _Releases:
                 self.cond.notify_all()
 
 
-_releases = _Releases()
 # A producer script that submits and exits drops its leases first, so a start waiting
 # in a backlog is not sent twice.
 atexit.register(flush, 2.0)

@@ -22,7 +22,6 @@ It is noted in the limit's waiting set, which ``runner limits`` and the console 
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 from collections.abc import Iterator
@@ -36,6 +35,8 @@ from runner.flow.rates import Rate, check_name, parse_limits, parse_rate
 from runner.settings import RunnerSettings
 from runner.store.base import DeploymentStore
 from runner.store.limits import CONCURRENCY, RateLimit, SlotLimit
+
+from .services import services
 
 log = logging.getLogger("runner.worker")
 
@@ -131,7 +132,7 @@ class Gate:
         self.store, self.lease_seconds = store, lease_seconds
         self._held: dict[tuple[str, str], None] = {}
         self._lock = threading.Lock()
-        self._pid = 0
+        self._thread: threading.Thread | None = None
 
     def admit(self, limits: Limits, token: str, member: str) -> Waiting | None:
         """Take ``limits`` for the attempt ``token`` of ``member`` (``run|step``), or say how
@@ -172,12 +173,13 @@ class Gate:
             self.store.renew_slots(held, self.lease_seconds)
 
     def _keep_renewing(self) -> None:
-        # One thread per process, started on first use (a pool child starts its own).
+        # One thread per gate, started on first use (a forked pool child has gates and
+        # threads of its own: :func:`gate_of`).
         with self._lock:
-            if self._pid == os.getpid():
+            if self._thread is not None:
                 return
-            self._pid = os.getpid()
-        threading.Thread(target=self._renewing, name="limit-slots", daemon=True).start()
+            self._thread = threading.Thread(target=self._renewing, name="limit-slots", daemon=True)
+        self._thread.start()
 
     def _renewing(self) -> None:
         stop = threading.Event()
@@ -188,15 +190,9 @@ class Gate:
                 log.warning("could not renew concurrency slots: %s", exc)
 
 
-_gates: dict[int, Gate] = {}
-
-
 def gate_of(store: DeploymentStore, lease_seconds: float) -> Gate:
-    """This process's gate on ``store``."""
-    found = _gates.get(id(store))
-    if found is None:
-        found = _gates[id(store)] = Gate(store, lease_seconds)
-    return found
+    """This process's gate on ``store`` (a forked child makes its own)."""
+    return services().one((Gate, id(store)), lambda: Gate(store, lease_seconds))
 
 
 @contextmanager

@@ -23,19 +23,20 @@ and recorded again) sends nothing.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runner.store.base import OutboxCommand as Command
+
+from .services import services
 
 if TYPE_CHECKING:
     from celery import Celery
 
 log = logging.getLogger("runner.broker")
 
-_said: set[str] = set()
-_said_lock = threading.Lock()
+SAID = "outbox.said"
+"""The key, in the process's services, of why the outbox is off as this process said it."""
 
 
 def recorded(app: Celery, publish: Callable[[Any], None]) -> list[Command] | None:
@@ -59,8 +60,10 @@ def recorded(app: Celery, publish: Callable[[Any], None]) -> list[Command] | Non
 
 
 def _say_off(why: str) -> None:
-    with _said_lock:
-        if why in _said:
+    own = services()
+    said: set[str] = own.one(SAID, set)
+    with own.lock:
+        if why in said:
             return
-        _said.add(why)
+        said.add(why)
     log.info("steps are sent after their commit (no outbox): %s", why)

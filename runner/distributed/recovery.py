@@ -32,7 +32,8 @@ Run by every worker every ``recovery_interval`` (one at a time, by a lock) and b
 
 Before all that, the pass cancels the runs whose deadline passed (:func:`enforce_deadlines`),
 answers ``None`` for the runs paused on an ``ask`` whose timeout passed
-(:func:`answer_overdue`) and starts the runs of the schedules' due ticks (:mod:`.schedules`).
+(:func:`answer_overdue`), starts the runs of the schedules' due ticks (:mod:`.schedules`)
+and expires finished runs by policy, archived first (:mod:`.retention`).
 
 So a pass reads only the runs where one of these can show (:meth:`Coordinator.runs_to_check
 <runner.distributed.coord.Coordinator.runs_to_check>`, and those with a message a dead worker
@@ -51,7 +52,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from runner.errors import CorruptCheckpoint, RunNotFound, RunStateError, StoreUnavailable
+from runner.errors import (
+    CorruptCheckpoint,
+    EncryptionKeyError,
+    RunNotFound,
+    RunStateError,
+    StoreUnavailable,
+)
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.orchestrator import Activation
@@ -71,6 +78,7 @@ from .engine import (
     task_name,
     waiting_children,
 )
+from .retention import enforce_retention
 from .schedules import fire_due
 
 if TYPE_CHECKING:
@@ -105,7 +113,7 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
     # taken by a dead worker. A busy deployment's runs commit all the time and cost the
     # pass one pipeline.
     now = time.time()
-    for duty in (enforce_deadlines, answer_overdue, fire_due):
+    for duty in (enforce_deadlines, answer_overdue, fire_due, enforce_retention):
         try:
             duty(rt, now)
         except StoreUnavailable:
@@ -122,6 +130,11 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
             raise  # Redis is gone for every run: the caller retries the pass
         except (CorruptCheckpoint, Unreadable) as exc:
             quarantine(rt, run_id, str(exc))
+            continue
+        except EncryptionKeyError as exc:
+            # This worker lacks the run's key (RUNNER_ENCRYPTION_KEYS): a worker that has it
+            # recovers the run; its data is fine, so it is not quarantined.
+            log.error("recovery of run %s skipped: %s", run_id, exc)
             continue
         except Exception:
             # A bug, not bad data: name the run and go on with the others.

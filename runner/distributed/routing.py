@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from runner.flow.rates import DEFAULT_PRIORITY, check_name, parse_limits
 from runner.settings import RunnerSettings
 from runner.store.base import DeploymentStore
+from runner.store.roster import WorkerFacts
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -113,6 +114,30 @@ def unconsumed(store: DeploymentStore, settings: RunnerSettings, name: str | Non
     return not store.queue_consumers(queue_name(settings, name))
 
 
+def about_this_worker(app: Celery) -> WorkerFacts:
+    """What a worker says of itself in the roster beside its queues: the queues its flows
+    route to (so a queue no worker consumes is still known), its pid, host and versions."""
+    import os
+    import socket
+
+    return WorkerFacts(
+        routes=tuple(sorted(set(routes_of(app).queues.values()))),
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        runner=_version("celery-flows"),
+        celery=_version("celery"),
+    )
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:  # a checkout that was never installed
+        return "unknown"
+
+
 def serve(app: Celery, store: DeploymentStore, settings: RunnerSettings) -> list[str]:
     """In a worker: check ``RUNNER_LIMITS`` and (on RabbitMQ) the queues' priorities,
     consume the queues of ``RUNNER_WORKER_QUEUES`` (unless the command line names queues
@@ -132,18 +157,22 @@ def serve(app: Celery, store: DeploymentStore, settings: RunnerSettings) -> list
     stop = threading.Event()
     ttl = max(3 * settings.recovery_interval, 2.0)
 
-    def announcing(worker: str, mine: list[str]) -> None:
+    def announcing(worker: str, mine: list[str], about: WorkerFacts) -> None:
         while not stop.wait(settings.recovery_interval):
             try:
-                store.announce_queues(mine, worker, ttl)
+                store.announce_queues(mine, worker, ttl, about)
             except Exception as exc:  # Redis away: the word lapses, said again on return
                 log.debug("could not announce the queues of %s: %s", worker, exc)
 
     def ready(sender: Any = None, **_: Any) -> None:
         worker = str(getattr(sender, "hostname", "") or "worker")
         mine = consuming(app)
-        store.announce_queues(mine, worker, ttl)
-        threading.Thread(target=announcing, args=(worker, mine), name="queues", daemon=True).start()
+        about = about_this_worker(app)
+        store.announce_queues(mine, worker, ttl, about)
+        store.forget_dead_workers()
+        threading.Thread(
+            target=announcing, args=(worker, mine, about), name="queues", daemon=True
+        ).start()
 
         def shutdown(**_: Any) -> None:
             stop.set()

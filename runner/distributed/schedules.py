@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from runner.errors import RunExists, StoreUnavailable
+from runner.errors import RunExists, StoreFull, StoreUnavailable
 from runner.store.schedules import Schedule, run_id_of
 
 from .client import submit
@@ -36,6 +36,9 @@ def fire_due(rt: Runtime, now: float) -> list[str]:
             fired += _fire(rt, schedule, now)
         except StoreUnavailable:
             raise
+        except StoreFull as exc:
+            # Its tick stays due: it fires on a pass that finds room.
+            log.warning("schedule %s waits: %s", schedule.name, exc)
         except Exception:
             # A flow that no longer imports, inputs it refuses: say so, go on with the others.
             log.exception("schedule %s could not fire", schedule.name)

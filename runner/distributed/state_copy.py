@@ -27,12 +27,19 @@ from runner.store.base import CheckpointStore
 from runner.store.models import METHOD_FINISHED, Checkpoint
 from runner.store.persistence_factory import flow_persistence_factory
 
+from .services import services
+
 log = logging.getLogger("runner.worker")
 
-_lock = threading.Lock()
-_resolved: dict[tuple[int, type], tuple[Any, Sink | None]] = {}
-"""(store, flow class) -> (the factory it was resolved under, where copies go): once per
-worker process, so a factory making a new persistence per call is not called per step."""
+
+class _Resolved:
+    """(store, flow class) -> (the factory it was resolved under, where copies go): once per
+    worker process (a forked child resolves its own), so a factory making a new persistence
+    per call is not called per step."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.found: dict[tuple[int, type], tuple[Any, Sink | None]] = {}
 
 
 def keep_copy(flows: Mapping[str, Any], own: CheckpointStore, ckpt: Checkpoint) -> None:
@@ -59,9 +66,10 @@ def keep_copy(flows: Mapping[str, Any], own: CheckpointStore, ckpt: Checkpoint) 
 def _sink_of(flow_cls: type, own: CheckpointStore) -> Sink | None:
     factory = flow_persistence_factory()
     key = (id(own), flow_cls)
-    with _lock:
-        found = _resolved.get(key)
+    resolved = services().one(_Resolved, _Resolved)
+    with resolved.lock:
+        found = resolved.found.get(key)
         if found is None or found[0] is not factory:
             found = (factory, state_copy(flow_cls, own))
-            _resolved[key] = found
+            resolved.found[key] = found
         return found[1]

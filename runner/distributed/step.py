@@ -34,13 +34,13 @@ from typing import Any, NoReturn, TypeVar
 
 from celery.exceptions import Ignore, Retry
 
-from runner.errors import CorruptCheckpoint, RunnerError, StepFailed
+from runner.errors import CorruptCheckpoint, EncryptionKeyError, RunnerError, StepFailed
 from runner.flow import events as ev
-from runner.flow import lifecycle, usage
+from runner.flow import lifecycle, streaming, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
-from runner.flow.attempt import Sleeps, StepResult, current_sleeps, run_step
-from runner.flow.children import ChildRun, deferring
+from runner.flow.attempt import Asked, Halted, Raised, Slept, StepResult, run_step
+from runner.flow.context import WORKER, Answers, Sleeps, StepContext
 from runner.flow.flow import bind_trigger_payload, listeners_of, set_usage_metrics
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.human_feedback import restore_history
@@ -48,6 +48,7 @@ from runner.flow.lifecycle import Outcome
 from runner.flow.orchestrator import Activation
 from runner.flow.state import reducers_for
 from runner.observe import metrics
+from runner.store import codec as codecs
 from runner.store.models import Checkpoint, RunStatus, UsageMetrics
 from runner.store.timers import ANSWERS, STARTS
 
@@ -128,10 +129,11 @@ def execute(
     epoch: int,
     attempt: int,
     deployment: str | None = None,
-    spent: dict[str, Any] | None = None,
+    spent: dict[str, Any] | str | None = None,
 ) -> dict[str, Any]:
     """Body of every step task (see the module docstring). ``spent``: the token usage of the
-    step's earlier attempts (a retry carries it), which its own usage includes."""
+    step's earlier attempts (a retry carries it, sealed when encryption is on), which its
+    own usage includes."""
     if deployment is not None and deployment != rt.settings.prefix:
         return _hand_back(rt, task, run_id, activation, deployment)
     key, token = tr.activation_key_in(epoch, activation), attempt_token()
@@ -140,6 +142,15 @@ def execute(
     except CorruptCheckpoint as exc:
         quarantine(rt, run_id, str(exc))
         return {"run_id": run_id, "step": activation, "skipped": "its run is corrupt"}
+    except EncryptionKeyError as exc:
+        # This worker lacks the run's key (or has a wrong one): the step goes back to the
+        # queue for a worker that has it, said in one line, the run untouched.
+        log.error("run %s step %s not run here: %s", run_id, activation, exc)
+        raise task.retry(
+            countdown=rt.settings.lease_seconds,
+            max_retries=None,
+            kwargsrepr=kwargs_repr(run_id, activation, attempt),
+        ) from None
     if found == HELD and _take_over(rt, run_id, key, holder, token):
         found = OK
     with Lease(rt, run_id, key, token, held=found == OK) as lease:
@@ -157,9 +168,10 @@ def execute(
             _admitted(rt, task, flow_cls, latest, act, lease, attempt),
             rt.coord.heartbeat(run_id, key, token),
         ):
-            flow, result = _run(flow_cls, latest, act, attempt)
+            flow, result = _run(rt, flow_cls, latest, act, attempt)
             if spent is not None:
-                result.usage = usage.joined(UsageMetrics.model_validate(spent), result.usage)
+                earlier = _spent_of(rt, run_id, activation, spent)
+                result.usage = usage.joined(earlier, result.usage)
             return _settle(rt, task, flow_cls, flow, latest, result, lease)
 
 
@@ -243,7 +255,6 @@ def _runnable(
     if act is None or found == DONE:
         sent = dispatch_pending(rt, latest)
         _duplicate(task, run_id, activation, "it was already committed", sent)
-    assert act is not None
     if latest.status is not RunStatus.RUNNING:
         return _skipped(run_id, activation, f"the run is {latest.status.value}")
     # A canceller that died between its parent's cancel and this child's leaves the child
@@ -262,7 +273,7 @@ def _runnable(
 
 
 def _run(
-    flow_cls: Any, latest: Checkpoint, act: Activation, attempt: int
+    rt: Runtime, flow_cls: Any, latest: Checkpoint, act: Activation, attempt: int
 ) -> tuple[Any, StepResult]:
     """Run ``act``'s method once on a copy of ``latest``'s state."""
     flow, graph = flow_cls(), flow_cls.graph()
@@ -277,17 +288,21 @@ def _run(
         ev.METHOD_STARTED, run_id, name, listeners, method=act.method, data={"attempt": attempt}
     )
     arg = orch.argument_for(graph, tr.record_of(latest), act)
-    # The sleeps earlier attempts reached: ``self.sleep`` passes those whose time has come.
-    sleeps = current_sleeps.set(Sleeps(list(latest.meta.sleeps.get(act.id, []))))
-    try:
-        with deferring():  # starting a child run returns a ChildRun marker instead of blocking
-            answers, review = latest.meta.answers.get(act.id), latest.meta.reviews.get(act.id)
-            outputs = dict(tr.record_of(latest).outputs)
-            result = run_step(flow, graph, act, dict(latest.state), arg, answers, review, outputs)
-    finally:
-        current_sleeps.reset(sleeps)
-    result.attempts = attempt
-    return flow, result
+    meta = latest.meta
+    ctx = StepContext(
+        flow,
+        act,
+        WORKER,
+        attempt,
+        Answers(list(meta.answers.get(act.id) or ()), review=meta.reviews.get(act.id)),
+        # The sleeps earlier attempts reached: ``self.sleep`` passes those whose time has come.
+        Sleeps(list(meta.sleeps.get(act.id, []))),
+        # A child run (a crew inside a flow) streams into its parent's stream.
+        stream_to=streaming.target(rt.store, run_id, meta.parent.run_id if meta.parent else None),
+        # The run's committed outputs (what a declared flow's ``${outputs.step}`` reads).
+        outputs=dict(tr.record_of(latest).outputs),
+    )
+    return flow, run_step(flow, graph, ctx, dict(latest.state), arg)
 
 
 def _settle(
@@ -303,25 +318,24 @@ def _settle(
     run_id, act, epoch = latest.run_id, result.activation, latest.meta.epoch
     graph = flow_cls.graph()
     outcome = lifecycle.decide(result, graph.methods[act.method], rt.settings)
-    if outcome is Outcome.RETRY:
-        _retry(rt, task, graph.methods[act.method], result, lease)
-    if outcome is Outcome.CHILD:
-        marker = ChildRun.from_output(result.output)
-        assert marker is not None
+    end = result.end
+    if outcome is Outcome.RETRY and isinstance(end, Raised):
+        _retry(rt, task, graph.methods[act.method], result, end.error, lease)
+    if outcome is Outcome.CHILD and (marker := lifecycle.child_started(result)) is not None:
         started = start_child(rt, run_id, epoch, marker, result)
         # A cancel of the parent that came while the child was being created may have
         # looked for it too early: the child then goes with its parent.
         follow_parent(rt, started["child"])
         return started
     recorded = latest.meta.sleeps.get(act.id, [])
-    if outcome is Outcome.SLEEPING and result.sleep and result.sleep.index < len(recorded):
+    if isinstance(end, Slept) and end.sleep.index < len(recorded):
         # Sent before the wake-up of a sleep already recorded (a resume, a duplicate):
         # nothing to commit; the recovery pass sends the step again once it is due.
-        return _asleep(rt, latest, result)
-    if result.awaiting is not None and result.awaiting.deadline is not None:
+        return _asleep(rt, latest, act.id, end)
+    if isinstance(end, Asked) and end.awaiting.deadline is not None:
         # Set before the commit, so no run paused on a question lacks its timer (one left
         # for a pause that was not committed changes nothing: the pass reads the run).
-        rt.store.set_timer(ANSWERS, run_id, result.awaiting.deadline)
+        rt.store.set_timer(ANSWERS, run_id, end.awaiting.deadline)
     try:
         committed = _commit_settled(
             rt,
@@ -338,15 +352,14 @@ def _settle(
         return _skipped(run_id, act.id, "its run was cancelled while it ran; a resume runs it")
     if committed is None:
         _duplicate(task, run_id, act.id, "another attempt committed it", [])
-    assert committed is not None
     ckpt, settled = committed
-    if settled.outcome is Outcome.SLEEPING:
-        return _asleep(rt, ckpt, result)
+    if settled.outcome is Outcome.SLEEPING and isinstance(end, Slept):
+        return _asleep(rt, ckpt, act.id, end)
     lifecycle.announce(settled, listeners_of(flow), duration=result.duration)
     if settled.outcome is Outcome.FAILED:
         _step_failed(ckpt, settled, result)
-    if settled.outcome is Outcome.PAUSED:
-        return {"run_id": run_id, "step": act.id, "paused": result.paused, "checkpoint": ckpt.id}
+    if settled.outcome is Outcome.PAUSED and isinstance(end, Asked | Halted):
+        return {"run_id": run_id, "step": act.id, "paused": end.reason, "checkpoint": ckpt.id}
     lease.held = False  # the commit dropped it
     # A running run's ready steps were sent by the commit.
     sent = [a.id for a in settled.transition.ready] if ckpt.status is RunStatus.RUNNING else []
@@ -359,13 +372,11 @@ def _settle(
     }
 
 
-def _asleep(rt: Runtime, ckpt: Checkpoint, result: StepResult) -> dict[str, Any]:
-    """The step committed its durable sleep: the recovery pass wakes it (its start timer
-    brings the run in then); this attempt ends, its lease released on the way out."""
-    assert result.sleep is not None
-    wake_at = result.sleep.wake_at
+def _asleep(rt: Runtime, ckpt: Checkpoint, act: str, slept: Slept) -> dict[str, Any]:
+    """The step ``act`` committed its durable sleep: the recovery pass wakes it (its start
+    timer brings the run in then); this attempt ends, its lease released on the way out."""
+    wake_at = slept.sleep.wake_at
     rt.store.set_timer(STARTS, ckpt.run_id, wake_at)
-    act = result.activation.id
     log.info("run %s step %s sleeps until %s", ckpt.run_id, act, time.ctime(wake_at))
     return {"run_id": ckpt.run_id, "step": act, "sleeping_until": wake_at, "checkpoint": ckpt.id}
 
@@ -407,18 +418,41 @@ def _commit_settled(
     return commit_on_latest(rt, run_id, build, first=first, send_ready=True)
 
 
-def _retry(rt: Runtime, task: Any, spec: Any, result: StepResult, lease: Lease) -> None:
-    """Hand the next attempt to Celery's retry, with the real error."""
+def _spent_for(rt: Runtime, run_id: str, activation: str, spent: UsageMetrics) -> Any:
+    """The ``spent`` argument of a retry's message: the usage as JSON, sealed when
+    encryption is on (a message, and so Flower, carries no payload in clear)."""
+    codec = codecs.of_settings(rt.settings)
+    if codec is None:
+        return spent.model_dump(mode="json")
+    where = codecs.field_context(run_id, f"spent|{activation}")
+    return codec.seal(spent.model_dump_json().encode(), where)
+
+
+def _spent_of(rt: Runtime, run_id: str, activation: str, spent: Any) -> UsageMetrics:
+    """The usage a retry's message carries (:func:`_spent_for`)."""
+    if isinstance(spent, str):
+        where = codecs.field_context(run_id, f"spent|{activation}")
+        what = f"the usage of step {activation} of run {run_id} in its retry's message"
+        spent = codecs.open_value(codecs.of_settings(rt.settings), spent, where, what)
+        return UsageMetrics.model_validate_json(spent)
+    return UsageMetrics.model_validate(spent)
+
+
+def _retry(
+    rt: Runtime, task: Any, spec: Any, result: StepResult, error: BaseException, lease: Lease
+) -> NoReturn:
+    """Hand the next attempt to Celery's retry, with the real error (``result``'s)."""
     kwargs = {**task.request.kwargs, "attempt": result.attempts + 1}
     if result.usage is not None:  # the next attempt's usage includes this one's
-        kwargs["spent"] = result.usage.model_dump(mode="json")
+        kwargs["spent"] = _spent_for(rt, lease.run_id, result.activation.id, result.usage)
     retry = _hand_on(
         rt,
         spec,
         result,
+        error,
         lease,
         lambda delay: task.retry(
-            exc=result.error,
+            exc=error,
             kwargs=kwargs,
             countdown=delay,
             max_retries=None,
@@ -430,7 +464,12 @@ def _retry(rt: Runtime, task: Any, spec: Any, result: StepResult, lease: Lease) 
 
 
 def _hand_on(
-    rt: Runtime, spec: Any, result: StepResult, lease: Lease, publish: Callable[[float], T]
+    rt: Runtime,
+    spec: Any,
+    result: StepResult,
+    error: BaseException,
+    lease: Lease,
+    publish: Callable[[float], T],
 ) -> T:
     """Hand a failed attempt's step on to its next attempt, which ``publish`` sends with the
     retry delay; what ``publish`` returned.
@@ -439,7 +478,6 @@ def _hand_on(
     lease: if it dies first, the lease lapses and recovery re-sends the step); then the
     step is queued, or held by the worker that received the retry.
     """
-    assert result.error is not None
     attempt = result.attempts
     delay = lifecycle.retry_delay(spec, rt.settings, attempt, random.random())
     if rt.coord.take_over(lease.run_id, lease.key, lease.token, handoff.sender_token()):
@@ -449,7 +487,7 @@ def _hand_on(
         lease.run_id,
         result.activation.id,
         attempt,
-        lifecycle.described(result.error),
+        lifecycle.described(error),
         delay,
     )
     sent = publish(delay)
@@ -479,7 +517,7 @@ def _skipped(run_id: str, activation: str, why: str) -> dict[str, Any]:
     return {"run_id": run_id, "step": activation, "skipped": why}
 
 
-def _duplicate(task: Any, run_id: str, activation: str, why: str, sent: list[str]) -> None:
+def _duplicate(task: Any, run_id: str, activation: str, why: str, sent: list[str]) -> NoReturn:
     """End a redelivered or duplicate attempt that commits nothing: not a second SUCCESS."""
     log.warning("run %s step %s is a duplicate: %s (re-sent %s)", run_id, activation, why, sent)
     task.send_event(DUPLICATE_EVENT, run_id=run_id, step=activation, reason=why)
@@ -542,12 +580,13 @@ def hard_time_limit(
         graph = flow_cls.graph()
         spec = graph.methods[act.method]
         name = task_name(flow_cls.flow_name(), act.method)
-        result = StepResult(act, dict(latest.state), error=error, attempts=attempt)
+        result = StepResult(act, dict(latest.state), Raised(error), attempts=attempt)
         if lifecycle.decide(result, spec, rt.settings) is Outcome.RETRY:
             _hand_on(
                 rt,
                 spec,
                 result,
+                error,
                 lease,
                 lambda delay: rt.app.send_task(
                     name,

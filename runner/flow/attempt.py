@@ -10,7 +10,6 @@ which label it chose.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import time
 from dataclasses import dataclass
@@ -20,63 +19,11 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from runner.errors import AwaitInput, NotSerializable, PauseRun, SleepRun
-from runner.flow import usage
+from runner.flow import streaming, usage
+from runner.flow.context import StepContext, running
 from runner.flow.graph import FlowGraph
 from runner.flow.orchestrator import Activation
 from runner.store.models import UsageMetrics
-
-current_state: contextvars.ContextVar[Any] = contextvars.ContextVar("runner_step_state")
-"""The state object of the step running in this thread or task."""
-
-current_activation: contextvars.ContextVar[tuple[Any, Activation] | None] = contextvars.ContextVar(
-    "runner_step_activation", default=None
-)
-"""The flow object and activation of the step running in this thread or task (child runs
-derive their id from it)."""
-
-
-current_outputs: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "runner_step_outputs", default=None
-)
-"""Inside a running step: the outputs of the run's steps committed so far, by method (what
-a declared flow's ``${outputs.step}`` reads)."""
-
-
-@dataclass
-class Sleeps:
-    """The durable sleeps of the step running on a worker: the wake-up times recorded by its
-    earlier attempts, and how many sleep calls this attempt made so far."""
-
-    recorded: list[float]
-    calls: int = 0
-
-
-current_sleeps: contextvars.ContextVar[Sleeps | None] = contextvars.ContextVar(
-    "runner_step_sleeps", default=None
-)
-"""Set while a step runs on a worker: ``Flow.sleep`` is then durable (see :class:`Sleeps`)."""
-
-
-@dataclass
-class Answers:
-    """The answers people gave to the step running now (``RunMeta.answers`` of its
-    activation, in order), and how many of them this attempt consumed so far: its N-th
-    ``ask`` takes the N-th answer; ``@human_feedback`` takes the one to its review."""
-
-    recorded: list[Any]
-    """:class:`runner.store.models.Answer` records."""
-    calls: int = 0
-    review: Any = None
-    """The :class:`runner.store.models.Awaiting` of the review the step's output went to
-    before (``RunMeta.reviews``), if it paused for one."""
-    reviewed: Any = None
-    """The ``HumanFeedbackResult`` this attempt's review came to (set by ``@human_feedback``)."""
-
-
-current_answers: contextvars.ContextVar[Answers | None] = contextvars.ContextVar(
-    "runner_step_answers", default=None
-)
-"""Set while a step runs (both executors): what it was answered (see :class:`Answers`)."""
 
 
 @dataclass(frozen=True)
@@ -88,91 +35,135 @@ class Routed:
     label: str | None
 
 
+@dataclass(frozen=True)
+class Returned:
+    """The method returned: what the state became and its output (JSON); a router's label;
+    the JSON of the ``HumanFeedbackResult`` a reviewed method came to. (Whether it is done
+    or started a child run, :func:`runner.flow.lifecycle.decide` tells from the output.)"""
+
+    new_state: dict[str, Any]
+    output: Any
+    label: str | None = None
+    review: Any = None
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The method waits for a person's answer (:class:`~runner.errors.AwaitInput`): the
+    run pauses with the state so far and what it waits for."""
+
+    new_state: dict[str, Any]
+    awaiting: Any
+    """The :class:`runner.store.models.Awaiting` the step paused on."""
+
+    @property
+    def reason(self) -> str:
+        """Why the run paused: the question."""
+        return str(self.awaiting.message)
+
+
+@dataclass(frozen=True)
+class Halted:
+    """The method paused the run (``self.pause(reason)``); its state changes are dropped
+    and it runs again on resume."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Slept:
+    """The method stopped at a durable sleep (on workers): the state so far is committed
+    with the wake-up time."""
+
+    new_state: dict[str, Any]
+    sleep: SleepRun
+
+
+@dataclass(frozen=True)
+class Raised:
+    """The method raised ``error`` (or its output or state is not JSON)."""
+
+    error: BaseException
+
+
+Ending = Returned | Asked | Halted | Slept | Raised
+"""How an attempt of a step ended: one of these variants, each with what that end has."""
+
+
 @dataclass
 class StepResult:
-    """What one attempt of a step produced."""
+    """What one attempt of a step produced: how it ended and what every attempt has."""
 
     activation: Activation
     base_state: dict[str, Any]
-    new_state: dict[str, Any] | None = None
-    output: Any = None
-    label: str | None = None
-    error: BaseException | None = None
-    paused: str | None = None
-    """The reason, when the step paused the run."""
-    awaiting: Any = None
-    """The :class:`runner.store.models.Awaiting` the step paused on (a person's answer)."""
-    sleep: SleepRun | None = None
-    """The durable sleep the step stopped at (on workers)."""
+    end: Ending
     duration: float = 0.0
     attempts: int = 1
-    review: Any = None
-    """The JSON of the ``HumanFeedbackResult`` a reviewed step came to."""
     usage: UsageMetrics | None = None
     """What the attempt's LLM calls spent (:mod:`runner.flow.usage`), if it recorded any."""
 
 
 def run_step(
-    flow: Any,
-    graph: FlowGraph,
-    activation: Activation,
-    base_state: dict[str, Any],
-    arg: Any,
-    answers: list[Any] | None = None,
-    review: Any = None,
-    outputs: dict[str, Any] | None = None,
+    flow: Any, graph: FlowGraph, ctx: StepContext, base_state: dict[str, Any], arg: Any
 ) -> StepResult:
-    """Run ``activation``'s method once on a fresh copy of ``base_state``; ``answers`` are
-    the ones people gave it so far (``RunMeta.answers``), ``review`` the review its output
-    went to (``RunMeta.reviews``), ``outputs`` the run's committed outputs by method."""
-    spec = graph.methods[activation.method]
+    """Run ``ctx``'s activation's method once on a fresh copy of ``base_state``, with ``ctx``
+    as the running step's context (:mod:`runner.flow.context`): where it runs, which
+    attempt, the answers people gave it and the sleeps earlier attempts recorded."""
     began = time.perf_counter()
-    result = StepResult(activation, base_state)
-    token = None
-    running = current_activation.set((flow, activation))
-    given = Answers(list(answers or ()), review=review)
-    answering = current_answers.set(given)
-    seen = current_outputs.set(outputs)
     metering = usage.start_meter()
     try:
-        # A private copy (no list or dict shared with ``base_state``): changes a parallel
-        # branch makes in place cannot leak into this step, nor a failed step's into the run.
-        state_obj = flow._state_from_json(base_state)
-        token = current_state.set(state_obj)
-        method = getattr(flow, activation.method)
-        value = (
-            method(flow._step_argument(activation, json_copy(arg))) if spec.takes_arg else method()
-        )
-        if inspect.isawaitable(value):
-            value = run_awaitable(value)
-        if isinstance(value, Routed):  # a router whose output is not its label
-            result.label, value = value.label, value.output
-        elif spec.is_router:
-            result.label = route_label(value)
-        result.output = to_json(value, activation.method)
-        if given.reviewed is not None:
-            result.review = to_json(given.reviewed, activation.method)
-        result.new_state = flow._dump_state(state_obj)
-    except AwaitInput as waiting:
-        result.paused = waiting.message
-        result.awaiting = waiting.awaiting
-        result.new_state = flow._dump_state(state_obj)  # the state so far, kept while it waits
-    except PauseRun as pause:
-        result.paused = pause.message
-    except SleepRun as sleep:
-        result.sleep = sleep
-        result.new_state = flow._dump_state(state_obj)  # the state so far, committed with it
-    except Exception as exc:
-        result.error = exc
+        end = _ending(flow, graph, ctx, base_state, arg)
     finally:
-        if token is not None:
-            current_state.reset(token)
-        result.usage = usage.stop_meter(metering)
-        current_answers.reset(answering)
-        current_outputs.reset(seen)
-        current_activation.reset(running)
-        result.duration = time.perf_counter() - began
-    return result
+        spent = usage.stop_meter(metering)
+        # Every chunk the attempt wrote is in the store before it settles (and commits).
+        streaming.finish(ctx)
+    return StepResult(
+        ctx.activation,
+        base_state,
+        end,
+        duration=time.perf_counter() - began,
+        attempts=ctx.attempt,
+        usage=spent,
+    )
+
+
+def _ending(
+    flow: Any, graph: FlowGraph, ctx: StepContext, base_state: dict[str, Any], arg: Any
+) -> Ending:
+    activation = ctx.activation
+    spec = graph.methods[activation.method]
+    try:
+        with running(ctx):
+            # A private copy (no list or dict shared with ``base_state``): changes a parallel
+            # branch makes in place cannot leak into this step, nor a failed step's into the
+            # run.
+            state_obj = ctx.state = flow._state_from_json(base_state)
+            method = getattr(flow, activation.method)
+            value = (
+                method(flow._step_argument(activation, json_copy(arg)))
+                if spec.takes_arg
+                else method()
+            )
+            if inspect.isawaitable(value):
+                value = run_awaitable(value)
+        label = None
+        if isinstance(value, Routed):  # a router whose output is not its label
+            label, value = value.label, value.output
+        elif spec.is_router:
+            label = route_label(value)
+        output = to_json(value, activation.method)
+        reviewed = ctx.answers.reviewed
+        review = None if reviewed is None else to_json(reviewed, activation.method)
+        return Returned(flow._dump_state(state_obj), output, label, review)
+    except AwaitInput as waiting:
+        # The state so far, kept while it waits.
+        return Asked(flow._dump_state(ctx.state), waiting.awaiting)
+    except PauseRun as pause:
+        return Halted(pause.message)
+    except SleepRun as sleep:
+        return Slept(flow._dump_state(ctx.state), sleep)  # the state so far, committed with it
+    except Exception as exc:
+        return Raised(exc)
 
 
 def json_copy(value: Any) -> Any:

@@ -1,20 +1,17 @@
 """Child runs: a flow method that runs a crew (or another flow) as a run of its own.
 
-The method returns the child's output. In process the child runs inline. On workers
-the engine runs every step inside :func:`deferring`, where starting a child returns a
+The method returns the child's output. In process the child runs inline. In a step on a
+worker (:attr:`runner.flow.context.StepContext.on_worker`), starting a child returns a
 :class:`ChildRun` marker instead: the engine links the child to the parent's in-flight
 activation, starts it, and commits the activation with the child's output when the
 child ends, so no worker ever waits on another task.
 
-This module is the part both sides share: the marker, the switch between inline and
-deferred, and the child's run id.
+This module is the part both sides share: the marker and the child's run id.
 """
 
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, Field, model_serializer
@@ -23,10 +20,6 @@ from runner.errors import DefinitionError
 
 CHILD_KEY = "__runner_child__"
 """The one key of a :class:`ChildRun`'s JSON form (how the engine recognises it)."""
-
-_defer: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "runner_defer_children", default=False
-)
 
 
 class ChildRun(BaseModel):
@@ -70,21 +63,6 @@ class ChildRun(BaseModel):
         if isinstance(output, Mapping) and set(output) == {CHILD_KEY}:
             return cls.model_validate(output[CHILD_KEY])
         return None
-
-
-@contextmanager
-def deferring() -> Iterator[None]:
-    """Inside this block starting a child returns a :class:`ChildRun` instead of running it."""
-    token = _defer.set(True)
-    try:
-        yield
-    finally:
-        _defer.reset(token)
-
-
-def deferred() -> bool:
-    """Whether children started here are deferred (the step runs on a worker)."""
-    return _defer.get()
 
 
 def child_run_id(parent_run_id: str, activation: str) -> str:

@@ -38,8 +38,9 @@ from runner.checkpointing import (
 from runner.errors import DefinitionError, InvalidInputs
 from runner.flow import human_feedback as reviewing
 from runner.flow import input_provider as asking
-from runner.flow import usage
-from runner.flow.attempt import current_activation, current_sleeps, current_state, json_copy
+from runner.flow import streaming, usage
+from runner.flow.attempt import json_copy
+from runner.flow.context import step_context, warn_unhonoured
 from runner.flow.definition import FlowDefinition, class_definition
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
@@ -78,6 +79,10 @@ class Flow(Generic[StateT]):
     """Where ``ask`` sends its questions (an :class:`~runner.flow.input_provider.InputProvider`;
     also settable per flow object); ``None``: ``flow_config.input_provider``, else the console
     in process and a durable pause on workers."""
+    stream: ClassVar[bool] = False
+    """CrewAI's switch: ``kickoff()`` returns a stream session of the run's frames (see
+    :mod:`runner.flow.streaming`) instead of the result, ``kickoff_async()`` an async one.
+    Every run's steps stream with ``self.stream_chunk`` whatever it says."""
     run_deadline: ClassVar[float | None] = None
     """Seconds a run on workers may take before it is cancelled (``submit(deadline=)``
     overrides it); ``None``: no deadline."""
@@ -133,8 +138,8 @@ class Flow(Generic[StateT]):
     @property
     def state(self) -> StateT:
         """The state: inside a running method its own copy, else the flow's."""
-        step_state = current_state.get(None)
-        return step_state if step_state is not None else self._state
+        ctx = step_context()
+        return ctx.state if ctx is not None and ctx.state is not None else self._state
 
     @property
     def _state(self) -> Any:
@@ -297,8 +302,8 @@ class Flow(Generic[StateT]):
         ``runner.record_usage`` recorded. Inside a running step it includes what that step
         recorded so far. On workers a run's sums are in its checkpoints (``meta.usage``)."""
         spent = self._usage.model_copy()
-        running = current_activation.get()
-        live = usage.running_spend() if running is not None and running[0] is self else None
+        ctx = step_context()
+        live = usage.running_spend() if ctx is not None and ctx.runs(self) else None
         if live is not None:
             spent.add_usage_metrics(live)
         return spent
@@ -353,9 +358,10 @@ class Flow(Generic[StateT]):
 
         if not seconds >= 0:
             raise ValueError(f"sleep takes seconds >= 0, not {seconds!r}")
-        sleeps = current_sleeps.get()
-        if sleeps is None:
+        ctx = step_context()
+        if ctx is None or not ctx.on_worker:
             return time.time() + seconds
+        sleeps = ctx.sleeps
         index = sleeps.calls
         sleeps.calls += 1
         if index < len(sleeps.recorded):
@@ -438,6 +444,7 @@ class Flow(Generic[StateT]):
         reviewing.check_still_pending(self._sink().store, paused)
         if self._persistence is not None and getattr(self._persistence, "store", None) is None:
             self._persistence.clear_pending_feedback(paused.run_id)  # a CrewAI-style backend
+        warn_unhonoured(type(self), self.graph(), stacklevel=4)
         self._method_outputs = []
         self._usage = UsageMetrics()
         self._transient = not self._sink().persists
@@ -473,6 +480,17 @@ class Flow(Generic[StateT]):
         """The one of ``outcomes`` that ``llm`` reads ``feedback`` as."""
         return reviewing.collapse(feedback, list(outcomes), llm)
 
+    def stream_chunk(self, content: Any, channel: str = "tokens") -> None:
+        """Append ``content`` (text or JSON) to this run's live stream on ``channel`` (e.g.
+        ``"tokens"``, ``"progress"``); readers see it while the step runs (see
+        :mod:`runner.flow.streaming`). Does nothing outside a step."""
+        streaming.stream_chunk(content, channel)
+
+    def stream_from(self, chunks: Any, channel: str = "tokens") -> str:
+        """Stream every chunk of an iterator (an LLM's ``stream=True`` answer, LangChain's
+        ``.stream``, any iterator of text) and return the full text."""
+        return streaming.stream_from(chunks, channel)
+
     def pause(self, reason: str = "waiting for input") -> None:
         """Pause the run here; ``resume`` with inputs re-runs this method."""
         from runner.errors import PauseRun
@@ -504,8 +522,13 @@ class Flow(Generic[StateT]):
             else self._pending_restore
         )
         self._pending_restore = None
+        if type(self).stream and not getattr(self, "_streaming", False):
+            return self._stream_session(
+                streaming.FlowStreamSession, inputs, restore, restore_from_state_id, strict
+            )
         inputs = dict(inputs or {})
         bind_trigger_payload(self, inputs)
+        warn_unhonoured(type(self), self.graph())
         self._method_outputs = []
         self._usage = UsageMetrics()
         self._transient = restore is None and not self._sink().persists
@@ -515,6 +538,24 @@ class Flow(Generic[StateT]):
         finally:
             self._transient = False
 
+    def _stream_session(
+        self,
+        session: type[streaming.FlowStreamSession],
+        inputs: dict[str, Any] | None,
+        restore: Any,
+        restore_from_state_id: str | None,
+        strict: bool,
+    ) -> streaming.FlowStreamSession:
+        def run() -> Any:
+            self._streaming = True
+            self._pending_restore = restore
+            try:
+                return self.kickoff(inputs, None, restore_from_state_id, strict)
+            finally:
+                self._streaming = False
+
+        return session(self, run)
+
     async def kickoff_async(
         self,
         inputs: dict[str, Any] | None = None,
@@ -523,6 +564,18 @@ class Flow(Generic[StateT]):
         strict: bool = False,
     ) -> Any:
         """``kickoff`` without blocking the event loop."""
+        if type(self).stream and not getattr(self, "_streaming", False):
+            if from_checkpoint is not None and restore_from_state_id is not None:
+                return self.kickoff(inputs, from_checkpoint, restore_from_state_id, strict)
+            restore = (
+                _restore_point(from_checkpoint)
+                if from_checkpoint is not None
+                else self._pending_restore
+            )
+            self._pending_restore = None
+            return self._stream_session(
+                streaming.AsyncFlowStreamSession, inputs, restore, restore_from_state_id, strict
+            )
         return await asyncio.to_thread(
             self.kickoff, inputs, from_checkpoint, restore_from_state_id, strict
         )

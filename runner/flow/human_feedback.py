@@ -36,14 +36,8 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from runner.checkpointing import persistable
 from runner.errors import AwaitInput, InvalidFeedback, NoPendingFeedback, RunnerError
 from runner.flow import events as ev
-from runner.flow.attempt import (
-    Routed,
-    current_activation,
-    current_answers,
-    current_sleeps,
-    run_awaitable,
-    to_json,
-)
+from runner.flow.attempt import Routed, run_awaitable, to_json
+from runner.flow.context import step_context
 from runner.flow.decorators import REVIEW_ATTR, router
 from runner.flow.input_provider import ConsoleProvider, flow_config
 from runner.flow.llm import call_llm, is_llm, resolve_llm
@@ -247,14 +241,14 @@ def _reviewed(fn: F, config: HumanFeedbackConfig) -> F:
 
 
 def _in_step(flow: Any, method: str) -> bool:
-    running = current_activation.get()
-    return running is not None and running[0] is flow and running[1].method == method
+    ctx = step_context()
+    return ctx is not None and ctx.runs(flow, method)
 
 
 def _answer() -> Answer | None:
     """The answer recorded for this step's review (the latest), if any."""
-    answers = current_answers.get()
-    given = [a for a in (answers.recorded if answers else ()) if a.awaited.kind == FEEDBACK]
+    ctx = step_context()
+    given = [a for a in (ctx.answers.recorded if ctx else ()) if a.awaited.kind == FEEDBACK]
     return given[-1] if given else None
 
 
@@ -264,8 +258,8 @@ def _under_review() -> Awaiting | None:
     answer = _answer()
     if answer is not None:
         return answer.awaited
-    answers = current_answers.get()
-    return None if answers is None else answers.review
+    ctx = step_context()
+    return None if ctx is None else ctx.answers.review
 
 
 def review(
@@ -312,7 +306,7 @@ def ask_reviewer(flow: Any, config: HumanFeedbackConfig, method: str, output: An
             answer = provider.request_feedback(context, flow)
             if inspect.isawaitable(answer):
                 answer = run_awaitable(answer)
-        elif current_sleeps.get() is not None:  # on a worker: nobody to ask here
+        elif (ctx := step_context()) is not None and ctx.on_worker:  # nobody to ask here
             raise HumanFeedbackPending(context)
         else:
             answer = flow._request_human_feedback(
@@ -358,9 +352,9 @@ def finalize(
     )
     flow.human_feedback_history.append(result)
     flow.last_human_feedback = result
-    answers = current_answers.get()
-    if answers is not None:  # kept with the step's commit (meta.feedback)
-        answers.reviewed = result
+    ctx = step_context()
+    if ctx is not None:  # kept with the step's commit (meta.feedback)
+        ctx.answers.reviewed = result
     _tell(flow, ev.FEEDBACK_RECEIVED, method, {"feedback": feedback, "outcome": outcome})
     return result
 

@@ -41,7 +41,7 @@ from pydantic_core import to_jsonable_python
 from runner.checkpointing import PersistSink
 from runner.errors import AwaitInput, NotSerializable
 from runner.flow import events as ev
-from runner.flow.attempt import current_activation, current_answers, current_sleeps
+from runner.flow.context import step_context
 from runner.store.models import Answer, Awaiting
 
 log = logging.getLogger("runner.flow")
@@ -133,8 +133,8 @@ def ask(
     """``Flow.ask`` (see the module docstring)."""
     if timeout is not None and not (isinstance(timeout, int | float) and timeout >= 0):
         raise ValueError(f"ask takes timeout=None or seconds >= 0, not {timeout!r}")
-    running = current_activation.get()
-    method = running[1].method if running is not None else "unknown"
+    ctx = step_context()
+    method = ctx.activation.method if ctx is not None else "unknown"
     tell = _teller(flow, method, message, metadata)
     recorded = _next_answer()
     if recorded is not None:
@@ -142,7 +142,7 @@ def ask(
         by = {"by": answer.by} if answer.by is not None else None
         return _received(flow, tell, method, message, metadata, answer.text, by, latest)
     tell(ev.INPUT_REQUESTED)
-    on_worker = current_sleeps.get() is not None  # set for the steps workers run
+    on_worker = ctx is not None and ctx.on_worker
     if on_worker and resolve_provider(flow) is None:
         deadline = None if timeout is None else time.time() + timeout
         raise AwaitInput(
@@ -172,9 +172,10 @@ def _json(metadata: dict[str, Any] | None, method: str) -> dict[str, Any]:
 def _next_answer() -> tuple[Answer, bool] | None:
     """The answer recorded for this ``ask`` (the step's N-th ask takes the N-th answer
     given to its asks) and whether it is the newest one, or ``None``."""
-    answers = current_answers.get()
-    if answers is None:
+    ctx = step_context()
+    if ctx is None:
         return None
+    answers = ctx.answers
     asked = [a for a in answers.recorded if a.awaited.kind == ASK]
     index = answers.calls
     if index >= len(asked):

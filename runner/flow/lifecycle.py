@@ -37,7 +37,7 @@ from runner.flow import events as ev
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow import usage
-from runner.flow.attempt import StepResult
+from runner.flow.attempt import Asked, Halted, Raised, Returned, Slept, StepResult
 from runner.flow.children import ChildRun, child_run_id
 from runner.flow.graph import FlowGraph, MethodSpec
 from runner.flow.orchestrator import Activation, ExecutionRecord
@@ -103,15 +103,23 @@ def retry_delay(spec: MethodSpec, settings: RunnerSettings, attempt: int, jitter
 def decide(result: StepResult, spec: MethodSpec, settings: RunnerSettings) -> Outcome:
     """The outcome of an attempt, before anything is committed (``result.attempts`` is
     the attempt's number): whether it is retried is decided here, once."""
-    if result.paused is not None:
-        return Outcome.PAUSED
-    if result.sleep is not None:
-        return Outcome.SLEEPING
-    if result.error is None:
-        return Outcome.CHILD if ChildRun.from_output(result.output) else Outcome.DONE
-    if isinstance(result.error, UNRETRYABLE) or result.attempts > retries_for(spec, settings):
-        return Outcome.FAILED
-    return Outcome.RETRY
+    match result.end:
+        case Asked() | Halted():
+            return Outcome.PAUSED
+        case Slept():
+            return Outcome.SLEEPING
+        case Returned(output=output):
+            return Outcome.CHILD if ChildRun.from_output(output) else Outcome.DONE
+        case Raised(error=error):
+            if isinstance(error, UNRETRYABLE) or result.attempts > retries_for(spec, settings):
+                return Outcome.FAILED
+            return Outcome.RETRY
+
+
+def child_started(result: StepResult) -> ChildRun | None:
+    """The child run the attempt started (its output's marker, on workers), if any."""
+    end = result.end
+    return ChildRun.from_output(end.output) if isinstance(end, Returned) else None
 
 
 def in_flight(
@@ -153,54 +161,55 @@ def settle(
     if not in_flight(latest, epoch, act.id, record):
         return None
     settled: Settled
-    if outcome is Outcome.PAUSED:
-        assert result.paused is not None
-        if result.awaiting is not None:
-            assert result.new_state is not None
+    match outcome, result.end:
+        case Outcome.PAUSED, Asked(new_state=new_state, awaiting=awaiting):
             paused = tr.step_awaiting(
                 latest,
                 act,
-                result.awaiting,
+                awaiting,
                 base_state=result.base_state,
-                new_state=result.new_state,
+                new_state=new_state,
                 reducers=reducers,
                 attempt=token,
                 record=record,
             )
-        else:
-            paused = tr.step_paused(latest, act, result.paused, record=record)
-        settled = Settled(outcome, paused, pauses_run=latest.status is RunStatus.RUNNING)
-    elif outcome is Outcome.SLEEPING:
-        assert result.sleep is not None and result.new_state is not None
-        sleeping = tr.step_sleeping(
-            latest,
-            act,
-            base_state=result.base_state,
-            new_state=result.new_state,
-            wake_at=result.sleep.wake_at,
-            index=result.sleep.index,
-            reducers=reducers,
-            attempt=token,
-            record=record,
-        )
-        if sleeping is None:
-            return None
-        settled = Settled(outcome, sleeping)
-    elif outcome is Outcome.DONE:
-        try:
-            settled = Settled(outcome, _done(graph, latest, result, reducers, token, record))
-        except (CycleLimitExceeded, DefinitionError) as exc:  # e.g. a loop past max_calls
-            settled = _failed(latest, act, exc, result.attempts, record)
-    elif outcome is Outcome.FAILED:
-        assert result.error is not None
-        settled = _failed(latest, act, result.error, result.attempts, record)
-    else:
-        raise ValueError(f"settle() takes done, paused, sleeping or failed, not {outcome}")
+            settled = Settled(outcome, paused, pauses_run=latest.status is RunStatus.RUNNING)
+        case Outcome.PAUSED, Halted(reason=reason):
+            paused = tr.step_paused(latest, act, reason, record=record)
+            settled = Settled(outcome, paused, pauses_run=latest.status is RunStatus.RUNNING)
+        case Outcome.SLEEPING, Slept(new_state=new_state, sleep=sleep):
+            sleeping = tr.step_sleeping(
+                latest,
+                act,
+                base_state=result.base_state,
+                new_state=new_state,
+                wake_at=sleep.wake_at,
+                index=sleep.index,
+                reducers=reducers,
+                attempt=token,
+                record=record,
+            )
+            if sleeping is None:
+                return None
+            settled = Settled(outcome, sleeping)
+        case Outcome.DONE, Returned() as returned:
+            try:
+                finished = _done(graph, latest, result, returned, reducers, token, record)
+                settled = Settled(outcome, finished)
+            except (CycleLimitExceeded, DefinitionError) as exc:  # e.g. a loop past max_calls
+                settled = _failed(latest, act, exc, result.attempts, record)
+        case Outcome.FAILED, Raised(error=error):
+            settled = _failed(latest, act, error, result.attempts, record)
+        case _:
+            raise ValueError(
+                f"settle() takes done, paused, sleeping or failed as the attempt ended, not "
+                f"{outcome} for {type(result.end).__name__}"
+            )
     ckpt = settled.transition.checkpoint
     ckpt.worker, ckpt.duration, ckpt.attempts = worker, result.duration, result.attempts
     # What a resume will not spend again: a completed step's, and a reviewed method's (its
     # output under review is kept with the pause; the method never runs again).
-    reviewed = result.awaiting is not None and result.awaiting.kind == FEEDBACK
+    reviewed = isinstance(result.end, Asked) and result.end.awaiting.kind == FEEDBACK
     done = act.method if settled.outcome is Outcome.DONE or reviewed else None
     usage.charge(ckpt, settled.transition.closing, result.usage, done)
     return settled
@@ -210,23 +219,23 @@ def _done(
     graph: FlowGraph,
     latest: Checkpoint,
     result: StepResult,
+    returned: Returned,
     reducers: dict[str, Reducer],
     token: str | None,
     record: ExecutionRecord | None,
 ) -> tr.Transition:
-    assert result.new_state is not None
     return tr.step_done(
         graph,
         latest,
         result.activation,
         base_state=result.base_state,
-        new_state=result.new_state,
-        output=result.output,
-        label=result.label,
+        new_state=returned.new_state,
+        output=returned.output,
+        label=returned.label,
         reducers=reducers,
         attempt=token,
         record=record,
-        review=result.review,
+        review=returned.review,
     )
 
 
@@ -327,7 +336,7 @@ def child_link(child: ChildRun, run_id: str, result: StepResult) -> ChildLink:
     """The parent's link to child ``run_id``, keeping the state fields the method changed
     before it started the child (applied when the activation commits)."""
     base = result.base_state
-    new = result.new_state if result.new_state is not None else base
+    new = result.end.new_state if isinstance(result.end, Returned) else base
     changes = diff(base, new)
     touched = set(changes.set) | set(changes.removed)
     return ChildLink(

@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from runner.errors import DefinitionError
-from runner.flow import usage
+from runner.flow import streaming, usage
+from runner.flow.context import step_context
 
 _clients: dict[str, Any] = {}
 _by_library: dict[str, Any] = {}
@@ -135,11 +138,59 @@ class LiteLLMClient:
         return str(response.choices[0].message.content or "")
 
 
-def call_llm(llm: Any, prompt: str) -> Any:
+def streams(llm: Any) -> Callable[[str], Any] | None:
+    """How to call ``llm`` so that it streams, when it can: LangChain's ``.stream(prompt)``,
+    or a callable taking ``stream=`` (OpenAI-style: ``llm(prompt, stream=True)`` gives an
+    iterator of chunks); ``None`` for a client that only answers whole."""
+    method = getattr(llm, "stream", None)
+    if callable(method):
+        return method
+    target = (
+        llm
+        if callable(llm) and not any(callable(getattr(llm, m, None)) for m in ("call", "invoke"))
+        else None
+    )
+    if target is None:
+        return None
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return None
+    if "stream" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return lambda prompt: target(prompt, stream=True)
+    return None
+
+
+def _stream_call(call: Callable[[str], Any], prompt: str) -> Any:
+    """Call a streaming client inside a step: each chunk's text goes to the step's stream
+    (channel ``llm``, CrewAI's ``llm_stream_chunk`` frames); the whole text is the answer (a
+    stream of chunks without text, e.g. structured output, answers its last chunk). The
+    usage of the last chunk that reports one is recorded."""
+    spent: Any = None
+    parts: list[str] = []
+    last: Any = None
+    for chunk in call(prompt):
+        spent = usage.usage_of(chunk) or spent
+        last = chunk
+        text = streaming.chunk_text(chunk)
+        if text is None:
+            streaming.stream_chunk(chunk, streaming.LLM, type=streaming.LLM_CHUNK)
+        elif text:
+            parts.append(text)
+            streaming.stream_chunk(text, streaming.LLM, type=streaming.LLM_CHUNK)
+    usage.record(spent)
+    return "".join(parts) if parts or last is None else last
+
+
+def call_llm(llm: Any, prompt: str, *, stream: bool = False) -> Any:
     """Call any supported LLM client (or the one registered under the name ``llm``) with
-    ``prompt``; a chat message gives its ``content``. The call's token usage is recorded for
-    the step running it."""
+    ``prompt``; a chat message gives its ``content``. With ``stream`` (an ``Agent``'s call),
+    inside a step, a client that streams (:func:`streams`) is called so, its tokens written to
+    the step's stream as they come and the whole text its answer. The call's token usage is
+    recorded for the step running it."""
     llm = resolve_llm(llm)
+    if stream and step_context() is not None and (stream_call := streams(llm)) is not None:
+        return _stream_call(stream_call, prompt)
     before = usage.counters(llm)
     for method in ("call", "invoke"):
         bound = getattr(llm, method, None)

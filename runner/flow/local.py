@@ -30,10 +30,11 @@ from runner.checkpointing import (
 from runner.errors import CommitConflict, RunNotFound, RunStateError
 from runner.flow import events as ev
 from runner.flow import human_feedback as reviewing
-from runner.flow import lifecycle, plans, results, usage
+from runner.flow import lifecycle, plans, results, streaming, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
-from runner.flow.attempt import StepResult, run_step
+from runner.flow.attempt import Asked, Halted, StepResult, run_step
+from runner.flow.context import PROCESS, Answers, StepContext
 from runner.flow.flow import apply_inputs, set_usage_metrics
 from runner.flow.graph import FlowGraph
 from runner.flow.lifecycle import Outcome
@@ -156,6 +157,8 @@ class LocalRun:
         self.failure: lifecycle.Settled | None = None
         self.paused: Paused | None = None
         self.loop_here = _event_loop_running()
+        self.stream_to = streaming.target(sink.store, self.run_id, flow=flow)
+        """Where this run's steps stream (:func:`runner.flow.streaming.target`)."""
         self.here = plans.this_process()
         """What this run's checkpoints record as their ``worker`` (how a resume elsewhere
         tells that this process drives the run: :class:`~runner.flow.plans.Here`)."""
@@ -249,8 +252,16 @@ class LocalRun:
         attempt, spent = 1, None
         while True:
             self._emit(ev.METHOD_STARTED, method=act.method, data={"attempt": attempt})
-            result = run_step(self.flow, self.graph, act, base, arg, answers, review, outputs)
-            result.attempts = attempt
+            ctx = StepContext(
+                self.flow,
+                act,
+                PROCESS,
+                attempt,
+                Answers(list(answers or ()), review=review),
+                stream_to=self.stream_to,
+                outputs=outputs,
+            )
+            result = run_step(self.flow, self.graph, ctx, base, arg)
             # What retried attempts spent counts too: the step's usage is all its attempts'.
             result.usage = spent = usage.joined(spent, result.usage)
             if lifecycle.decide(result, spec, self.settings) is not Outcome.RETRY:
@@ -276,9 +287,8 @@ class LocalRun:
         assert settled is not None  # this thread is the run's only committer
         self._advance(settled.transition)
         lifecycle.announce(settled, self.flow._listeners, duration=result.duration)
-        if settled.outcome is Outcome.PAUSED:
-            assert result.paused is not None
-            self.paused = self.paused or Paused(self.run_id, act.method, result.paused)
+        if settled.outcome is Outcome.PAUSED and isinstance(result.end, Asked | Halted):
+            self.paused = self.paused or Paused(self.run_id, act.method, result.end.reason)
             return []
         if settled.outcome is Outcome.FAILED:
             self.failure = self.failure or settled

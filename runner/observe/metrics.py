@@ -16,6 +16,9 @@ metric                                   type       what it counts
 ``runner_quarantined_runs_total``        counter    runs marked corrupt (unreadable data)
 ``runner_queue_depth``                   gauge      messages waiting in a queue, by ``queue``
                                                     (read from the broker at each scrape)
+``runner_queue_oldest_seconds``          gauge      age of a queue's oldest waiting message, by
+                                                    ``queue`` (the console; 0 when empty; left
+                                                    out where not measured: RabbitMQ)
 ``runner_runs``                          gauge      runs by ``status`` (the console, read from
                                                     the store at each scrape)
 =======================================  =========  ==========================================
@@ -40,7 +43,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -285,11 +288,80 @@ class RunsByStatus:
         yield family
 
 
-def console_registry(app: Celery, store: DeploymentStore, queues: list[str]) -> CollectorRegistry:
-    """What the console's ``/metrics`` serves: runs by status and the queue depth."""
+class QueueBacklog:
+    """``runner_queue_depth{queue}`` and ``runner_queue_oldest_seconds{queue}`` of every
+    queue ``read`` returns as (queue, depth, oldest message's age or ``None``), read when
+    scraped (the console passes :func:`runner.distributed.fleet.backlog_reader`). A queue
+    whose age is not measured (``None``: RabbitMQ) has no ``oldest_seconds`` sample."""
+
+    def __init__(self, read: Callable[[], list[tuple[str, int, float | None]]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        try:
+            found = self.read()
+        except Exception as exc:  # Redis or the broker away: no sample rather than a 500
+            log.warning("metrics: cannot read the queues (%s)", exc)
+            return
+        depth = GaugeMetricFamily(
+            "runner_queue_depth", "Messages waiting in the queue.", labels=["queue"]
+        )
+        oldest = GaugeMetricFamily(
+            "runner_queue_oldest_seconds",
+            "Age of the oldest message waiting in the queue (0 when empty).",
+            labels=["queue"],
+        )
+        for queue, count, age in found:
+            depth.add_metric([queue], count)
+            if age is not None:
+                oldest.add_metric([queue], age)
+        yield depth
+        yield oldest
+
+
+class StoreMemoryUse:
+    """``runner_store_memory_used_bytes{store}``, ``..._limit_bytes`` and ``..._free_bytes``
+    (below the limit): each Redis server of the store, read (``INFO memory``) when scraped.
+    Limit and free are left out for a server without a limit."""
+
+    def __init__(self, store: DeploymentStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        found = self.store.memory()
+        families = {
+            name: GaugeMetricFamily(f"runner_store_memory_{name}_bytes", text, labels=["store"])
+            for name, text in (
+                ("used", "Memory the store's Redis uses."),
+                ("limit", "The store's memory limit (maxmemory or RUNNER_STORE_MAX_BYTES)."),
+                ("free", "Memory left below the limit."),
+            )
+        }
+        for memory in found:
+            families["used"].add_metric([memory.store], memory.used)
+            if memory.limit is not None and memory.free is not None:
+                families["limit"].add_metric([memory.store], memory.limit)
+                families["free"].add_metric([memory.store], memory.free)
+        yield from families.values()
+
+
+def console_registry(
+    app: Celery,
+    store: DeploymentStore,
+    queues: list[str],
+    backlog: Callable[[], list[tuple[str, int, float | None]]] | None = None,
+) -> CollectorRegistry:
+    """What the console's ``/metrics`` serves: runs by status, the store's memory and, with
+    ``backlog``, every known queue's depth and oldest message's age (:class:`QueueBacklog`),
+    else the depth of ``queues``."""
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunsByStatus(store))
-    registry.register(QueueDepth(app, queues))
+    registry.register(QueueDepth(app, queues) if backlog is None else QueueBacklog(backlog))
+    registry.register(StoreMemoryUse(store))
     return registry

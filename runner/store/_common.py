@@ -21,6 +21,7 @@ from runner.errors import (
     StaleAttempt,
     StoreError,
 )
+from runner.store import codec as codecs
 from runner.store.models import Checkpoint, Lineage, RunInfo, RunStatus
 
 FORKED_EVENT = "forked"
@@ -42,12 +43,44 @@ SERIALIZATION_ERRORS = (PydanticSerializationError, TypeError, ValueError)
 """What encoding a checkpoint with a value JSON cannot hold raises."""
 
 
-def encode(checkpoint: Checkpoint) -> str:
-    """The checkpoint as JSON text; :class:`NotSerializable` if a value cannot be written."""
+def resolve_codec(given: codecs.Codec | None) -> codecs.Codec | None:
+    """A provider's codec: the given one, else ``RUNNER_ENCRYPTION_KEYS``'s (``None``: off)."""
+    if given is not None:
+        return given
+    from runner.settings import get_settings
+
+    return codecs.of_settings(get_settings())
+
+
+def encode(checkpoint: Checkpoint, codec: codecs.Codec | None = None) -> str:
+    """The checkpoint as JSON text; :class:`NotSerializable` if a value cannot be written.
+
+    With a ``codec``, its payloads (:data:`~runner.store.codec.PAYLOAD`) are taken out and
+    put back sealed, as ``"sealed":"enc:..."``, bound to its run and id: the form the Redis
+    store keeps a snapshot in, so every store seals the same parts the same way.
+    """
     try:
-        return checkpoint.model_dump_json()
+        if codec is None:
+            return checkpoint.model_dump_json()
+        clear = checkpoint.model_dump_json(exclude=codecs.PAYLOAD)
+        secret = checkpoint.model_dump_json(include=codecs.PAYLOAD)
     except SERIALIZATION_ERRORS as exc:
         raise not_serializable(checkpoint, exc) from None
+    where = codecs.snapshot_context(checkpoint.run_id, checkpoint.id)
+    return f'{clear[:-1]},"sealed":"{codec.seal(secret.encode(), where)}"}}'
+
+
+def encode_info(info: RunInfo, codec: codecs.Codec | None = None) -> str:
+    """Run metadata as JSON text, its payload (the error's text) sealed by ``codec``."""
+    return sealed_info(info, codec).model_dump_json()
+
+
+def sealed_info(info: RunInfo, codec: codecs.Codec | None) -> RunInfo:
+    """``info`` with its error's text sealed by ``codec`` (as it is if none)."""
+    if codec is None or not info.error:
+        return info
+    where = codecs.field_context(info.run_id, "error")
+    return info.model_copy(update={"error": codec.seal(info.error.encode(), where)})
 
 
 def not_serializable(checkpoint: Checkpoint, exc: Exception) -> NotSerializable:
@@ -59,9 +92,24 @@ def not_serializable(checkpoint: Checkpoint, exc: Exception) -> NotSerializable:
     )
 
 
-def decode(data: str | bytes, checkpoint_id: str, where: str) -> Checkpoint:
-    """Parse a stored snapshot; :class:`CorruptCheckpoint` naming the id if it is unreadable."""
+def decode(
+    data: str | bytes | dict[str, Any],
+    checkpoint_id: str,
+    where: str,
+    codec: codecs.Codec | None = None,
+    run_id: str | None = None,
+) -> Checkpoint:
+    """Parse a stored snapshot (or its parsed JSON); :class:`CorruptCheckpoint` naming the id
+    if it is unreadable. A sealed one (see :func:`encode`) is opened with ``codec``
+    (:class:`~runner.errors.EncryptionKeyError` naming the key if it cannot be); ``run_id``
+    is the run it is stored under, if the store files it by run."""
     try:
+        if isinstance(data, dict):
+            return Checkpoint.model_validate(data)
+        what = f"checkpoint {checkpoint_id}{'' if run_id is None else f' of run {run_id}'}"
+        opened = codecs.open_snapshot(codec, data, run_id, f"{what} in {where}")
+        if opened is not None:
+            return Checkpoint.model_validate(opened)
         return Checkpoint.model_validate_json(data)
     except (ValidationError, ValueError, UnicodeDecodeError) as exc:
         reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
@@ -71,17 +119,29 @@ def decode(data: str | bytes, checkpoint_id: str, where: str) -> Checkpoint:
         ) from None
 
 
-def decode_info(data: str | bytes | dict[str, Any], run_id: str, where: str) -> RunInfo:
-    """Parse stored run metadata; :class:`StoreError` naming the run if it is unreadable."""
+def decode_info(
+    data: str | bytes | dict[str, Any],
+    run_id: str,
+    where: str,
+    codec: codecs.Codec | None = None,
+) -> RunInfo:
+    """Parse stored run metadata; :class:`StoreError` naming the run if it is unreadable.
+    A sealed error text (see :func:`encode_info`) is opened with ``codec``."""
     try:
         if isinstance(data, dict):
-            return RunInfo.model_validate(data)
-        return RunInfo.model_validate_json(data)
+            info = RunInfo.model_validate(data)
+        else:
+            info = RunInfo.model_validate_json(data)
     except ValidationError as exc:
         raise StoreError(
             f"metadata of run {run_id} in {where} cannot be decoded: {exc.errors()[0]['msg']}",
             run_id=run_id,
         ) from None
+    if info.error and codecs.is_sealed(info.error):
+        context = codecs.field_context(info.run_id, "error")
+        what = f"the error of run {info.run_id} in {where}"
+        info.error = codecs.open_value(codec, info.error, context, what).decode()
+    return info
 
 
 def run_info_after(

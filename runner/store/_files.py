@@ -19,6 +19,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from runner.errors import StoreError, StoreUnavailable
 from runner.store._common import decode
+from runner.store.codec import Codec
 from runner.store.models import Checkpoint
 
 P = ParamSpec("P")
@@ -67,13 +68,16 @@ def old_checkpoint_files(run_dir: Path, max_seq: int) -> list[Path]:
     return [run_dir / n for n in names if int(n[:SEQ_DIGITS]) <= max_seq]
 
 
-def load_checkpoint(path: Path) -> Checkpoint | None:
-    """The checkpoint in ``path``; ``None`` if it is gone (pruned meanwhile)."""
+def load_checkpoint(
+    path: Path, codec: Codec | None = None, run_id: str | None = None
+) -> Checkpoint | None:
+    """The checkpoint in ``path`` (a sealed one opened with ``codec``; ``run_id``: the run
+    that lists it, if known); ``None`` if it is gone (pruned meanwhile)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
-    return decode(data, id_of(path), str(path))
+    return decode(data, id_of(path), str(path), codec, run_id)
 
 
 def write_atomic(path: Path, text: str) -> None:

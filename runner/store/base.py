@@ -17,8 +17,9 @@ suite in ``tests/test_store_conformance.py`` checks them):
 :class:`CoordinatedStore` adds what the engine on workers needs beside the history:
 dispatch markers and step leases, kept in the same store so a commit can drop the
 committing step's lease and mark the steps it makes ready in the same atomic write.
-:class:`DeploymentStore` adds the deployment's own records (limits, queue consumers,
-timers, schedules): the whole of what code outside ``runner/store`` may ask of a store.
+:class:`DeploymentStore` adds the deployment's own records (limits, queue consumers, the
+workers' roster, timers, schedules): the whole of what code outside ``runner/store`` may
+ask of a store.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ from enum import StrEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from runner.store.limits import LimitUse, RateLimit, Refusal, SlotLimit
+from runner.store.memory import StoreMemory
 from runner.store.models import Checkpoint, RunInfo, RunStatus
+from runner.store.roster import FORGET_AFTER, WorkerFacts, WorkerRecord
 from runner.store.schedules import Schedule
+from runner.store.streams import StreamAppend, StreamInfo, StreamRead
 
 
 @runtime_checkable
@@ -165,6 +169,11 @@ class CommitRequest:
     """Redis commands that publish the messages of ``dispatching`` on the store's own
     Redis (see :data:`OUTBOX_COMMANDS`), run only if the commit lands: not on a conflict,
     nor when the attempt's commit is a duplicate or stale."""
+    announce: bool = False
+    """When the commit stops the run (its last checkpoint's status is not running), tell
+    :meth:`CoordinatedStore.stop_notices` subscribers, as :meth:`CoordinatedStore.notify_stopped`
+    does: in the commit's own round trip where the store can, else right after it. A
+    duplicate commit announces again; a conflict or a stale attempt does not."""
 
 
 @dataclass(frozen=True)
@@ -287,13 +296,58 @@ class CoordinatedStore(CheckpointStore, Protocol):
 
 
 @runtime_checkable
-class DeploymentStore(CoordinatedStore, Protocol):
+class StreamStore(Protocol):
+    """A store that keeps each run's stream of live output (:mod:`runner.store.streams` on
+    Redis): what steps write while they run, read live and again by entry id."""
+
+    def append_stream(
+        self,
+        run_id: str,
+        step: str,
+        writer: str,
+        entries: list[tuple[str, str, str]],
+        maxlen: int,
+        writer_run: str = "",
+    ) -> tuple[int, str]:
+        """Append ``entries`` (channel, type, payload JSON) of the attempt ``writer`` of
+        ``step`` to ``run_id``'s stream, trimmed to ``maxlen``, in one round trip; the
+        attempt's number (1, 2, ... per step, by first write) and the last entry's id.
+        ``writer_run``: the run that wrote them, when not ``run_id`` (a child run)."""
+        ...
+
+    def append_streams(self, appends: list[StreamAppend]) -> list[tuple[int, str]]:
+        """:meth:`append_stream` of several batches (any runs) in one round trip where it
+        can; each one's attempt number and last entry id, in order."""
+        ...
+
+    def read_stream(
+        self,
+        run_id: str,
+        after: str = "0",
+        count: int = 500,
+        block: float | None = None,
+        check_trim: bool = False,
+    ) -> StreamRead:
+        """Entries after the id ``after`` (at most ``count``; waiting up to ``block`` seconds
+        for one) and the newest attempt number of each step; with ``check_trim``, whether the
+        cap trimmed entries after ``after`` (:attr:`StreamRead.trimmed`)."""
+        ...
+
+    def stream_info(self, run_id: str) -> StreamInfo:
+        """The stream's length and first and last entry ids."""
+        ...
+
+
+@runtime_checkable
+class DeploymentStore(CoordinatedStore, StreamStore, Protocol):
     """A coordinated store that also keeps a deployment's own records: what the engine on
     workers, the producers, the CLI and the console use, and all they use of the store.
 
     One-job methods per concern, each owned by one store module on Redis: limits
-    (:mod:`runner.store.limits`), queue consumers (:mod:`runner.store.queues`), run timers
-    (:mod:`runner.store.timers`) and schedules (:mod:`runner.store.schedules`).
+    (:mod:`runner.store.limits`), queue consumers (:mod:`runner.store.queues`), the workers'
+    roster (:mod:`runner.store.roster`), run timers (:mod:`runner.store.timers`), schedules
+    (:mod:`runner.store.schedules`) and the runs' streams (:class:`StreamStore`,
+    :mod:`runner.store.streams`).
     """
 
     url: str
@@ -350,16 +404,30 @@ class DeploymentStore(CoordinatedStore, Protocol):
 
     # -- queue consumers ----------------------------------------------------------------------
 
-    def announce_queues(self, queues: Sequence[str], worker: str, ttl: float) -> None:
-        """Record that ``worker`` consumes ``queues`` for the next ``ttl`` seconds."""
+    def announce_queues(
+        self, queues: Sequence[str], worker: str, ttl: float, facts: WorkerFacts | None = None
+    ) -> None:
+        """Record that ``worker`` consumes ``queues`` for the next ``ttl`` seconds and, with
+        ``facts``, its record in the workers' roster (lapsing with it)."""
         ...
 
     def retire_queues(self, queues: Sequence[str], worker: str) -> None:
-        """Record that ``worker`` no longer consumes ``queues``."""
+        """Record that ``worker`` no longer consumes ``queues``; its roster record goes too."""
         ...
 
     def queue_consumers(self, queue: str) -> list[str]:
         """Workers whose word that they consume ``queue`` has not lapsed."""
+        ...
+
+    # -- the workers' roster ------------------------------------------------------------------
+
+    def workers(self) -> list[WorkerRecord]:
+        """Every worker's last roster record, lapsed ones too, by name."""
+        ...
+
+    def forget_dead_workers(self, older_than: float = FORGET_AFTER) -> list[str]:
+        """Drop the roster records that lapsed more than ``older_than`` seconds ago; their
+        workers' names."""
         ...
 
     # -- run timers ---------------------------------------------------------------------------
@@ -408,4 +476,15 @@ class DeploymentStore(CoordinatedStore, Protocol):
 
     def advance_schedule(self, name: str, tick: float) -> None:
         """Record that the schedule ``name``'s ticks before ``tick`` were fired."""
+        ...
+
+    # -- memory (runner.store.memory) ----------------------------------------------------------
+
+    def memory(self) -> list[StoreMemory]:
+        """Each server's used memory, limit and high-water mark (none: not known)."""
+        ...
+
+    def check_room(self, incoming: int = 0) -> None:
+        """:class:`~runner.errors.StoreFull` if ``incoming`` more bytes take the store past
+        its high-water mark (``RUNNER_STORE_HIGH_WATER``)."""
         ...

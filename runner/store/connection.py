@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import redis
 from redis.sentinel import MasterNotFoundError, Sentinel
@@ -39,6 +39,14 @@ BROKER_REDIS_URL = "runner_broker_redis_url"
 ``rediss+sentinel://``) URL in (``broker_url`` holds kombu's form of it), for :func:`client`."""
 TRANSPORT_OPTIONS = ("broker_transport_options", "result_backend_transport_options")
 """The Celery settings :func:`celery_conf` may give that merge with a config file's own."""
+POOL_SIZE = 100
+"""Connections one :func:`client` keeps open at most (redis-py's default)."""
+POOL_WAIT = 20.0
+"""Seconds a caller that finds all :data:`POOL_SIZE` connections in use waits for one (then
+redis-py's ``ConnectionError``, which a patient client retries). A worker ``-P threads -c 200``
+runs more steps at once than the pool holds: they take turns instead of failing with redis-py's
+"Too many connections" (redis-py's ``BlockingConnectionPool``; its default wait, so a pool a
+forked child rebuilds from the parent's waits as long)."""
 
 
 class BadRedisSettings(StoreError):
@@ -92,10 +100,9 @@ def check_database(url: str) -> None:
         SentinelGroup.parse(url)  # checks its /SERVICE/DB
         return
     parts = urlsplit(url)
-    if parts.scheme == "unix":
-        db = dict(parse_qsl(parts.query)).get("db", "0")
-    else:
-        db = parts.path.strip("/") or "0"
+    if parts.scheme == "unix":  # its database is a query parameter, which redis-py checks
+        return
+    db = parts.path.strip("/") or "0"
     if not db.isdigit():
         raise BadRedisSettings(f"the Redis URL's database {db!r} is not a number (e.g. /0)")
 
@@ -185,7 +192,8 @@ def client(url: str, **kwargs: Any) -> Any:
     Sentinel group's current primary for ``redis+sentinel://`` (found again after a
     failover; over TLS to the sentinels and the primary for ``rediss+sentinel://``), a
     :class:`~redis.cluster.RedisCluster` for the ``+cluster`` schemes. ``kwargs`` are
-    redis-py's (timeouts, retry)."""
+    redis-py's (timeouts, retry). A plain Redis's connections are a blocking pool of
+    :data:`POOL_SIZE` (see :data:`POOL_WAIT`)."""
     options = {**client_options(url), **kwargs}
     if is_sentinel(url):
         group = SentinelGroup.parse(url)
@@ -203,7 +211,12 @@ def client(url: str, **kwargs: Any) -> Any:
             from redis.cluster import RedisCluster
 
             return RedisCluster.from_url(url.replace("+cluster", "", 1), **options)
-    return redis.Redis.from_url(url, **options)
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=POOL_SIZE, timeout=POOL_WAIT, **options
+    )
+    plain = redis.Redis(connection_pool=pool)
+    plain.auto_close_connection_pool = True  # closed with the client, as from_url's is
+    return plain
 
 
 def describe(exc: BaseException) -> str:

@@ -1,6 +1,6 @@
 """The Redis side of :class:`~runner.store.base.DeploymentStore`'s own records: one line per
 method, each handing over to the store module that owns the records' keys, scripts and
-decoding (:mod:`.limits`, :mod:`.queues`, :mod:`.timers`, :mod:`.schedules`).
+decoding (:mod:`.limits`, :mod:`.queues`, :mod:`.roster`, :mod:`.timers`, :mod:`.schedules`).
 
 A mixin of :class:`~runner.store.redis.RedisProvider`, kept apart so the checkpoint store's
 module holds checkpoints only. Redis errors are wrapped as the provider wraps its own
@@ -17,12 +17,14 @@ from typing import Any
 from .keys import Keys
 from .limits import LimitBook, LimitUse, RateLimit, Refusal, SlotLimit
 from .queues import QueueBook
+from .roster import FORGET_AFTER, WorkerFacts, WorkerRecord
 from .schedules import Schedule, ScheduleBook
 from .timers import Timers
 
 
 class DeploymentRecords:
-    """Limits, queue consumers, run timers and schedules of the deployment in ``client``."""
+    """Limits, queue consumers, the workers' roster, run timers and schedules of the
+    deployment in ``client``."""
 
     client: Any
     keys: Keys
@@ -91,10 +93,12 @@ class DeploymentRecords:
 
     # -- queue consumers ----------------------------------------------------------------------
 
-    def announce_queues(self, queues: Sequence[str], worker: str, ttl: float) -> None:
+    def announce_queues(
+        self, queues: Sequence[str], worker: str, ttl: float, facts: WorkerFacts | None = None
+    ) -> None:
         """See :meth:`QueueBook.announce <runner.store.queues.QueueBook.announce>`."""
         with self._wrapped():
-            self._queues.announce(queues, worker, ttl)
+            self._queues.announce(queues, worker, ttl, facts)
 
     def retire_queues(self, queues: Sequence[str], worker: str) -> None:
         """See :meth:`QueueBook.retire <runner.store.queues.QueueBook.retire>`."""
@@ -105,6 +109,18 @@ class DeploymentRecords:
         """See :meth:`QueueBook.consumers <runner.store.queues.QueueBook.consumers>`."""
         with self._wrapped():
             return self._queues.consumers(queue)
+
+    # -- the workers' roster ------------------------------------------------------------------
+
+    def workers(self) -> list[WorkerRecord]:
+        """See :meth:`Roster.all <runner.store.roster.Roster.all>`."""
+        with self._wrapped():
+            return self._queues.roster.all()
+
+    def forget_dead_workers(self, older_than: float = FORGET_AFTER) -> list[str]:
+        """See :meth:`Roster.forget_dead <runner.store.roster.Roster.forget_dead>`."""
+        with self._wrapped():
+            return self._queues.roster.forget_dead(older_than)
 
     # -- run timers ---------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, overload
 from urllib.parse import quote
@@ -47,9 +48,11 @@ from runner.store._common import (
     decode_info,
     encode,
     forked,
+    resolve_codec,
     resolve_max,
     run_info_after,
     run_info_updated,
+    sealed_info,
 )
 from runner.store._files import (
     file_name,
@@ -60,6 +63,7 @@ from runner.store._files import (
     store_io,
     write_atomic,
 )
+from runner.store.codec import Codec
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.pending import PendingFeedbackStore
 
@@ -74,12 +78,26 @@ class JsonProvider(PendingFeedbackStore):
 
     ``JsonProvider()`` without a directory takes its location from the
     ``CheckpointConfig`` it is given to (CrewAI's way to make one).
+
+    ``codec`` seals the payloads of the checkpoint files and ``meta.run`` files it writes,
+    as the Redis store seals them (default: ``RUNNER_ENCRYPTION_KEYS``'s, if set; see
+    :mod:`runner.store.codec`): a sealed file is still JSON, its ids, statuses, times and
+    step names clear, its payloads in one ``"sealed"`` value. The files of CrewAI's provider
+    face (:meth:`checkpoint`) are the caller's text, kept as given.
     """
 
     def __init__(
-        self, directory: str | os.PathLike[str] | None = None, *, max_checkpoints: int | None = None
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        max_checkpoints: int | None = None,
+        codec: Codec | None = None,
     ) -> None:
         self._max_given = max_checkpoints
+        self._codec_given = codec
+        self.codec = resolve_codec(codec)
+        """Seals and opens payloads (``None``: written clear; a sealed one read is an
+        :class:`~runner.errors.EncryptionKeyError` naming its key)."""
         self.max_checkpoints = resolve_max(max_checkpoints)
         self.directory = Path(directory) if directory is not None else None
         if self.directory is not None:
@@ -93,7 +111,7 @@ class JsonProvider(PendingFeedbackStore):
         """This provider, or (made without a directory) one at ``location``."""
         if self.directory is not None:
             return self
-        return JsonProvider(location, max_checkpoints=self._max_given)
+        return JsonProvider(location, max_checkpoints=self._max_given, codec=self._codec_given)
 
     @staticmethod
     def root_of(path: Path) -> Path | None:
@@ -122,7 +140,7 @@ class JsonProvider(PendingFeedbackStore):
     def get(self, checkpoint_id: str) -> Checkpoint:
         """The checkpoint with this id; :class:`CheckpointNotFound` if none."""
         for path in self._root().glob(f"*_{glob.escape(checkpoint_id)}.json"):
-            found = load_checkpoint(path)
+            found = load_checkpoint(path, self.codec)
             meta = self._meta(found.run_id) if found is not None else None
             if found is not None and meta and any(e[1] == found.id for e in meta["history"]):
                 return found
@@ -142,7 +160,10 @@ class JsonProvider(PendingFeedbackStore):
         entries = list(reversed(meta["history"])) if meta else []
         start = max(offset, 0)
         root = self._root()
-        loaded = (load_checkpoint(root / e[2]) for e in entries[start : start + max(limit, 0)])
+        loaded = (
+            load_checkpoint(root / e[2], self.codec, run_id)
+            for e in entries[start : start + max(limit, 0)]
+        )
         return [cp for cp in loaded if cp is not None]
 
     @store_io
@@ -201,6 +222,30 @@ class JsonProvider(PendingFeedbackStore):
         if info.parent_run_id and info.parent_checkpoint_id:  # release what the fork pinned
             self._pin(info.parent_run_id, info.parent_checkpoint_id, run_id, pin=False)
         return True
+
+    @store_io
+    def put_run(self, info: RunInfo, checkpoints: Sequence[Checkpoint]) -> None:
+        """Replace the run's copy here by ``info`` and ``checkpoints`` (ids and seqs kept):
+        the files first, then ``meta.run`` replaced (the commit point), then the files of
+        an earlier copy that are not in this one. What an archive write is."""
+        run_dir = self._dir(info.run_id)
+        with flocked(run_dir / "run.lock", create=True):
+            before = self._meta(info.run_id)
+            history = []
+            for cp in checkpoints:
+                name = file_name(cp)
+                write_atomic(self._root() / name, encode(cp, self.codec))
+                history.append([cp.seq, cp.id, name])
+            activations = {
+                cp.activation: [cp.attempt, cp.id, cp.seq] for cp in checkpoints if cp.activation
+            }
+            pins = before["pins"] if before else {}
+            meta = {"info": info, "history": history, "activations": activations, "pins": pins}
+            self._save_meta(info.run_id, meta)
+            kept = {entry[2] for entry in history}
+            for entry in before["history"] if before else []:
+                if entry[2] not in kept:
+                    (self._root() / entry[2]).unlink(missing_ok=True)
 
     @overload
     def prune(self, run_id: str, keep: int, *, dry_run: bool = False) -> list[str]: ...
@@ -334,14 +379,14 @@ class JsonProvider(PendingFeedbackStore):
             attempt, first_id, first_seq = meta["activations"][cp.activation]
             check_activation(cp, attempt, first_id)
             name = next((e[2] for e in meta["history"] if e[1] == first_id), None)
-            first = load_checkpoint(self._root() / name) if name else None
+            first = load_checkpoint(self._root() / name, self.codec, cp.run_id) if name else None
             return first or cp.model_copy(update={"id": first_id, "seq": first_seq})
         current = info.seq if info else 0
         if expected_seq is not None and expected_seq != current:
             raise conflict(cp.run_id, expected_seq, current)
         stored = cp.model_copy(update={"seq": current + 1})
         name = file_name(stored)
-        write_atomic(self._root() / name, encode(stored))
+        write_atomic(self._root() / name, encode(stored, self.codec))
         meta["history"].append([stored.seq, stored.id, name])
         if cp.activation is not None:
             meta["activations"][cp.activation] = [cp.attempt, stored.id, stored.seq]
@@ -378,7 +423,7 @@ class JsonProvider(PendingFeedbackStore):
                 children.remove(child)
             if not children:
                 del meta["pins"][checkpoint_id]
-            write_atomic(self._dir(run_id) / META, _meta_json(meta))
+            write_atomic(self._dir(run_id) / META, _meta_json(meta, self.codec))
             return True
 
     def _dir(self, run_id: str) -> Path:
@@ -392,12 +437,12 @@ class JsonProvider(PendingFeedbackStore):
         if data is None:
             return None
         data = data if isinstance(data, dict) else {}
-        info = decode_info(data.get("info") or {}, run_dir.name, str(run_dir))
+        info = decode_info(data.get("info") or {}, run_dir.name, str(run_dir), self.codec)
         return {"history": [], "activations": {}, "pins": {}, **data, "info": info}
 
     def _save_meta(self, run_id: str, meta: dict[str, Any]) -> None:
         """Replace ``meta.run`` (the commit point), then update the run index."""
-        write_atomic(self._dir(run_id) / META, _meta_json(meta))
+        write_atomic(self._dir(run_id) / META, _meta_json(meta, self.codec))
         self._index(run_id, meta["info"])
 
     def _index(self, run_id: str, info: RunInfo | None) -> None:
@@ -433,13 +478,13 @@ class JsonProvider(PendingFeedbackStore):
             info = decode_info(old.get("info") or {}, run_dir.name, str(run_dir))
             history = []
             for path in old_checkpoint_files(run_dir, info.seq):
-                found = load_checkpoint(path)
+                found = load_checkpoint(path, self.codec)
                 if found is not None:
                     name = file_name(found)
                     history.append([found.seq, found.id, name])
                     moves.append((path, name))
             meta = {**old, "info": info, "history": history}
-            write_atomic(run_dir / META, _meta_json(meta))
+            write_atomic(run_dir / META, _meta_json(meta, self.codec))
         else:
             by_id = {e[1]: e[2] for e in meta["history"]}
             for path in old_checkpoint_files(run_dir, meta["info"].seq):
@@ -452,8 +497,8 @@ class JsonProvider(PendingFeedbackStore):
             leftover.unlink(missing_ok=True)
 
 
-def _meta_json(meta: dict[str, Any]) -> str:
-    return json.dumps({**meta, "info": meta["info"].model_dump(mode="json")})
+def _meta_json(meta: dict[str, Any], codec: Codec | None) -> str:
+    return json.dumps({**meta, "info": sealed_info(meta["info"], codec).model_dump(mode="json")})
 
 
 def _branch_dir(base: Path, branch: str) -> Path:

@@ -18,15 +18,22 @@ key                        type    holds
 ``P:{T}:leases``           zset    running activations scored by lease expiry
 ``P:{T}:owners``           hash    activation -> attempt token holding its lease
 ``P:{T}:stopped``          channel pub/sub: the run's new status when it stops running
+``P:{T}:stream``           stream  the run's live output: one entry per chunk (step, attempt,
+                                   channel, type, JSON payload, writing run), capped
+``P:{T}:stream-attempts``  hash    step -> its newest attempt's number; ``step|writer`` -> the
+                                   number of that writer's attempt (superseded = not newest)
 ``P:[{S}:]runs``           zset    run ids scored by last update (the run index)
 ``P:[{S}:]ckpts``          hash    checkpoint id -> run id (lookup by checkpoint id)
 ``P:[{S}:]active``         zset    run ids whose status is ``running`` (recovery scans it)
+``P:[{S}:]ended``          zset    finished runs whose expiry is not decided yet, by end time
+``P:[{S}:]expires``        zset    finished runs scored by when they expire (``inf``: kept)
 ``P:{time}:deadlines``     zset    run ids scored by their deadline (recovery cancels them)
 ``P:{time}:starts``        zset    run ids scored by their delayed start (recovery sends them)
 ``P:{time}:answers``       zset    run ids scored by their ``ask`` deadline (recovery answers)
 ``P:{time}:schedules``     hash    schedule name -> its definition (JSON: flow, inputs, cron)
 ``P:{time}:ticks``         hash    schedule name -> the time of its next tick not yet fired
 ``P:<name>-lock``          string  a deployment-wide lock (``recover``: the recovery pass)
+``P:rekey``                hash    ``runner rekey``'s progress: key id, index shard, cursor
 ``P:{flow}:rates``         hash    named limit -> its rate (``runner.set_limit``)
 ``P:{flow}:rate:<L>``      string  limit ``L``'s theoretical arrival time (GCRA), in ms
 ``P:{flow}:slots:<L>``     zset    attempt tokens holding a slot of ``L`` by lease expiry
@@ -34,14 +41,18 @@ key                        type    holds
 ``P:{flow}:limit-specs``   hash    ``<kind>:L`` -> JSON ``[its rate or slots, interval ms]``
 ``P:{flow}:waiting:<L>``   zset    ``run|step`` deferred by limit ``<L>`` (``<kind>:L``), by time
 ``P:{flow}:queue:<Q>``     zset    workers consuming queue ``Q``, scored by when that lapses
+``P:{flow}:workers``       hash    worker name -> what it said of itself last (JSON, roster)
 =========================  ======  ===========================================================
 
 Each group has one owner, the only module that reads or writes it: the run's keys, the
 indexes and the locks :mod:`runner.store.redis` (scripts in :mod:`runner.store.scripts`);
 ``{flow}:rate*``, ``slots``, ``limited``, ``limit-specs`` and ``waiting``
-:mod:`runner.store.limits`; ``{flow}:queue`` :mod:`runner.store.queues`; ``{time}:deadlines``
-/ ``starts`` / ``answers`` :mod:`runner.store.timers`; ``{time}:schedules`` / ``ticks``
-:mod:`runner.store.schedules`. Code outside ``runner/store`` reaches them only through
+:mod:`runner.store.limits`; ``{flow}:queue`` :mod:`runner.store.queues`; ``{flow}:workers``
+:mod:`runner.store.roster`; ``{time}:deadlines`` / ``starts`` / ``answers``
+:mod:`runner.store.timers`; ``{time}:schedules`` / ``ticks`` :mod:`runner.store.schedules`;
+``ended`` and ``expires`` :mod:`runner.store.expiry` (the commit script adds a run that ends
+to ``ended``); ``rekey`` :mod:`runner.store.rekey`; ``stream`` / ``stream-attempts``
+:mod:`runner.store.streams`. Code outside ``runner/store`` reaches them only through
 :class:`runner.store.base.DeploymentStore` (``tests/test_boundaries.py`` checks it).
 
 On a single Redis (``shards=0``) the tag ``{T}`` is the run id (``P:{R}:meta``) and the
@@ -138,9 +149,21 @@ class Keys:
         """Pub/sub channel told the run's status when it stops running (``RunHandle.wait``)."""
         return self.run(run_id, "stopped")
 
+    def stream(self, run_id: str) -> str:
+        """The run's stream of live output (chunks written by its steps while they run)."""
+        return self.run(run_id, "stream")
+
+    def stream_attempts(self, run_id: str) -> str:
+        """Which attempt of each step wrote the run's stream last (older ones: superseded)."""
+        return self.run(run_id, "stream-attempts")
+
     def lock(self, name: str) -> str:
         """A deployment-wide lock (``recover``: the periodic recovery pass)."""
         return f"{self.prefix}:{name}-lock"
+
+    def rekey(self) -> str:
+        """``runner rekey``'s progress, so a run of it that stopped goes on from there."""
+        return f"{self.prefix}:rekey"
 
     # -- flow control: one hash tag for all, so one script checks every limit of a step -------
 
@@ -172,6 +195,10 @@ class Keys:
         """Workers consuming ``queue``, scored by when that lapses unless renewed."""
         return f"{self.prefix}:{{flow}}:queue:{queue}"
 
+    def workers(self) -> str:
+        """Worker name -> its last word on itself: queues, routes, versions, when (JSON)."""
+        return f"{self.prefix}:{{flow}}:workers"
+
     # -- time: run timers, one hash tag for all (read by the recovery pass) -------------------
 
     def timers(self, kind: str) -> str:
@@ -200,6 +227,23 @@ class Keys:
         """The active-run index (shard) that lists ``run_id`` while it runs."""
         return self._index(self.shard(run_id), "active")
 
+    def ended_of(self, run_id: str) -> str:
+        """The index (shard) of finished runs whose expiry the retention pass has yet to
+        decide, scored by when they ended."""
+        return self._index(self.shard(run_id), "ended")
+
+    def expires_of(self, run_id: str) -> str:
+        """The index (shard) of finished runs scored by when they expire."""
+        return self._index(self.shard(run_id), "expires")
+
+    def all_ended(self) -> list[str]:
+        """Every shard of the finished runs not yet decided."""
+        return self._every("ended")
+
+    def all_expires(self) -> list[str]:
+        """Every shard of the expiry index."""
+        return self._every("expires")
+
     def all_runs(self) -> list[str]:
         """Every shard of the run index."""
         return self._every("runs")
@@ -227,6 +271,22 @@ class Keys:
 
     def _every(self, name: str) -> list[str]:
         return [self._index(shard, name) for shard in range(max(self.shards, 1))]
+
+
+RUN_PARTS = (
+    Keys.snapshots,
+    Keys.attempts,
+    Keys.acts,
+    Keys.pins,
+    Keys.dispatched,
+    Keys.leases,
+    Keys.owners,
+    Keys.values,
+    Keys.stream,
+    Keys.stream_attempts,
+    Keys.refs,
+)
+"""Per-run keys besides meta and history (which the delete scripts name first)."""
 
 
 def match_prefix(text: str) -> str:

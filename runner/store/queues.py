@@ -1,6 +1,7 @@
 """Routing records in Redis: which workers consume which queue, until when. This module owns
 the key and its decoding; :mod:`runner.distributed.routing` decides where a step goes and
-when a worker says what it consumes.
+when a worker says what it consumes. A worker's own record in the workers' roster
+(:mod:`.roster`) is written and dropped in the same round trip as its word on its queues.
 
 Keys (``P`` the prefix; ``Q`` a broker queue's name):
 
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .keys import Keys
+from .roster import Roster, WorkerFacts
 
 
 class QueueBook:
@@ -29,21 +31,29 @@ class QueueBook:
 
     def __init__(self, client: Any, keys: Keys) -> None:
         self.client, self.keys = client, keys
+        self.roster = Roster(client, keys)
 
-    def announce(self, queues: Sequence[str], worker: str, ttl: float) -> None:
-        """Say that ``worker`` consumes ``queues`` for the next ``ttl`` seconds."""
+    def announce(
+        self, queues: Sequence[str], worker: str, ttl: float, facts: WorkerFacts | None = None
+    ) -> None:
+        """Say that ``worker`` consumes ``queues`` for the next ``ttl`` seconds and, with
+        ``facts``, write its record in the roster (:meth:`Roster.write`): one round trip."""
         until = time.time() + ttl
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             pipe.zadd(self.keys.consumers(queue), {worker: until})
             pipe.expire(self.keys.consumers(queue), max(1, int(ttl * 4)))
+        if facts is not None:
+            self.roster.write(pipe, worker, queues, facts, ttl)
         pipe.execute()
 
     def retire(self, queues: Sequence[str], worker: str) -> None:
-        """``worker`` stops consuming ``queues`` (a warm shutdown)."""
+        """``worker`` stops consuming ``queues`` (a warm shutdown); its roster record goes
+        with it."""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             pipe.zrem(self.keys.consumers(queue), worker)
+        self.roster.remove(pipe, worker)
         pipe.execute()
 
     def consumers(self, queue: str) -> list[str]:

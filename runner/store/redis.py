@@ -30,14 +30,13 @@ import hashlib
 import heapq
 import itertools
 import json
-import os
 import threading
 import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import redis
@@ -54,9 +53,12 @@ from runner.errors import (
     RunNotFound,
     StaleAttempt,
     StoreError,
+    StoreFull,
     StoreUnavailable,
 )
+from runner.store import codec as codecs
 from runner.store import connection, pools, scripts
+from runner.store import memory as memories
 from runner.store._common import (
     SERIALIZATION_ERRORS,
     conflict,
@@ -76,9 +78,11 @@ from runner.store.base import (
     OutboxCommand,
 )
 from runner.store.deployment import DeploymentRecords
-from runner.store.keys import CLUSTER_SHARDS, Keys, match_prefix
+from runner.store.expiry import RetentionRecords
+from runner.store.keys import CLUSTER_SHARDS, RUN_PARTS, Keys, match_prefix
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.pending import PendingFeedbackStore
+from runner.store.streams import StreamRecords
 
 T = TypeVar("T")
 
@@ -91,26 +95,17 @@ whose latest checkpoint was stored by field goes on by field."""
 _BASES_KEPT = 1024
 """Runs whose latest field digests a provider remembers (least recently used go first)."""
 _INFO_FIELDS = frozenset(RunInfo.model_fields)
-_RUN_KEYS = (
-    Keys.snapshots,
-    Keys.attempts,
-    Keys.acts,
-    Keys.pins,
-    Keys.dispatched,
-    Keys.leases,
-    Keys.owners,
-    Keys.values,
-    Keys.refs,
-)
-"""Per-run keys besides meta and history (which :data:`~runner.store.scripts.DELETE_RUN`
-names first)."""
 _EVERY_COMMIT = ("event", "step", "error", "flow")
 """Metadata set by every commit besides what the script sets (seq, latest, status, updated_at)."""
 _NEW_RUN = ("name", "parent_run_id", "parent_checkpoint_id", "branch")
 """Metadata set when a commit creates the run besides the script's (run_id, created_at)."""
 
 
-class RedisProvider(DeploymentRecords, PendingFeedbackStore):
+_live: weakref.WeakSet[RedisProvider] = weakref.WeakSet()
+"""Every provider of this process (:meth:`RedisProvider.live`)."""
+
+
+class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, StreamRecords):
     """Checkpoint store on Redis or Redis Cluster; see :class:`~runner.store.base.CoordinatedStore`.
 
     A ``redis+cluster://`` URL or a ``redis.cluster.RedisCluster`` client selects the
@@ -125,9 +120,12 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         prefix: str | None = None,
         max_checkpoints: int | None = None,
         patient: bool = False,
+        codec: codecs.Codec | None = None,
     ) -> None:
         """``patient`` clients retry Redis errors for seconds (workers: a blip must not cost
-        a finished step's commit); others report a dead server in well under a second."""
+        a finished step's commit); others report a dead server in well under a second.
+        ``codec`` seals the payloads written (default: ``RUNNER_ENCRYPTION_KEYS``'s, if set;
+        see :mod:`runner.store.codec`)."""
         from runner.settings import get_settings
 
         settings = get_settings()
@@ -150,6 +148,11 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         self.wait_replicas = (1 if sentinel else 0) if wait is None else wait
         """Replicas each commit waits for (``WAIT``) before it counts as done."""
         self.wait_timeout = settings.redis_wait_timeout
+        self.max_bytes, self.high_water = settings.store_max_bytes, settings.store_high_water
+        """``RUNNER_STORE_MAX_BYTES`` and ``RUNNER_STORE_HIGH_WATER`` (see :meth:`check_room`)."""
+        self.codec = codec if codec is not None else codecs.of_settings(settings)
+        """Seals and opens payloads (``None``: written clear; a sealed one read is an
+        :class:`~runner.errors.EncryptionKeyError` naming its key)."""
         self._commit = client.register_script(scripts.COMMIT)
         self._prune = client.register_script(scripts.PRUNE)
         self._update = client.register_script(scripts.UPDATE_RUN)
@@ -160,12 +163,9 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         self._take_over = client.register_script(scripts.TAKE_OVER)
         self._release = client.register_script(scripts.RELEASE)
         self._upgrade = client.register_script(scripts.UPGRADE_RUN)
-        # A forked child (a Celery pool process) gets a pool of its own: the parent's may be
-        # locked by one of its threads at the fork, and redis-py then waits for ever.
-        own = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _fresh_pool(own()))
         self._bases: OrderedDict[str, _Base] = OrderedDict()
         self._bases_lock = threading.Lock()
+        _live.add(self)  # reset in a forked child: :meth:`after_fork`
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -185,22 +185,35 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         ``dispatching`` marked (so a redelivered commit never sends them again), each under
         the ``sender``'s soft lease until the broker has it, the ``outbox``'s messages
         published, and the run's ``closing`` checkpoint written next. An outbox runs on this
-        same Redis only, so never on a Cluster (:class:`StoreError`)."""
+        same Redis only, so never on a Cluster (:class:`StoreError`). An ``announce`` of a
+        stopped run is one more PUBLISH of the script (on a Cluster, or when commits wait for
+        replicas, one after the commit)."""
         ckpt, run = request.checkpoint, request.checkpoint.run_id
+        stopped = _stopped(request)
+        told = stopped is not None and not self.cluster and not self.wait_replicas
+        if told:  # a waiter is told in the commit's round trip, never before it lands
+            assert stopped is not None
+            notice = ("publish", self.keys.stopped(run), stopped.value)
+            request = replace(request, outbox=[*request.outbox, notice])
         keys = [*self._commit_keys(run), *_outbox_keys(request.outbox, self.cluster)]
         now = time.time()
         base = self._base(run)
-        state = _State.of(ckpt, by_field=base is not None)  # a run seen by field goes on so
-        closing = "" if request.closing is None else _dump(request.closing, state.exclude)[1:]
+        # A run seen by field goes on so.
+        state = _State.of(ckpt, by_field=base is not None, codec=self.codec)
+        closing = "" if request.closing is None else _body(request.closing, state, self.codec)
         for whole in (base is None, True):
             delta = state.delta(None if whole else base)
-            args = _commit_args(request, now, self.max_checkpoints, state, delta, closing)
+            args = _commit_args(
+                request, now, self.max_checkpoints, state, delta, closing, self.codec
+            )
             reply = self._call(self._commit, keys, args)
             if reply[0] != b"rebase":
                 break
         outcome, value = reply[0].decode(), reply[1].decode()
         if outcome in ("ok", "dup") and self.wait_replicas:
             self._replicated(run)
+        if stopped is not None and outcome == "ok" and not told:
+            self.notify_stopped(run, stopped)
         if outcome == "ok":
             seq = int(value)
             if state.inline:
@@ -211,7 +224,10 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
                 self._remember(run, (request.closing or ckpt).id, state.digests, versions)
             return ckpt.model_copy(update={"seq": seq})
         if outcome == "dup":
-            return self._get_in_run(run, value, default=ckpt)
+            done = self._get_in_run(run, value, default=ckpt)
+            if request.announce and done.status is not RunStatus.RUNNING:
+                self.notify_stopped(run, done.status)  # as the first commit did
+            return done
         if outcome == "stale":
             raise StaleAttempt(
                 f"step {ckpt.activation} of run {run} was already committed "
@@ -253,6 +269,7 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
             k.active_of(run),
             k.values(run),
             k.refs(run),
+            k.ended_of(run),
         ]
 
     def update_run(self, run_id: str, **fields: Any) -> RunInfo:
@@ -260,9 +277,15 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         # The shared rule first: an unknown field or a bad value is a StoreError, unwritten.
         checked = run_info_updated(RunInfo(run_id=run_id), fields)
         encoded = {key: _field(getattr(checked, key)) for key in fields}
+        _seal_meta(self.codec, run_id, encoded)
         ok = self._call(
             self._update,
-            [self.keys.meta(run_id), self.keys.runs_of(run_id), self.keys.active_of(run_id)],
+            [
+                self.keys.meta(run_id),
+                self.keys.runs_of(run_id),
+                self.keys.active_of(run_id),
+                self.keys.ended_of(run_id),
+            ],
             [run_id, repr(time.time()), json.dumps(encoded)],
         )
         if not ok:
@@ -280,7 +303,9 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
             k.runs_of(run_id),
             k.checkpoints_of(run_id),
             k.active_of(run_id),
-            *(part(k, run_id) for part in _RUN_KEYS),
+            k.ended_of(run_id),
+            k.expires_of(run_id),
+            *(part(k, run_id) for part in RUN_PARTS),
         ]
         self._forget(run_id)
         return bool(self._call(self._delete, keys, [run_id]))
@@ -307,15 +332,19 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
 
     def upgrade(self) -> int:
         """Move snapshots an earlier version wrote (one string key each, ``P:{R}:ckpt:<id>``)
-        into the runs' snapshot hashes; the number moved. Safe to run again."""
+        into the runs' snapshot hashes; the number moved. Runs that ended before retention
+        existed join its index (:meth:`index_ended`). Safe to run again."""
         moved = 0
-        for run_id in self._every_run():
+        every = self._every_run()
+        for run_id in every:
             ids = [raw.decode() for raw in self._history_ids(run_id)]
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 old = [self.keys.run(run_id, f"ckpt:{cid}") for cid in chunk]
                 keys = [self.keys.snapshots(run_id), *old]
                 moved += int(self._call(self._upgrade, keys, chunk))
+        for start in range(0, len(every), 500):
+            self.index_ended(every[start : start + 500])
         return moved
 
     def fork(
@@ -417,9 +446,32 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
             ]
         )
 
+    def memory(self) -> list[memories.StoreMemory]:
+        """Each Redis server's memory, limit and high-water mark (see :mod:`.memory`)."""
+        limit, high, url = self.max_bytes, self.high_water, mask_url(self.url)
+        return self._guard(lambda: memories.read(self.client, self.cluster, url, limit, high))
+
+    def check_room(self, incoming: int = 0) -> None:
+        """:class:`StoreFull` if ``incoming`` more bytes take the store past its high-water
+        mark (a submit asks before it creates its run)."""
+        memories.check_room(self.memory(), incoming, self.high_water)
+
     def close(self) -> None:
         """Close the connection pool."""
         self.client.close()
+
+    @classmethod
+    def live(cls) -> list[RedisProvider]:
+        """The providers of this process not yet garbage-collected."""
+        return list(_live)
+
+    def after_fork(self) -> None:
+        """Make this provider a forked child's own (a Celery pool process): a new connection
+        pool and a fresh lock, as the parent's may be held by one of its threads at the fork
+        (redis-py would then wait for ever). The process's one at-fork hook calls it
+        (:mod:`runner.distributed.services`) for every live provider."""
+        self._bases_lock = threading.Lock()
+        _fresh_pool(self)
 
     # -- coordination: dispatch markers, leases, locks, stop notices --------------------------
 
@@ -599,11 +651,12 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         found = BeginOutcome(outcome.decode())
         if blob is None:
             return Begun(None, found, "")
-        latest = decode(blob, f"(latest of run {run_id})", "Redis")
+        latest = self.read_snapshot(blob, run_id, "")
         if refs is not None:
             pairs = _refs(refs, latest.id)
             names = [name for name, _ in pairs]
-            latest.state = _state(latest.id, names, values[: len(names)])
+            values = self._open_values(run_id, latest.id, names, values[: len(names)])
+            latest.state = _state(latest.id, names, values)
             digests = dict(zip(names, map(_digest, values), strict=False))
             self._remember(run_id, latest.id, digests, dict(pairs))
         return Begun(latest, found, holder.decode() if holder else "")
@@ -649,6 +702,11 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
             if raw:
                 data = {k.decode(): v.decode() for k, v in raw.items()}
                 fields = {k: v for k, v in data.items() if v != "" and k in _INFO_FIELDS}
+                if "error" in fields:
+                    where = codecs.field_context(run_id, "error")
+                    what = f"the error of run {run_id}"
+                    error = codecs.open_value(self.codec, fields["error"], where, what)
+                    fields["error"] = error.decode()
                 infos.append(decode_info(fields, run_id, "Redis"))
         return infos
 
@@ -685,12 +743,45 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
         for cid, blob in zip(ids, blobs, strict=True):
             if blob is None:
                 continue
-            ckpt = decode(blob, cid, "Redis")
+            ckpt = self.read_snapshot(blob, run_id, cid)
             if cid in lists:
+                names = [name for name, _ in lists[cid]]
                 values = [found[f"{v}:{name}"] for name, v in lists[cid]]
-                ckpt.state = _state(cid, [name for name, _ in lists[cid]], values)
+                ckpt.state = _state(cid, names, self._open_values(run_id, cid, names, values))
             out.append(ckpt)
         return out
+
+    # -- sealed payloads (see runner.store.codec) ------------------------------------------
+
+    def read_snapshot(self, blob: bytes, run_id: str, checkpoint_id: str) -> Checkpoint:
+        """A stored snapshot of run ``run_id`` (``checkpoint_id``: ``""`` for its latest), its
+        sealed part opened."""
+        what = f"checkpoint {checkpoint_id or '(the latest)'} of run {run_id}"
+        try:
+            data = codecs.open_snapshot(self.codec, blob, run_id, what)
+        except ValueError as exc:
+            raise CorruptCheckpoint(
+                f"{what} in Redis cannot be decoded: {exc}", checkpoint_id=checkpoint_id
+            ) from None
+        return decode(blob if data is None else data, checkpoint_id, "Redis")
+
+    def _open_values(
+        self, run_id: str, checkpoint_id: str, names: list[str], values: list[Any]
+    ) -> list[Any]:
+        """State field values as stored (``None`` for a missing one) in clear."""
+        if self.codec is None and not any(v is not None and codecs.is_sealed(v) for v in values):
+            return values
+        return [
+            None
+            if value is None
+            else codecs.open_value(
+                self.codec,
+                value,
+                codecs.field_context(run_id, name),
+                f"state field {name!r} of checkpoint {checkpoint_id} of run {run_id}",
+            )
+            for name, value in zip(names, values, strict=True)
+        ]
 
     # -- the field digests of the latest checkpoint seen, per run ----------------------------
 
@@ -731,6 +822,12 @@ class RedisProvider(DeploymentRecords, PendingFeedbackStore):
                 f"Redis at {mask_url(self.url)} is unreachable: {connection.describe(exc)}",
                 url=mask_url(self.url),
             ) from None
+        except redis.exceptions.OutOfMemoryError:
+            raise StoreFull(
+                f"Redis at {mask_url(self.url)} is out of memory (maxmemory): the write was "
+                f"refused and nothing of it was written",
+                url=mask_url(self.url),
+            ) from None
         except redis.RedisError as exc:
             raise StoreError(f"Redis error: {exc}") from None
 
@@ -757,6 +854,15 @@ def _field(value: Any) -> str:
 
 def _pairs(fields: dict[str, str]) -> list[str]:
     return [item for pair in fields.items() for item in pair]
+
+
+def _stopped(request: CommitRequest) -> RunStatus | None:
+    """The status a commit of ``request`` announces: its last checkpoint's, unless running
+    or not asked to."""
+    if not request.announce:
+        return None
+    status = request.checkpoint.status  # the run's, as the script records it
+    return None if status is RunStatus.RUNNING else status
 
 
 def _outbox_keys(outbox: Sequence[OutboxCommand], cluster: bool) -> list[str]:
@@ -792,22 +898,17 @@ class _State:
     values: dict[str, bytes]
     digests: dict[str, bytes]
 
-    @property
-    def exclude(self) -> set[str]:
-        """What a snapshot of this run leaves out."""
-        return _EXCLUDE_SEQ if self.inline else _EXCLUDE
-
     @classmethod
-    def of(cls, checkpoint: Checkpoint, *, by_field: bool) -> _State:
+    def of(cls, checkpoint: Checkpoint, *, by_field: bool, codec: codecs.Codec | None) -> _State:
         """``checkpoint``'s state inline if its snapshot is small (and ``by_field`` is not
-        asked), else by field."""
+        asked), else by field; its payloads sealed by ``codec`` if given."""
         if not by_field:
-            body = _dump(checkpoint, _EXCLUDE_SEQ)[1:]
+            body = snapshot_json(checkpoint, True, codec)
             if len(body) < INLINE_BYTES:
                 return cls(True, body, {}, {})
         values = _encode_state(checkpoint)
         digests = {name: _digest(value) for name, value in values.items()}
-        return cls(False, _dump(checkpoint, _EXCLUDE)[1:], values, digests)
+        return cls(False, snapshot_json(checkpoint, False, codec), values, digests)
 
     def delta(self, base: _Base | None) -> _Delta:
         """What a commit writes of the state: the fields changed since ``base`` (the run's
@@ -839,10 +940,13 @@ def _commit_args(
     state: _State,
     delta: _Delta,
     closing: str,
+    codec: codecs.Codec | None = None,
 ) -> list[Any]:
-    """The COMMIT script's ARGV for ``request`` (see its header)."""
+    """The COMMIT script's ARGV for ``request`` (see its header), payloads sealed by
+    ``codec`` if given (the script reads none of them)."""
     ckpt = request.checkpoint
     always, once = _meta_fields(ckpt, now)
+    _seal_meta(codec, ckpt.run_id, always)
     keep = default_keep if request.max_checkpoints is None else request.max_checkpoints
     header: dict[str, Any] = {
         "id": ckpt.id,
@@ -867,26 +971,54 @@ def _commit_args(
         "closing": "",
     }
     if request.closing is not None:
-        header["closing"] = {
-            "id": request.closing.id,
-            "always": _pairs(_meta_fields(request.closing, now)[0]),
-        }
+        closing_always = _meta_fields(request.closing, now)[0]
+        _seal_meta(codec, ckpt.run_id, closing_always)
+        header["closing"] = {"id": request.closing.id, "always": _pairs(closing_always)}
+    values: Iterator[str | bytes] = (state.values[name] for name in delta.changed)
+    if codec is not None:
+        values = (
+            codec.seal(state.values[name], codecs.field_context(ckpt.run_id, name))
+            for name in delta.changed
+        )
     return [
         json.dumps(header, ensure_ascii=False, separators=(",", ":")),
         state.body,
         closing,
-        *(state.values[name] for name in delta.changed),
+        *values,
         *(value for _, _, value in request.outbox),
     ]
 
 
-def _dump(checkpoint: Checkpoint, exclude: set[str]) -> str:
-    """The snapshot JSON: the checkpoint without ``seq`` (the script's), and without its
-    ``state`` when that is stored by field."""
+def _dump(checkpoint: Checkpoint, exclude: Any = None, include: Any = None) -> str:
+    """The checkpoint's JSON, ``exclude``/``include`` as pydantic takes them."""
     try:
-        return checkpoint.model_dump_json(exclude=exclude)
+        return checkpoint.model_dump_json(exclude=exclude, include=include)
     except SERIALIZATION_ERRORS as exc:
         raise not_serializable(checkpoint, exc) from None
+
+
+def snapshot_json(checkpoint: Checkpoint, inline: bool, codec: codecs.Codec | None) -> str:
+    """The snapshot JSON without its opening ``{`` (the script writes ``{"seq":N,`` there),
+    its state inside if ``inline``; with a ``codec``, its payloads (:data:`codecs.PAYLOAD`)
+    taken out and put back sealed, as ``"sealed":"enc:..."``."""
+    if codec is None:
+        return _dump(checkpoint, _EXCLUDE_SEQ if inline else _EXCLUDE)[1:]
+    clear = _dump(checkpoint, exclude=codecs.CLEAR_EXCLUDE)
+    secret = _dump(checkpoint, include=codecs.PAYLOAD if inline else codecs.PAYLOAD_BY_FIELD)
+    where = codecs.snapshot_context(checkpoint.run_id, checkpoint.id)
+    return f'{clear[1:-1]},"sealed":"{codec.seal(secret.encode(), where)}"}}'
+
+
+def _body(checkpoint: Checkpoint, state: _State, codec: codecs.Codec | None) -> str:
+    """:func:`snapshot_json` of a checkpoint stored as ``state`` is (the run's closing one)."""
+    return snapshot_json(checkpoint, state.inline, codec)
+
+
+def _seal_meta(codec: codecs.Codec | None, run_id: str, fields: dict[str, str]) -> None:
+    """Seal the metadata fields that hold a payload (the error's text) in place."""
+    if codec is not None and fields.get("error"):
+        where = codecs.field_context(run_id, "error")
+        fields["error"] = codec.seal(fields["error"].encode(), where)
 
 
 def _encode_state(checkpoint: Checkpoint) -> dict[str, bytes]:
@@ -962,7 +1094,6 @@ class _StopNotices:
         return data.decode() if isinstance(data, bytes) else str(data)
 
 
-def _fresh_pool(provider: RedisProvider | None) -> None:
+def _fresh_pool(provider: RedisProvider) -> None:
     """Give ``provider``'s client a new connection pool (in a forked child)."""
-    if provider is not None:
-        pools.fresh_pool(provider.client)
+    pools.fresh_pool(provider.client)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from runner.errors import InvalidInputs, RunStateError
 
+from . import codec as codecs
 from .keys import RedisHandle
 
 log = logging.getLogger("runner.store")
@@ -122,13 +123,15 @@ class ScheduleBook:
 
     def __init__(self, store: RedisHandle) -> None:
         self.client: Any = store.client
+        self.codec: codecs.Codec | None = getattr(store, "codec", None)
+        """Seals each schedule's inputs (see :mod:`runner.store.codec`), if set."""
         self.key = store.keys.schedules()
         self.ticks_key = store.keys.ticks()
 
     def add(self, schedule: Schedule) -> None:
         """Store a new schedule; its first tick is the first after now
         (``RunStateError`` if the name is taken)."""
-        if not self.client.hsetnx(self.key, schedule.name, schedule.model_dump_json()):
+        if not self.client.hsetnx(self.key, schedule.name, self.dump(schedule)):
             raise RunStateError(
                 f"schedule {schedule.name} exists; remove it first", schedule=schedule.name
             )
@@ -139,14 +142,14 @@ class ScheduleBook:
         raw = self.client.hget(self.key, name)
         if raw is None:
             raise InvalidInputs(f"no schedule {name}", schedule=name)
-        return Schedule.model_validate_json(raw)
+        return self.load(name, raw)
 
     def all(self) -> list[Schedule]:
         """Every schedule, by name; one that cannot be read is left out, said at ERROR."""
         found = []
         for name, raw in self.client.hgetall(self.key).items():
             try:
-                found.append(Schedule.model_validate_json(raw))
+                found.append(self.load(name.decode(), raw))
             except ValueError as exc:
                 log.error(
                     "schedule %s cannot be read, and does not fire (runner schedule remove %s): %s",
@@ -160,7 +163,7 @@ class ScheduleBook:
         """Pause or resume ``name``; a resumed schedule fires from its next tick after now
         unless it catches up."""
         schedule = self.get(name).model_copy(update={"paused": paused})
-        self.client.hset(self.key, name, schedule.model_dump_json())
+        self.client.hset(self.key, name, self.dump(schedule))
         if not paused and not schedule.catch_up:
             self.client.hset(self.ticks_key, name, repr(schedule.tick_after(time.time())))
         return schedule
@@ -179,6 +182,26 @@ class ScheduleBook:
     def advance(self, name: str, tick: float) -> None:
         """Record that ``name``'s ticks before ``tick`` were fired."""
         self.client.hset(self.ticks_key, name, repr(tick))
+
+    def dump(self, schedule: Schedule) -> str:
+        """The stored JSON of ``schedule``: its inputs sealed when encryption is on."""
+        if self.codec is None:
+            return schedule.model_dump_json()
+        clear = schedule.model_dump(mode="json", exclude={"inputs"})
+        where = codecs.field_context(f"schedule:{schedule.name}", "inputs")
+        clear["sealed"] = self.codec.seal(json.dumps(schedule.inputs).encode(), where)
+        return json.dumps(clear, separators=(",", ":"))
+
+    def load(self, name: str, raw: bytes) -> Schedule:
+        """A stored schedule, its sealed inputs opened (with the key, else the error naming
+        it)."""
+        data = json.loads(raw)
+        sealed = data.pop("sealed", None) if isinstance(data, dict) else None
+        if isinstance(sealed, str):
+            where = codecs.field_context(f"schedule:{name}", "inputs")
+            what = f"the inputs of schedule {name}"
+            data["inputs"] = json.loads(codecs.open_value(self.codec, sealed, where, what))
+        return Schedule.model_validate(data)
 
     def as_json(self, schedule: Schedule) -> dict[str, Any]:
         """``schedule`` with its next tick, as ``runner schedule list --json`` prints it."""

@@ -132,7 +132,8 @@ COMMIT = (
 -- KEYS[7] leases zset      KEYS[8] lease owners hash KEYS[9] dispatch markers hash
 -- KEYS[10] run index (shard)  KEYS[11] checkpoint lookup (shard)  KEYS[12] active runs (shard)
 -- KEYS[13] field values hash   KEYS[14] refs hash
--- KEYS[15...] the keys the outbox commands write (below), in order
+-- KEYS[15] finished runs whose expiry is undecided (shard): a run that ends joins it
+-- KEYS[16...] the keys the outbox commands write (below), in order
 -- ARGV[1] the request, JSON:
 --   id, run, status, epoch    the checkpoint's id, run id, run status and epoch (a string)
 --   activation, attempt       its activation ('' = none) and the attempt's token
@@ -151,7 +152,7 @@ COMMIT = (
 --                             dying before it sends leaves leases that lapse)
 --   outbox                    [command, key or channel] run once the commit is written: the
 --                             ready steps' messages published in the same atomic write
---                             ('lpush'/'pexpire' a key, the next of KEYS[15...]; 'publish')
+--                             ('lpush'/'pexpire' a key, the next of KEYS[16...]; 'publish')
 --   closing                   '' or {id, always}: the run's closing checkpoint, next in seq
 -- ARGV[2] snapshot JSON without its opening '{', without seq (and state, when by field)
 -- ARGV[3] the closing checkpoint's snapshot, likewise ('' = none)
@@ -225,7 +226,7 @@ end
 for j, name in ipairs(h.changed) do
   redis.call('HSET', KEYS[13], seq .. ':' .. name, ARGV[3 + j])
 end
-local value, key_of = 3 + #h.changed, 14
+local value, key_of = 3 + #h.changed, 15
 for _, command in ipairs(h.outbox) do
   value = value + 1
   if command[1] == 'publish' then
@@ -249,6 +250,12 @@ if status == 'running' then
   redis.call('ZADD', KEYS[12], now, run)
 else
   redis.call('ZREM', KEYS[12], run)
+end
+-- Retention counts from the run's end; the recovery pass decides when it expires.
+if status == 'succeeded' or status == 'failed' or status == 'cancelled' then
+  redis.call('ZADD', KEYS[15], now, run)
+else
+  redis.call('ZREM', KEYS[15], run)
 end
 if h.keep > 0 and last > h.keep then
   local k = {KEYS[2], KEYS[3], KEYS[11], KEYS[5], KEYS[4], KEYS[9], KEYS[14], KEYS[13]}
@@ -278,20 +285,30 @@ return gone
 UPDATE_RUN = """
 -- Set fields of an existing run's metadata and touch the run index.
 -- KEYS[1] meta hash   KEYS[2] run index (shard)   KEYS[3] active runs (shard)
+-- KEYS[4] finished runs whose expiry is undecided (shard)
 -- ARGV[1] run id      ARGV[2] now   ARGV[3] fields JSON
 -- Returns 0 when the run does not exist, else 1.
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local fields = {'updated_at', ARGV[2]}
-for k, v in pairs(cjson.decode(ARGV[3])) do
+local given = cjson.decode(ARGV[3])
+for k, v in pairs(given) do
   fields[#fields + 1] = k
   fields[#fields + 1] = v
 end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-if redis.call('HGET', KEYS[1], 'status') == 'running' then
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'running' then
   redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 else
   redis.call('ZREM', KEYS[3], ARGV[1])
+end
+if given.status then
+  if status == 'succeeded' or status == 'failed' or status == 'cancelled' then
+    redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
+  else
+    redis.call('ZREM', KEYS[4], ARGV[1])
+  end
 end
 return 1
 """
@@ -300,7 +317,8 @@ DELETE_RUN = """
 -- Remove a run: every per-run key and its index entries.
 -- KEYS[1] meta hash   KEYS[2] history zset   KEYS[3] run index (shard)
 -- KEYS[4] checkpoint lookup (shard)   KEYS[5] active runs (shard)
--- KEYS[6..] the run's other keys (deleted whole)
+-- KEYS[6] finished runs undecided (shard)   KEYS[7] expiry index (shard)
+-- KEYS[8..] the run's other keys (deleted whole)
 -- ARGV[1] run id
 -- Returns 1 when the run existed, else 0.
 local existed = redis.call('EXISTS', KEYS[1])
@@ -308,9 +326,10 @@ local ids = redis.call('ZRANGE', KEYS[2], 0, -1)
 for j = 1, #ids, 1000 do
   redis.call('HDEL', KEYS[4], unpack(ids, j, math.min(j + 999, #ids)))
 end
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
-redis.call('DEL', KEYS[1], KEYS[2], unpack(KEYS, 6))
+for j = 3, 7 do
+  if j ~= 4 then redis.call('ZREM', KEYS[j], ARGV[1]) end
+end
+redis.call('DEL', KEYS[1], KEYS[2], unpack(KEYS, 8))
 return existed
 """
 
@@ -506,4 +525,111 @@ if at and tonumber(at) <= tonumber(ARGV[2]) then
   return redis.call('ZREM', KEYS[1], ARGV[1])
 end
 return 0
+"""
+
+_EXPIRING = """
+local function expiring(status)
+  return status == 'succeeded' or status == 'failed' or status == 'cancelled'
+end
+"""
+
+DECIDE_EXPIRY = (
+    _EXPIRING
+    + """
+-- Move a finished run from the undecided index to the expiry index (the retention pass
+-- decided when it expires), unless it ended again or was resumed since it was read.
+-- KEYS[1] finished runs undecided (shard)   KEYS[2] expiry index (shard)   KEYS[3] meta hash
+-- ARGV[1] run id   ARGV[2] its end time as read from KEYS[1]   ARGV[3] when it expires
+--         (unix seconds, or 'inf': kept)
+-- Returns 1 decided, 2 pinned (kept, in neither index), 0 changed since it was read.
+local ended = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not ended or tonumber(ended) ~= tonumber(ARGV[2]) then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+if not expiring(redis.call('HGET', KEYS[3], 'status')) then return 0 end
+redis.call('HSET', KEYS[3], 'ended_at', ARGV[2])
+if redis.call('HGET', KEYS[3], 'pinned') then return 2 end
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+return 1
+"""
+)
+
+EXPIRE_RUN = (
+    _EXPIRING
+    + """
+-- Delete an expired run from Redis (after its archive copy, if any, was confirmed): every
+-- per-run key and its index entries, only if it still is what the caller archived.
+-- KEYS[1] meta hash   KEYS[2] history zset   KEYS[3] run index (shard)
+-- KEYS[4] checkpoint lookup (shard)   KEYS[5] active runs (shard)
+-- KEYS[6] finished runs undecided (shard)   KEYS[7] expiry index (shard)
+-- KEYS[8..] the run's other keys (unlinked whole)
+-- ARGV[1] run id   ARGV[2] now   ARGV[3] the seq the archive holds ('' = no archive)
+-- Returns 'gone' deleted | 'early' not due | 'changed' committed since it was archived
+--       | 'live' resumed, pinned or gone (dropped from the expiry index)
+--       | 'undecided' ended again since (its expiry is decided anew)
+local run = ARGV[1]
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[1], 'pinned')
+   or not expiring(redis.call('HGET', KEYS[1], 'status')) then
+  redis.call('ZREM', KEYS[7], run)
+  return 'live'
+end
+if redis.call('ZSCORE', KEYS[6], run) then
+  redis.call('ZREM', KEYS[7], run)
+  return 'undecided'
+end
+local at = redis.call('ZSCORE', KEYS[7], run)
+if not at or tonumber(at) > tonumber(ARGV[2]) then return 'early' end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'seq') ~= ARGV[3] then return 'changed' end
+local ids = redis.call('ZRANGE', KEYS[2], 0, -1)
+for j = 1, #ids, 1000 do
+  redis.call('HDEL', KEYS[4], unpack(ids, j, math.min(j + 999, #ids)))
+end
+redis.call('ZREM', KEYS[3], run)
+redis.call('ZREM', KEYS[5], run)
+redis.call('ZREM', KEYS[7], run)
+-- UNLINK: the snapshots' memory is freed off the main thread.
+redis.call('UNLINK', KEYS[1], KEYS[2], unpack(KEYS, 8))
+return 'gone'
+"""
+)
+
+PIN_RUN = (
+    _EXPIRING
+    + """
+-- Keep a run for ever (pin) or let its retention apply again (unpin).
+-- KEYS[1] meta hash   KEYS[2] finished runs undecided (shard)   KEYS[3] expiry index (shard)
+-- ARGV[1] run id   ARGV[2] '1' pin, '0' unpin
+-- Returns 0 when the run does not exist, else 1.
+local run = ARGV[1]
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[2] == '1' then
+  local ended = redis.call('ZSCORE', KEYS[2], run)
+  if ended then redis.call('HSET', KEYS[1], 'ended_at', ended) end
+  redis.call('HSET', KEYS[1], 'pinned', '1')
+  redis.call('ZREM', KEYS[2], run)
+  redis.call('ZREM', KEYS[3], run)
+  return 1
+end
+redis.call('HDEL', KEYS[1], 'pinned')
+if expiring(redis.call('HGET', KEYS[1], 'status')) then
+  -- Decided anew from its end (the pass reads the flow's policy then).
+  local ended = redis.call('HGET', KEYS[1], 'ended_at') or redis.call('HGET', KEYS[1], 'updated_at')
+  redis.call('ZADD', KEYS[2], ended, run)
+end
+return 1
+"""
+)
+
+REPLACE_SAME = """
+-- Replace hash fields still holding the value read (``runner rekey``'s compare-and-set: a
+-- field pruned or rewritten since it was read is left as it is now).
+-- KEYS[1] a hash   ARGV[1..] triples: field, value read, new value
+-- Returns how many fields were replaced.
+local n = 0
+for j = 1, #ARGV, 3 do
+  if redis.call('HGET', KEYS[1], ARGV[j]) == ARGV[j + 1] then
+    redis.call('HSET', KEYS[1], ARGV[j], ARGV[j + 2])
+    n = n + 1
+  end
+end
+return n
 """

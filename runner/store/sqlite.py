@@ -21,7 +21,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, overload
 
@@ -32,11 +32,14 @@ from runner.store._common import (
     decode,
     decode_info,
     encode,
+    encode_info,
     forked,
+    resolve_codec,
     resolve_max,
     run_info_after,
     run_info_updated,
 )
+from runner.store.codec import Codec
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.pending import PendingFeedbackStore
 
@@ -94,13 +97,26 @@ class SqliteProvider(PendingFeedbackStore):
 
     ``SqliteProvider()`` without a path is a private in-memory store when used directly, and
     takes its file from the ``CheckpointConfig`` it is given to (CrewAI's way to make one).
+
+    ``codec`` seals the payloads of the checkpoints and runs it writes, as the Redis store
+    seals them (default: ``RUNNER_ENCRYPTION_KEYS``'s, if set; see
+    :mod:`runner.store.codec`); ids, sequence numbers, statuses and times stay clear. The
+    blobs of CrewAI's provider face (:meth:`checkpoint`) are the caller's text, kept as given.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str] | None = None, *, max_checkpoints: int | None = None
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        max_checkpoints: int | None = None,
+        codec: Codec | None = None,
     ) -> None:
         self._bound = path is not None
         self._max_given = max_checkpoints
+        self._codec_given = codec
+        self.codec = resolve_codec(codec)
+        """Seals and opens payloads (``None``: written clear; a sealed one read is an
+        :class:`~runner.errors.EncryptionKeyError` naming its key)."""
         self.path = os.fspath(path) if path is not None else ":memory:"
         self.max_checkpoints = resolve_max(max_checkpoints)
         self._lock = threading.RLock()
@@ -122,7 +138,7 @@ class SqliteProvider(PendingFeedbackStore):
         """This provider, or (made without a path) one on the database file ``location``."""
         if self._bound:
             return self
-        return SqliteProvider(location, max_checkpoints=self._max_given)
+        return SqliteProvider(location, max_checkpoints=self._max_given, codec=self._codec_given)
 
     # --- protocol --------------------------------------------------------------------------
 
@@ -157,7 +173,7 @@ class SqliteProvider(PendingFeedbackStore):
                 " LIMIT ? OFFSET ?",
                 (run_id, max(limit, 0), max(offset, 0)),
             ).fetchall()
-        return [decode(data, ident, self.path) for ident, data in rows]
+        return [decode(data, ident, self.path, self.codec, run_id) for ident, data in rows]
 
     def runs(
         self, *, limit: int = 50, offset: int = 0, status: RunStatus | None = None
@@ -170,7 +186,7 @@ class SqliteProvider(PendingFeedbackStore):
                 " ORDER BY updated_at DESC, run_id DESC LIMIT ? OFFSET ?",
                 (*args, max(limit, 0), max(offset, 0)),
             ).fetchall()
-        return [decode_info(info, run_id, self.path) for run_id, info in rows]
+        return [decode_info(info, run_id, self.path, self.codec) for run_id, info in rows]
 
     def run(self, run_id: str) -> RunInfo | None:
         """A run's metadata, or ``None`` for an unknown run."""
@@ -197,6 +213,25 @@ class SqliteProvider(PendingFeedbackStore):
             # The run was a fork: what it pinned in its parent may be pruned again.
             db.execute("DELETE FROM pins WHERE child_run_id = ?", (run_id,))
             return True
+
+    def put_run(self, info: RunInfo, checkpoints: Sequence[Checkpoint]) -> None:
+        """Replace the run's copy here by ``info`` and ``checkpoints`` (their ids and seqs
+        kept), in one transaction: what an archive write is (:mod:`runner.store.archive`)."""
+        with self._tx(write=True) as db:
+            for table in ("checkpoints", "activations", "runs"):
+                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (info.run_id,))
+            for cp in checkpoints:
+                db.execute(
+                    "INSERT INTO checkpoints (id, run_id, seq, data) VALUES (?, ?, ?, ?)",
+                    (cp.id, cp.run_id, cp.seq, encode(cp, self.codec)),
+                )
+                if cp.activation is not None:
+                    db.execute(
+                        "INSERT OR REPLACE INTO activations"
+                        " (run_id, activation, attempt, checkpoint_id, seq) VALUES (?, ?, ?, ?, ?)",
+                        (cp.run_id, cp.activation, cp.attempt, cp.id, cp.seq),
+                    )
+            self._put_info(db, info)
 
     @overload
     def prune(self, run_id: str, keep: int, *, dry_run: bool = False) -> list[str]: ...
@@ -357,7 +392,7 @@ class SqliteProvider(PendingFeedbackStore):
         stored = cp.model_copy(update={"seq": current + 1})
         db.execute(
             "INSERT INTO checkpoints (id, run_id, seq, data) VALUES (?, ?, ?, ?)",
-            (stored.id, stored.run_id, stored.seq, encode(stored)),
+            (stored.id, stored.run_id, stored.seq, encode(stored, self.codec)),
         )
         if cp.activation is not None:
             db.execute(
@@ -377,8 +412,10 @@ class SqliteProvider(PendingFeedbackStore):
         return doomed
 
     def _get(self, db: sqlite3.Connection, checkpoint_id: str) -> Checkpoint | None:
-        row = db.execute("SELECT data FROM checkpoints WHERE id = ?", (checkpoint_id,)).fetchone()
-        return None if row is None else decode(row[0], checkpoint_id, self.path)
+        row = db.execute(
+            "SELECT data, run_id FROM checkpoints WHERE id = ?", (checkpoint_id,)
+        ).fetchone()
+        return None if row is None else decode(row[0], checkpoint_id, self.path, self.codec, row[1])
 
     def _missing(self, checkpoint_id: str) -> NoReturn:
         raise CheckpointNotFound(
@@ -387,12 +424,12 @@ class SqliteProvider(PendingFeedbackStore):
 
     def _info(self, db: sqlite3.Connection, run_id: str) -> RunInfo | None:
         row = db.execute("SELECT info FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return None if row is None else decode_info(row[0], run_id, self.path)
+        return None if row is None else decode_info(row[0], run_id, self.path, self.codec)
 
     def _put_info(self, db: sqlite3.Connection, info: RunInfo) -> None:
         db.execute(
             "INSERT OR REPLACE INTO runs (run_id, status, updated_at, info) VALUES (?, ?, ?, ?)",
-            (info.run_id, info.status.value, info.updated_at, info.model_dump_json()),
+            (info.run_id, info.status.value, info.updated_at, encode_info(info, self.codec)),
         )
 
     # --- connection --------------------------------------------------------------------------

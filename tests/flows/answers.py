@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from runner import Flow, FlowState, listen, start
 from runner.errors import AwaitInput
-from runner.flow.attempt import current_answers
+from runner.flow.context import step_context
 from runner.store.models import Awaiting
 
 from .dist import executed
@@ -31,8 +31,9 @@ class SignOffFlow(Flow[Draft]):
     def approve(self, draft: str) -> str:
         executed(self.state.id, "approve")
         self.state.verdict = "pending"  # kept in the paused checkpoint
-        answers = current_answers.get()
-        assert answers is not None
+        ctx = step_context()
+        assert ctx is not None
+        answers = ctx.answers
         if not answers.recorded:
             raise AwaitInput(
                 Awaiting(kind="ask", message=f"approve {draft!r}?", emit=["yes", "no"])

@@ -1,5 +1,6 @@
 // The console's only script (the CSP allows no inline script): htmx settings, Mermaid
-// rendering of the run graph, and the diff's A/B pickers.
+// rendering of the run graph, the diff's A/B pickers, and the run page's live output panel
+// (Server-Sent Events from /api/runs/{id}/stream).
 "use strict";
 
 // Swap error responses too: the server sends an HTML fragment (a form with its field
@@ -52,3 +53,59 @@ document.addEventListener("click", (event) => {
   input.value = pick.dataset.ckpt;
   input.focus();
 });
+
+// The run page's live output: one box per step (a child run's steps prefixed with its id),
+// filled as frames come. EventSource reconnects by itself with Last-Event-ID (every entry
+// once); the "end" event closes it. A newer attempt of a step starts its box again;
+// superseded entries (a replay after a retry) are skipped.
+function followStream() {
+  const panel = document.getElementById("stream-panel");
+  if (!panel || !window.EventSource) return;
+  const runId = panel.dataset.run;
+  const steps = panel.querySelector("#stream-steps");
+  const state = panel.querySelector("#stream-status");
+  const boxes = new Map();
+  function box(frame) {
+    const key = (frame.run_id && frame.run_id !== runId ? frame.run_id.slice(0, 8) + "/" : "") + frame.step;
+    let found = boxes.get(key);
+    if (!found) {
+      const el = document.createElement("div");
+      el.className = "stream-step";
+      el.dataset.step = key;
+      const title = document.createElement("h3");
+      title.textContent = key + " ";
+      const attempt = document.createElement("span");
+      attempt.className = "hint stream-attempt";
+      title.appendChild(attempt);
+      const text = document.createElement("pre");
+      text.className = "stream-text";
+      el.append(title, text);
+      steps.appendChild(el);
+      found = { el, attempt, text };
+      boxes.set(key, found);
+    }
+    return found;
+  }
+  const source = new EventSource(panel.dataset.stream);
+  source.onmessage = (event) => {
+    const frame = JSON.parse(event.data);
+    if (frame.superseded) return;
+    panel.hidden = false;
+    const b = box(frame);
+    if (frame.type === "attempt") {
+      b.text.textContent = "";
+      b.attempt.textContent = "attempt " + frame.attempt;
+      b.el.dataset.attempt = frame.attempt;
+      return;
+    }
+    b.text.textContent += frame.content || "\n" + frame.channel + ": " + JSON.stringify(frame.data) + "\n";
+  };
+  source.addEventListener("end", (event) => {
+    const frame = JSON.parse(event.data);
+    state.textContent = "run " + frame.data.status;
+    panel.dataset.ended = frame.data.status;
+    source.close();
+  });
+}
+
+document.addEventListener("DOMContentLoaded", followStream);

@@ -1,0 +1,31 @@
+"""Flows of the workers-and-queues tests (``tests/test_fleet.py``); the test workers import
+this module (allow-list)."""
+
+from __future__ import annotations
+
+import time
+
+from runner import Flow, FlowState, start
+
+
+class Nap(FlowState):
+    """How long the step sleeps."""
+
+    seconds: float = 0.0
+
+
+class OvernightFlow(Flow[Nap]):
+    """One step on the deployment's ``overnight`` queue, which the tests' workers never
+    consume: its messages wait there."""
+
+    @start(queue="overnight")
+    def work(self) -> None:
+        time.sleep(self.state.seconds)
+
+
+class DozeFlow(Flow[Nap]):
+    """One step on the default queue that holds a worker's slot for ``seconds``."""
+
+    @start()
+    def nap(self) -> None:
+        time.sleep(self.state.seconds)
