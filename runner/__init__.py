@@ -19,12 +19,14 @@ from runner.flow.executors import EXECUTORS
 if TYPE_CHECKING:
     from runner.checkpointing import CheckpointConfig, persist
     from runner.crew import Agent, Crew, CrewOutput, Task, TaskOutput
+    from runner.crew.declared import declared_flow, submit_definition
     from runner.distributed.client import RunHandle, submit
     from runner.distributed.deploy_check import check_deploy
     from runner.distributed.limits import set_limit
     from runner.errors import DefinitionWarning, RunnerError
     from runner.flow.conditions import and_, or_
     from runner.flow.decorators import listen, router, start
+    from runner.flow.definition import FlowDefinition
     from runner.flow.events import EventListener, FlowEvent
     from runner.flow.flow import Flow
     from runner.flow.following import stream_run
@@ -68,12 +70,14 @@ if TYPE_CHECKING:
 _HOMES = {
     "runner.checkpointing": ("CheckpointConfig", "persist"),
     "runner.crew": ("Agent", "Crew", "CrewOutput", "Task", "TaskOutput"),
+    "runner.crew.declared": ("declared_flow", "submit_definition"),
     "runner.distributed.client": ("RunHandle", "submit"),
     "runner.distributed.deploy_check": ("check_deploy",),
     "runner.distributed.limits": ("set_limit",),
     "runner.errors": ("DefinitionWarning", "RunnerError"),
     "runner.flow.conditions": ("and_", "or_"),
     "runner.flow.decorators": ("listen", "router", "start"),
+    "runner.flow.definition": ("FlowDefinition",),
     "runner.flow.events": ("EventListener", "FlowEvent"),
     "runner.flow.flow": ("Flow",),
     "runner.flow.retain": ("retention",),
@@ -127,6 +131,12 @@ def _answer(*args: Any) -> Any:
     return answer(*args)
 
 
+def _declare(*args: Any, **kwargs: Any) -> Any:
+    from runner.crew.declared import declared_flow
+
+    return declared_flow(*args, **kwargs)
+
+
 def _submit(flow_cls: Any, inputs: dict[str, Any] | None, **options: Any) -> Any:
     from runner.distributed.client import submit
 
@@ -138,6 +148,7 @@ def _submit(flow_cls: Any, inputs: dict[str, Any] | None, **options: Any) -> Any
 EXECUTORS.in_process = _kickoff
 EXECUTORS.on_workers = _submit
 EXECUTORS.answer_in_process = _answer
+EXECUTORS.declare = _declare
 
 
 def __getattr__(name: str) -> Any:
@@ -165,6 +176,7 @@ __all__ = [
     "EventListener",
     "Flow",
     "FlowConfig",
+    "FlowDefinition",
     "FlowEvent",
     "FlowPersistence",
     "FlowState",
@@ -192,6 +204,7 @@ __all__ = [
     "and_",
     "append",
     "check_deploy",
+    "declared_flow",
     "default_flow_persistence",
     "flow_config",
     "human_feedback",
@@ -209,4 +222,5 @@ __all__ = [
     "state_upgrade",
     "stream_run",
     "submit",
+    "submit_definition",
 ]

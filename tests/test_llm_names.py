@@ -34,6 +34,7 @@ from runner.flow.human_feedback import collapse
 from runner.flow.llm import register_llm, registered_llms
 from runner.store.models import Checkpoint, RunStatus
 from tests._dist_support import private_pool
+from tests.flows.declared import ECHO
 from tests.flows.dist import executions
 from tests.flows.llm_names import (
     EDITOR,
@@ -54,10 +55,11 @@ STEPS = ("draft", "review", "publish", "shelve")
 def unknown(name: str) -> str:
     """The one line an unknown ``name`` fails with, in a process registering what the
     test workers register."""
-    known = ", ".join(repr(n) for n in sorted((EDITOR, WRITER)))
+    known = ", ".join(repr(n) for n in sorted((EDITOR, WRITER, ECHO)))
     return (
         f"no LLM is registered under the name {name!r} (registered: {known}); register your "
-        f"client in a module the workers import: runner.register_llm({name!r}, client)"
+        f"client in a module the workers import: runner.register_llm({name!r}, client), "
+        "or install crewai or litellm to resolve model names through them"
     )
 
 

@@ -16,7 +16,7 @@ from runner.distributed.client import submit
 from runner.errors import IgnoredOptionWarning
 from runner.flow.context import WORKER, StepContext, running, step_context
 from runner.flow.orchestrator import Activation
-from tests.flows.step_context import WhereFlow
+from tests.flows.step_context import OutputsFlow, WhereFlow
 
 
 def test_a_step_in_process_knows_it_runs_here_and_which_attempt_it_is() -> None:
@@ -29,6 +29,14 @@ def test_a_step_on_a_worker_knows_it_runs_there_and_which_attempt_it_is(rt: Any)
     handle = submit(WhereFlow, {}, rt=rt)
     handle.wait(timeout=30)
     assert handle.result() == "worker:2 then worker:1"
+
+
+def test_a_step_is_given_the_runs_committed_outputs_on_both_executors(rt: Any) -> None:
+    expected = {"first": "one", "second": "one+two"}
+    assert OutputsFlow().kickoff() == expected
+    handle = submit(OutputsFlow, {}, rt=rt)
+    handle.wait(timeout=30)
+    assert handle.result() == expected
 
 
 def test_outside_a_step_there_is_no_context_and_sleep_just_sleeps() -> None:

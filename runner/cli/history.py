@@ -6,11 +6,10 @@ from typing import Annotated
 
 import typer
 
-from runner.flow.loading import load_flow
 from runner.flow.usage import run_sums, run_sums_text
 from runner.views import answers_given, checkpoint_diff
 
-from . import progress, refs
+from . import progress, refs, sources
 from ._app import commands
 from ._session import FLAG, console, print_json
 from .location import LocationOpt, located
@@ -124,7 +123,28 @@ def diff(
 
 @app.command()
 def graph(
-    flow: Annotated[str, typer.Argument(metavar="FLOW", help="pkg.mod:FlowClass")],
+    flow: Annotated[
+        str,
+        typer.Argument(
+            metavar="FLOW", help="pkg.mod:FlowClass, or a flow definition's YAML/JSON file"
+        ),
+    ],
+    definition: Annotated[
+        str | None,
+        typer.Option(
+            "--definition",
+            metavar="yaml|json",
+            help="Print the flow's definition (crewai.flow/v1) instead of the Mermaid graph.",
+        ),
+    ] = None,
 ) -> None:
-    """Print a flow's graph as Mermaid text (paste into a Markdown mermaid block)."""
-    typer.echo(load_flow(flow).graph().to_mermaid(), nl=False)
+    """Print a flow's graph as Mermaid text (paste into a Markdown mermaid block), or its
+    definition as YAML or JSON; both are drawn from the one definition."""
+    if definition not in (None, "yaml", "json"):
+        raise typer.BadParameter("--definition takes yaml or json")
+    flow_cls = sources.flow_class(flow)
+    if definition is None:
+        typer.echo(flow_cls.graph().to_mermaid(), nl=False)
+        return
+    found = flow_cls.flow_definition()
+    typer.echo(found.to_yaml() if definition == "yaml" else found.to_json(), nl=False)

@@ -17,7 +17,7 @@ from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.views import asleep, scheduled_until, woken_at
 
-from . import progress, refs, streams
+from . import progress, refs, sources, streams
 from ._app import commands
 from ._outcome import (
     exit_code_of,
@@ -71,7 +71,12 @@ InputOpt = Annotated[
 @app.command()
 def submit(
     ctx: typer.Context,
-    flow: Annotated[str, typer.Argument(metavar="FLOW", help="pkg.mod:FlowClass")],
+    flow: Annotated[
+        str,
+        typer.Argument(
+            metavar="FLOW", help="pkg.mod:FlowClass, or a flow definition's YAML/JSON file"
+        ),
+    ],
     inputs: InputOpt = None,
     inputs_file: Annotated[
         Path | None,
@@ -151,7 +156,7 @@ def submit(
 
     # Checked before connecting, so a typo is exit 2 even without Redis (submit checks
     # again, with the allow-list).
-    flow_cls = client.load_flow(flow)
+    flow_cls = sources.flow_class(flow)
     client.check_importable(flow_cls)
     values = load_inputs(inputs, inputs_file, flow_cls.state_type())
     client.check_fields(flow_cls, client.split_trigger_payload(values)[0])

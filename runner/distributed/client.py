@@ -30,6 +30,8 @@ from runner.errors import (
     StoreUnavailable,
 )
 from runner.flow import following, results, streaming
+from runner.flow.definition import is_declared
+from runner.flow.definition import refs as declared_refs
 from runner.flow.graph import TRIGGER_PAYLOAD
 from runner.flow.loading import load_flow
 from runner.flow.plans import check_fields
@@ -107,6 +109,18 @@ def check_allowed(flow_cls: Any, rt: Runtime) -> None:
     module must be in it."""
     found = allow_list(rt)
     path = flow_cls.flow_path()
+    if found is not None and is_declared(path):
+        # A declared flow runs from its definition: its code references must be allowed.
+        for where, ref in declared_refs(flow_cls.flow_definition()):
+            if ref.partition(":")[0] not in found[0]:
+                modules, source = found
+                raise FlowNotAllowed(
+                    f"{where}: {ref} is not in the workers' allow-list "
+                    f"({source}: {', '.join(modules)})",
+                    path=ref,
+                    modules=modules,
+                )
+        return
     if found is not None and path.partition(":")[0] not in found[0]:
         modules, source = found
         raise FlowNotAllowed(

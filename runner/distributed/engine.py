@@ -40,6 +40,7 @@ from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import StepResult
 from runner.flow.children import ChildRun, child_run_id
+from runner.flow.definition import is_declared
 from runner.flow.flow import apply_inputs
 from runner.flow.loading import load_flow
 from runner.flow.orchestrator import Activation
@@ -113,8 +114,17 @@ class Runtime:
         self.store.close()
 
 
+DECLARED_TASK = "runner.declared"
+"""The one task every step of every declared flow goes to (its name has an ``@``): a worker
+runs it from the definition its run records (:mod:`runner.crew.declared`), so it needs no
+task of its own per declared flow."""
+
+
 def task_name(flow_name: str, method: str) -> str:
-    """The Celery task name of a flow method: ``<Flow>.<method>``."""
+    """The Celery task name of a flow method: ``<Flow>.<method>``; a declared flow's
+    (``<name>@<digest>``) steps all go to :data:`DECLARED_TASK`."""
+    if "@" in flow_name:
+        return DECLARED_TASK
     return f"{flow_name}.{method}"
 
 
@@ -401,6 +411,10 @@ def allowed_flow(rt: Runtime, latest: Checkpoint) -> Any | None:
     path; both must match a class this worker imported from its allow-list.
     """
     flow_cls = rt.flows.get(str(latest.meta.name))
+    if flow_cls is None and is_declared(latest.flow):
+        # A declared flow is the definition its path carries (its code refs are checked
+        # when they run); a worker registers no task of its own for it.
+        flow_cls = rt.flows.setdefault(str(latest.meta.name), load_flow(str(latest.flow)))
     if flow_cls is None or flow_cls.flow_path() != latest.flow:
         return None
     return flow_cls
@@ -588,6 +602,8 @@ def _flow_class(rt: Runtime, name: str, path: str) -> Any:
     known = rt.flows.get(name)
     if known is not None and known.flow_path() == path:
         return known
+    if is_declared(path):  # the path carries the definition; its code refs are checked
+        return load_flow(path)
     if rt.flows:
         raise FlowNotAllowed(
             f"flow {path} is not in this worker's allow-list (RUNNER_FLOW_MODULES)", flow=path

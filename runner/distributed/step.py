@@ -337,6 +337,8 @@ def _run(
         version=latest.version,
         # A child run (a crew inside a flow) streams into its parent's stream.
         stream_to=streaming.target(rt.store, run_id, meta.parent.run_id if meta.parent else None),
+        # The run's committed outputs (what a declared flow's ``${outputs.step}`` reads).
+        outputs=dict(tr.record_of(latest).outputs),
     )
     return flow, run_step(flow, graph, ctx, dict(latest.state), arg)
 

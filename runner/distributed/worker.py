@@ -36,12 +36,21 @@ from runner.embedded import mask_url
 from runner.errors import DefinitionError, FlowImportError, RunnerError, StoreUnavailable
 from runner.flow import transition as tr
 from runner.flow import versions
+from runner.flow.definition import ALLOWED_REFS, is_declared
+from runner.flow.loading import load_flow
 from runner.observe import hooks as observe
 from runner.settings import RunnerSettings, get_settings
 
 from . import broker, handoff, routing
 from .coord import OK
-from .engine import RECOVER_TASK, Runtime, fail_not_allowed, task_name
+from .engine import (
+    DECLARED_TASK,
+    RECOVER_TASK,
+    Runtime,
+    allowed_flow,
+    fail_not_allowed,
+    task_name,
+)
 from .recovery import recover
 from .step import execute, hard_time_limit
 
@@ -63,11 +72,13 @@ def install(
     app.conf.task_publish_retry_policy = PATIENT_PUBLISH
     _register_builtins(app, rt)
     routing.serve(app, rt.store, settings)
-    for name in settings.flow_modules if modules is None else modules:
+    allowed = list(settings.flow_modules if modules is None else modules)
+    for name in allowed:
         for flow_cls in flows_in(name):
             register_flow(app, rt, flow_cls)
     # The version twins of its queues: steps handed to this worker's version reach it there.
     routing.consume_versions(app, routing.worker_versions(settings, rt.flows.values()))
+    _register_declared(app, rt, allowed)
     # After the flow modules: a tracer provider one of them set up is used as it is.
     observe.install(app, settings)
     watch = ConnectionWatch(f"Redis at {mask_url(rt.store.url)}")
@@ -161,6 +172,43 @@ def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
         )(body)
         names.append(task_name(name, method))
     return names
+
+
+def _register_declared(app: Celery, rt: Runtime, allowed: list[str]) -> None:
+    """The task of every declared flow's steps (:data:`DECLARED_TASK`): it runs the flow
+    the run's path carries; the flow's code references resolve in ``allowed`` only."""
+    ALLOWED_REFS.append(allowed)
+    limit = rt.settings.step_time_limit
+
+    @app.task(
+        name=DECLARED_TASK,
+        bind=True,
+        acks_late=True,
+        reject_on_worker_lost=True,
+        soft_time_limit=limit,
+        time_limit=limit * 1.5 + 5 if limit else None,
+        max_retries=None,
+    )
+    def declared_step(
+        task: Any,
+        run_id: str,
+        activation: str,
+        epoch: int = 0,
+        attempt: int = 1,
+        deployment: str | None = None,
+        spent: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        latest = rt.coord.read(run_id)
+        if latest is None or not is_declared(latest.flow):
+            detail = f"run {run_id} names no declared flow"
+            fail_not_allowed(rt, run_id, detail)
+            return {"run_id": run_id, "step": activation, "skipped": detail}
+        flow_cls = load_flow(str(latest.flow))
+        rt.flows.setdefault(flow_cls.flow_name(), flow_cls)
+        with observe.Attempt(task, run_id, activation, epoch, attempt) as seen:
+            return seen.done(
+                execute(rt, task, flow_cls, run_id, activation, epoch, attempt, deployment, spent)
+            )
 
 
 def _register_builtins(app: Celery, rt: Runtime) -> None:
@@ -416,6 +464,9 @@ def _settle_hard_time_limits(app: Celery, rt: Runtime) -> None:
         if not isinstance(exception, TimeLimitExceeded) or getattr(sender, "app", None) is not app:
             return
         flow_cls = rt.flows.get(str(sender.name).rpartition(".")[0])
+        if sender.name == DECLARED_TASK and isinstance(kwargs, dict) and "run_id" in kwargs:
+            latest = rt.coord.read(str(kwargs["run_id"]))
+            flow_cls = None if latest is None else allowed_flow(rt, latest)
         if flow_cls is None or not isinstance(kwargs, dict) or "run_id" not in kwargs:
             return
         threading.Thread(

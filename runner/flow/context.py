@@ -93,6 +93,9 @@ class StepContext:
     version: str | None = None
     """The code version that wrote the checkpoint the step starts from (its state is read
     through a ``@state_upgrade`` of that version, if this code has one)."""
+    outputs: dict[str, Any] | None = None
+    """The outputs of the run's steps committed before this one, by method (what a declared
+    flow's ``${outputs.step}`` reads); set by the step runner."""
     stream_to: Any = None
     """Where the step's stream chunks go (a :class:`runner.flow.streaming.StreamTarget`, set
     by the executor); ``None``: nowhere (``stream_chunk`` does nothing)."""

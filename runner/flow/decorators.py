@@ -24,6 +24,10 @@ from runner.flow.rates import Rate, check_name, parse_rate, priority_problem
 STEP_ATTR = "__runner_step__"
 """The attribute under which a decorated function carries its :class:`StepDecl`."""
 
+REVIEW_ATTR = "__human_feedback_config__"
+"""Where ``@human_feedback`` keeps its config on a method (CrewAI's name; read by the
+flow's definition, :mod:`runner.flow.definition`)."""
+
 DEFAULT_MAX_CALLS = 100
 """How many times one method may run in one run when ``max_calls`` is not given."""
 

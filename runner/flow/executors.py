@@ -27,6 +27,9 @@ class Executors:
     answer_in_process: Callable[..., Any] | None = None
     """``(flow, paused_checkpoint, answer) -> output``: :meth:`Flow.resume` of a run paused
     for a review (see :func:`runner.flow.local.answer`)."""
+    declare: Callable[..., Any] | None = None
+    """``(contents, path=) -> flow class``: :meth:`Flow.from_declaration`'s class (see
+    :func:`runner.crew.declared.declared_flow`)."""
 
 
 EXECUTORS = Executors()

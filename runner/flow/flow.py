@@ -42,6 +42,7 @@ from runner.flow import patches as patching
 from runner.flow import streaming, usage
 from runner.flow.attempt import json_copy
 from runner.flow.context import step_context, warn_unhonoured
+from runner.flow.definition import FlowDefinition, class_definition
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph, compile_graph, unknown_trigger
@@ -174,6 +175,31 @@ class Flow(Generic[StateT]):
     def graph(cls) -> FlowGraph:
         """The compiled graph of this flow class."""
         return compile_graph(cls)
+
+    @classmethod
+    def flow_definition(cls) -> FlowDefinition:
+        """This flow as data (CrewAI's ``FlowDefinition``, ``schema: crewai.flow/v1``): its
+        methods with their start/listen/router conditions and emits, its state schema with
+        defaults and its config; ``.to_yaml()`` / ``.to_json()`` serialise it. The graph,
+        ``runner graph`` and the fingerprint derive from its methods part."""
+        return class_definition(cls, cls.graph().definition)
+
+    @classmethod
+    def from_declaration(
+        cls,
+        contents: Any = None,
+        *,
+        path: str | Path | None = None,
+        **kwargs: Any,
+    ) -> Flow[Any]:
+        """A flow object made from a definition (CrewAI's): ``contents`` is a
+        :class:`FlowDefinition`, a dict, YAML/JSON text or a :class:`~pathlib.Path`, or
+        ``path`` names a YAML/JSON file. It runs as a class flow does, in process
+        (``kickoff``) and on workers (``type(flow).submit(...)``), each method a step; the
+        run records the definition. Bad input is one line naming the field's path."""
+        assert EXECUTORS.declare is not None, "runner/__init__.py plugs it in"
+        flow: Flow[Any] = EXECUTORS.declare(contents, path=path)(**kwargs)
+        return flow
 
     @classmethod
     def state_type(cls) -> type[BaseModel] | None:
@@ -578,11 +604,18 @@ class Flow(Generic[StateT]):
         return EXECUTORS.on_workers(cls, inputs, **options)
 
     @classmethod
-    def from_checkpoint(cls, config: CheckpointConfig | str | Path, **kwargs: Any) -> Flow[Any]:
+    def from_checkpoint(
+        cls, config: CheckpointConfig | str | Path, *, definition: Any = None, **kwargs: Any
+    ) -> Flow[Any]:
         """A flow holding the state of the checkpoint ``config`` names (its id and fields,
         to inspect before resuming, as in CrewAI) that, on ``kickoff()``, resumes that
         checkpoint's run, skipping completed methods. A missing checkpoint is
-        :class:`~runner.errors.CheckpointNotFound` here, not at the kickoff."""
+        :class:`~runner.errors.CheckpointNotFound` here, not at the kickoff. ``definition``
+        (CrewAI's): the run is of the flow made from that definition."""
+        if definition is not None:
+            assert EXECUTORS.declare is not None, "runner/__init__.py plugs it in"
+            declared: Any = EXECUTORS.declare(definition)
+            return declared.from_checkpoint(config, **kwargs)
         flow = cls(**kwargs)
         restore = _restore_point(config)
         if isinstance(restore, CheckpointConfig) and flow._checkpoint is None:

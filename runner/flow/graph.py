@@ -15,6 +15,8 @@ import hashlib
 import inspect
 import json
 import textwrap
+import types
+import typing
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,8 +31,9 @@ from runner.errors import (
     UnknownStep,
     UnknownTrigger,
 )
-from runner.flow.conditions import Cond, describe, has_and, leaves, to_json
+from runner.flow.conditions import Cond, describe, leaves
 from runner.flow.decorators import DEFAULT_MAX_CALLS, STEP_ATTR, StepDecl
+from runner.flow.definition import FlowDefinition, fingerprint, mermaid, method_definition
 from runner.flow.rates import Rate
 
 _CACHE_ATTR = "__runner_graph__"
@@ -106,6 +109,9 @@ class FlowGraph:
     open_labels: bool
     """Some router's labels could not be determined; unknown string triggers are allowed."""
     _index: Mapping[str, tuple[str, ...]] = field(repr=False, compare=False)
+    definition: FlowDefinition = field(repr=False, compare=False)
+    """The methods part of the flow's definition (CrewAI's shape): what :attr:`fingerprint`
+    hashes and :meth:`to_mermaid` draws; ``Flow.flow_definition()`` completes it."""
     unknown_triggers: tuple[tuple[str, str], ...] = ()
     """``(step, trigger)`` pairs naming a trigger no step has and no router returns: such a
     listener never runs (a :class:`DefinitionWarning`, an error for a strict flow)."""
@@ -167,41 +173,9 @@ class FlowGraph:
         return frozenset(reached)
 
     def to_mermaid(self) -> str:
-        """A Mermaid ``flowchart TD``: starts as stadiums, routers as diamonds, label edges
-        dashed with the label as text, edges into an ``and_`` join thick."""
-        lines = ["flowchart TD"]
-        lines += [f"    {_node(m)}" for m in self.methods.values()]
-        for m in self.methods.values():
-            if m.condition is not None:
-                lines += [f"    {edge}" for edge in self._edges_into(m)]
-        return "\n".join(lines) + "\n"
-
-    def _edges_into(self, m: MethodSpec) -> Iterator[str]:
-        assert m.condition is not None
-        arrow = "==>" if has_and(m.condition) else "-->"
-        for leaf in sorted(leaves(m.condition)):
-            if leaf in self.methods:
-                yield f"{_node_id(leaf)} {arrow} {_node_id(m.name)}"
-            for r in self.emitters(leaf) if leaf not in self.methods else ():
-                yield f'{_node_id(r)} -.->|"{_mermaid_text(leaf)}"| {_node_id(m.name)}'
-
-
-def _node_id(name: str) -> str:
-    # A prefix keeps Mermaid keywords (``end``, ``graph``) usable as method names.
-    return f"n_{name}"
-
-
-def _mermaid_text(text: str) -> str:
-    return text.replace('"', "#quot;")
-
-
-def _node(m: MethodSpec) -> str:
-    text = f'"{_mermaid_text(m.name)}"'
-    if m.is_router:
-        return f"{_node_id(m.name)}{{{text}}}"
-    if m.is_start:
-        return f"{_node_id(m.name)}([{text}])"
-    return f"{_node_id(m.name)}[{text}]"
+        """A Mermaid ``flowchart TD`` of :attr:`definition`
+        (:func:`runner.flow.definition.mermaid`)."""
+        return mermaid(self.definition)
 
 
 # --- compiling ------------------------------------------------------------------------------
@@ -278,7 +252,11 @@ def _takes_arg(fn: Callable[..., Any]) -> bool:
 def _spec(name: str, fn: Callable[..., Any], decl: StepDecl, owner: type) -> MethodSpec:
     labels = None
     if decl.is_router:
-        labels = decl.labels if decl.labels is not None else infer_labels(fn, owner)
+        labels = decl.labels
+        if labels is None:
+            labels = annotated_labels(fn)
+        if labels is None:
+            labels = infer_labels(fn, owner)
     opts = decl.options
     return MethodSpec(
         name=name,
@@ -308,6 +286,20 @@ def _build(flow_cls: type) -> FlowGraph:
     steps = _step_functions(flow_cls)
     specs = {n: _spec(n, fn, decl, flow_cls) for n, (fn, decl) in steps.items()}
     unknown = _validate(name, specs)
+    definition = FlowDefinition(
+        name=flow_cls.__name__,
+        methods={
+            n: method_definition(
+                fn,
+                is_start=specs[n].is_start,
+                is_router=specs[n].is_router,
+                condition=specs[n].condition,
+                at_kickoff=specs[n].at_kickoff,
+                labels=specs[n].labels,
+            )
+            for n, (fn, _) in steps.items()
+        },
+    )
     index: dict[str, list[str]] = {}
     for m in specs.values():
         for leaf in sorted(leaves(m.condition)) if m.condition is not None else ():
@@ -319,9 +311,10 @@ def _build(flow_cls: type) -> FlowGraph:
             m.name for m in specs.values() if m.is_start and (m.condition is None or m.at_kickoff)
         ),
         labels=frozenset().union(*(m.labels or () for m in specs.values())),
-        fingerprint=_fingerprint(specs),
+        fingerprint=fingerprint(definition),
         open_labels=any(m.is_router and m.labels is None for m in specs.values()),
         _index=MappingProxyType({k: tuple(v) for k, v in index.items()}),
+        definition=definition,
         unknown_triggers=unknown,
         schema=_schema_hash(flow_cls),
     )
@@ -368,26 +361,40 @@ def _validate(flow: str, specs: Mapping[str, MethodSpec]) -> tuple[tuple[str, st
     return tuple(unknown)
 
 
-def _fingerprint(specs: Mapping[str, MethodSpec]) -> str:
-    wiring = [
-        {
-            "name": m.name,
-            "start": m.is_start,
-            "router": m.is_router,
-            "condition": None if m.condition is None else to_json(m.condition),
-            # Only when set, so graphs written before the flag existed keep their fingerprint.
-            **({"kickoff": True} if m.at_kickoff else {}),
-        }
-        for m in sorted(specs.values(), key=lambda m: m.name)
-    ]
-    text = json.dumps(wiring, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 # --- router label inference -----------------------------------------------------------------
 
 _MISSING = object()
 _SKIP = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def annotated_labels(fn: Callable[..., Any]) -> frozenset[str] | None:
+    """The labels a router's return annotation declares (as CrewAI reads them): a
+    ``Literal`` of strings, an Enum class, or a union of those (``Annotated`` unwrapped);
+    ``None`` for any other annotation, or none."""
+    try:
+        hint = typing.get_type_hints(fn, include_extras=True).get("return")
+    except Exception:  # an annotation that does not resolve here: read the body instead
+        return None
+    found = _annotation_labels(hint)
+    return None if not found else frozenset(found)
+
+
+def _annotation_labels(hint: Any) -> list[str] | None:
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _annotation_labels(typing.get_args(hint)[0])
+    if origin is typing.Literal:
+        values = typing.get_args(hint)
+        if all(isinstance(v, str | Enum) for v in values):
+            return [str(v.value) if isinstance(v, Enum) else v for v in values]
+        return None
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return [str(member.value) for member in hint]
+    if origin in (typing.Union, types.UnionType):
+        parts = [_annotation_labels(arg) for arg in typing.get_args(hint)]
+        if all(p is not None for p in parts):
+            return [label for p in parts if p is not None for label in p]
+    return None
 
 
 def infer_labels(fn: Callable[..., Any], owner: type | None = None) -> frozenset[str] | None:

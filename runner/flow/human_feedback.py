@@ -38,7 +38,7 @@ from runner.errors import AwaitInput, InvalidFeedback, NoPendingFeedback, Runner
 from runner.flow import events as ev
 from runner.flow.attempt import Routed, run_awaitable, to_json
 from runner.flow.context import step_context
-from runner.flow.decorators import router
+from runner.flow.decorators import REVIEW_ATTR, router
 from runner.flow.input_provider import ConsoleProvider, flow_config
 from runner.flow.llm import call_llm, is_llm, resolve_llm
 from runner.store.base import CheckpointStore
@@ -50,7 +50,7 @@ log = logging.getLogger("runner.flow")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-CONFIG_ATTR = "__human_feedback_config__"
+CONFIG_ATTR = REVIEW_ATTR
 """The attribute a reviewed method carries its :class:`HumanFeedbackConfig` under (CrewAI's)."""
 
 __all__ = [
@@ -289,6 +289,7 @@ def context_for(
         emit=list(config.emit) if config.emit is not None else None,
         default_outcome=config.default_outcome,
         metadata=dict(config.metadata or {}),
+        llm=config.llm if isinstance(config.llm, str) else None,  # the name, never a client
     )
 
 

@@ -12,13 +12,24 @@ its client from it. Here a name stands for the client the user registered under 
 register at import of a module the workers import (their allow-list), so every process
 that runs the flow resolves the same names. A name is resolved only when a call is needed
 (:func:`call_llm`), so a flow whose reviews are all answered with an explicit outcome never
-needs it registered. An unregistered name is a :class:`~runner.errors.DefinitionError`
-(a step it fails is not retried: registering the client and resuming the run fixes it).
+needs it registered.
+
+A name nothing is registered under resolves as CrewAI resolves it: through CrewAI's
+``LLM(model=name)`` when ``crewai`` is importable, else through ``litellm`` (its
+``completion``) when that is; ``"provider/model"`` and bare model names alike, their keys
+from the environment as those libraries read them. With neither, the name is a
+:class:`~runner.errors.DefinitionError` saying both ways to fix it (a step it fails is not
+retried: registering the client, or installing a library, and resuming the run fixes it).
+A registered name always wins. The name, never the client, is what a flow keeps (and what a
+checkpoint or a flow's definition records): each process resolves it when it calls.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +38,11 @@ from runner.flow import streaming, usage
 from runner.flow.context import step_context
 
 _clients: dict[str, Any] = {}
+_by_library: dict[str, Any] = {}
+_lock = threading.Lock()
+
+LIBRARIES = ("crewai", "litellm")
+"""What resolves a name nothing is registered under, in this order."""
 
 
 def is_client(llm: Any) -> bool:
@@ -62,19 +78,64 @@ def registered_llms() -> list[str]:
 
 
 def resolve_llm(llm: Any) -> Any:
-    """The client ``llm`` stands for: the one registered under a name, else ``llm`` itself.
-    An unregistered name is one :class:`~runner.errors.DefinitionError` saying how to fix it."""
+    """The client ``llm`` stands for: the one registered under a name, else the client
+    CrewAI's ``LLM`` or litellm makes for the name (the first importable), else ``llm``
+    itself when it is no name. A name none of these resolves is one
+    :class:`~runner.errors.DefinitionError` saying both ways to fix it."""
     if not isinstance(llm, str):
         return llm
     client = _clients.get(llm)
+    if client is not None:
+        return client
+    with _lock:
+        client = _by_library.get(llm)
+        if client is None:
+            client = library_client(llm)
+            if client is not None:
+                _by_library[llm] = client
     if client is None:
         known = ", ".join(repr(n) for n in registered_llms()) or "none"
         raise DefinitionError(
             f"no LLM is registered under the name {llm!r} (registered: {known}); register "
-            f"your client in a module the workers import: runner.register_llm({llm!r}, client)",
+            f"your client in a module the workers import: runner.register_llm({llm!r}, client), "
+            "or install crewai or litellm to resolve model names through them",
             llm=llm,
         )
     return client
+
+
+def library_client(name: str) -> Any | None:
+    """A client for the model ``name`` from the first of :data:`LIBRARIES` importable here:
+    CrewAI's ``LLM(model=name)``, or a :class:`LiteLLMClient`; ``None`` with neither."""
+    for library in LIBRARIES:
+        if importlib.util.find_spec(library) is None:
+            continue
+        module = importlib.import_module(library)
+        if library == "crewai":
+            return module.LLM(model=name)
+        return LiteLLMClient(name, module)
+    return None
+
+
+class LiteLLMClient:
+    """A model name called through litellm's ``completion`` (one user message); its
+    answer's token usage is recorded for the step running it."""
+
+    def __init__(self, model: str, litellm: Any) -> None:
+        self.model = model
+        """The model name, as litellm takes it (``"provider/model"`` or a bare name)."""
+        self._litellm = litellm
+
+    def __repr__(self) -> str:
+        return f"LiteLLMClient(model={self.model!r})"
+
+    def call(self, prompt: str) -> str:
+        """The model's answer to ``prompt``."""
+        response = self._litellm.completion(
+            model=self.model, messages=[{"role": "user", "content": prompt}]
+        )
+        usage.record(usage.usage_of(response))
+        return str(response.choices[0].message.content or "")
 
 
 def streams(llm: Any) -> Callable[[str], Any] | None:

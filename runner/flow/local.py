@@ -229,18 +229,20 @@ class LocalRun:
         (a method may start one of its own, as async methods do)."""
         return not self.loop_here and not self.graph.methods[act.method].is_async
 
-    def _call(self, act: Activation) -> tuple[Activation, Checkpoint, Any]:
+    def _call(self, act: Activation) -> tuple[Activation, Checkpoint, Any, dict[str, Any]]:
         """The arguments of :meth:`_attempt` for ``act``: the checkpoint it starts from (its
         base state, the answers people gave it, the review its output went to, its patch
-        decisions, the version that wrote it) and its argument."""
+        decisions, the version that wrote it), its argument and the run's outputs so far."""
         assert self.latest is not None and self.record is not None
-        return act, self.latest, orch.argument_for(self.graph, self.record, act)
+        arg = orch.argument_for(self.graph, self.record, act)
+        return act, self.latest, arg, dict(self.record.outputs)
 
     def _attempt(
         self,
         act: Activation,
         base: Checkpoint,
         arg: Any,
+        outputs: dict[str, Any] | None = None,
     ) -> StepResult:
         """Run ``act`` until it does not ask for a retry (on a pool thread)."""
         spec = self.graph.methods[act.method]
@@ -257,6 +259,7 @@ class LocalRun:
                 patches=Patches(dict(meta.patches.get(act.id, {}))),
                 version=base.version,
                 stream_to=self.stream_to,
+                outputs=outputs,
             )
             result = run_step(self.flow, self.graph, ctx, base.state, arg)
             # What retried attempts spent counts too: the step's usage is all its attempts'.

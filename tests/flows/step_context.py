@@ -30,3 +30,22 @@ class WhereFlow(Flow[WhereState]):
         assert ctx is not None
         self.state.after = f"{ctx.executor}:{ctx.attempt}"
         return f"{seen} then {self.state.after}"
+
+
+class OutputsFlow(Flow[FlowState]):
+    """``last`` returns the committed outputs its context holds (what a declared flow's
+    ``${outputs.step}`` reads): those of ``first`` and ``second``, not its own."""
+
+    @start()
+    def first(self) -> str:
+        return "one"
+
+    @listen(first)
+    def second(self, value: str) -> str:
+        return value + "+two"
+
+    @listen(second)
+    def last(self, _: str) -> dict[str, str]:
+        ctx = step_context()
+        assert ctx is not None and ctx.outputs is not None
+        return {name: str(out) for name, out in sorted(ctx.outputs.items())}

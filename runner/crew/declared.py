@@ -1,0 +1,472 @@
+"""Declarative flows: a :class:`~runner.flow.definition.FlowDefinition` made a flow class.
+
+:func:`declared_flow` turns a definition (CrewAI's ``crewai.flow/v1``, from YAML, JSON, a
+dict or a ``FlowDefinition``) into a :class:`~runner.flow.flow.Flow` subclass whose methods
+are wired by the same ``@start`` / ``@listen`` / ``@router`` (and ``@human_feedback``) a
+class flow uses, so it compiles to the same graph and runs as a class flow does: in process
+(``kickoff``) and on workers, each method a step (checkpointed, resumable, forkable), its
+``flow_definition()`` the definition it was made from.
+
+**Its import path carries the definition.** The class is this module's attribute
+``D_<the definition as compressed JSON>`` (made on first access, :func:`__getattr__`), so
+the path a run records (``runner.crew.declared:D_...``) is all a worker, ``runner resume``
+or the console need to run it again: no file, no registry. Code references in it resolve
+on a worker only in the modules of its allow-list (``RUNNER_FLOW_MODULES``).
+
+**Actions** (a method's ``do``): ``code`` (an importable function, keyword arguments from
+``with``; a ``Class.method`` of a flow class is called with the flow as ``self``),
+``expression`` (CEL), ``crew`` (an inline crew run by our :class:`~runner.crew.Crew`),
+``agent`` (one :class:`~runner.crew.Agent` on ``with.input``), and ``each``: the pipeline
+``do`` for every item of the list ``in`` evaluates to. In process the items run in turn; on
+workers the ``each`` method starts a child run with one parallel step per item and a join
+that collects their outputs in order, so a crash mid-fan-out re-runs only unfinished items.
+Templates (``${state.x}``, ``${outputs.step.raw}``) and conditions are CEL
+(:mod:`runner.flow.expressions`). ``tool`` and ``script`` actions are refused (no ``exec``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib
+import inspect
+import json
+import threading
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
+
+from runner.crew.agent import Agent
+from runner.crew.crew import Crew
+from runner.crew.task import Task
+from runner.distributed.engine import FlowNotAllowed
+from runner.errors import DefinitionError
+from runner.flow import expressions as cel
+from runner.flow.children import ChildRun
+from runner.flow.conditions import Cond
+from runner.flow.context import on_worker, step_context
+from runner.flow.decorators import REVIEW_ATTR, listen, router, start
+from runner.flow.definition import (
+    ACTION_ATTR,
+    ALLOWED_REFS,
+    DECLARED_MODULE,
+    DEFINITION_ATTR,
+    AgentAction,
+    CodeAction,
+    CrewAction,
+    CrewDefinition,
+    DictState,
+    EachAction,
+    EachStep,
+    ExpressionAction,
+    FlowDefinition,
+    FlowMethodDefinition,
+    InvalidDefinition,
+    JsonSchemaState,
+    PydanticState,
+    ScriptAction,
+    ToolAction,
+    UnknownState,
+    condition_of,
+)
+from runner.flow.flow import Flow
+from runner.flow.human_feedback import human_feedback
+from runner.flow.state import dump_state
+
+PREFIX = "D_"
+"""The start of a declared flow's attribute name in this module."""
+
+EACH_ITEMS = "__each_items__"
+"""The state field of an ``each`` child run holding the items."""
+EACH_OUTPUTS = "__each_outputs__"
+"""The state field of an ``each`` child run holding its parent's outputs."""
+
+_classes: dict[str, type[Flow[Any]]] = {}
+_lock = threading.RLock()
+
+assert __name__ == DECLARED_MODULE
+
+
+# --- the path that carries the definition ---------------------------------------------------
+
+
+def attribute_of(definition: FlowDefinition) -> str:
+    """The attribute of this module naming ``definition``'s flow class."""
+    text = json.dumps(definition.to_dict(), sort_keys=True, separators=(",", ":"))
+    packed = base64.urlsafe_b64encode(zlib.compress(text.encode(), 9)).decode().rstrip("=")
+    return PREFIX + packed
+
+
+def definition_of(attribute: str) -> FlowDefinition:
+    """The definition an attribute of this module (or a declared flow path) carries."""
+    packed = attribute.rpartition(":")[2].removeprefix(PREFIX)
+    try:
+        data = zlib.decompress(base64.urlsafe_b64decode(packed + "=" * (-len(packed) % 4)))
+        loaded = json.loads(data)
+    except (ValueError, zlib.error) as exc:
+        raise DefinitionError(f"not a declared flow's path: {attribute[:40]}...: {exc}") from None
+    return FlowDefinition.from_declaration(loaded)
+
+
+def __getattr__(name: str) -> Any:
+    """``D_...``: the flow class of the definition the name carries (made once)."""
+    if not name.startswith(PREFIX):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _lock:
+        found = _classes.get(name)
+    return found if found is not None else declared_flow(definition_of(name))
+
+
+# --- building the class ---------------------------------------------------------------------
+
+
+def load_definition(
+    contents: FlowDefinition | Mapping[str, Any] | str | Path | None = None,
+    *,
+    path: Path | str | None = None,
+) -> FlowDefinition:
+    """A definition from a definition, a mapping, YAML/JSON text, or a file (``path``, or a
+    :class:`~pathlib.Path` as ``contents``); bad input is one line naming the field."""
+    if isinstance(contents, Path):
+        contents, path = None, contents
+    return FlowDefinition.from_declaration(contents, path=path)
+
+
+def declared_flow(
+    contents: FlowDefinition | Mapping[str, Any] | str | Path | None = None,
+    *,
+    path: Path | str | None = None,
+) -> type[Flow[Any]]:
+    """The flow class of a definition (one class per definition in a process).
+
+    Refuses, naming the field's path, what the runner does not run: ``tool`` and ``script``
+    actions, a crew ``from_declaration``, a nested ``each``, a bad condition."""
+    definition = load_definition(contents, path=path)
+    attribute = attribute_of(definition)
+    with _lock:
+        found = _classes.get(attribute)
+        if found is None:
+            found = _build(definition, attribute)
+            _classes[attribute] = found
+    return found
+
+
+def from_declaration(
+    contents: FlowDefinition | Mapping[str, Any] | str | Path | None = None,
+    *,
+    path: Path | str | None = None,
+    **kwargs: Any,
+) -> Flow[Any]:
+    """A flow object of the definition (CrewAI's ``Flow.from_declaration``): ``kickoff``
+    it in process, or ``submit`` its class (``type(flow).submit``) to the workers."""
+    return declared_flow(contents, path=path)(**kwargs)
+
+
+def submit_definition(
+    contents: FlowDefinition | Mapping[str, Any] | str | Path,
+    inputs: dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Run a definition on the workers (:func:`runner.submit`'s options); the run records the
+    definition, so the workers need no file of it. Returns a :class:`RunHandle`."""
+    return declared_flow(contents).submit(inputs, **options)
+
+
+def _build(definition: FlowDefinition, attribute: str) -> type[Flow[Any]]:
+    for name, method in definition.methods.items():
+        _check_supported(method.do, f"methods.{name}.do")
+    digest = hashlib.sha256(attribute.encode()).hexdigest()[:8]
+    path = f"{DECLARED_MODULE}:{attribute}"
+    namespace: dict[str, Any] = {
+        "__module__": DECLARED_MODULE,
+        "__qualname__": definition.name,
+        "__doc__": definition.description,
+        # ``@`` marks a declared flow's task names (see runner.distributed.engine.task_name).
+        "name": f"{definition.name}@{digest}",
+        "initial_state": _initial_state(definition),
+        DEFINITION_ATTR: definition,
+        "flow_path": classmethod(lambda cls: path),
+    }
+    for name, method in definition.methods.items():
+        namespace[name] = _method(definition.name, name, method)
+    return type(definition.name, (Flow,), namespace)
+
+
+def _check_supported(action: Any, where: str, nested: bool = False) -> None:
+    if isinstance(action, ToolAction):
+        raise InvalidDefinition(
+            f"{where}.call: tool actions are not run here; call the tool from a code action",
+            field=f"{where}.call",
+        )
+    if isinstance(action, ScriptAction):
+        raise InvalidDefinition(
+            f"{where}.call: script actions are not run here (no exec of definition text); "
+            "use a code action naming a function",
+            field=f"{where}.call",
+        )
+    if isinstance(action, CrewAction) and action.from_declaration is not None:
+        raise InvalidDefinition(
+            f"{where}.from_declaration: give the crew inline under with",
+            field=f"{where}.from_declaration",
+        )
+    if isinstance(action, EachAction):
+        if nested:
+            raise InvalidDefinition(f"{where}: an each cannot hold an each", field=where)
+        for i, step in enumerate(action.do):
+            _check_supported(step.action, f"{where}.do[{i}].action", nested=True)
+
+
+def _condition(value: Any, where: str) -> Cond:
+    return condition_of(value, where)
+
+
+def _method(flow: str, name: str, method: FlowMethodDefinition) -> Any:
+    where = f"methods.{name}"
+    action = method.do
+
+    def step(self: Flow[Any], trigger_output: Any = None) -> Any:
+        context = {**context_of(self), "trigger": trigger_output}
+        return run_action(self, action, context, f"{where}.do")
+
+    step.__name__ = name
+    step.__qualname__ = f"{flow}.{name}"
+    step.__doc__ = method.description
+    setattr(step, ACTION_ATTR, action)
+    fn: Any = step
+    review = method.human_feedback
+    reviewed_router = review is not None and bool(review.emit)
+    if review is not None:
+        fn = human_feedback(
+            message=review.message,
+            emit=review.emit,
+            llm=review.llm,
+            default_outcome=review.default_outcome,
+            metadata=review.metadata,
+        )(fn)
+    trigger = None if method.listen is None else _condition(method.listen, f"{where}.listen")
+    routes = method.router and not reviewed_router
+    if method.is_start:
+        if isinstance(method.start, str | dict):
+            fn = start(_condition(method.start, f"{where}.start"))(fn)
+        else:
+            fn = start()(fn)
+        if trigger is not None:
+            fn = listen(trigger)(fn)
+        if routes:
+            fn = router(emit=method.emit)(fn)
+    elif routes:
+        if trigger is None:
+            raise InvalidDefinition(f"{where}.listen: a router needs a trigger", field=where)
+        fn = router(trigger, emit=method.emit)(fn)
+    elif trigger is not None:
+        fn = listen(trigger)(fn)
+    else:
+        raise InvalidDefinition(
+            f"{where}: a method needs start or listen (it would never run)", field=where
+        )
+    return fn
+
+
+def _initial_state(definition: FlowDefinition) -> Any:
+    state = definition.state
+    if state is None:
+        return None
+    default = dict(state.default or {})
+    if isinstance(state, PydanticState) and state.ref:
+        try:
+            model = resolve_ref(state.ref, "state.ref")
+        except DefinitionError:
+            model = None
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            return model(**default) if default else model
+        if state.json_schema is not None:
+            return {**_schema_defaults(state.json_schema), **default}
+        return default
+    if isinstance(state, JsonSchemaState):
+        return {**_schema_defaults(state.json_schema), **default}
+    if isinstance(state, DictState | UnknownState | PydanticState):
+        return default
+    return default
+
+
+def _schema_defaults(schema: dict[str, Any]) -> dict[str, Any]:
+    props = schema.get("properties") or {}
+    return {k: v["default"] for k, v in props.items() if isinstance(v, dict) and "default" in v}
+
+
+# --- running an action ----------------------------------------------------------------------
+
+
+def context_of(flow: Flow[Any]) -> dict[str, Any]:
+    """What the expressions of a step read: the step's ``state`` and the run's ``outputs``
+    (an ``each`` child's parent's outputs under its own)."""
+    state = dump_state(flow.state, strict=False)
+    outputs = dict(state.get(EACH_OUTPUTS) or {}) if isinstance(state, dict) else {}
+    ctx = step_context()
+    outputs.update((ctx.outputs if ctx is not None else None) or {})
+    return {"state": state, "outputs": outputs}
+
+
+def _json(value: Any) -> Any:
+    return to_jsonable_python(value, fallback=str)
+
+
+def run_action(flow: Flow[Any], action: Any, context: dict[str, Any], where: str) -> Any:
+    """What ``action`` gives over ``context`` (``state``, ``outputs``, in an each ``item``)."""
+    if isinstance(action, ExpressionAction):
+        return cel.evaluate(action.expr, context, f"{where}.expr")
+    if isinstance(action, CodeAction):
+        fn = resolve_ref(action.ref, f"{where}.ref")
+        if getattr(fn, REVIEW_ATTR, None) is not None:
+            fn = getattr(fn, "__wrapped__", fn)  # the method's body: the definition reviews
+        kwargs = cel.render(action.with_ or {}, context, f"{where}.with")
+        if _takes_self(fn):
+            # A flow class's method: called on this flow, given its trigger's output if it
+            # takes one (as the class flow would be).
+            if _wants_trigger(fn, kwargs):
+                return fn(flow, context.get("trigger"), **kwargs)
+            return fn(flow, **kwargs)
+        return fn(**kwargs)
+    if isinstance(action, CrewAction):
+        assert action.with_ is not None  # _check_supported refused from_declaration
+        inputs = {**action.with_.inputs, **cel.render(action.inputs or {}, context, where)}
+        return crew_of(action.with_).kickoff(inputs=inputs)
+    if isinstance(action, AgentAction):
+        spec = action.with_
+        text = cel.render(spec.input, context, f"{where}.with.input")
+        agent = Agent(spec.role or "Agent", spec.goal or "", spec.backstory or "", spec.llm_name())
+        task = Task(description=str(text), expected_output="A response.", agent=agent)
+        return Crew(agents=[agent], tasks=[task], name="agent").kickoff()
+    if isinstance(action, EachAction):
+        return run_each(flow, action, context, where)
+    raise DefinitionError(f"{where}: {type(action).__name__} is not run here", field=where)
+
+
+def crew_of(spec: CrewDefinition) -> Crew:
+    """Our :class:`Crew` of an inline crew definition: its agents with their LLMs by name."""
+    agents = {
+        name: Agent(a.role or name, a.goal or "", a.backstory or "", a.llm_name())
+        for name, a in spec.agents.items()
+    }
+    tasks: list[Task] = []
+    by_name: dict[str, Task] = {}
+    for i, t in enumerate(spec.tasks):
+        if t.agent is not None and t.agent not in agents:
+            raise DefinitionError(f"tasks[{i}].agent: no agent named {t.agent!r}")
+        context = [by_name[c] for c in t.context or () if c in by_name] or None
+        task = Task(
+            description=t.description,
+            expected_output=t.expected_output,
+            agent=agents.get(t.agent) if t.agent else next(iter(agents.values()), None),
+            context=context,
+            name=t.name,
+        )
+        tasks.append(task)
+        by_name[task.name] = task
+    return Crew(agents=list(agents.values()), tasks=tasks, name=spec.name or "crew")
+
+
+def run_each(flow: Flow[Any], action: EachAction, context: dict[str, Any], where: str) -> Any:
+    """The outputs of ``action``'s pipeline for each item, in order; on a worker a
+    :class:`ChildRun` of one parallel step per item and a join."""
+    items = cel.evaluate(action.in_, context, f"{where}.in")
+    if not isinstance(items, list):
+        raise DefinitionError(
+            f"{where}.in: must evaluate to a list, not {type(items).__name__}", field=where
+        )
+    # Inside an each child (its state holds the items) the one item runs here.
+    if on_worker() and items and EACH_ITEMS not in context["state"]:
+        child = _each_child(flow, action, len(items))
+        state = {k: v for k, v in context["state"].items() if k not in ("id", EACH_ITEMS)}
+        inputs = {**state, EACH_ITEMS: items, EACH_OUTPUTS: context["outputs"]}
+        return ChildRun(flow=child.flow_path(), name=child.flow_name(), inputs=inputs)
+    return [pipeline(flow, action.do, item, context, where) for item in items]
+
+
+def pipeline(
+    flow: Flow[Any], steps: list[EachStep], item: Any, context: dict[str, Any], where: str
+) -> Any:
+    """Run ``steps`` for one ``item``; the last output (a skipped step keeps the one before)."""
+    local: dict[str, Any] = {}
+    last: Any = None
+    for i, step in enumerate(steps):
+        here = {**context, "item": item, "outputs": {**context["outputs"], **local}}
+        if step.if_ is not None:
+            ok = cel.evaluate(step.if_, here, f"{where}.do[{i}].if")
+            if not isinstance(ok, bool):
+                raise DefinitionError(f"{where}.do[{i}].if: must be a boolean, not {ok!r}")
+            if not ok:
+                continue
+        last = local[step.name] = _json(
+            run_action(flow, step.action, here, f"{where}.do[{i}].action")
+        )
+    return last
+
+
+def _each_child(flow: Flow[Any], action: EachAction, count: int) -> type[Flow[Any]]:
+    """The child flow of an ``each`` over ``count`` items: a start per item (the pipeline
+    over that one item) and ``collect``, the join, giving their outputs in order."""
+    steps = [s.model_dump(by_alias=True, exclude_none=True) for s in action.do]
+    methods: dict[str, Any] = {
+        f"item_{i}": {
+            "start": True,
+            "do": {"call": "each", "in": f"[state.{EACH_ITEMS}[{i}]]", "do": steps},
+        }
+        for i in range(count)
+    }
+    methods["collect"] = {
+        "listen": {"and": [f"item_{i}" for i in range(count)]},
+        "do": {
+            "call": "expression",
+            "expr": "[" + ", ".join(f"outputs.item_{i}[0]" for i in range(count)) + "]",
+        },
+    }
+    parent = type(flow).flow_definition().name
+    return declared_flow({"name": f"{parent}_each", "state": {"type": "dict"}, "methods": methods})
+
+
+# --- code references ------------------------------------------------------------------------
+
+
+def resolve_ref(ref: str, where: str) -> Any:
+    """The object ``module:qualname`` names. On a worker (:data:`ALLOWED_REFS` set) only in
+    a module of its allow-list (:class:`FlowNotAllowed` otherwise, nothing imported)."""
+    module_name, _, qualname = ref.partition(":")
+    if ALLOWED_REFS and not _allowed(module_name, ALLOWED_REFS[-1]):
+        raise FlowNotAllowed(
+            f"{where}: {ref} is not in this worker's allow-list (RUNNER_FLOW_MODULES)",
+            path=ref,
+        )
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise DefinitionError(f"{where}: cannot resolve {ref}: {exc}", field=where) from None
+    if "<locals>" in qualname:
+        raise DefinitionError(f"{where}: {ref} is local to a function", field=where)
+    return target
+
+
+def _allowed(module: str, modules: list[str]) -> bool:
+    return module in modules
+
+
+def _wants_trigger(fn: Any, kwargs: dict[str, Any]) -> bool:
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    return any(
+        p.kind in kinds and p.name not in kwargs and p.default is inspect.Parameter.empty
+        for p in params
+    ) or any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+
+
+def _takes_self(fn: Any) -> bool:
+    if not inspect.isfunction(fn) or "." not in fn.__qualname__:
+        return False
+    params = list(inspect.signature(fn).parameters)
+    return bool(params) and params[0] == "self"

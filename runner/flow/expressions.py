@@ -1,0 +1,174 @@
+"""CEL expressions and ``${...}`` templates of flow definitions, evaluated by cel-python.
+
+A definition's text is never ``eval``-ed: CEL (Common Expression Language) is parsed and
+evaluated by ``celpy``, over JSON data only (``state``, ``outputs`` and, inside an
+``each``, ``item``). A template is any JSON value whose strings hold ``${expr}``: a string
+that is exactly one ``${expr}`` becomes the expression's value with its type; a string
+mixing text and expressions becomes text (non-text values as JSON, ``null`` as nothing).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from runner.errors import DefinitionError
+
+MACROS = frozenset({"all", "exists", "exists_one", "filter", "map"})
+"""CEL macros whose first argument binds a local name."""
+
+
+class ExpressionError(DefinitionError, ValueError):
+    """An expression that does not parse, names an unknown root, or fails to evaluate."""
+
+
+@functools.lru_cache(maxsize=512)
+def _compiled(expression: str) -> Any:
+    import celpy
+
+    env = celpy.Environment()
+    return env, env.compile(expression)
+
+
+def compile_cel(expression: str, where: str) -> Any:
+    """The parsed ``expression``; :class:`ExpressionError` naming ``where`` if it does not
+    parse."""
+    text = strip_marker(expression)
+    if not text:
+        raise ExpressionError(f"{where}: empty CEL expression", field=where)
+    try:
+        return _compiled(text)[1]
+    except Exception as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise ExpressionError(f"{where}: invalid CEL {text!r}: {detail}", field=where) from None
+
+
+def strip_marker(expression: str) -> str:
+    """``${x}`` written where a whole expression is expected is ``x``."""
+    text = expression.strip()
+    if text.startswith("${") and text.endswith("}"):
+        text = text[2:-1].strip()
+    return text
+
+
+def roots(tree: Any) -> set[str]:
+    """The identifiers an expression reads at its root (``state`` of ``state.x``); names a
+    macro binds (``x`` of ``items.map(x, ...)``) are not roots."""
+    found: set[str] = set()
+    bound: set[str] = set()
+    for node in tree.iter_subtrees():
+        if node.data == "ident" and node.children:
+            found.add(str(node.children[0]))
+        if node.data in ("member_dot_arg", "ident_arg"):
+            names = [str(c) for c in node.children if not hasattr(c, "data")]
+            if any(n in MACROS for n in names):
+                for sub in node.iter_subtrees():
+                    if sub.data == "ident" and sub.children:
+                        bound.add(str(sub.children[0]))
+                        break
+    return found - bound if bound else found
+
+
+def validate_expression(expression: str, allowed: Iterable[str], where: str) -> None:
+    """Refuse (naming ``where``) an expression that does not parse or reads a root other
+    than ``allowed``."""
+    tree = compile_cel(expression, where)
+    unknown = sorted(roots(tree) - set(allowed))
+    if unknown:
+        raise ExpressionError(
+            f"{where}: unknown CEL root {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(sorted(allowed))}",
+            field=where,
+        )
+
+
+def segments(text: str, where: str) -> list[str | tuple[str]]:
+    """``text`` split into literal strings and ``(expression,)`` parts."""
+    parts: list[str | tuple[str]] = []
+    index = 0
+    while (start := text.find("${", index)) != -1:
+        if start > index:
+            parts.append(text[index:start])
+        depth, end, quote = 1, start + 2, ""
+        while end < len(text) and depth:
+            ch = text[end]
+            if quote:
+                if ch == "\\":
+                    end += 1
+                elif ch == quote:
+                    quote = ""
+            elif ch in "'\"":
+                quote = ch
+            elif ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+            end += 1
+        if depth:
+            raise ExpressionError(f"{where}: unterminated ${{...}} in {text!r}", field=where)
+        inner = text[start + 2 : end - 1].strip()
+        if not inner:
+            raise ExpressionError(f"{where}: empty ${{}} in {text!r}", field=where)
+        parts.append((inner,))
+        index = end
+    if index < len(text) or not parts:
+        parts.append(text[index:])
+    return parts
+
+
+def validate_template(value: Any, allowed: Iterable[str], where: str) -> None:
+    """Refuse (naming the path inside ``where``) a template with a bad ``${...}``."""
+    allowed = list(allowed)
+    if isinstance(value, str):
+        for part in segments(value, where):
+            if isinstance(part, tuple):
+                validate_expression(part[0], allowed, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            validate_template(item, allowed, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            validate_template(item, allowed, f"{where}[{i}]")
+
+
+def evaluate(expression: str, context: dict[str, Any], where: str = "expression") -> Any:
+    """The JSON value of ``expression`` over ``context`` (JSON); :class:`ExpressionError`
+    naming ``where`` if it fails (a missing field, a wrong type)."""
+    from celpy.adapter import CELJSONEncoder, json_to_cel
+
+    text = strip_marker(expression)
+    compile_cel(text, where)
+    env, tree = _compiled(text)
+    try:
+        result = env.program(tree).evaluate(json_to_cel(json.loads(json.dumps(context))))
+        return json.loads(json.dumps(result, cls=CELJSONEncoder))
+    except Exception as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise ExpressionError(f"{where}: CEL {text!r} failed: {detail}", field=where) from None
+
+
+def render(value: Any, context: dict[str, Any], where: str = "with") -> Any:
+    """``value`` with every ``${...}`` in its strings evaluated over ``context``."""
+    if isinstance(value, str):
+        parts = segments(value, where)
+        exprs = [p for p in parts if isinstance(p, tuple)]
+        if not exprs:
+            return value
+        literal = [p for p in parts if isinstance(p, str)]
+        if len(exprs) == 1 and not "".join(literal).strip():
+            return evaluate(exprs[0][0], context, where)
+        out = []
+        for part in parts:
+            if isinstance(part, str):
+                out.append(part)
+                continue
+            got = evaluate(part[0], context, where)
+            out.append("" if got is None else got if isinstance(got, str) else json.dumps(got))
+        return "".join(out)
+    if isinstance(value, dict):
+        return {k: render(v, context, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [render(v, context, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
