@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from . import scripts
 from .base import DeploymentStore
-from .keys import RUN_PARTS, Keys
+from .keys import Keys
 from .policy import EXPIRING
 
 EXPIRE_OUTCOMES = ("gone", "early", "changed", "live", "undecided")
@@ -128,16 +128,7 @@ class RetentionRecords:
     def expire_run(self, run_id: str, now: float, archived_seq: int | None) -> str:
         """See :meth:`RetainingStore.expire_run` (:data:`scripts.EXPIRE_RUN`)."""
         k = self.keys
-        keys = [
-            k.meta(run_id),
-            k.history(run_id),
-            k.runs_of(run_id),
-            k.checkpoints_of(run_id),
-            k.active_of(run_id),
-            k.ended_of(run_id),
-            k.expires_of(run_id),
-            *(part(k, run_id) for part in RUN_PARTS),
-        ]
+        keys = k.of_run_deleted(run_id)
         seq = "" if archived_seq is None else str(archived_seq)
         with self._wrapped():
             found = self._retention_scripts["EXPIRE_RUN"](keys, [run_id, repr(now), seq])

@@ -94,6 +94,21 @@ class Keys:
             return f"{self.prefix}:{{s{self.shard(run_id)}}}:{run_id}:{part}"
         return f"{self.prefix}:{{{run_id}}}:{part}"
 
+    def of_run_deleted(self, run_id: str) -> list[str]:
+        """Every key a run's delete script touches, in the order its ``KEYS`` header names
+        them: meta, history, the run's entries in the shard's indexes (runs, checkpoint
+        lookup, active, ended, expires), then every other per-run key (:data:`RUN_PARTS`)."""
+        return [
+            self.meta(run_id),
+            self.history(run_id),
+            self.runs_of(run_id),
+            self.checkpoints_of(run_id),
+            self.active_of(run_id),
+            self.ended_of(run_id),
+            self.expires_of(run_id),
+            *(part(self, run_id) for part in RUN_PARTS),
+        ]
+
     def run_pattern(self, run_id: str) -> str:
         """A SCAN ``MATCH`` pattern of every per-run key of ``run_id``."""
         escaped = _glob_escape(run_id)

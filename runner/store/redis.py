@@ -78,7 +78,7 @@ from runner.store.base import (
 )
 from runner.store.deployment import DeploymentRecords
 from runner.store.expiry import RetentionRecords
-from runner.store.keys import CLUSTER_SHARDS, RUN_PARTS, Keys, match_prefix
+from runner.store.keys import CLUSTER_SHARDS, Keys, match_prefix
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.pending import PendingFeedbackStore
 from runner.store.streams import StreamRecords
@@ -310,16 +310,7 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
     def delete_run(self, run_id: str) -> bool:
         """Remove a run and every checkpoint of it."""
         k = self.keys
-        keys = [
-            k.meta(run_id),
-            k.history(run_id),
-            k.runs_of(run_id),
-            k.checkpoints_of(run_id),
-            k.active_of(run_id),
-            k.ended_of(run_id),
-            k.expires_of(run_id),
-            *(part(k, run_id) for part in RUN_PARTS),
-        ]
+        keys = k.of_run_deleted(run_id)
         self._forget(run_id)
         return bool(self._call(self._delete, keys, [run_id]))
 
