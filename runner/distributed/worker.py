@@ -161,17 +161,23 @@ def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
                 )
 
         body.__name__ = body.__qualname__ = f"{name}__{method}"
-        app.task(
-            name=task_name(name, method),
-            bind=True,
-            acks_late=True,
-            reject_on_worker_lost=True,
-            soft_time_limit=limit,
-            time_limit=limit * 1.5 + 5 if limit else None,
-            max_retries=None,
-        )(body)
+        app.task(name=task_name(name, method), **step_task_options(limit))(body)
         names.append(task_name(name, method))
     return names
+
+
+def step_task_options(limit: float | None) -> dict[str, Any]:
+    """Celery options of every step task (a flow method's and the declared flows' one):
+    late acks, rejected on worker loss, the step's soft time limit and Celery's hard one
+    (1.5x + 5 s, so the soft limit's exception is the one a step sees), retries ours."""
+    return {
+        "bind": True,
+        "acks_late": True,
+        "reject_on_worker_lost": True,
+        "soft_time_limit": limit,
+        "time_limit": limit * 1.5 + 5 if limit else None,
+        "max_retries": None,
+    }
 
 
 def _register_declared(app: Celery, rt: Runtime, allowed: list[str]) -> None:
@@ -180,15 +186,7 @@ def _register_declared(app: Celery, rt: Runtime, allowed: list[str]) -> None:
     ALLOWED_REFS.append(allowed)
     limit = rt.settings.step_time_limit
 
-    @app.task(
-        name=DECLARED_TASK,
-        bind=True,
-        acks_late=True,
-        reject_on_worker_lost=True,
-        soft_time_limit=limit,
-        time_limit=limit * 1.5 + 5 if limit else None,
-        max_retries=None,
-    )
+    @app.task(name=DECLARED_TASK, **step_task_options(limit))
     def declared_step(
         task: Any,
         run_id: str,
@@ -197,6 +195,7 @@ def _register_declared(app: Celery, rt: Runtime, allowed: list[str]) -> None:
         attempt: int = 1,
         deployment: str | None = None,
         spent: dict[str, Any] | None = None,
+        version: str | None = None,
     ) -> dict[str, Any]:
         latest = rt.coord.read(run_id)
         if latest is None or not is_declared(latest.flow):
@@ -207,7 +206,18 @@ def _register_declared(app: Celery, rt: Runtime, allowed: list[str]) -> None:
         rt.flows.setdefault(flow_cls.flow_name(), flow_cls)
         with observe.Attempt(task, run_id, activation, epoch, attempt) as seen:
             return seen.done(
-                execute(rt, task, flow_cls, run_id, activation, epoch, attempt, deployment, spent)
+                execute(
+                    rt,
+                    task,
+                    flow_cls,
+                    run_id,
+                    activation,
+                    epoch,
+                    attempt,
+                    deployment,
+                    spent,
+                    version,
+                )
             )
 
 
