@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from runner.distributed.client import RunHandle, submit
 from runner.errors import StoreUnavailable
@@ -181,4 +182,58 @@ def test_a_producer_commit_short_of_its_replica_waits_for_one_within_the_bound(
         done = store.commit(Checkpoint(run_id="r1", event="flow_started", state={"n": 1}))
         assert done.seq == 1 and time.monotonic() - began > 1.0  # waited for the replica
         timer.join()
+        store.close()
+
+
+@pytest.mark.processes
+def test_a_commit_whose_node_turned_replica_is_sent_again_to_the_primary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_settings: None
+) -> None:
+    """The node a commit reached answers its ``WAIT`` as a replica (here a writable replica,
+    as a primary demoted by a failover that changed its mind looks for a moment): the commit
+    is sent again, idempotently, once the node is a primary with a replica, never reported
+    as a Redis error."""
+    monkeypatch.setenv("RUNNER_REDIS_WAIT_REPLICAS", "1")
+    monkeypatch.setenv("RUNNER_REDIS_WAIT_TIMEOUT", "0.3")
+    monkeypatch.setenv("RUNNER_STORE_RETRY", "15")
+    reset_settings()
+    with (
+        redis_server(tmp_path) as other,
+        redis_server(
+            tmp_path, "--replica-read-only", "no", "--replicaof", "127.0.0.1", str(other.port)
+        ) as node,
+    ):
+        store = RedisProvider(f"redis://127.0.0.1:{node.port}/0", prefix="demoted")
+
+        def swap() -> None:  # the node becomes the primary, the other its replica
+            promoted = redis.Redis(port=node.port)
+            promoted.execute_command("REPLICAOF", "NO", "ONE")
+            redis.Redis(port=other.port).execute_command("REPLICAOF", "127.0.0.1", str(node.port))
+
+        timer = threading.Timer(1.0, swap)
+        timer.start()
+        began = time.monotonic()
+        done = store.commit(Checkpoint(run_id="r1", event="flow_started", state={"n": 1}))
+        assert done.seq == 1 and time.monotonic() - began > 0.9
+        timer.join()
+        assert store.latest("r1") is not None
+        store.close()
+
+
+@pytest.mark.processes
+def test_a_commit_on_a_node_that_stays_a_replica_is_unavailable_past_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_settings: None
+) -> None:
+    monkeypatch.setenv("RUNNER_REDIS_WAIT_REPLICAS", "1")
+    monkeypatch.setenv("RUNNER_STORE_RETRY", "0.5")
+    reset_settings()
+    with (
+        redis_server(tmp_path) as other,
+        redis_server(
+            tmp_path, "--replica-read-only", "no", "--replicaof", "127.0.0.1", str(other.port)
+        ) as node,
+    ):
+        store = RedisProvider(f"redis://127.0.0.1:{node.port}/0", prefix="demoted")
+        with pytest.raises(StoreUnavailable, match="became a replica"):
+            store.commit(Checkpoint(run_id="r1", event="flow_started", state={"n": 1}))
         store.close()

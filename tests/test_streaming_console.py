@@ -101,13 +101,18 @@ def test_the_sse_endpoint_needs_the_token_and_404s_an_unknown_run(rt: Any, conso
 
 
 def test_a_client_that_leaves_stops_its_reader(rt: Any, console: str, redis_url: str) -> None:
+    def readers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "runner-sse"}
+
+    others = readers()  # another test's browser page may still hold a stream open
     handle = submit(Tokens, {"count": 10, "hold": True}, rt=rt)
     url = f"{console}/api/runs/{handle.run_id}/stream"
     with httpx.Client(timeout=30) as http, http.stream("GET", url, headers=AUTH) as response:
         assert len(_events(response, stop=5)) == 5
-        assert any(t.name == "runner-sse" for t in threading.enumerate())
+        mine = readers() - others
+        assert mine
     deadline = time.monotonic() + 10
-    while any(t.name == "runner-sse" for t in threading.enumerate()):
+    while any(t.is_alive() for t in mine):
         assert time.monotonic() < deadline, "the reader of a client that left goes on"
         time.sleep(0.1)
     assert handle.status() is RunStatus.RUNNING  # it stopped while the run still runs

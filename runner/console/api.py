@@ -177,7 +177,7 @@ async def get_stream(
         functools.partial(following.follow, store, run_id, channels, after, stop=stop)
     )
     return StreamingResponse(
-        streams.events(frames, stop),
+        streams.events(frames, stop, request.is_disconnected),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -7,7 +7,8 @@ browser's ``EventSource`` reconnects with ``Last-Event-ID`` and gets every entry
 ``end`` event, after which the client closes. One thread per client reads the run's stream
 (blocking reads of the store) and hands frames to the event loop, which writes whatever
 gathered in one chunk; a comment every :data:`KEEPALIVE` seconds keeps proxies from closing
-a quiet stream and tells a client that left.
+a quiet stream. A client that left is noticed within :data:`CHECK` seconds by asking the
+server (a write to it would fail only at the next keepalive), and its reader stops.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from runner.flow import streaming
@@ -23,6 +25,8 @@ from runner.flow.streaming import StreamFrame
 
 KEEPALIVE = 15.0
 """Seconds of silence after which a comment line is sent."""
+CHECK = 1.0
+"""Seconds between two checks, while quiet, that the client is still there."""
 RETRY_MS = 1000
 """What a browser waits before reconnecting (the ``retry:`` field)."""
 _DONE = object()
@@ -40,9 +44,14 @@ def event(frame: StreamFrame) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-async def events(frames: Iterator[StreamFrame], stop: threading.Event) -> AsyncIterator[str]:
+async def events(
+    frames: Iterator[StreamFrame],
+    stop: threading.Event,
+    left: Callable[[], Awaitable[bool]] | None = None,
+) -> AsyncIterator[str]:
     """The SSE body of ``frames`` (read in a thread of its own; made with ``stop``, which is
-    set when the client leaves, so the reading ends too)."""
+    set when the client leaves, so the reading ends too). ``left``: whether the client has
+    gone (Starlette's ``Request.is_disconnected``)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -63,12 +72,18 @@ async def events(frames: Iterator[StreamFrame], stop: threading.Event) -> AsyncI
     threading.Thread(target=pump, name="runner-sse", daemon=True).start()
     yield f"retry: {RETRY_MS}\n\n"
     try:
+        quiet_since = time.monotonic()
         while True:
             try:
-                item = await asyncio.wait_for(queue.get(), KEEPALIVE)
+                item = await asyncio.wait_for(queue.get(), CHECK)
             except TimeoutError:
-                yield ": keepalive\n\n"
+                if left is not None and await left():
+                    return
+                if time.monotonic() - quiet_since >= KEEPALIVE:
+                    quiet_since = time.monotonic()
+                    yield ": keepalive\n\n"
                 continue
+            quiet_since = time.monotonic()
             batch = [item]
             while not queue.empty():
                 batch.append(queue.get_nowait())

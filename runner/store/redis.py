@@ -196,7 +196,35 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
         published, and the run's ``closing`` checkpoint written next. An outbox runs on this
         same Redis only, so never on a Cluster (:class:`StoreError`). An ``announce`` of a
         stopped run is one more PUBLISH of the script (on a Cluster, or when commits wait for
-        replicas, one after the commit)."""
+        replicas, one after the commit).
+
+        When commits wait for replicas, a commit whose node was demoted before its ``WAIT``
+        (a Sentinel group whose failover changed its mind, or an old primary back as a
+        replica) is sent again to the group's primary of now, unless its checkpoint is
+        there already (the write reached the new primary before the demotion): the write
+        may have gone with the demoted node's data, or not."""
+        ckpt = request.checkpoint
+        deadline = time.monotonic() + self.wait_patience
+        demoted = False
+        while True:
+            try:
+                if demoted and (found := self._read(ckpt.run_id, [ckpt.id])):
+                    self._replicated(ckpt.run_id)
+                    return found[0]
+                return self._commit_once(request)
+            except _Demoted:
+                demoted = True
+                self._forget(ckpt.run_id)
+                self.client.connection_pool.disconnect()  # its next connects ask the sentinels
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(
+                        f"Redis at {mask_url(self.url)} has no primary to commit to: the node "
+                        f"written to became a replica (a Sentinel failover)",
+                        url=mask_url(self.url),
+                    ) from None
+                time.sleep(0.1)
+
+    def _commit_once(self, request: CommitRequest) -> Checkpoint:
         ckpt, run = request.checkpoint, request.checkpoint.run_id
         stopped = _stopped(request)
         told = stopped is not None and not self.cluster and not self.wait_replicas
@@ -255,7 +283,12 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
         want, ms = self.wait_replicas, int(self.wait_timeout * 1000)
         deadline = time.monotonic() + self.wait_patience
         while True:  # a producer waits for a failover's new primary to get its replica back
-            got = int(self._guard(lambda: self.client.execute_command("WAIT", want, ms)))
+            try:
+                got = int(self._guard(lambda: self.client.execute_command("WAIT", want, ms)))
+            except StoreError as exc:
+                if _REPLICA_REFUSES_WAIT in str(exc):
+                    raise _Demoted from None
+                raise
             if got >= want or time.monotonic() >= deadline:
                 break
         if got < want:
@@ -919,6 +952,15 @@ def _outbox_keys(outbox: Sequence[OutboxCommand], cluster: bool) -> list[str]:
         if command not in OUTBOX_COMMANDS:
             raise StoreError(f"a commit's outbox cannot run {command!r}")
     return [target for command, target, _ in outbox if OUTBOX_COMMANDS[command]]
+
+
+_REPLICA_REFUSES_WAIT = "WAIT cannot be used with replica"
+"""Redis's error for a ``WAIT`` sent to a replica: the node the commit reached is no longer
+the primary."""
+
+
+class _Demoted(Exception):
+    """The node a commit was written to answered its ``WAIT`` as a replica."""
 
 
 @dataclass(frozen=True)
