@@ -12,7 +12,7 @@ import json
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -25,7 +25,7 @@ TAIL_LINES = 12
 """Lines of each running step's text shown under the live table."""
 
 
-def follow_stream(reader: Reader, run_id: str, *, timeout: float | None) -> None:
+def follow_stream(reader: Reader, run_id: str, *, timeout: float | None) -> NoReturn:
     """Print ``run_id``'s stream until the run stops, then its outcome; exit with its code."""
     from runner.flow import following, streaming
 

@@ -76,7 +76,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import celery
 import kombu
@@ -293,13 +293,13 @@ def _refusing(make_client: Callable[..., Any]) -> Callable[..., Any]:
     def refusing_client(**kwargs: Any) -> Any:
         client = make_client(**kwargs)
 
-        def refuse(*args: Any, **_: Any) -> Any:
+        def refuse(*args: Any, **_: Any) -> NoReturn:
             raise _DirectWrite(str(args[0]) if args else "a command")
 
         def pipeline(*_: Any, **__: Any) -> Any:
             pipe = client.__class__.pipeline(client, transaction=False)
 
-            def execute(*_: Any, **__: Any) -> Any:
+            def execute(*_: Any, **__: Any) -> NoReturn:
                 raise _DirectWrite(", ".join(str(c[0][0]) for c in pipe.command_stack))
 
             pipe.execute = execute

@@ -562,9 +562,7 @@ def _duplicate(task: Any, run_id: str, activation: str, why: str, sent: list[str
     raise Ignore()
 
 
-def _hand_back(
-    rt: Runtime, task: Any, run_id: str, activation: str, deployment: str
-) -> dict[str, Any]:
+def _hand_back(rt: Runtime, task: Any, run_id: str, activation: str, deployment: str) -> NoReturn:
     """A step of another deployment reached this worker (queues shared by configuration):
     leave it to its owners by putting it back on the queue it came from."""
     log.error(

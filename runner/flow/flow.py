@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
+from typing import Any, ClassVar, Generic, NoReturn, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -505,7 +505,7 @@ class Flow(Generic[StateT]):
         ``.stream``, any iterator of text) and return the full text."""
         return streaming.stream_from(chunks, channel)
 
-    def pause(self, reason: str = "waiting for input") -> None:
+    def pause(self, reason: str = "waiting for input") -> NoReturn:
         """Pause the run here; ``resume`` with inputs re-runs this method."""
         from runner.errors import PauseRun
 
