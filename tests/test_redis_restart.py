@@ -3,9 +3,11 @@ within seconds of Redis answering again, and each worker logs one WARNING for th
 connection, one INFO when it is back, and no traceback.
 
 Redis here is a server of the test's own (AOF, fsync always; the checkpoints and the
-broker's queue survive the restart), stopped for 3 s while 20 runs of a fan-out + join +
-router flow are in flight, at the default lease and recovery settings. How soon runs go on
-is read from the store: each open run's first checkpoint built after Redis answered again.
+broker's queue survive the restart), stopped for 3 s (and 7 s) while 20 runs of a fan-out
++ join + router flow are in flight (two workers of ten pool processes each: every run can
+take a step at once, so the wait measured is the restart's, not the queue's), at the
+default lease and recovery settings. How soon runs go on is read from the store: each open
+run's first checkpoint built after Redis answered again.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from tests.flows.reliability import ChaosRouted, expected_effects
 pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 RUNS = 20
-OUTAGE = float(__import__("os").environ.get("RR_OUTAGE", "3.0"))
+OUTAGES = [3.0, 7.0]
+"""Seconds Redis is down: issue 33's 3 s, and 7 s, past Celery's default second reconnect
+try (2 s, then 6 s after the loss: the next came at 12 s)."""
 GOES_ON_WITHIN = 5.0
 """Seconds from Redis answering again to each open run's next commit (issue 33: 14-18 s)."""
 
@@ -51,7 +55,8 @@ def _next_commit_delays(handles: list[RunHandle], open_runs: set[str], up_at: fl
     return delays
 
 
-def test_workers_ride_through_a_redis_restart_quietly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("outage", OUTAGES)
+def test_workers_ride_through_a_redis_restart_quietly(tmp_path: Path, outage: float) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
     with RedisServer(tmp_path / "redis") as server:
@@ -62,13 +67,13 @@ def test_workers_ride_through_a_redis_restart_quietly(tmp_path: Path) -> None:
             "RUNNER_FLOW_MODULES": "tests.flows.reliability",
         }
         rt = runtime_on(env)
-        workers = start_workers(2, env, logs, rt, loglevel="info", concurrency=4)
+        workers = start_workers(2, env, logs, rt, loglevel="info", concurrency=10)
         try:
             handles = [submit(ChaosRouted, {"n": i}, rt=rt) for i in range(RUNS)]
             # Steps ran on both workers: the restart comes mid-flight.
             eventually(lambda: len({h.latest().worker for h in handles} - {None}) >= 2)
             open_runs = {h.run_id for h in handles if not h.status().finished}
-            server.restart(pause=OUTAGE)
+            server.restart(pause=outage)
             up_at = server.answered_at
             print(f"Redis down {up_at - server.stopped_at:.2f}s, {len(open_runs)} runs open")
             statuses = [h.wait(timeout=120) for h in handles]
