@@ -879,6 +879,7 @@ each try up to 30 s: tries 2, 6, 12, 20, 30 s after the loss), so a broker back 
 was found only at 12 s, one back after 13 s at 20 s: runs stood still for up to 8 s (more,
 the longer the outage) with Redis answering. Celery has no setting for these."""
 
+
 def patient_connections(app: Celery, seconds: float) -> None:
     """Make every use of a lost broker connection in ``app`` (a producer's channel, Celery's
     send) wait for the broker up to ``seconds``, trying on :data:`RECONNECT`'s schedule.
