@@ -67,8 +67,8 @@ class RunnerSettings(BaseSettings):
     store_retry: float = Field(
         default=30.0,
         ge=0,
-        description="Seconds a producer's Redis command waits (with backoff) for a restarting "
-        "Redis or a Sentinel failover before it is StoreUnavailable.",
+        description="Seconds a Redis command (a producer's or a worker's) waits (with backoff) "
+        "for a restarting Redis or a Sentinel failover before it is StoreUnavailable.",
     )
     max_checkpoints: int = Field(
         default=200, ge=0, description="Checkpoints kept per run (0 = keep all)."

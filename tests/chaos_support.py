@@ -80,6 +80,10 @@ class RedisServer:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port(bind)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.stopped_at = 0.0
+        """Wall time the last :meth:`stop` began (the server stops answering then)."""
+        self.answered_at = 0.0
+        """Wall time the last :meth:`start` saw the server answer PING."""
 
     @property
     def url(self) -> str:
@@ -99,6 +103,7 @@ class RedisServer:
             while True:
                 with contextlib.suppress(redis.RedisError):
                     if probe.ping():
+                        self.answered_at = time.time()
                         return self
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     self.stop()
@@ -108,6 +113,7 @@ class RedisServer:
     def stop(self) -> None:
         """SIGTERM: Redis flushes its AOF and exits."""
         if self.proc is not None and self.proc.poll() is None:
+            self.stopped_at = time.time()
             self.proc.terminate()
             self.proc.wait(timeout=30)
 

@@ -52,6 +52,10 @@ What the runner takes from them that is not their public API, and what it expect
 * **A lost connection's second close** (:func:`guard_closed_channels`): a worker survives
   Celery closing a dead connection twice, where kombu's Redis channel would read a client
   the first close dropped.
+* **The consumer's reconnects** (:class:`Consumer`, Celery's ``worker_consumer``): Celery's
+  consumer reconnects through ``Connection.ensure_connection`` at kombu's default intervals
+  (2 s growing to 30 s); the runner's subclass passes shorter ones (:data:`RECONNECT`), so a
+  worker takes steps again within about a second of its broker answering.
 * **Log records** (:data:`CONNECTION_LOGGERS` and the messages after it): the worker turns
   Celery's and kombu's records of a lost connection into one WARNING of its own.
 
@@ -83,6 +87,7 @@ import kombu
 import redis
 from celery import Celery
 from celery.worker import state as worker_state
+from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Exchange, Producer, Queue
 from kombu.exceptions import BatchPublishError, ChannelError, OperationalError
 from kombu.transport.redis import Channel as RedisChannel
@@ -207,6 +212,17 @@ class NotRecordable(Exception):
     """kombu did not hand a publish to the recording session as expected (nothing was sent)."""
 
 
+class ConnectionRevived(Exception):
+    """The producer's connection was lost and made anew during a recording (kombu's publish
+    retry on a connection from before a Redis restart): nothing was sent, and a recording
+    on the revived connection works."""
+
+
+CHANNEL_CHANGED = "Producer channel changed while a publish batch was active"
+"""kombu 5.7's ``RuntimeError`` when a publish inside ``Producer.batch()`` retried on a new
+channel (its connection was revived): the batch's session belongs to the old one."""
+
+
 class _Session:
     """kombu's publish-batch session, keeping the commands rather than running them.
 
@@ -272,6 +288,10 @@ def recording(producer: Any) -> Iterator[list[OutboxCommand] | None]:
             if not session.commands:
                 # Raised inside the batch, so a session kombu made itself is discarded.
                 raise NotRecordable("kombu did not hand the publish to the recording session")
+    except RuntimeError as exc:
+        if CHANNEL_CHANGED not in str(exc):
+            raise
+        raise ConnectionRevived(str(exc)) from None
     finally:
         del channel.create_publish_batch
 
@@ -850,6 +870,66 @@ def guard_closed_channels() -> None:
         RedisChannel._connparams = connparams  # type: ignore[method-assign]
 
 
+# --- the consumer's reconnects --------------------------------------------------------------
+
+RECONNECT = {"interval_start": 0.0, "interval_step": 0.5, "interval_max": 1.0}
+"""How often a worker's consumer tries the broker again after losing it: at once, then
+0.5 s, then every second. Celery's consumer takes kombu's default (2 s, then 2 s longer at
+each try up to 30 s: tries 2, 6, 12, 20, 30 s after the loss), so a broker back after 7 s
+was found only at 12 s, one back after 13 s at 20 s: runs stood still for up to 8 s (more,
+the longer the outage) with Redis answering. Celery has no setting for these."""
+
+
+def patient_connections(app: Celery, seconds: float) -> None:
+    """Make every use of a lost broker connection in ``app`` (a producer's channel, Celery's
+    send) wait for the broker up to ``seconds``, trying on :data:`RECONNECT`'s schedule.
+
+    kombu reconnects a connection it finds lost (``Connection.default_channel``) for its
+    ``connect_timeout`` only (Celery's ``broker_connection_timeout``, 4 s) at 2 s, then 4 s
+    apart: a step finishing during a longer restart failed its send with
+    ``OperationalError`` (and a traceback), though its commit would have waited. kombu's
+    transport options ``connect_retries_timeout`` and ``interval_*`` set both (kombu 5.7.0,
+    ``Connection._extract_failover_opts``); a config file's own are kept."""
+    options = dict(app.conf.broker_transport_options or {})
+    options.setdefault("connect_retries_timeout", seconds)
+    for key, value in RECONNECT.items():
+        options.setdefault(key, value)
+    app.conf.broker_transport_options = options
+
+
+WORKER_CONSUMER = "runner.distributed.broker:Consumer"
+"""Celery's ``worker_consumer`` setting naming :class:`Consumer`."""
+
+
+def _kombu_schedule(retries: int) -> float:
+    """Seconds kombu's default schedule (2, 4, ... 30 s apart) waits over ``retries`` tries."""
+    return float(sum(min(2 + 2 * k, 30) for k in range(retries)))
+
+
+class Consumer(CeleryConsumer):
+    """Celery's worker consumer, reconnecting on :data:`RECONNECT`'s schedule (kombu 5.7.0,
+    Celery 5.7.0: ``Consumer.ensure_connected`` calls the connection's
+    ``ensure_connection(errback, max_retries, callback=...)`` with kombu's default
+    intervals). ``broker_connection_max_retries`` keeps its meaning in time: the worker gives
+    up when kombu's default schedule would have (about 46 minutes at Celery's default 100
+    tries), not after 100 tries a second apart; ``None`` still retries forever."""
+
+    def ensure_connected(self, conn: Any) -> Any:
+        ensure = conn.ensure_connection
+
+        def sooner(errback: Any = None, max_retries: int | None = None, **kwargs: Any) -> Any:
+            if max_retries is not None and max_retries <= 0:
+                return ensure(errback, max_retries, **kwargs)  # no retries: nothing to hasten
+            budget = None if max_retries is None else _kombu_schedule(max_retries)
+            return ensure(errback, None, **RECONNECT, timeout=budget, **kwargs)
+
+        conn.ensure_connection = sooner  # this call only: the instance's own attribute
+        try:
+            return super().ensure_connected(conn)
+        finally:
+            del conn.ensure_connection
+
+
 # --- log records of a lost connection -------------------------------------------------------
 
 # Celery 5.7 / kombu 5.7 wording. Should it change, the worker logs their records as they
@@ -862,6 +942,10 @@ CONNECTION_LOST = (
     "Connection to Redis lost",
 )
 """How those records begin (Celery's consumer, its Redis result backend)."""
+ACK_LOST = ("celery.worker.request", "Couldn't ack")
+"""Celery's record (logger, how it begins; CRITICAL, with a traceback) of a step's message
+acknowledged after the connection it came on was lost: the ack cannot reach the broker,
+the message stays in kombu's ``unacked`` hash, and recovery finds its step committed."""
 RECONNECTED = "Connected to"
 """How Celery's consumer says it reconnected (``celery.worker.consumer``)."""
 CANCEL_ON_CONNECTION_LOSS = "worker_cancel_long_running_tasks_on_connection_loss"

@@ -34,6 +34,7 @@ from contextlib import AbstractContextManager, contextmanager
 from runner.store.base import BeginOutcome, Begun, CoordinatedStore, Coordination, StopNotices
 from runner.store.models import Checkpoint, RunStatus
 
+from . import outage
 from .services import services
 
 log = logging.getLogger("runner.worker")
@@ -241,5 +242,6 @@ class _Heartbeats:
                 try:
                     if not self.coord.renew(run_id, key, token):
                         self.remove(run_id, key, token)
-                except Exception:  # the next beat retries; the lease may lapse meanwhile
-                    log.warning("lease renewal of %s %s failed", run_id, key, exc_info=True)
+                except Exception as exc:  # the next beat retries; the lease may lapse meanwhile
+                    if not outage.report(exc):  # a lost connection is said once, per worker
+                        log.warning("lease renewal of %s %s failed", run_id, key, exc_info=True)

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 
 from runner.errors import RunnerError
 
+from . import outage
 from .coord import Coordinator, attempt_token
 from .services import services
 
@@ -132,7 +133,8 @@ class _Releases:
                 try:
                     coord.release_all(held)
                 except RunnerError as exc:  # they lapse instead: a duplicate send at worst
-                    log.warning("could not drop %d sender lease(s): %s", len(held), exc)
+                    if not outage.report(exc):  # a lost connection is said once, per worker
+                        log.warning("could not drop %d sender lease(s): %s", len(held), exc)
                 except Exception:  # a bug; the thread must live on for the next drops
                     log.exception("could not drop %d sender lease(s)", len(held))
             with self.cond:

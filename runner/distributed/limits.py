@@ -36,6 +36,7 @@ from runner.settings import RunnerSettings
 from runner.store.base import DeploymentStore
 from runner.store.limits import CONCURRENCY, RateLimit, SlotLimit
 
+from . import outage
 from .services import services
 
 log = logging.getLogger("runner.worker")
@@ -187,7 +188,8 @@ class Gate:
             try:
                 self.renew()
             except StoreError as exc:  # the slot lapses with the lease if this lasts
-                log.warning("could not renew concurrency slots: %s", exc)
+                if not outage.report(exc):  # a lost connection is said once, per worker
+                    log.warning("could not renew concurrency slots: %s", exc)
 
 
 def gate_of(store: DeploymentStore, lease_seconds: float) -> Gate:

@@ -18,11 +18,9 @@ Celery internals it relies on (:mod:`runner.distributed.broker`).
 
 from __future__ import annotations
 
-import errno
 import importlib
 import inspect
 import logging
-import os
 import threading
 import time
 import weakref
@@ -41,7 +39,7 @@ from runner.flow.loading import load_flow
 from runner.observe import hooks as observe
 from runner.settings import RunnerSettings, get_settings
 
-from . import broker, handoff, routing
+from . import broker, handoff, outage, routing
 from .coord import OK
 from .engine import (
     DECLARED_TASK,
@@ -70,6 +68,12 @@ def install(
     # gives up after ~1 s): retry for about half a minute, then their senders' leases lapse
     # and recovery sends them.
     app.conf.task_publish_retry_policy = PATIENT_PUBLISH
+    # And its consumer tries a lost broker again every second, not at kombu's 2, 6, 12, 20,
+    # 30 s after the loss (a Redis back after 7 s was taken from only at 12 s).
+    app.conf.worker_consumer = broker.WORKER_CONSUMER
+    # And a step that finishes while Redis restarts waits for its broker connection as its
+    # commit waits for the store (RUNNER_STORE_RETRY), rather than failing at kombu's 4 s.
+    broker.patient_connections(app, settings.store_retry)
     _register_builtins(app, rt)
     routing.serve(app, rt.store, settings)
     allowed = list(settings.flow_modules if modules is None else modules)
@@ -81,11 +85,11 @@ def install(
     _register_declared(app, rt, allowed)
     # After the flow modules: a tracer provider one of them set up is used as it is.
     observe.install(app, settings)
-    watch = ConnectionWatch(f"Redis at {mask_url(rt.store.url)}")
+    watch = outage.speak_here(f"Redis at {mask_url(rt.store.url)}")
     _check_broker_at_start(app, rt)
     _start_recovery_on_ready(app, rt, watch)
     _hand_back_unknown_tasks(app, rt)
-    _hold_received_steps(app, rt, watch)
+    _hold_received_steps(app, rt)
     _settle_hard_time_limits(app, rt)
     _quiet_reconnects(watch)
     return rt
@@ -245,7 +249,7 @@ def _check_broker_at_start(app: Celery, rt: Runtime) -> None:
     signals.celeryd_after_setup.connect(on_setup, weak=False)
 
 
-def _start_recovery_on_ready(app: Celery, rt: Runtime, watch: ConnectionWatch) -> None:
+def _start_recovery_on_ready(app: Celery, rt: Runtime, watch: outage.Watch) -> None:
     def on_ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", app) is not app:
             return
@@ -340,16 +344,14 @@ def _hand_unknown(
     log.info("step %s of run %s: handed to a worker of version %s", name, kwargs["run_id"], version)
 
 
-def _recovery_loop(rt: Runtime, watch: ConnectionWatch) -> None:
-    stop = threading.Event()
-    while not stop.wait(rt.settings.recovery_interval):
+def _recovery_loop(rt: Runtime, watch: outage.Watch) -> None:
+    stop, interval = threading.Event(), rt.settings.recovery_interval
+    while not stop.wait(interval):
         try:
             resent = recover(rt)
-        except StoreUnavailable as exc:
-            watch.lost(exc)
-            continue
-        except Exception:
-            log.exception("recovery pass failed; retrying in %ss", rt.settings.recovery_interval)
+        except Exception as exc:
+            if not outage.report(exc):  # a lost connection is said once, per worker
+                log.exception("recovery pass failed; retrying in %ss", interval)
             continue
         watch.back()
         if resent:
@@ -372,8 +374,8 @@ class _Receipts:
     a Redis broker's unacknowledged messages as lost (after a whole lease).
     """
 
-    def __init__(self, rt: Runtime, watch: ConnectionWatch) -> None:
-        self.rt, self.watch = rt, watch
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
         self.held: dict[int, _Receipt] = {}
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
@@ -405,7 +407,7 @@ class _Receipts:
             try:
                 kept = receipt.keep(self.rt)
             except StoreUnavailable as exc:
-                self.watch.lost(exc)
+                outage.report(exc)
                 continue
             except RunnerError as exc:  # e.g. a corrupt run: the attempt will quarantine it
                 log.warning(
@@ -450,8 +452,8 @@ class _Receipt:
         return True
 
 
-def _hold_received_steps(app: Celery, rt: Runtime, watch: ConnectionWatch) -> None:
-    receipts = _Receipts(rt, watch)
+def _hold_received_steps(app: Celery, rt: Runtime) -> None:
+    receipts = _Receipts(rt)
 
     def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         if getattr(sender, "app", app) is app and request is not None:
@@ -504,43 +506,6 @@ def _settle_killed(rt: Runtime, flow_cls: Any, kwargs: dict[str, Any], error: An
 # --- connection losses ----------------------------------------------------------------------
 
 
-class ConnectionWatch:
-    """One WARNING when the worker loses Redis (or the broker), one INFO when it is back."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.down_since: float | None = None
-        self.back_at = -float("inf")
-        self.lock = threading.Lock()
-
-    def lost(self, cause: object) -> None:
-        """Something failed for want of a connection: say so once per outage."""
-        with self.lock:
-            if self.down_since is not None:
-                return
-            self.down_since = time.monotonic()
-        log.warning(
-            "lost the connection to %s (%s); the worker waits and reconnects",
-            self.what,
-            _first_line(cause),
-        )
-
-    def back(self) -> None:
-        """Something that needs the connection worked: end the outage, if there was one."""
-        with self.lock:
-            since, self.down_since = self.down_since, None
-            if since is not None:
-                self.back_at = time.monotonic()
-        if since is not None:
-            log.info("connection to %s is back after %.1fs", self.what, time.monotonic() - since)
-
-
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    StoreUnavailable,
-    *broker.CONNECTION_ERRORS,
-    ConnectionError,
-    TimeoutError,
-)
 _CONNECTION_LOGS = (*broker.CONNECTION_LOGGERS, "runner.worker")
 REPORTED_FOR = 60.0
 """Seconds after an outage ended in which Celery's own "Connected to" is left unsaid."""
@@ -548,30 +513,30 @@ REPORTED_FOR = 60.0
 
 class _QuietReconnects(logging.Filter):
     """Turns the worker's many connection-error records (Celery's consumer, the result
-    backend, lease heartbeats, with tracebacks) into :class:`ConnectionWatch` calls.
+    backend, lease heartbeats, with tracebacks) into :class:`outage.Watch` calls.
 
     Installed on the root logger's handlers in the main process, and inherited by the
-    pool processes, which stay silent: the main process notices every outage too (its
-    consumer and its recovery pass use the same servers) and reports it once. Records
-    of steps that fail (``celery.app.trace``) are never touched.
+    pool processes, which stay silent (:func:`outage.speaks`): the main process notices
+    every outage too (its consumer and its recovery pass use the same servers) and reports
+    it once. Records of steps that fail (``celery.app.trace``) are never touched.
     """
 
-    def __init__(self, watch: ConnectionWatch) -> None:
+    def __init__(self, watch: outage.Watch) -> None:
         super().__init__()
-        self.watch, self.main = watch, os.getpid()
+        self.watch = watch
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "py.warnings":
             # Running steps ride through a lost broker connection (config/celeryconfig.py);
             # Celery 5 warns at every loss that Celery 6 will cancel them instead.
             return broker.CANCEL_ON_CONNECTION_LOSS not in record.getMessage()
-        if not record.name.startswith(_CONNECTION_LOGS):
-            return True
         exc = record.exc_info[1] if record.exc_info else None
         message = record.getMessage()
-        if _is_connection_error(exc) or message.startswith(broker.CONNECTION_LOST):
-            if os.getpid() == self.main:
-                self.watch.lost(exc if exc is not None else message)
+        ack_lost = record.name == broker.ACK_LOST[0] and message.startswith(broker.ACK_LOST[1])
+        if not ack_lost and not record.name.startswith(_CONNECTION_LOGS):
+            return True
+        if ack_lost or _is_connection_error(exc) or message.startswith(broker.CONNECTION_LOST):
+            self.watch.lost(exc if exc is not None else message)  # silent in a pool child
             return False
         if message.startswith(broker.RECONNECTED) and record.name.startswith("celery.worker"):
             # Celery's consumer reconnected: after an outage our INFO says it, once.
@@ -581,18 +546,10 @@ class _QuietReconnects(logging.Filter):
 
 
 def _is_connection_error(exc: BaseException | None) -> bool:
-    if exc is None:
-        return False
-    if isinstance(exc, _CONNECTION_ERRORS):
-        return True
-    return isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.ECONNRESET)
+    return outage.is_connection_error(exc) or isinstance(exc, broker.CONNECTION_ERRORS)
 
 
-def _first_line(cause: object) -> str:
-    return str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-
-
-def _quiet_reconnects(watch: ConnectionWatch) -> None:
+def _quiet_reconnects(watch: outage.Watch) -> None:
     quiet = _QuietReconnects(watch)
 
     def on_logging(logger: Any = None, **_: Any) -> None:

@@ -41,9 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from pydantic_core import to_json
-from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
-from redis.retry import Retry
 
 from runner.embedded import mask_url
 from runner.errors import (
@@ -127,9 +125,9 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
         patient: bool = False,
         codec: codecs.Codec | None = None,
     ) -> None:
-        """``patient`` clients retry Redis errors for seconds (workers: a blip must not cost
-        a finished step's commit); others wait up to ``RUNNER_STORE_RETRY`` seconds for a
-        restarting Redis or a Sentinel failover (see :func:`_retry`), then report it.
+        """Every command waits up to ``RUNNER_STORE_RETRY`` seconds for a restarting Redis or
+        a Sentinel failover (see :func:`_connect`), then reports it. ``patient`` (workers: a
+        commit short of its replicas is sent again by its task) asks ``WAIT`` once.
         ``codec`` seals the payloads written (default: ``RUNNER_ENCRYPTION_KEYS``'s, if set;
         see :mod:`runner.store.codec`)."""
         from runner.settings import get_settings
@@ -140,7 +138,7 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
                 from runner.embedded import resolve_redis_url
 
                 url = resolve_redis_url(settings.redis_url)
-            client = _connect(url, patient)
+            client = _connect(url)
         self.url = url or pools.client_url(client)
         self.client: Any = client
         self.cluster = isinstance(client, RedisCluster)
@@ -905,19 +903,16 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
             raise StoreError(f"Redis error: {exc}") from None
 
 
-def _connect(url: str, patient: bool) -> Any:
-    """A client for ``url``: :func:`runner.store.connection.client` (Cluster, Sentinel, TLS)."""
-    return connection.client(url, retry=_retry(patient))
+def _connect(url: str) -> Any:
+    """A client for ``url``: :func:`runner.store.connection.client` (Cluster, Sentinel, TLS).
 
-
-def _retry(patient: bool) -> Retry:
-    """Patient (workers): redis-py's default (10 retries, ~5 s); else (producers: submit,
-    resume, answers, the console, the CLI) until Redis answers again within
-    ``RUNNER_STORE_RETRY`` seconds (:class:`~runner.store.connection.Patience`), so a
-    restart or a Sentinel failover is waited out rather than reported."""
-    if patient:
-        return Retry(ExponentialWithJitterBackoff(base=0.01, cap=1.0), 10)
-    return connection.patience()
+    Every client, a worker's as a producer's, retries until Redis answers again within
+    ``RUNNER_STORE_RETRY`` seconds (:class:`~runner.store.connection.Patience`: tries at most
+    a second apart), so a restart or a Sentinel failover is waited out rather than
+    reported. Workers once retried 10 times (about 4 s, less with jitter): a 3 s restart
+    then failed the commits of the steps running through it, which ran again only when
+    their leases lapsed and a recovery pass re-sent them, 10-15 s after Redis was back."""
+    return connection.client(url, retry=connection.patience())
 
 
 def _field(value: Any) -> str:
