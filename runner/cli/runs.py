@@ -226,9 +226,7 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                 # The code version that wrote the latest checkpoint (runner.flow.versions).
                 "version": latest.version,
                 "fingerprint": latest.fingerprint,
-                "cancel_reason": latest.meta.cancel_reason
-                if info.status is RunStatus.CANCELLED
-                else None,
+                "cancel_reason": cancel_reason(info, latest),
                 "parent": latest.meta.parent.model_dump() if latest.meta.parent else None,
                 "children": children,
                 "waiting": waits,
