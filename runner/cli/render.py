@@ -248,6 +248,10 @@ def _awaiting_rows(grid: Table, info: RunInfo, latest: Checkpoint) -> None:
         grid.add_row("under review", shown)
     if waiting.emit:
         grid.add_row("outcomes", ", ".join(waiting.emit))
+    if waiting.deadline is not None:
+        # The recovery pass answers None at the deadline (recovery.answer_overdue).
+        left = duration(max(0.0, waiting.deadline - time.time()))
+        grid.add_row("timeout", f"{when(waiting.deadline)} (in {left}): then it goes on with None")
     grid.add_row("answer", f"runner resume {info.run_id} --feedback TEXT")
 
 
