@@ -131,6 +131,8 @@ def test_submit_wait_status_and_the_console_say_a_run_was_cancelled_because_its_
     shown = _runner(worker_env, "status", run_id)
     assert shown.returncode == 0, shown.stderr
     assert re.search(r"cancelled\s+its deadline passed \(", shown.stdout), shown.stdout
+    shown = _runner(worker_env, "status", run_id, "--json")
+    assert json.loads(shown.stdout)["cancel_reason"].startswith("its deadline passed (")
     with serving(rt) as url, httpx.Client(base_url=url) as http:
         detail = http.get(f"/api/runs/{run_id}").json()
         assert detail["cancel_reason"].startswith("its deadline passed (")

@@ -20,6 +20,7 @@ from runner.views import asleep, scheduled_until, woken_at
 from . import progress, refs, sources, streams
 from ._app import commands
 from ._outcome import (
+    cancel_reason,
     exit_code_of,
     follow,
     outcome,

@@ -33,6 +33,13 @@ class Console:
     guard: Guard
     flower_url: str | None
     templates: Jinja2Templates
+    user: str | None = None
+    """``RUNNER_UI_USER``: who acts through this console when the login names nobody."""
+
+    def author(self, request: Request) -> str:
+        """Who ``request`` acts as, recorded with its answers and cancels: a basic-auth
+        login's user name, else ``RUNNER_UI_USER``, else ``console``."""
+        return self.guard.basic_user(request) or self.user or "console"
 
     def page(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
         """Render template ``name`` with the guard's view of the request."""

@@ -251,12 +251,13 @@ def feedback_submit(
 ) -> Response:
     """Answer what the run awaits (the feedback box, or a label's button) and reload its page;
     ``step`` is the activation whose question the page showed."""
+    console = console_of(request)
     actions.answer(
-        console_of(request).rt,
+        console.rt,
         run_id,
         feedback,
         outcome=outcome or None,
-        by="console",
+        by=console.author(request),
         step=step or None,
     )
     return _redirect(f"/runs/{run_id}")
@@ -265,7 +266,8 @@ def feedback_submit(
 @router.post("/runs/{run_id}/cancel")
 def cancel_submit(request: Request, run_id: str) -> Response:
     """Cancel the run and reload its page."""
-    actions.cancel(console_of(request).rt, run_id)
+    console = console_of(request)
+    actions.cancel(console.rt, run_id, by=console.author(request))
     return _redirect(f"/runs/{run_id}")
 
 

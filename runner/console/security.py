@@ -76,6 +76,15 @@ class Guard:
             return "cookie"
         return None
 
+    def basic_user(self, request: Request) -> str | None:
+        """The user name ``request`` gave beside the token in basic auth (``name:token``),
+        when it authenticated so: the one login that names a person."""
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "basic" or self.credentials(request) != "basic":
+            return None
+        name = base64.b64decode(value.strip(), validate=True).decode().partition(":")[0]
+        return name.strip() or None
+
     def csrf_ok(self, request: Request, value: str | None = None) -> bool:
         """The request carries the CSRF token (``value``, else the header) and, if it
         says where it comes from, comes from this site."""
