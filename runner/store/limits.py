@@ -13,7 +13,7 @@ key                        type    holds
 ``P:{flow}:rate:<L>``      string  ``L``'s theoretical arrival time (GCRA), in Redis's ms
 ``P:{flow}:slots:<L>``     zset    attempt tokens holding a slot of ``L``, by lease expiry (ms)
 ``P:{flow}:limited``       zset    ``<kind>:<L>`` of every limit in use, by when last used (ms)
-``P:{flow}:limit-specs``   hash    ``<kind>:<L>`` -> JSON ``[as read, interval ms, burst, period s]``
+``P:{flow}:limit-specs``   hash    ``<kind>:<L>`` -> JSON ``[text, interval ms, burst, period]``
 ``P:{flow}:waiting:<L>``   zset    ``run|step`` deferred by ``<kind>:<L>``, by when it may go (ms)
 =========================  ======  ==============================================================
 
