@@ -280,7 +280,13 @@ def login_page(request: Request, next: str | None = None) -> Response:
     console = console_of(request)
     if console.guard.read_only:
         return RedirectResponse(safe_next(next), status_code=303)
-    return console.page(request, "login.html", next=safe_next(next), failed=False)
+    return console.page(
+        request,
+        "login.html",
+        next=safe_next(next),
+        failed=False,
+        default_user=console.user or "console",
+    )
 
 
 @router.post("/login")
@@ -289,8 +295,10 @@ def login_submit(
     token: Annotated[str, Form()],
     csrf: Annotated[str, Form()] = "",
     next: Annotated[str, Form()] = "/",
+    user: Annotated[str, Form()] = "",
 ) -> Response:
-    """Check the token; on success set the session cookie and go on."""
+    """Check the token; on success set the session cookie (and the name given, recorded
+    with this browser's answers and cancels) and go on."""
     console = console_of(request)
     guard = console.guard
     if guard.read_only:
@@ -299,5 +307,12 @@ def login_submit(
         body = {"type": "CsrfFailed", "message": "login form expired or from another site"}
         return error_response(request, 403, body)
     if not guard.check_token(token):
-        return console.page(request, "login.html", status=401, next=safe_next(next), failed=True)
-    return logged_in(guard, next)
+        return console.page(
+            request,
+            "login.html",
+            status=401,
+            next=safe_next(next),
+            failed=True,
+            default_user=console.user or "console",
+        )
+    return logged_in(guard, next, user.strip() or None)
