@@ -21,7 +21,7 @@ from rich.text import Text
 
 from runner.flow.rates import priority_text
 from runner.store.models import Answer, Checkpoint, RunInfo, RunStatus, StepError
-from runner.views import WAITING, StepState, duration, scheduled_until, when
+from runner.views import WAITING, StepState, duration, scheduled_until, step_states, when
 
 STATUS_STYLE = {
     RunStatus.PENDING: "dim",
@@ -55,7 +55,7 @@ def _in_flight_rows(
     grid: Table, status: RunStatus, latest: Checkpoint, states: dict[str, StepState]
 ) -> None:
     # In flight means running or waiting only while the run is (``states`` says which, see
-    # runner.distributed.waiting); otherwise it is what a resume runs.
+    # runner.views.step_states); otherwise it is what a resume runs.
     if status is RunStatus.RUNNING:
         waiting = {step: s for step, s in states.items() if s.state == WAITING}
         running = [step for step in states if step not in waiting]
@@ -204,7 +204,8 @@ def status_view(
 ) -> RenderableType:
     """``runner status``: the run's metadata, progress, lineage and last error; ``expires``:
     when it leaves Redis (a row when given, see :mod:`runner.cli.expiry_view`); ``states``:
-    how its in-flight steps are shown (:func:`runner.views.step_states`)."""
+    how its in-flight steps are shown (:func:`runner.views.step_states`; default: with no
+    deployment's waits known)."""
     grid = _grid()
     grid.add_row("run", info.run_id)
     grid.add_row("flow", f"{info.flow or '-'}" + (f"  ({info.name})" if info.name else ""))
@@ -223,7 +224,7 @@ def status_view(
     if expires is not None:
         grid.add_row("expires", expires)
     grid.add_row("completed", ", ".join(latest.completed) or "-")
-    _in_flight_rows(grid, info.status, latest, states if states is not None else {})
+    _in_flight_rows(grid, info.status, latest, states or step_states(latest, {}))
     if info.parent_run_id:
         lineage = f"forked from run {info.parent_run_id} at checkpoint {info.parent_checkpoint_id}"
         grid.add_row("lineage", lineage + (f" (branch {info.branch})" if info.branch else ""))
