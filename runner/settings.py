@@ -126,6 +126,11 @@ class RunnerSettings(BaseSettings):
     ui_token: str | None = Field(
         default=None, description="Token of the console's actions; unset = read-only console."
     )
+    ui_user: str | None = Field(
+        default=None,
+        description="The name the console records as who answered or cancelled (a basic-auth "
+        "login's user name comes first); unset = `console`.",
+    )
     ui_host: str = Field(default="127.0.0.1", description="Address the console listens on.")
     ui_port: int = Field(default=8765, ge=1, le=65535, description="Port of the console.")
     ui_flower_url: str | None = Field(

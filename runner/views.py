@@ -1,10 +1,12 @@
 """What the CLI and the console both show of runs, as plain values: a checkpoint diff, a
-time, a duration, when a delayed run starts. It sits with the store (it reads only checkpoints),
-below both front ends, so neither imports the other."""
+time, a duration, when a delayed run starts, how an in-flight step is shown (running or
+waiting, :func:`step_states`: the one place that decides it). It sits with the store (it
+reads only checkpoints), below both front ends, so neither imports the other."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -56,6 +58,58 @@ def asleep(latest: Checkpoint, activation_id: str) -> str | None:
     if latest.status is not RunStatus.RUNNING or wake is None or wake <= time.time():
         return None
     return f"sleeping until {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(wake))}"
+
+
+RUNNING, WAITING = "running", "waiting"
+"""How an in-flight step of a running run is shown."""
+
+
+@dataclass(frozen=True)
+class StepState:
+    """How one in-flight step of a running run is shown, and why."""
+
+    state: str
+    """:data:`RUNNING`, or :data:`WAITING`: in flight but not running anywhere."""
+    waits_for: str | None = None
+    """What a waiting step waits for (as ``waits_of``, :func:`asleep` and a delayed start
+    say)."""
+
+    def line(self, step: str) -> str:
+        """``step waits for limit ...``; ``step sleeping until ...``."""
+        why = self.waits_for or ""
+        joined = why.startswith(("waiting for ", "sleeping until ", "starts at "))
+        return f"{step} {why}" if joined else f"{step} waits for {why}"
+
+
+def step_states(latest: Checkpoint, waits: dict[str, str]) -> dict[str, StepState]:
+    """In-flight step (``write#1``) -> how it is shown, for a running run (``{}`` otherwise):
+    what ``runner status``, ``runner steps``, ``watch``/``--wait``, the console's graph and
+    the API's ``methods[].state`` show.
+
+    A step is ``waiting`` while its run's delayed start has not come, while it sleeps
+    (``self.sleep``), or while ``waits`` (``runner.distributed.waiting.waits_of``; ``{}``
+    where the deployment is not known, a ``--location`` store) says a limit, a queue no live
+    worker consumes or a worker of a version holds it; else ``running``."""
+    if latest.status is not RunStatus.RUNNING:
+        return {}
+    starts = scheduled_until(latest)
+    found = {}
+    for act in latest.in_flight:
+        step = act.rpartition("/")[2]
+        why = (
+            (f"starts at {when(starts)}" if starts is not None else None)
+            or waits.get(step)
+            or asleep(latest, step)
+        )
+        found[step] = StepState(WAITING, why) if why else StepState(RUNNING)
+    return found
+
+
+def method_state(states: dict[str, StepState], method: str) -> str:
+    """How ``method`` is shown while some of its activations are in flight (``states`` from
+    :func:`step_states`): ``running`` if one of them runs, ``waiting`` if all wait."""
+    mine = [s.state for step, s in states.items() if step.partition("#")[0] == method]
+    return WAITING if mine and all(s == WAITING for s in mine) else RUNNING
 
 
 def checkpoint_diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import uvicorn
 from runner.console import create_app
 from runner.distributed import client
 from runner.distributed.engine import Runtime
+from runner.settings import RunnerSettings
 from runner.store.models import RunStatus
 from tests._dist_support import private_pool
 
@@ -99,10 +100,15 @@ def _sees_a_worker(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def serving(rt: Runtime, token: str | None = None, flower_url: str = FLOWER) -> Iterator[str]:
-    """The console on ``rt`` at a free loopback port, linking to ``flower_url``; yields
-    its base URL."""
-    app = create_app(rt, token=token, flower_url=flower_url)
+def serving(
+    rt: Runtime,
+    token: str | None = None,
+    flower_url: str = FLOWER,
+    settings: RunnerSettings | None = None,
+) -> Iterator[str]:
+    """The console on ``rt`` at a free loopback port, linking to ``flower_url``, with
+    ``settings`` (default: ``rt``'s); yields its base URL."""
+    app = create_app(rt, settings=settings, token=token, flower_url=flower_url)
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")

@@ -5,6 +5,10 @@ deadline in the store after which the run goes on with ``None`` though nobody an
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -120,6 +124,27 @@ def test_a_question_nobody_answers_in_time_goes_on_with_none(
     assert given.at >= deadline
     assert executions(redis_client, handle.run_id, "question") == 2
     assert Timers(rt.store, ANSWERS).when(handle.run_id) is None  # dealt with, dropped
+
+
+def test_status_shows_when_an_unanswered_question_goes_on_with_none(
+    rt: Any, worker_env: dict[str, str]
+) -> None:
+    handle = DeadlineFlow.submit({"timeout": 600.0}, rt=rt)
+    deadline = asked(handle, "proceed?").meta.awaiting.deadline
+    shown = subprocess.run(
+        [sys.executable, "-m", "runner", "status", handle.run_id],
+        env={**os.environ, **worker_env, "COLUMNS": "120"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(deadline))
+    line = re.escape(at) + r" \(in 9m \d\ds\): then it goes on with None"
+    assert re.search(r"timeout\s+" + line, shown.stdout), shown.stdout
+    control.answer(handle.run_id, "yes", by="ana", rt=rt)
+    assert handle.result(timeout=20) == "yes"
 
 
 def test_a_question_answered_before_its_deadline_is_not_answered_again(

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import re
 import uuid
 from typing import Any
 
 import httpx
+import pytest
+from playwright.sync_api import expect, sync_playwright
 
 from runner.distributed import limits
 from runner.distributed.client import submit
 from tests._dist_support import eventually
 from tests.console_support import serving
 from tests.flows.flow_control import RatedFlow, RoutedFlow
+
+CHROMIUM = "/usr/bin/chromium"
 
 
 def _admit(rt: Any, run: str) -> limits.Waiting | None:
@@ -32,10 +38,37 @@ def test_the_limits_page_and_api_show_use_and_waiting_steps(rt: Any) -> None:
         found = http.get("/api/limits").json()["limits"]
         (use,) = [u for u in found if u["name"] == "RatedFlow.call"]
         assert (use["kind"], use["spec"]) == ("rate", "5/s")
+        # Five started within this second (of the five it allows); the seven held back
+        # reserved turns, which count against the rate (in_use) but have not started.
+        assert (use["used"], use["of"], use["period"]) == (5, 5, 1.0)
+        assert use["use"] == "5 of 5 in this second"
+        assert use["in_use"] >= 10
         assert {held[-1]} <= {w["run"] for w in use["waiting"]} <= set(held)
         page = http.get("/limits")
         assert page.status_code == 200
         assert "RatedFlow.call" in page.text and held[-1] in page.text
+        assert "5 of 5 in this second" in page.text
+
+
+def test_the_limits_page_fits_1280_pixels_and_says_limits_in_its_tab(rt: Any) -> None:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is absent (Debian's chromium: `apt-get install chromium`)")
+    # A keyed limit's long name and a dozen steps waiting on it: what made the page too wide.
+    runs = [f"wide-{uuid.uuid4().hex}" for _ in range(14)]
+    held = [run for run in runs if _admit(rt, run) is not None]
+    assert len(held) >= 9
+    with serving(rt) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--headless", "--disable-gpu"]
+        )
+        tab = browser.new_page(viewport={"width": 1280, "height": 900})
+        tab.goto(f"{url}/limits")
+        assert tab.title() == "Limits · runner console"
+        row = tab.locator("tr[data-limit='RatedFlow.call']")
+        expect(row.locator("td.use")).to_have_text(re.compile(r"^[0-5] of 5 in this second$"))
+        width = tab.evaluate("document.documentElement.scrollWidth")
+        assert width <= 1280, width
+        browser.close()
 
 
 def test_a_run_page_says_what_its_waiting_step_waits_for(rt: Any) -> None:

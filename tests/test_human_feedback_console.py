@@ -46,7 +46,9 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser, rt: Any) -> Iterator[tuple[Page, str]]:
     """A logged-in page of a console started with a token, and the console's URL."""
-    with serving(rt, token=TOKEN) as url:
+    # The console's user (RUNNER_UI_USER) is who its answers are recorded by.
+    ana = rt.settings.model_copy(update={"ui_user": "ana"})
+    with serving(rt, token=TOKEN, settings=ana) as url:
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         tab = context.new_page()
         problems: list[str] = []
@@ -97,7 +99,7 @@ def test_a_label_button_answers_the_review_and_the_page_follows_the_run(
     expect(tab.locator("#run-status")).to_have_text("succeeded", timeout=15_000)
     expect(tab.locator("#awaiting")).to_have_count(0)
     expect(tab.locator("#result")).to_contain_text("shelved")
-    expect(tab.locator(".timeline .answer")).to_contain_text("review answered by console: rejected")
+    expect(tab.locator(".timeline .answer")).to_contain_text("review answered by ana: rejected")
     counts = [executions(redis_client, handle.run_id, m) for m in ("research", "write", "review")]
     assert counts == [1, 1, 1]  # nothing before the answer ran again
     assert executions(redis_client, handle.run_id, "shelve") == 1

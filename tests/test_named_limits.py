@@ -92,6 +92,7 @@ def test_runner_limits_lists_use_and_waiting_steps(store: RedisProvider, redis_u
     (use,) = json.loads(shown.output)
     # One start, and the turn the waiting step reserved.
     assert (use["name"], use["kind"], use["spec"], use["in_use"]) == ("openai", "rate", "1/m", 2)
+    assert use["use"] == "1 of 1 in this minute"  # the reserved turn has not started
     assert [(w["run"], w["step"]) for w in use["waiting"]] == [("r2", "ask#1")]
 
 

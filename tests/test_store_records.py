@@ -45,6 +45,9 @@ def test_a_rate_s_use_is_read_with_the_interval_its_admission_recorded(
     (use,) = store.limit_uses()
     assert (use.name, use.kind, use.spec) == ("Flow.call", "rate", "2/s (burst 3)")
     assert use.in_use == 4  # three starts and the waiting step's reserved turn
+    # Within the window: the three starts of the burst, the reserved turn left out.
+    assert (use.used, use.of, use.period) == (3, 3, None)  # no period given: no window named
+    assert use.use == "3 of 3"
     assert [(run, step) for run, step, _ in use.waiting] == [("r3", "call#1")]
 
 
@@ -54,7 +57,7 @@ def test_a_spec_an_older_release_wrote_reads_as_its_text_until_rewritten(
     store.admit([RateLimit("old", 1.0, 1, "1/s")], [], "t", "r|s#1", 30, 0.25)
     store.client.hset(store.keys.limit_specs(), "rate:old", "1/s")  # the old record
     (use,) = store.limit_uses()
-    assert (use.spec, use.in_use) == ("1/s", 0)
+    assert (use.spec, use.in_use, use.use) == ("1/s", 0, "0")  # no burst known: the count
     store.admit([RateLimit("old", 1.0, 1, "1/s")], [], "t2", "r|s#2", 30, 0.25)
     (use,) = store.limit_uses()
     assert (use.spec, use.in_use) == ("1/s", 2)
@@ -68,6 +71,7 @@ def test_slots_are_taken_renewed_and_given_back(store: DeploymentStore) -> None:
     store.renew_slots([("Flow.narrow", "a")], 30)
     (use,) = store.limit_uses()
     assert (use.spec, use.in_use) == ("1", 1)
+    assert use.use == "1 of 1 slots"
     store.release_slots(["Flow.narrow"], "a")
     assert store.admit([], [slot], "b", "r2|narrow#1", 30, 0.25) is None
 

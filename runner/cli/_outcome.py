@@ -53,7 +53,7 @@ def run_now(reader: History, run_id: str) -> tuple[RunInfo, Checkpoint]:
 
 
 def outcome(reader: History, run_id: str) -> dict[str, Any]:
-    """How the run stands now, as JSON: status, step, result, error, pause reason."""
+    """How the run stands now, as JSON: status, step, result, error, pause or cancel reason."""
     from runner.distributed.client import failure
 
     info, latest = run_now(reader, run_id)
@@ -65,7 +65,14 @@ def outcome(reader: History, run_id: str) -> dict[str, Any]:
         "result": result_now(info, latest),
         "error": why.error.model_dump(mode="json") if why.error is not None else None,
         "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
+        "cancel_reason": cancel_reason(info, latest),
     }
+
+
+def cancel_reason(info: RunInfo, latest: Checkpoint) -> str | None:
+    """Why a cancelled run was cancelled (``its deadline passed (...)``, a parent's cancel),
+    as its cancel recorded it; ``None`` when by hand or not cancelled."""
+    return latest.meta.cancel_reason if info.status is RunStatus.CANCELLED else None
 
 
 def result_now(info: RunInfo, latest: Checkpoint) -> Any:
@@ -156,7 +163,8 @@ def say(reader: History, run_id: str) -> None:
     elif info.status is RunStatus.PAUSED:
         typer.echo(f"paused at {latest.step}: {latest.meta.pause_reason or 'waiting for input'}")
     elif info.status is RunStatus.CANCELLED:
-        typer.echo(f"error: run {run_id} was cancelled", err=True)
+        why = cancel_reason(info, latest)
+        typer.echo(f"error: run {run_id} was cancelled{f': {why}' if why else ''}", err=True)
     else:
         why = ended(f"run {run_id}", info.status, failure(reader.store, latest))
         typer.echo(f"error: {why}", err=True)

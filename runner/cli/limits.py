@@ -20,8 +20,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.",
 def limits(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List each limit in use: its kind, rate or slots, use now and the steps waiting on it.
 
-    A rate's use is the starts it counts now (at most its burst); a concurrency limit's, the
-    attempts holding a slot. A waiting step tries again when the limit lets it.
+    A rate's use is the starts made within its current window, of those it allows (``3 of 5
+    in this second``); a concurrency limit's, the attempts holding a slot. A waiting step
+    tries again when the limit lets it.
     """
     uses = session(ctx).reader.store.limit_uses()
     if as_json:
@@ -37,5 +38,5 @@ def limits(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         table.add_column(column, overflow="fold")
     for use in uses:
         waiting = ", ".join(f"{run[:8]} {step} (in {s:.1f}s)" for run, step, s in use.waiting)
-        table.add_row(use.name, use.kind, use.spec, str(use.in_use), waiting or "-")
+        table.add_row(use.name, use.kind, use.spec, use.use, waiting or "-")
     console().print(table)

@@ -24,15 +24,14 @@ from runner.store.models import (
     Checkpoint,
     RunStatus,
 )
-from runner.views import asleep
+from runner.views import step_states
 
 from ._session import History, Reader
 
 HISTORY_LIMIT = 10_000
 """Checkpoints read per run (a run keeps at most ``RUNNER_MAX_CHECKPOINTS``)."""
 
-DONE, FAILED, PAUSED, RUNNING, PENDING = "done", "failed", "paused", "running", "pending"
-WAITING = "waiting"
+DONE, FAILED, PAUSED, PENDING = "done", "failed", "paused", "pending"
 
 
 @dataclass
@@ -46,8 +45,9 @@ class StepRow:
     """The activation (``write#1``), or the method when a checkpoint names only that."""
     outcome: str
     """``done``, ``failed``, ``paused``, ``running``, ``waiting`` (in flight, held back by a
-    limit or a queue nobody consumes: :attr:`waits_for`) or ``pending`` (in flight, run
-    stopped)."""
+    limit, a queue nobody consumes, a worker of a version, a sleep or a delayed start:
+    :attr:`waits_for`; :func:`runner.views.step_states` decides) or
+    ``pending`` (in flight, run stopped)."""
     attempts: int | None = None
     worker: str | None = None
     started: float | None = None
@@ -57,7 +57,7 @@ class StepRow:
     child_run: str | None = None
     """The child run this activation started, if any."""
     waits_for: str | None = None
-    """What a waiting step waits for (a limit, or a queue no live worker consumes)."""
+    """What a waiting step waits for."""
     usage: dict[str, int] | None = None
     """The tokens the step spent (its checkpoint's ``usage``), a child run's included."""
 
@@ -95,10 +95,12 @@ def step_rows(reader: Any, run_id: str, depth: int = 0) -> list[StepRow]:
     stopped = {row.step for row in rows if row.outcome in (FAILED, PAUSED)}
     # What a step waits for is the deployment's to say (a --location store has no limits).
     held = waits(reader, latest) if isinstance(reader.store, DeploymentStore) else {}
+    shown = step_states(latest, held)
     for act in latest.in_flight:
         if running or bare(act) not in stopped:
-            why = held.get(bare(act)) or asleep(latest, bare(act))
-            outcome = (WAITING if why else RUNNING) if running else PENDING
+            state = shown.get(bare(act))
+            outcome = state.state if state is not None else PENDING
+            why = state.waits_for if state is not None else None
             rows.append(StepRow(run_id, depth, bare(act), outcome, waits_for=why))
     out: list[StepRow] = []
     links = {bare(act): link.run_id for act, link in latest.meta.children.items()}

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from runner.flow.rates import priority_text
 from runner.store.models import Answer, Checkpoint, RunInfo, RunStatus, StepError
-from runner.views import asleep, duration, scheduled_until, when
+from runner.views import WAITING, StepState, duration, scheduled_until, step_states, when
 
 STATUS_STYLE = {
     RunStatus.PENDING: "dim",
@@ -51,10 +51,19 @@ def _grid() -> Table:
     return grid
 
 
-def _in_flight_row(grid: Table, status: RunStatus, latest: Checkpoint) -> None:
-    # In flight means running only while the run is; otherwise it is what a resume runs.
+def _in_flight_rows(
+    grid: Table, status: RunStatus, latest: Checkpoint, states: dict[str, StepState]
+) -> None:
+    # In flight means running or waiting only while the run is (``states`` says which, see
+    # runner.views.step_states); otherwise it is what a resume runs.
     if status is RunStatus.RUNNING:
-        grid.add_row("running", ", ".join(latest.in_flight) or "-")
+        waiting = {step: s for step, s in states.items() if s.state == WAITING}
+        running = [step for step in states if step not in waiting]
+        if running or not waiting:
+            grid.add_row("running", ", ".join(running) or "-")
+        if waiting:
+            lines = [s.line(step) for step, s in waiting.items()]
+            grid.add_row(Text("waiting", style="yellow"), "\n".join(lines))
     elif latest.in_flight:
         grid.add_row("to resume", ", ".join(latest.in_flight))
 
@@ -176,7 +185,13 @@ def steps_table(rows: list[Any], shown: dict[str, str], *, one_row: bool = False
     return table
 
 
-OUTCOME_STYLE = {"done": "green", "failed": "red", "paused": "yellow", "running": "cyan"}
+OUTCOME_STYLE = {
+    "done": "green",
+    "failed": "red",
+    "paused": "yellow",
+    "running": "cyan",
+    "waiting": "yellow",
+}
 
 
 def status_view(
@@ -185,9 +200,12 @@ def status_view(
     error: StepError | None,
     children: list[dict[str, Any]] | None = None,
     expires: str | None = None,
+    states: dict[str, StepState] | None = None,
 ) -> RenderableType:
     """``runner status``: the run's metadata, progress, lineage and last error; ``expires``:
-    when it leaves Redis (a row when given, see :mod:`runner.cli.expiry_view`)."""
+    when it leaves Redis (a row when given, see :mod:`runner.cli.expiry_view`); ``states``:
+    how its in-flight steps are shown (:func:`runner.views.step_states`; default: with no
+    deployment's waits known)."""
     grid = _grid()
     grid.add_row("run", info.run_id)
     grid.add_row("flow", f"{info.flow or '-'}" + (f"  ({info.name})" if info.name else ""))
@@ -206,7 +224,7 @@ def status_view(
     if expires is not None:
         grid.add_row("expires", expires)
     grid.add_row("completed", ", ".join(latest.completed) or "-")
-    _in_flight_row(grid, info.status, latest)
+    _in_flight_rows(grid, info.status, latest, states or step_states(latest, {}))
     if info.parent_run_id:
         lineage = f"forked from run {info.parent_run_id} at checkpoint {info.parent_checkpoint_id}"
         grid.add_row("lineage", lineage + (f" (branch {info.branch})" if info.branch else ""))
@@ -217,9 +235,6 @@ def status_view(
         grid.add_row("deadline", when(latest.meta.deadline))
     if latest.meta.priority is not None:
         grid.add_row("priority", priority_text(latest.meta.priority))
-    sleeping = [f"{act}: {why}" for act in latest.in_flight if (why := asleep(latest, act))]
-    if sleeping:
-        grid.add_row("sleeping", "\n".join(sleeping))
     if info.status is RunStatus.CANCELLED and latest.meta.cancel_reason:
         grid.add_row("cancelled", latest.meta.cancel_reason)
     if error is not None:
@@ -248,6 +263,10 @@ def _awaiting_rows(grid: Table, info: RunInfo, latest: Checkpoint) -> None:
         grid.add_row("under review", shown)
     if waiting.emit:
         grid.add_row("outcomes", ", ".join(waiting.emit))
+    if waiting.deadline is not None:
+        # The recovery pass answers None at the deadline (recovery.answer_overdue).
+        left = duration(max(0.0, waiting.deadline - time.time()))
+        grid.add_row("timeout", f"{when(waiting.deadline)} (in {left}): then it goes on with None")
     grid.add_row("answer", f"runner resume {info.run_id} --feedback TEXT")
 
 

@@ -15,11 +15,12 @@ from runner.errors import CorruptCheckpoint, InvalidInputs, RunTimeout
 from runner.flow.rates import PRIORITIES
 from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus
-from runner.views import asleep, scheduled_until, woken_at
+from runner.views import asleep, scheduled_until, step_states, woken_at
 
 from . import progress, refs, sources, streams
 from ._app import commands
 from ._outcome import (
+    cancel_reason,
     exit_code_of,
     follow,
     outcome,
@@ -226,9 +227,7 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                 # The code version that wrote the latest checkpoint (runner.flow.versions).
                 "version": latest.version,
                 "fingerprint": latest.fingerprint,
-                "cancel_reason": latest.meta.cancel_reason
-                if info.status is RunStatus.CANCELLED
-                else None,
+                "cancel_reason": cancel_reason(info, latest),
                 "parent": latest.meta.parent.model_dump() if latest.meta.parent else None,
                 "children": children,
                 "waiting": waits,
@@ -240,9 +239,8 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
         from . import render  # rich: a view only (see render)
 
         expires = expiry_line(reader.store, info)
-        console().print(render.status_view(info, latest, error, children, expires))
-        for step, why in waits.items():
-            console().print(f"waiting: {step} waits for {why}")
+        states = step_states(latest, waits)
+        console().print(render.status_view(info, latest, error, children, expires, states))
 
 
 @app.command()

@@ -315,11 +315,12 @@ def answer(
     return control.answer(run_id, feedback, by=by, outcome=outcome or None, step=step, rt=rt)
 
 
-def cancel(rt: Runtime, run_id: str) -> Checkpoint:
-    """Cancel the run: no more steps are sent, running ones are stopped. Resumable."""
+def cancel(rt: Runtime, run_id: str, *, by: str | None = None) -> Checkpoint:
+    """Cancel the run: no more steps are sent, running ones are stopped. Resumable. ``by``
+    (who cancelled, from the console) is kept as its cancel reason."""
     handle = RunHandle(run_id, rt)
     handle.info()  # an unknown run is a 404, not a refused cancel
-    return handle.cancel()
+    return handle.cancel(reason=f"cancelled by {by} in the console" if by else None)
 
 
 def parse_json_object(text: str, what: str) -> dict[str, Any]:

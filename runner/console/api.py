@@ -86,7 +86,11 @@ class FeedbackBody(BaseModel):
     outcome: str | None = Field(
         default=None, description="One of the review's emit labels, chosen directly."
     )
-    by: str | None = Field(default=None, description="Who answers (kept in the run's history).")
+    by: str | None = Field(
+        default=None,
+        description="Who answers (kept in the run's history); default: the logged-in user "
+        "(basic auth's user name, else RUNNER_UI_USER, else `console`).",
+    )
     step: str | None = Field(
         default=None,
         description="The step (method or activation id) whose question is answered: 409 if "
@@ -275,12 +279,13 @@ def post_feedback(request: Request, run_id: str, body: FeedbackBody) -> Started:
     reviewed method is not run again; with ``outcome``, or the label the feedback comes to,
     that label's listeners run). A run that awaits no answer is 409, an ``outcome`` that is
     not one of the labels 422."""
+    console = console_of(request)
     handle = actions.answer(
-        console_of(request).rt,
+        console.rt,
         run_id,
         body.feedback,
         outcome=body.outcome,
-        by=body.by or "api",
+        by=body.by or console.author(request),
         step=body.step,
     )
     return Started(run_id=handle.run_id, status=handle.status())
@@ -289,7 +294,8 @@ def post_feedback(request: Request, run_id: str, body: FeedbackBody) -> Started:
 @router.post("/runs/{run_id}/cancel", summary="Cancel a run")
 def post_cancel(request: Request, run_id: str) -> Cancelled:
     """Cancel the run: no more steps are sent, running ones are stopped. Resumable later."""
-    ckpt = actions.cancel(console_of(request).rt, run_id)
+    console = console_of(request)
+    ckpt = actions.cancel(console.rt, run_id, by=console.author(request))
     return Cancelled(run_id=run_id, status=ckpt.status, checkpoint=ckpt.id)
 
 

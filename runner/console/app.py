@@ -84,7 +84,7 @@ def build_app(
         redoc_url=None,
     )
     app.state.console = Console(
-        runtime, guard, flower_url or settings.ui_flower_url or None, templates
+        runtime, guard, flower_url or settings.ui_flower_url or None, templates, settings.ui_user
     )
     app.include_router(api.router)
     app.include_router(pages.router)

@@ -22,7 +22,7 @@ from runner.errors import (
     StoreUnavailable,
 )
 
-from .security import SESSION_COOKIE, Guard, safe_next
+from .security import SESSION_COOKIE, USER_COOKIE, Guard, safe_next
 
 
 @dataclass
@@ -33,6 +33,14 @@ class Console:
     guard: Guard
     flower_url: str | None
     templates: Jinja2Templates
+    user: str | None = None
+    """``RUNNER_UI_USER``: who acts through this console when the login names nobody."""
+
+    def author(self, request: Request) -> str:
+        """Who ``request`` acts as, recorded with its answers and cancels: the name its login
+        gave (basic auth's user name, ``/login``'s name), else ``RUNNER_UI_USER``, else
+        ``console``."""
+        return self.guard.user(request) or self.user or "console"
 
     def page(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
         """Render template ``name`` with the guard's view of the request."""
@@ -82,11 +90,18 @@ def error_response(request: Request, status: int, body: dict[str, Any]) -> Respo
     return console.page(request, name, status=status, error=body, code=status)
 
 
-def logged_in(guard: Guard, target: str) -> Response:
-    """A redirect to ``target`` that sets the session cookie."""
+def logged_in(guard: Guard, target: str, user: str | None = None) -> Response:
+    """A redirect to ``target`` that sets the session cookie (and, with ``user``, the signed
+    name the browser acts as; without, a name kept from an earlier login goes)."""
     response = RedirectResponse(safe_next(target), status_code=303)
     assert guard.session is not None
+    week = 7 * 86400
     response.set_cookie(
-        SESSION_COOKIE, guard.session, httponly=True, samesite="strict", max_age=7 * 86400
+        SESSION_COOKIE, guard.session, httponly=True, samesite="strict", max_age=week
     )
+    if user:
+        signed = f"{user}.{guard.user_mark(user)}"
+        response.set_cookie(USER_COOKIE, signed, httponly=True, samesite="strict", max_age=week)
+    else:
+        response.delete_cookie(USER_COOKIE)
     return response

@@ -23,7 +23,16 @@ from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
 from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
 from runner.store.schedules import schedule_json
-from runner.views import answers_given, asleep, checkpoint_diff, scheduled_until
+from runner.views import (
+    WAITING,
+    StepState,
+    answers_given,
+    asleep,
+    checkpoint_diff,
+    method_state,
+    scheduled_until,
+    step_states,
+)
 
 HISTORY_LIMIT = 500
 """Checkpoints of one run shown on its page (newest first)."""
@@ -164,10 +173,16 @@ def flow_names(store: DeploymentStore, scan: int = 500) -> list[str]:
 
 
 def method_states(
-    graph: FlowGraph | None, latest: Checkpoint, error_step: str | None
+    graph: FlowGraph | None,
+    latest: Checkpoint,
+    error_step: str | None,
+    states: dict[str, StepState] | None = None,
 ) -> list[dict[str, Any]]:
-    """Each method's state (done, running, failed, paused, pending, skipped) and count of
-    completed activations, in the graph's order (or the order seen, without a graph)."""
+    """Each method's state (done, running, waiting, failed, paused, pending, skipped) and
+    count of completed activations, in the graph's order (or the order seen, without a
+    graph). An in-flight method is ``running`` or ``waiting`` as ``states``
+    (:func:`runner.views.step_states`) shows its activations; ``waits_for`` says why."""
+    states = states or {}
     counts: dict[str, int] = {}
     for act in latest.completed:
         method = act.rpartition("#")[0]
@@ -186,7 +201,7 @@ def method_states(
         elif status is RunStatus.PAUSED and name == latest.step and name in in_flight:
             state = "paused"
         elif name in in_flight and status is RunStatus.RUNNING:
-            state = "running"
+            state = method_state(states, name)
         elif counts.get(name):
             state = "done"
         elif status is RunStatus.SUCCEEDED:
@@ -199,7 +214,20 @@ def method_states(
             kind = "router"
         elif spec is not None and spec.is_start:
             kind = "start"
-        rows.append({"name": name, "state": state, "count": counts.get(name, 0), "kind": kind})
+        why = [
+            s.line(step)
+            for step, s in states.items()
+            if state == WAITING and step.partition("#")[0] == name
+        ]
+        rows.append(
+            {
+                "name": name,
+                "state": state,
+                "count": counts.get(name, 0),
+                "kind": kind,
+                "waits_for": "; ".join(why) or None,
+            }
+        )
     return rows
 
 
@@ -207,11 +235,22 @@ _NODE = re.compile(r'^\s+(\S+?)(?:\(\[|\[|\{)"(.*)"(?:\]\)|\]|\})\s*$')
 _CLASSES = {
     "done": "fill:#d1f2d8,stroke:#1e7b34,color:#0b3d17",
     "running": "fill:#d6e8ff,stroke:#1f5fbf,color:#0b2a5c,stroke-width:3px",
+    # In flight but not running: held by a limit, a queue, a worker of a version, a sleep.
+    "waiting": "fill:#fff7e0,stroke:#b26a00,color:#4a3000,stroke-width:3px,stroke-dasharray:6 3",
     "failed": "fill:#ffd9d6,stroke:#b3261e,color:#5c0b07,stroke-width:3px",
     "paused": "fill:#fff1c2,stroke:#a16800,color:#4a3000",
     "pending": "fill:#f4f4f4,stroke:#8a8a8a,color:#333",
     "skipped": "fill:#fafafa,stroke:#c8c8c8,color:#999,stroke-dasharray:4 3",
 }
+
+
+def legend() -> list[dict[str, str]]:
+    """The graph's states with the fill and stroke colours it draws them in (a legend)."""
+    found = []
+    for state, style in _CLASSES.items():
+        parts = dict(part.split(":", 1) for part in style.split(","))
+        found.append({"state": state, "fill": parts["fill"], "stroke": parts["stroke"]})
+    return found
 
 
 def mermaid(graph: FlowGraph, methods: list[dict[str, Any]]) -> str:
@@ -374,7 +413,10 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
     flow_cls, problem = flow_of(latest.flow)
     graph = flow_cls.graph() if flow_cls is not None else None
     failure = last_error(info.status, history)
-    methods = method_states(graph, latest, failure[1] if failure else None)
+    waiting = waits_of(rt.store, rt.settings, latest, rt.app)
+    methods = method_states(
+        graph, latest, failure[1] if failure else None, step_states(latest, waiting)
+    )
     parent = latest.meta.parent
     answers = {
         ckpt_id: {
@@ -391,7 +433,7 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "completed": latest.completed,
         "in_flight": latest.in_flight,
         # In-flight step -> what it waits for (a limit, a queue no live worker consumes).
-        "waiting": waits_of(rt.store, rt.settings, latest, rt.app),
+        "waiting": waiting,
         "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
         # A person's answer it waits for: a review of a step's output, or a question.
         "awaiting": awaiting_of(info.status, latest),
@@ -410,6 +452,7 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "graph_error": problem,
         "methods": methods,
         "mermaid": mermaid(graph, methods) if graph is not None else None,
+        "legend": legend(),
         "error": ({**failure[0].model_dump(mode="json"), "step": failure[1]} if failure else None),
         "timeline": [{**timeline_row(c, flower_url), "answer": answers.get(c.id)} for c in history],
         # Tokens (runner.flow.usage): in all, since the latest start or resume, and saved.

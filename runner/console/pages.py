@@ -251,12 +251,13 @@ def feedback_submit(
 ) -> Response:
     """Answer what the run awaits (the feedback box, or a label's button) and reload its page;
     ``step`` is the activation whose question the page showed."""
+    console = console_of(request)
     actions.answer(
-        console_of(request).rt,
+        console.rt,
         run_id,
         feedback,
         outcome=outcome or None,
-        by="console",
+        by=console.author(request),
         step=step or None,
     )
     return _redirect(f"/runs/{run_id}")
@@ -265,7 +266,8 @@ def feedback_submit(
 @router.post("/runs/{run_id}/cancel")
 def cancel_submit(request: Request, run_id: str) -> Response:
     """Cancel the run and reload its page."""
-    actions.cancel(console_of(request).rt, run_id)
+    console = console_of(request)
+    actions.cancel(console.rt, run_id, by=console.author(request))
     return _redirect(f"/runs/{run_id}")
 
 
@@ -278,7 +280,13 @@ def login_page(request: Request, next: str | None = None) -> Response:
     console = console_of(request)
     if console.guard.read_only:
         return RedirectResponse(safe_next(next), status_code=303)
-    return console.page(request, "login.html", next=safe_next(next), failed=False)
+    return console.page(
+        request,
+        "login.html",
+        next=safe_next(next),
+        failed=False,
+        default_user=console.user or "console",
+    )
 
 
 @router.post("/login")
@@ -287,8 +295,10 @@ def login_submit(
     token: Annotated[str, Form()],
     csrf: Annotated[str, Form()] = "",
     next: Annotated[str, Form()] = "/",
+    user: Annotated[str, Form()] = "",
 ) -> Response:
-    """Check the token; on success set the session cookie and go on."""
+    """Check the token; on success set the session cookie (and the name given, recorded
+    with this browser's answers and cancels) and go on."""
     console = console_of(request)
     guard = console.guard
     if guard.read_only:
@@ -297,5 +307,12 @@ def login_submit(
         body = {"type": "CsrfFailed", "message": "login form expired or from another site"}
         return error_response(request, 403, body)
     if not guard.check_token(token):
-        return console.page(request, "login.html", status=401, next=safe_next(next), failed=True)
-    return logged_in(guard, next)
+        return console.page(
+            request,
+            "login.html",
+            status=401,
+            next=safe_next(next),
+            failed=True,
+            default_user=console.user or "console",
+        )
+    return logged_in(guard, next, user.strip() or None)

@@ -4,6 +4,9 @@
 * A token (``RUNNER_UI_TOKEN``): every page and API call needs it, as
   ``Authorization: Bearer <token>``, as the password of basic auth, or as the session
   cookie set by ``/login`` (or by opening a ``?token=`` link once).
+* Who acts (recorded with answers and cancels): the name given beside the token (basic
+  auth's user name, ``/login``'s name field, kept in a cookie signed with the token), else
+  ``RUNNER_UI_USER``.
 * Every POST not authenticated by a bearer header (which a browser never adds by itself)
   must carry the process's CSRF token in ``X-CSRF-Token``; pages send it on every htmx
   request. A POST whose ``Origin`` is another site is refused too.
@@ -21,6 +24,8 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 
 SESSION_COOKIE = "runner_ui_session"
+USER_COOKIE = "runner_ui_user"
+"""The name a browser logged in as (``/login``'s optional name), signed with the token."""
 CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -75,6 +80,25 @@ class Guard:
         if cookie and self.session and _same(cookie, self.session):
             return "cookie"
         return None
+
+    def user(self, request: Request) -> str | None:
+        """The name ``request`` gave beside the token: basic auth's user name (``name:token``),
+        else the name its browser logged in with (:data:`USER_COOKIE`); ``None``: none."""
+        how = self.credentials(request)
+        if how == "basic":
+            value = request.headers.get("authorization", "").partition(" ")[2]
+            name = base64.b64decode(value.strip(), validate=True).decode().partition(":")[0]
+            return name.strip() or None
+        signed = request.cookies.get(USER_COOKIE, "")
+        name, _, mark = signed.rpartition(".")
+        if how == "cookie" and name and _same(mark, self.user_mark(name)):
+            return name
+        return None
+
+    def user_mark(self, name: str) -> str:
+        """The signature of the login name ``name`` (:data:`USER_COOKIE` holds ``name.mark``)."""
+        key = (self.token or "").encode()
+        return hmac.new(key, b"runner-ui-user:" + name.encode(), hashlib.sha256).hexdigest()
 
     def csrf_ok(self, request: Request, value: str | None = None) -> bool:
         """The request carries the CSRF token (``value``, else the header) and, if it

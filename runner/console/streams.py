@@ -14,6 +14,7 @@ server (a write to it would fail only at the next keepalive), and its reader sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -55,19 +56,25 @@ async def events(
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
 
+    def hand(item: Any) -> None:
+        # The server may have stopped (its loop closed) while this thread read: nobody reads
+        # the stream any more, so what was read goes nowhere.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
     def pump() -> None:
         try:
             for frame in frames:
-                loop.call_soon_threadsafe(queue.put_nowait, frame)
-                if stop.is_set():
+                hand(frame)
+                if stop.is_set() or loop.is_closed():
                     break
         except Exception as exc:  # the store went away: the client sees one error event
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
+            hand(exc)
         finally:
             close = getattr(frames, "close", None)
             if close is not None:
                 close()
-            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+            hand(_DONE)
 
     threading.Thread(target=pump, name="runner-sse", daemon=True).start()
     yield f"retry: {RETRY_MS}\n\n"

@@ -401,11 +401,11 @@ class RunHandle:
         deliver(self.rt, self.run_id, feedback, by=by, outcome=outcome, step=step)
         return self
 
-    def cancel(self) -> Checkpoint:
+    def cancel(self, reason: str | None = None) -> Checkpoint:
         """Cancel the run and the child runs it waits on: no step is sent after it, the
         steps running are told to stop and commit nothing (:mod:`.cancel`); a resume runs
-        them again."""
-        ckpt = cancel_run(self.rt, self.run_id)
+        them again. ``reason`` is kept as the run's ``cancel_reason`` (who cancelled it)."""
+        ckpt = cancel_run(self.rt, self.run_id, reason)
         if ckpt is None:
             raise RunStateError(
                 f"run {self.run_id} is already {self.status().value}", run_id=self.run_id

@@ -139,7 +139,7 @@ class Gate:
         """Take ``limits`` for the attempt ``token`` of ``member`` (``run|step``), or say how
         long it waits."""
         refused = self.store.admit(
-            [RateLimit(n, r.interval, r.burst, str(r)) for n, r in limits.rates],
+            [RateLimit(n, r.interval, r.burst, str(r), r.period) for n, r in limits.rates],
             [SlotLimit(n, count) for n, count in limits.slots],
             token,
             member,

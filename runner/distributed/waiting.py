@@ -1,7 +1,10 @@
 """What a running run's in-flight steps wait for: a limit (deferred, see :mod:`.limits`) or a
 queue no live worker consumes (see :mod:`.routing`). Read by ``runner status``, ``runner
 steps``, ``runner limits`` and the console; it reads the store only (no Celery), whose
-records :mod:`runner.store.limits` and :mod:`runner.store.queues` decode."""
+records :mod:`runner.store.limits` and :mod:`runner.store.queues` decode.
+
+How an in-flight step is shown (``running``, or ``waiting`` with what for) is decided by
+:func:`runner.views.step_states` from what :func:`waits_of` says."""
 
 from __future__ import annotations
 

@@ -13,12 +13,13 @@ key                        type    holds
 ``P:{flow}:rate:<L>``      string  ``L``'s theoretical arrival time (GCRA), in Redis's ms
 ``P:{flow}:slots:<L>``     zset    attempt tokens holding a slot of ``L``, by lease expiry (ms)
 ``P:{flow}:limited``       zset    ``<kind>:<L>`` of every limit in use, by when last used (ms)
-``P:{flow}:limit-specs``   hash    ``<kind>:<L>`` -> JSON ``[as people read it, interval ms]``
+``P:{flow}:limit-specs``   hash    ``<kind>:<L>`` -> JSON ``[text, interval ms, burst, period]``
 ``P:{flow}:waiting:<L>``   zset    ``run|step`` deferred by ``<kind>:<L>``, by when it may go (ms)
 =========================  ======  ==============================================================
 
-A limit's spec record carries the interval the admission used, so reading a rate's use never
-parses the rate's text again (rates are parsed once, by :mod:`runner.flow.rates`).
+A limit's spec record carries the interval, burst and period the admission used (a
+concurrency limit's: its slots as the burst), so reading a rate's use never parses the rate's
+text again (rates are parsed once, by :mod:`runner.flow.rates`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class RateLimit:
     """Starts allowed at once."""
     text: str
     """The rate as people read it (``5/s``, ``5/s (burst 10)``)."""
+    period: float | None = None
+    """Seconds of the period it is given per (1, 60, 3600): the window its use is shown in."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,27 @@ class LimitUse:
     spec: str
     """The rate (``5/s``) or the number of slots."""
     in_use: int
-    """Slots taken, or starts counted against the rate now."""
+    """Slots taken, or starts counted against the rate now, the turns reserved by the steps
+    it holds back included."""
     waiting: list[tuple[str, str, float]]
     """Steps waiting on it: ``(run, step, seconds until it tries again)``."""
+    used: int | None = None
+    """Slots taken, or starts made within the rate's current window (its burst at most; the
+    turns reserved by waiting steps left out); ``None`` when the record predates it."""
+    of: int | None = None
+    """The slots, or the starts a window allows (the burst)."""
+    period: float | None = None
+    """A rate's window in seconds (1, 60, 3600)."""
+
+    @property
+    def use(self) -> str:
+        """The use as people read it: ``3 of 5 in this second``, ``1 of 2 slots``."""
+        if self.used is None or self.of is None:
+            return str(self.in_use)
+        if self.kind == CONCURRENCY:
+            return f"{self.used} of {self.of} slots"
+        unit = {1.0: "second", 60.0: "minute", 3600.0: "hour"}.get(self.period or 0.0)
+        return f"{self.used} of {self.of}" + (f" in this {unit}" if unit else "")
 
     def as_json(self) -> dict[str, Any]:
         """The limit as JSON values."""
@@ -93,6 +114,10 @@ class LimitUse:
             "kind": self.kind,
             "spec": self.spec,
             "in_use": self.in_use,
+            "used": self.used,
+            "of": self.of,
+            "period": self.period,
+            "use": self.use,
             "waiting": [{"run": r, "step": s, "in": round(w, 3)} for r, s, w in self.waiting],
         }
 
@@ -134,11 +159,17 @@ class LimitBook:
             "lease_ms": int(lease_seconds * 1000),
             "poll_ms": int(poll_seconds * 1000),
             "rates": [
-                [r.interval * 1000, r.burst, f"{RATE}:{r.name}", _spec(r.text, r.interval)]
+                [
+                    r.interval * 1000,
+                    r.burst,
+                    f"{RATE}:{r.name}",
+                    _spec(r.text, r.interval, r.burst, r.period),
+                ]
                 for r in rates
             ],
             "slots": [
-                [s.count, f"{CONCURRENCY}:{s.name}", _spec(str(s.count), 0.0)] for s in slots
+                [s.count, f"{CONCURRENCY}:{s.name}", _spec(str(s.count), 0.0, s.count, None)]
+                for s in slots
             ],
         }
         keys = [
@@ -181,13 +212,7 @@ class LimitBook:
         found = []
         for limit in sorted(limited, key=lambda n: n.partition(":")[::-1]):
             kind, _, name = limit.partition(":")
-            spec, interval_ms = specs.get(limit, ("?", 0.0))
-            if kind == CONCURRENCY:
-                used = int(self.client.zcount(self.keys.slots(name), now * 1000, "+inf"))
-            else:
-                raw = self.client.get(self.keys.rate(name))
-                ahead = (float(raw) - now * 1000) if raw else 0.0
-                used = max(0, int(-(-ahead // interval_ms))) if interval_ms else 0
+            spec, interval_ms, burst, period = specs.get(limit, ("?", 0.0, None, None))
             waiting: list[tuple[str, str, float]] = []
             entries: Any = self.client.zrangebyscore(
                 self.keys.waiting(limit), (now - RECENT) * 1000, "+inf", withscores=True
@@ -195,7 +220,18 @@ class LimitBook:
             for member, score in entries:
                 run, _, step = _text(member).partition("|")
                 waiting.append((run, step, max(0.0, float(score) / 1000 - now)))
-            found.append(LimitUse(name, kind, spec, used, waiting))
+            if kind == CONCURRENCY:
+                used = int(self.client.zcount(self.keys.slots(name), now * 1000, "+inf"))
+                found.append(LimitUse(name, kind, spec, used, waiting, used, burst))
+                continue
+            raw = self.client.get(self.keys.rate(name))
+            ahead = (float(raw) - now * 1000) if raw else 0.0
+            counted = max(0, int(-(-ahead // interval_ms))) if interval_ms else 0
+            # GCRA keeps no list of starts: what it counts now, less the turns reserved by
+            # steps still to come back, is what started within the window (the burst at most).
+            reserved = sum(1 for _, _, seconds in waiting if seconds > 0)
+            made = None if burst is None else min(burst, max(0, counted - reserved))
+            found.append(LimitUse(name, kind, spec, counted, waiting, made, burst, period))
         return found
 
     def now(self) -> float:
@@ -204,19 +240,22 @@ class LimitBook:
         return float(seconds) + float(micros) / 1e6
 
 
-def _spec(text: str, interval: float) -> str:
-    return json.dumps([text, interval * 1000])
+def _spec(text: str, interval: float, burst: int, period: float | None) -> str:
+    return json.dumps([text, interval * 1000, burst, period])
 
 
-def _decoded(raw: Any) -> tuple[str, float]:
-    """A spec record: ``(text, interval ms)``. A record of an older release (the bare text)
-    reads with no interval until the limit's next admission writes it again."""
+def _decoded(raw: Any) -> tuple[str, float, int | None, float | None]:
+    """A spec record: ``(text, interval ms, burst, period s)``. A record of an older release
+    (the bare text; ``[text, interval ms]``) reads without what it lacks until the limit's
+    next admission writes it again."""
     text = _text(raw)
     try:
-        spec, interval_ms = json.loads(text)
-        return str(spec), float(interval_ms)
+        spec, interval_ms, *rest = json.loads(text)
+        burst = int(rest[0]) if rest and rest[0] is not None else None
+        period = float(rest[1]) if len(rest) > 1 and rest[1] is not None else None
+        return str(spec), float(interval_ms), burst, period
     except (ValueError, TypeError):
-        return text, 0.0
+        return text, 0.0, None, None
 
 
 def _text(raw: Any) -> str:

@@ -324,7 +324,8 @@ class RunMeta(BaseModel):
     checkpoint so its steps keep it through recovery, retries and resumes; ``None``: each
     step takes its method's ``priority=`` or the default."""
     cancel_reason: str | None = None
-    """Why the run was cancelled, when not by hand (its deadline passed)."""
+    """Why the run was cancelled: its deadline passed, its parent was cancelled, or who
+    cancelled it from the console; ``None``: by hand otherwise (``runner cancel``)."""
     sleeps: dict[str, list[float]] = Field(default_factory=dict)
     """Activation id -> the wake-up times of the durable sleeps (``self.sleep``) its method
     reached, in order; a step re-run after its wake-up passes the sleeps already recorded."""

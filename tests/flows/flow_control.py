@@ -47,6 +47,18 @@ class RoutedFlow(Flow[Job]):
         self.state.embedded_on = str(current_task.request.hostname)
 
 
+class GpuFlow(Flow[Job]):
+    """Its first step on the deployment's ``gpu`` queue, then one on the default queue."""
+
+    @start(queue="gpu")
+    def embed(self) -> None:
+        self.state.embedded_on = str(current_task.request.hostname)
+
+    @listen(embed)
+    def report(self) -> None:
+        self.state.prepared_on = str(current_task.request.hostname)
+
+
 class RatedFlow(Flow[Job]):
     """One step that may start five times a second across the deployment."""
 
