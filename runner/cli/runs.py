@@ -17,7 +17,7 @@ from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.views import asleep, scheduled_until, woken_at
 
-from . import progress, refs, sources, streams
+from . import bulk, progress, refs, sources, streams
 from ._app import commands
 from ._outcome import (
     exit_code_of,
@@ -388,11 +388,23 @@ def list_runs(
 
 
 @app.command()
-def cancel(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
+def cancel(
+    ctx: typer.Context,
+    run: bulk.RunOptArg = None,
+    as_json: JsonOpt = False,
+    where: bulk.WhereOpt = None,
+    ids: bulk.IdsOpt = None,
+    yes: bulk.YesOpt = False,
+) -> None:
     """Cancel a run: no more steps are sent, running ones are stopped and commit nothing.
     The child runs it waits on (crews its steps run) are cancelled with it.
 
-    Resume it later with `resume`: the stopped steps run again, its children's too."""
+    Resume it later with `resume`: the stopped steps run again, its children's too. With
+    --where TERMS or --ids IDS, every run selected: a dry run listing them unless --yes."""
+    if bulk.wanted(run, where, ids):
+        bulk.run(ctx, "cancel", where, ids, yes=yes, as_json=as_json)
+        return
+    assert run is not None
     from runner.distributed import client
     from runner.distributed.cancel import waited_on
 
