@@ -7,14 +7,18 @@ validate comes back (422) with each error next to its field.
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
+from runner.distributed import bulk
 from runner.distributed.fleet import survey
-from runner.errors import RunnerError
+from runner.errors import InvalidInputs, RunnerError
 from runner.store.models import RunStatus
+from runner.store.selection import Where, instant
 
 from . import actions, data
 from .context import console_of, error_response, logged_in
@@ -36,23 +40,64 @@ def _redirect(url: str) -> Response:
 # --- runs ------------------------------------------------------------------------------------
 
 
+SINCE = ("15m", "1h", "6h", "1d", "1w")
+"""The runs page's time filter: updated within this long."""
+PAGE_SIZE = 50
+
+
+def _selection(
+    status: str | None, flow: str | None, q: str | None, since: str | None
+) -> tuple[Where, dict[str, str]]:
+    """The runs page's filters as a selection (the CLI's ``--where``), and as they show."""
+    now = time.time()
+    where = Where(
+        statuses=(state,) if (state := _status(status)) else (),
+        flows=(flow,) if flow else (),
+        since=instant(since, now) if since in SINCE else None,
+        text=q or "",
+    )
+    shown = {"status": status or "", "flow": flow or "", "q": q or "", "since": since or ""}
+    return where, shown
+
+
+def _list(
+    request: Request,
+    status: str | None,
+    flow: str | None,
+    q: str | None,
+    since: str | None,
+    offset: int,
+) -> dict[str, Any]:
+    console = console_of(request)
+    where, filters = _selection(status, flow, q, since)
+    page = data.runs_page(console.rt.store, where, offset=max(offset, 0), limit=PAGE_SIZE)
+    query = {k: v for k, v in filters.items() if v}
+    links = {
+        "prev": urlencode({**query, "offset": max(offset - PAGE_SIZE, 0)}) if offset > 0 else None,
+        "next": urlencode({**query, "offset": offset + PAGE_SIZE}) if page["more"] else None,
+    }
+    return {**page, "filters": filters, "links": links}
+
+
 @router.get("/")
 def runs_page(
     request: Request,
     status: str | None = None,
     flow: str | None = None,
     q: str | None = None,
+    since: str | None = None,
+    offset: int = 0,
 ) -> Response:
-    """Every run, filtered by status, flow and text; the table refreshes itself."""
+    """Runs, a page at a time, filtered by status, flow, time and text; with a count, paging,
+    and bulk resume, cancel and pin of the runs selected. The table refreshes itself."""
     console = console_of(request)
-    rows = data.list_runs(console.rt.store, status=_status(status), flow=flow, text=q)
     return console.page(
         request,
         "runs.html",
-        rows=rows,
+        **_list(request, status, flow, q, since, offset),
         flows=data.flow_names(console.rt.store),
         statuses=[s.value for s in RunStatus],
-        filters={"status": status or "", "flow": flow or "", "q": q or ""},
+        periods=SINCE,
     )
 
 
@@ -62,11 +107,27 @@ def runs_rows(
     status: str | None = None,
     flow: str | None = None,
     q: str | None = None,
+    since: str | None = None,
+    offset: int = 0,
 ) -> Response:
-    """The rows of the runs table (polled, and swapped in when a filter changes)."""
+    """The rows of the runs table and its count (polled, and swapped in)."""
     console = console_of(request)
-    rows = data.list_runs(console.rt.store, status=_status(status), flow=flow or None, text=q)
-    return console.page(request, "_runs_rows.html", rows=rows)
+    return console.page(
+        request, "_runs_rows.html", **_list(request, status, flow, q, since, offset)
+    )
+
+
+@router.post("/runs/bulk/{action}")
+def bulk_submit(
+    request: Request, action: str, run_id: Annotated[list[str] | None, Form()] = None
+) -> Response:
+    """Resume, cancel or pin the runs selected on the runs page; the summary goes to the
+    page's message area."""
+    console = console_of(request)
+    if not run_id:
+        raise InvalidInputs("no run selected")
+    summary = bulk.act(console.rt, action, bulk.select(console.rt, ids=run_id))  # type: ignore[arg-type]  # act names the actions
+    return console.page(request, "_bulk_summary.html", summary=summary.as_json())
 
 
 @router.get("/limits")
