@@ -43,6 +43,8 @@ def _redirect(url: str) -> Response:
 SINCE = ("15m", "1h", "6h", "1d", "1w")
 """The runs page's time filter: updated within this long."""
 PAGE_SIZE = 50
+"""Runs a page of the list shows unless ``limit=`` says otherwise (at most ``MAX_PAGE``)."""
+MAX_PAGE = 500
 
 
 def _selection(
@@ -67,14 +69,18 @@ def _list(
     q: str | None,
     since: str | None,
     offset: int,
+    limit: int,
 ) -> dict[str, Any]:
     console = console_of(request)
     where, filters = _selection(status, flow, q, since)
-    page = data.runs_page(console.rt.store, where, offset=max(offset, 0), limit=PAGE_SIZE)
-    query = {k: v for k, v in filters.items() if v}
+    offset, limit = max(offset, 0), min(max(limit, 1), MAX_PAGE)
+    page = data.runs_page(console.rt.store, where, offset=offset, limit=limit)
+    query: dict[str, str | int] = {k: v for k, v in filters.items() if v}
+    if limit != PAGE_SIZE:
+        query["limit"] = limit
     links = {
-        "prev": urlencode({**query, "offset": max(offset - PAGE_SIZE, 0)}) if offset > 0 else None,
-        "next": urlencode({**query, "offset": offset + PAGE_SIZE}) if page["more"] else None,
+        "prev": urlencode({**query, "offset": max(offset - limit, 0)}) if offset > 0 else None,
+        "next": urlencode({**query, "offset": offset + limit}) if page["more"] else None,
     }
     return {**page, "filters": filters, "links": links}
 
@@ -87,6 +93,7 @@ def runs_page(
     q: str | None = None,
     since: str | None = None,
     offset: int = 0,
+    limit: int = PAGE_SIZE,
 ) -> Response:
     """Runs, a page at a time, filtered by status, flow, time and text; with a count, paging,
     and bulk resume, cancel and pin of the runs selected. The table refreshes itself."""
@@ -94,7 +101,7 @@ def runs_page(
     return console.page(
         request,
         "runs.html",
-        **_list(request, status, flow, q, since, offset),
+        **_list(request, status, flow, q, since, offset, limit),
         flows=data.flow_names(console.rt.store),
         statuses=[s.value for s in RunStatus],
         periods=SINCE,
@@ -109,11 +116,12 @@ def runs_rows(
     q: str | None = None,
     since: str | None = None,
     offset: int = 0,
+    limit: int = PAGE_SIZE,
 ) -> Response:
     """The rows of the runs table and its count (polled, and swapped in)."""
     console = console_of(request)
     return console.page(
-        request, "_runs_rows.html", **_list(request, status, flow, q, since, offset)
+        request, "_runs_rows.html", **_list(request, status, flow, q, since, offset, limit)
     )
 
 
@@ -126,7 +134,9 @@ def bulk_submit(
     console = console_of(request)
     if not run_id:
         raise InvalidInputs("no run selected")
-    summary = bulk.act(console.rt, action, bulk.select(console.rt, ids=run_id))  # type: ignore[arg-type]  # act names the actions
+    chosen = bulk.select(console.rt, ids=run_id)
+    # `act` refuses an action it does not know, for this route as for the API and the CLI.
+    summary = bulk.act(console.rt, action, chosen)  # type: ignore[arg-type]
     return console.page(request, "_bulk_summary.html", summary=summary.as_json())
 
 
