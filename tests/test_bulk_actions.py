@@ -239,12 +239,12 @@ def test_the_runs_page_filters_pages_and_resumes_a_selection_of_failed_runs(
         expect(tab.locator("#next-page")).to_have_count(0)
 
         # The full id on hover and in the clipboard; the short form is a unique prefix.
-        link = tab.locator(f"tr.run[data-run='{done[0]}'] a").first
-        expect(link).to_have_attribute("title", done[0])
-        assert done[0].startswith(link.inner_text())
-        tab.locator(f"tr.run[data-run='{done[0]}'] button.copy").click()
-        expect(tab.locator(f"tr.run[data-run='{done[0]}'] button.copy")).to_have_text("copied")
-        assert tab.evaluate("navigator.clipboard.readText()") == done[0]
+        link = tab.locator(f"tr.run[data-run='{failed[0]}'] a").first
+        expect(link).to_have_attribute("title", failed[0])
+        assert failed[0].startswith(link.inner_text())
+        tab.locator(f"tr.run[data-run='{failed[0]}'] button.copy").click()
+        expect(tab.locator(f"tr.run[data-run='{failed[0]}'] button.copy")).to_have_text("copied")
+        assert tab.evaluate("navigator.clipboard.readText()") == failed[0]
 
         # Only failed ones: back to the first page, 3 of them.
         tab.select_option("select[name=status]", "failed")
