@@ -250,6 +250,7 @@ def test_the_runs_page_filters_pages_and_resumes_a_selection_of_failed_runs(
         tab.select_option("select[name=status]", "failed")
         expect(tab.locator("#runs-count")).to_have_text("1-2 of 3")
         assert "offset=0" in tab.url and f"q={tag}" in tab.url
+        expect(tab.locator(f"tr.run[data-run='{done[0]}']")).to_have_count(0)
 
         # Select all on the page and resume them: the confirm names the count.
         tab.check("#select-page")

@@ -222,12 +222,13 @@ def page_of(
     offset: int = 0,
     limit: int | None = 50,
     top_level: bool = False,
+    page: int = PAGE,
 ) -> Page:
     """The runs ``where`` keeps from ``offset`` (at most ``limit``; ``None``: all of them),
     and the selection's count (the console's "1-50 of 312", the CLI's "N more")."""
     runs: list[RunInfo] = []
     total = 0
-    for info in matching(store, where, top_level=top_level):
+    for info in matching(store, where, top_level=top_level, page=page):
         if total >= offset and (limit is None or len(runs) < limit):
             runs.append(info)
         total += 1
