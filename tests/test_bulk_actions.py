@@ -165,6 +165,19 @@ def test_runs_says_how_many_more_match_and_takes_the_same_where(
     assert "more" not in every.stdout
     only_failed = cli(env, "runs", "--where", f"id~{tag} status=failed", "--json")
     assert sorted(r["run_id"] for r in json.loads(only_failed.stdout)) == sorted(failed)
+
+    # A fork of each: the failed runs forked into new runs that record their parent; the
+    # succeeded one has nothing left to run, so its fork would change nothing: skipped.
+    forked = cli(env, "fork", "--where", f"id~{tag}", "--yes", "--json")
+    assert forked.returncode == 0, forked
+    outcomes = {o["run_id"]: o for o in json.loads(forked.stdout)["outcomes"]}
+    assert {r for r, o in outcomes.items() if o["outcome"] == "acted"} == set(failed)
+    skipped = [o for o in outcomes.values() if o["outcome"] == "skipped"]
+    assert len(skipped) == 1 and "would change nothing" in skipped[0]["reason"]
+    for run_id in failed:
+        child = rt.store.run(outcomes[run_id]["result"])
+        assert child is not None and child.parent_run_id == run_id
+
     twice = cli(env, "runs", "--status", "failed", "--where", "status=paused")
     assert twice.returncode == 2 and "--status also in --where" in twice.stderr
 

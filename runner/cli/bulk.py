@@ -38,13 +38,22 @@ IdsOpt = Annotated[
         "or more a line). A dry run unless --yes.",
     ),
 ]
+ListWhereOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--where",
+        metavar="TERMS",
+        help='Only runs the selection keeps, e.g. "flow=X status=failed,paused since=1h" '
+        "(keys: flow, status, since, until, id~, text~, version; every term must hold).",
+    ),
+]
 YesOpt = Annotated[
     bool,
     typer.Option("--yes", "-y", help="With --where/--ids: act (default: a dry run).", metavar=FLAG),
 ]
 RunOptArg = Annotated[
     str | None,
-    typer.Argument(metavar="[RUN]", help="Run id, or a unique prefix of it (or --where/--ids)."),
+    typer.Argument(metavar="RUN", help="Run id, or a unique prefix of it (or --where/--ids)."),
 ]
 
 

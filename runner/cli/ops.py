@@ -166,7 +166,7 @@ def fork(
     ref: Annotated[
         str | None,
         typer.Argument(
-            metavar="[CKPT|RUN]",
+            metavar="CKPT|RUN",
             help="A checkpoint id, or a run id (its latest); or a prefix (or --where/--ids).",
         ),
     ] = None,

@@ -346,7 +346,7 @@ def list_runs(
             "--version", metavar="V", help="Only runs whose latest checkpoint version V wrote."
         ),
     ] = None,
-    where: bulk.WhereOpt = None,
+    where: bulk.ListWhereOpt = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most N runs.")] = 20,
     every: Annotated[
         bool,

@@ -4,8 +4,9 @@
 Each run goes through the single-run code path (:func:`.control.resume`,
 :meth:`.client.RunHandle.cancel`, :func:`.control.fork`, :func:`.retention.pin`), so a bulk
 action refuses a run exactly as the one-run command would. A refusal (the run's state does
-not allow it: still running, already finished) counts as *skipped* with its reason; any
-other error as *failed* with its one line; neither stops the others.
+not allow it: still running, already finished; a fork that would change nothing) counts as
+*skipped* with its reason; any other error as *failed* with its one line; neither stops the
+others.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def one(rt: Runtime, action: Action, run_id: str) -> Outcome:
     """``action`` on one run, through its single-run code path."""
     try:
         result = _do(rt, action, run_id)
-    except RunStateError as exc:
+    except (RunStateError, control.ForkChangesNothing) as exc:
         return Outcome(run_id, "skipped", _line(exc))
     except RunnerError as exc:
         return Outcome(run_id, "failed", _line(exc))
