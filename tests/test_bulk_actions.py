@@ -207,6 +207,8 @@ def test_the_api_answers_a_dry_run_acts_on_ids_and_refuses_a_bad_selection(
             http.post("/api/runs/bulk", json={"action": "delete", "ids": failed}).status_code == 422
         )
         assert http.post("/api/runs/bulk", json={"action": "pin", "where": ""}).status_code == 422
+        assert http.get("/api/runs", params={"where": "id=x"}).status_code == 422
+        assert http.get("/", params={"since": "soon"}).status_code == 422  # the page's filter
         assert snapshot(rt) == before
 
         pinned = http.post(

@@ -41,7 +41,8 @@ def _redirect(url: str) -> Response:
 
 
 SINCE = ("15m", "1h", "6h", "1d", "1w")
-"""The runs page's time filter: updated within this long."""
+"""The runs page's time filter's choices: updated within this long (``since=`` takes any
+age or ISO time, as ``--where`` does)."""
 PAGE_SIZE = 50
 """Runs a page of the list shows unless ``limit=`` says otherwise (at most ``MAX_PAGE``)."""
 MAX_PAGE = 500
@@ -55,7 +56,7 @@ def _selection(
     where = Where(
         statuses=(state,) if (state := _status(status)) else (),
         flows=(flow,) if flow else (),
-        since=instant(since, now) if since in SINCE else None,
+        since=instant(since, now, f"since={since}") if since else None,
         text=q or "",
     )
     shown = {"status": status or "", "flow": flow or "", "q": q or "", "since": since or ""}
