@@ -15,6 +15,7 @@ import typer
 
 from runner.views import when
 
+from . import refs
 from ._session import FAILED, FLAG, BadUsage, console, print_json, session
 
 if TYPE_CHECKING:
@@ -34,8 +35,8 @@ IdsOpt = Annotated[
     typer.Option(
         "--ids",
         metavar="IDS|-",
-        help="Act on these run ids (comma- or space-separated; - reads them from stdin, one "
-        "or more a line). A dry run unless --yes.",
+        help="Act on these runs: ids or unique prefixes, comma- or space-separated (- reads "
+        "them from stdin, one or more a line). A dry run unless --yes.",
     ),
 ]
 ListWhereOpt = Annotated[
@@ -91,7 +92,9 @@ def run(
     from runner.distributed import bulk
 
     rt = session(ctx).rt
-    chosen = bulk.select(rt, where=where, ids=None if ids is None else _ids(ids))
+    # Ids as tables show them (unique prefixes) name their runs, as for one-run commands.
+    named = None if ids is None else [refs.resolve_run(rt, ref) for ref in _ids(ids)]
+    chosen = bulk.select(rt, where=where, ids=named)
     if not yes:
         summary = bulk.dry(action, chosen)
         if as_json:
