@@ -5,6 +5,7 @@ reads only checkpoints), below both front ends, so neither imports the other."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -162,3 +163,49 @@ def answers_given(history: list[Checkpoint]) -> dict[str, Answer]:
             given[ckpt.id] = max(new, key=lambda a: a.at)
         seen.update(kept)
     return given
+
+
+# --- short ids -------------------------------------------------------------------------------
+
+MIN_RUN = 8
+"""Shortest run prefix a table shows (a UUID's first group)."""
+
+
+def short_ids(ids: list[str], minimum: int) -> dict[str, str]:
+    """Each id's shortest prefix (at least ``minimum`` long) that no other id shares."""
+    ordered = sorted(set(ids))
+    out = {}
+    for i, ident in enumerate(ordered):
+        near = [ordered[j] for j in (i - 1, i + 1) if 0 <= j < len(ordered)]
+        need = max((_common(ident, other) + 1 for other in near), default=0)
+        out[ident] = ident[: max(minimum, need)]
+    return out
+
+
+def short_runs(every: list[str], run_ids: list[str], minimum: int = MIN_RUN) -> dict[str, str]:
+    """How tables show ``run_ids`` among ``every`` run id there is: a root run by its unique
+    prefix (two schedule runs ``ticker-20261128T0400`` and ``…T0405`` keep the tail that
+    tells them apart), a descendant as that prefix followed by the rest of its id
+    (``83fc81fc-research-1``). What is shown can be typed back."""
+    roots: list[str] = []
+    for run_id in sorted(every):  # sorted, so a parent comes right before its descendants
+        if not (roots and run_id.startswith(roots[-1] + "-")):
+            roots.append(run_id)
+    shown = short_ids(roots, minimum)
+    out = {}
+    for run_id in run_ids:
+        root = next((r for r in _prefixes(run_id) if r in shown), None)
+        out[run_id] = shown[root] + run_id[len(root) :] if root else run_id
+    return out
+
+
+def _prefixes(run_id: str) -> list[str]:
+    """``run_id`` and each shorter id it extends at a ``-``, longest last."""
+    cuts = [m.start() for m in re.finditer("-", run_id)]
+    return [run_id[:cut] for cut in cuts] + [run_id]
+
+
+def _common(a: str, b: str) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )

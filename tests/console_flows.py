@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from runner import Flow, FlowState, listen, start
 
 
@@ -36,3 +38,28 @@ class ReviewFlow(Flow[ReviewState]):
     @listen(check)
     def publish(self, verdict: str) -> str:
         return f"published ({verdict})"
+
+
+class GateState(FlowState):
+    """The file whose existence opens the gate (absent: ``through`` fails)."""
+
+    gate: str = ""
+
+
+class GateFlow(Flow[GateState]):
+    """prepare -> through (fails while the ``gate`` file is absent) -> done: a failed run
+    that a resume finishes once the gate is opened (the bulk-action tests)."""
+
+    @start()
+    def prepare(self) -> str:
+        return "prepared"
+
+    @listen(prepare)
+    def through(self, _prepared: str) -> str:
+        if not os.path.exists(self.state.gate):
+            raise RuntimeError(f"gate {self.state.gate} is closed")
+        return "through"
+
+    @listen(through)
+    def done(self, _through: str) -> str:
+        return "done"

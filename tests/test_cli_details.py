@@ -12,6 +12,7 @@ import pytest
 import redis
 from rich.console import Console
 
+from runner import views
 from runner.cli import progress, refs, render
 from tests.flows.cli import gate_key
 from tests.test_cli import GATED, Cli, cli, tag  # noqa: F401  (fixtures)
@@ -122,7 +123,7 @@ def test_the_live_view_keeps_a_long_worker_name_on_one_row_at_80_columns(
     rows = progress.step_rows(rt, run_id)
     for row in rows:
         row.worker = LONG_WORKER  # as a worker on a node with a long host name records it
-    shown = refs.short_ids([r.checkpoint for r in rows if r.checkpoint], refs.MIN_CHECKPOINT)
+    shown = views.short_ids([r.checkpoint for r in rows if r.checkpoint], refs.MIN_CHECKPOINT)
     for spent in (None, {"total_tokens": 123456}):  # a run with LLM usage has a tokens column
         for row in rows:
             row.usage = spent
@@ -161,7 +162,7 @@ def test_step_names_keep_their_width_at_80_columns_beside_same_millisecond_check
         )
         for n, ((depth, step), ckpt) in enumerate(zip(steps, ids, strict=True))
     ]
-    shown = refs.short_ids(ids, refs.MIN_CHECKPOINT)
+    shown = views.short_ids(ids, refs.MIN_CHECKPOINT)
     assert {len(s) for s in shown.values()} == {28}
     out = Console(width=80, record=True, color_system=None)
     out.print(render.steps_table(rows, shown, one_row=one_row))

@@ -16,6 +16,7 @@ import typer
 
 from runner.errors import RunNotFound, RunTimeout
 from runner.store.models import Checkpoint, RunInfo, RunStatus
+from runner.views import short_ids
 
 from . import progress, refs
 from ._session import FAILED, OK, History, Reader, console, print_json
@@ -93,7 +94,7 @@ def progress_view(reader: Reader, run_id: str) -> tuple[RunInfo, RenderableType]
 
     info, latest = run_now(reader, run_id)
     rows = progress.step_rows(reader, run_id)
-    shown = refs.short_ids([r.checkpoint for r in rows if r.checkpoint], refs.MIN_CHECKPOINT)
+    shown = short_ids([r.checkpoint for r in rows if r.checkpoint], refs.MIN_CHECKPOINT)
     total = progress.total_steps(reader, run_id)
     error = failure(reader.store, latest).error
     return info, render.progress_view(info, latest, rows, total, error, shown)

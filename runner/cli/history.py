@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from runner.flow.usage import run_sums, run_sums_text
-from runner.views import answers_given, checkpoint_diff
+from runner.views import answers_given, checkpoint_diff, short_ids
 
 from . import progress, refs, sources
 from ._app import commands
@@ -42,7 +42,7 @@ def checkpoints(
     every = progress.history(reader, run_id)
     from . import render  # rich: a view only (see render)
 
-    shown = refs.short_ids([c.id for c in every], refs.MIN_CHECKPOINT)
+    shown = short_ids([c.id for c in every], refs.MIN_CHECKPOINT)
     console().print(render.history_table(found, shown, answers_given(list(reversed(every)))))
 
 
@@ -67,7 +67,7 @@ def steps(
     ckpts = [row.checkpoint for row in rows if row.checkpoint]
     from . import render  # rich: a view only (see render)
 
-    console().print(render.steps_table(rows, refs.short_ids(ckpts, refs.MIN_CHECKPOINT)))
+    console().print(render.steps_table(rows, short_ids(ckpts, refs.MIN_CHECKPOINT)))
     for run_id in dict.fromkeys(row.run_id for row in rows):
         sums = run_sums(reader.store.latest(run_id))
         if sums is not None:

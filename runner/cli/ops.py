@@ -14,12 +14,12 @@ from runner.errors import FlowImportError
 from runner.flow.state import values_from_text
 from runner.store.models import Checkpoint, RunStatus
 
-from . import refs
+from . import bulk, refs
 from ._app import commands
 from ._outcome import follow
 from ._session import FLAG, BadUsage, console, parse_duration, print_json, session, text_pairs
 from .location import LocationOpt, located, resume_here
-from .runs import InputOpt, JsonOpt, RunArg, TimeoutOpt, WaitOpt
+from .runs import InputOpt, JsonOpt, TimeoutOpt, WaitOpt
 
 app = commands()
 """This module's commands, loaded by the ``runner`` group when one is called."""
@@ -34,7 +34,7 @@ def _typed(texts: dict[str, str], checkpoint: Checkpoint | None) -> dict[str, An
 @app.command()
 def resume(
     ctx: typer.Context,
-    run: RunArg,
+    run: bulk.RunOptArg = None,
     from_checkpoint: Annotated[
         str | None,
         typer.Option(
@@ -75,6 +75,9 @@ def resume(
             help="The step whose question you answer: refused if the run now awaits another.",
         ),
     ] = None,
+    where: bulk.WhereOpt = None,
+    ids: bulk.IdsOpt = None,
+    yes: bulk.YesOpt = False,
 ) -> None:
     """Continue a failed, cancelled or paused run; completed steps are not re-run.
 
@@ -87,7 +90,24 @@ def resume(
     runs on in this process, as `kickoff(from_checkpoint=...)` does, to its end. A run
     paused for a person's answer (a review, a question) takes it with --feedback (and
     --outcome, --by); `runner status RUN` shows what it awaits.
+
+    With --where TERMS or --ids IDS, every run selected: a dry run listing them unless --yes.
     """
+    if bulk.wanted(run, where, ids):
+        bulk.only_alone(
+            from_=from_checkpoint,
+            input=inputs,
+            wait=wait,
+            timeout=timeout,
+            location=location,
+            feedback=feedback,
+            outcome=outcome,
+            by=by,
+            step=step,
+        )
+        bulk.run(ctx, "resume", where, ids, yes=yes, as_json=as_json)
+        return
+    assert run is not None
     if feedback is not None or outcome is not None:
         if from_checkpoint is not None or inputs or location is not None:
             raise BadUsage(
@@ -144,11 +164,12 @@ def _who() -> str | None:
 def fork(
     ctx: typer.Context,
     ref: Annotated[
-        str,
+        str | None,
         typer.Argument(
-            metavar="CKPT|RUN", help="A checkpoint id, or a run id (its latest); or a prefix."
+            metavar="CKPT|RUN",
+            help="A checkpoint id, or a run id (its latest); or a prefix (or --where/--ids).",
         ),
-    ],
+    ] = None,
     set_: Annotated[
         list[str] | None,
         typer.Option(
@@ -184,6 +205,9 @@ def fork(
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
     location: LocationOpt = None,
+    where: bulk.WhereOpt = None,
+    ids: bulk.IdsOpt = None,
+    yes: bulk.YesOpt = False,
 ) -> None:
     """Start a new run from a checkpoint, optionally with edited state; print its id.
 
@@ -196,7 +220,24 @@ def fork(
     change nothing (no step left to run at the checkpoint, no --rerun, no --set value
     that differs) is refused (exit 2). With --location (an archive, a JSON directory or a
     SQLite file), the source run is first restored into Redis (`runner restore`).
+
+    With --where TERMS or --ids IDS, a fork of each run selected from its latest checkpoint,
+    unedited: a dry run listing them unless --yes.
     """
+    if bulk.wanted(ref, where, ids):
+        bulk.only_alone(
+            set=set_,
+            rerun=rerun,
+            branch=branch,
+            run_id=run_id,
+            map=map_,
+            wait=wait,
+            timeout=timeout,
+            location=location,
+        )
+        bulk.run(ctx, "fork", where, ids, yes=yes, as_json=as_json)
+        return
+    assert ref is not None
     rt = session(ctx).rt
     if location is not None:
         ref = _restored(ctx, rt, location, ref)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import re
 
+from runner import views
 from runner.errors import CheckpointNotFound, RunNotFound
 from runner.store.base import CheckpointStore, DeploymentStore
 from runner.store.models import Checkpoint, RunInfo
 
 from ._session import BadUsage, History
 
-MIN_RUN = 8
+MIN_RUN = views.MIN_RUN
 """Shortest run prefix a table shows (a UUID's first group)."""
 MIN_CHECKPOINT = 16
 """Shortest checkpoint prefix a table shows: the 12-digit millisecond time and 4 more."""
@@ -68,27 +69,9 @@ def resolve_checkpoint_or_run(reader: History, ref: str) -> Checkpoint:
     return latest
 
 
-def short_ids(ids: list[str], minimum: int) -> dict[str, str]:
-    """Each id's shortest prefix (at least ``minimum`` long) that no other id shares."""
-    ordered = sorted(set(ids))
-    out = {}
-    for i, ident in enumerate(ordered):
-        near = [ordered[j] for j in (i - 1, i + 1) if 0 <= j < len(ordered)]
-        need = max((_common(ident, other) + 1 for other in near), default=0)
-        out[ident] = ident[: max(minimum, need)]
-    return out
-
-
 def short_runs(reader: History, run_ids: list[str]) -> dict[str, str]:
-    """How tables show these runs: a root run by its unique prefix, a descendant as that
-    prefix followed by the rest of its id (``83fc81fc-research-1``)."""
-    roots = _roots(reader)
-    shown = short_ids(roots, MIN_RUN)
-    out = {}
-    for run_id in run_ids:
-        root = next((r for r in _prefixes(run_id) if r in shown), None)
-        out[run_id] = shown[root] + run_id[len(root) :] if root else run_id
-    return out
+    """How tables show these runs (:func:`runner.views.short_runs`, against every run id)."""
+    return views.short_runs(_every_id(reader), run_ids, MIN_RUN)
 
 
 def all_runs(store: CheckpointStore) -> list[RunInfo]:
@@ -154,27 +137,9 @@ def _child_by_parent_prefix(reader: History, ref: str) -> list[str]:
     return []
 
 
-def _roots(reader: History) -> list[str]:
-    """Every run id in the index that does not extend another one (child runs do)."""
+def _every_id(reader: History) -> list[str]:
+    """Every run id in the index."""
     store = reader.store
     if isinstance(store, DeploymentStore):
-        ids = sorted(store.run_ids())
-    else:
-        ids = sorted(info.run_id for info in all_runs(store))
-    roots: list[str] = []
-    for run_id in ids:  # sorted, so a parent comes right before its descendants
-        if not (roots and run_id.startswith(roots[-1] + "-")):
-            roots.append(run_id)
-    return roots
-
-
-def _prefixes(run_id: str) -> list[str]:
-    """``run_id`` and each shorter id it extends at a ``-``, longest last."""
-    cuts = [m.start() for m in re.finditer("-", run_id)]
-    return [run_id[:cut] for cut in cuts] + [run_id]
-
-
-def _common(a: str, b: str) -> int:
-    return next(
-        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
-    )
+        return store.run_ids()
+    return [info.run_id for info in all_runs(store)]

@@ -17,7 +17,7 @@ from runner.store.archive import open_archive, restore_run
 from runner.store.expiry import RetainingStore
 from runner.store.models import RunInfo
 
-from . import refs
+from . import bulk, refs
 from ._app import commands
 from ._session import FLAG, BadUsage, console, print_json, session
 
@@ -36,12 +36,30 @@ def _retaining(store: object) -> RetainingStore:
 
 
 @app.command()
-def pin(ctx: typer.Context, run: RunArg) -> None:
-    """Keep a run in Redis for ever, whatever the retention policy says (`unpin` undoes it)."""
-    store = _retaining(session(ctx).reader.store)
+def pin(
+    ctx: typer.Context,
+    run: bulk.RunOptArg = None,
+    where: bulk.WhereOpt = None,
+    ids: bulk.IdsOpt = None,
+    yes: bulk.YesOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Keep a run in Redis for ever, whatever the retention policy says (`unpin` undoes it).
+
+    With --where TERMS or --ids IDS, every run selected: a dry run listing them unless --yes.
+    """
+    from runner.distributed.retention import pin as pin_run
+
+    _retaining(session(ctx).reader.store)
+    if bulk.wanted(run, where, ids):
+        bulk.run(ctx, "pin", where, ids, yes=yes, as_json=as_json)
+        return
+    assert run is not None
     run_id = refs.resolve_run(session(ctx).reader, run)
-    if not store.pin_run(run_id, True):
-        raise RunNotFound(f"no run {run_id}", run_id=run_id)
+    pin_run(session(ctx).reader.store, run_id, True)
+    if as_json:
+        print_json({"run_id": run_id, "pinned": True})
+        return
     typer.echo(f"{run_id}: pinned, kept until unpinned")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -13,11 +14,12 @@ import typer
 
 from runner.errors import CorruptCheckpoint, InvalidInputs, RunTimeout
 from runner.flow.rates import PRIORITIES
+from runner.store import selection
 from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.views import asleep, scheduled_until, step_states, woken_at
 
-from . import progress, refs, sources, streams
+from . import bulk, progress, refs, sources, streams
 from ._app import commands
 from ._outcome import (
     cancel_reason,
@@ -30,7 +32,7 @@ from ._outcome import (
     stopped,
     watch_live,
 )
-from ._session import FLAG, Reader, console, load_inputs, print_json, session
+from ._session import FLAG, BadUsage, Reader, console, load_inputs, print_json, session
 
 app = commands()
 """This module's commands, loaded by the ``runner`` group when one is called."""
@@ -342,10 +344,15 @@ def list_runs(
             "--version", metavar="V", help="Only runs whose latest checkpoint version V wrote."
         ),
     ] = None,
+    where: bulk.ListWhereOpt = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most N runs.")] = 20,
-    flat: Annotated[
+    every: Annotated[
         bool,
-        typer.Option("--all", help="List child runs too, flat, each on its own.", metavar=FLAG),
+        typer.Option(
+            "--all",
+            help="Every run that matches, no limit; child runs too, flat, each on its own.",
+            metavar=FLAG,
+        ),
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -353,44 +360,86 @@ def list_runs(
 
     Run ids show as their shortest unique prefix, which every command accepts; a child run
     shows as its parent's prefix followed by the rest of its id. --json gives whole ids.
+    --where takes the selection the bulk actions take ("flow=X status=failed since=1h");
+    a last line says how many more runs match than are shown.
     """
     reader = session(ctx).reader
-    # Selecting top-level runs and nesting child runs both read a run's latest checkpoint:
-    # read once, those of a page of runs in one round trip.
-    latest = Latest(reader.store)
-    found = _select_runs(
-        reader.store, latest, status, flow, limit, top_level=not flat, version=version
+    chosen = _where(where, status, flow, version)
+    page = selection.page_of(
+        reader.store, chosen, limit=None if every else limit, top_level=not every
     )
+    found = page.runs
+    # Nesting child runs reads each run's latest checkpoint: those of the page in one trip.
+    latest = Latest(reader.store)
     latest.read_ahead([info.run_id for info in found])
     if as_json:
         listed = (
             [_listed(latest, info) for info in found]
-            if flat
+            if every
             else [_tree(reader, latest, info) for info in found]
         )
         print_json(_with_expiry(reader.store, listed))
+        if page.more:
+            typer.echo(f"… {page.more} more (use --limit or --all)", err=True)
         return
     if not found:
-        nothing = (status, flow, version) == (None, None, None)
-        typer.echo("no runs" if nothing else "no runs match")
+        typer.echo("no runs" if chosen.empty else "no runs match")
         return
     from . import render  # rich: a view only (see render)
 
-    nested = [(info, 0) for info in found] if flat else _nest(reader, latest, found)
+    nested = [(info, 0) for info in found] if every else _nest(reader, latest, found)
     shown = refs.short_runs(reader, [info.run_id for info, _depth in nested])
     waiting = {info.run_id for info, _depth in nested if _starts_at(latest, info) is not None}
     from .expiry_view import expiry_texts
 
     expires = expiry_texts(reader.store, [info for info, _depth in nested])
     console().print(render.runs_table(nested, shown, scheduled=waiting, expires=expires))
+    if page.more:
+        typer.echo(f"… {page.more} more (use --limit or --all)")
+
+
+def _where(
+    text: str | None, status: RunStatus | None, flow: str | None, version: str | None
+) -> selection.Where:
+    """``--where`` with ``--status``, ``--flow`` and ``--version`` added (each once)."""
+    chosen = selection.parse(text, time.time())
+    twice = [
+        option
+        for option, value, there in (
+            ("--status", status, chosen.statuses),
+            ("--flow", flow, chosen.flows),
+            ("--version", version, chosen.versions),
+        )
+        if value is not None and there
+    ]
+    if twice:
+        raise BadUsage(f"{', '.join(twice)} also in --where: give each once")
+    return dataclasses.replace(
+        chosen,
+        statuses=(status,) if status is not None else chosen.statuses,
+        flows=(flow,) if flow is not None else chosen.flows,
+        versions=(version,) if version is not None else chosen.versions,
+    )
 
 
 @app.command()
-def cancel(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
+def cancel(
+    ctx: typer.Context,
+    run: bulk.RunOptArg = None,
+    as_json: JsonOpt = False,
+    where: bulk.WhereOpt = None,
+    ids: bulk.IdsOpt = None,
+    yes: bulk.YesOpt = False,
+) -> None:
     """Cancel a run: no more steps are sent, running ones are stopped and commit nothing.
     The child runs it waits on (crews its steps run) are cancelled with it.
 
-    Resume it later with `resume`: the stopped steps run again, its children's too."""
+    Resume it later with `resume`: the stopped steps run again, its children's too. With
+    --where TERMS or --ids IDS, every run selected: a dry run listing them unless --yes."""
+    if bulk.wanted(run, where, ids):
+        bulk.run(ctx, "cancel", where, ids, yes=yes, as_json=as_json)
+        return
+    assert run is not None
     from runner.distributed import client
     from runner.distributed.cancel import waited_on
 
@@ -511,11 +560,6 @@ def _starts_at(latest: Latest, info: RunInfo) -> float | None:
     return scheduled_until(ckpt) if ckpt is not None else None
 
 
-def _is_top_level(latest: Latest, info: RunInfo) -> bool:
-    ckpt = latest(info.run_id)
-    return ckpt is None or ckpt.meta.parent is None
-
-
 def _readable_latest(store: DeploymentStore, run_id: str) -> Checkpoint | None:
     """The run's latest checkpoint; ``None`` if it cannot be read (a corrupt run still lists)."""
     try:
@@ -524,45 +568,6 @@ def _readable_latest(store: DeploymentStore, run_id: str) -> Checkpoint | None:
         return None
 
 
-def _select_runs(
-    store: DeploymentStore,
-    latest: Latest,
-    status: RunStatus | None,
-    flow: str | None,
-    limit: int,
-    *,
-    top_level: bool,
-    version: str | None = None,
-) -> list[RunInfo]:
-    """Up to ``limit`` runs matching ``status``, ``flow`` and ``version`` (their latest
-    checkpoint's; and with ``top_level``, not child runs), paging the run index."""
-    found: list[RunInfo] = []
-    offset, page = 0, max(limit, 200)
-    while len(found) < limit:
-        batch = store.runs(limit=page, offset=offset, status=status)
-        matching = [info for info in batch if flow is None or _flow_matches(info, flow)]
-        for at, info in enumerate(matching):
-            if len(found) == limit:
-                break
-            if not top_level and version is None:
-                found.append(info)
-                continue
-            if info.run_id not in latest.known:  # the next ones it may take, read together
-                latest.read_ahead([i.run_id for i in matching[at : at + limit - len(found)]])
-            if version is not None and _version_of(latest, info) != version:
-                continue
-            if not top_level or _is_top_level(latest, info):
-                found.append(info)
-        if len(batch) < page:
-            break
-        offset += page
-    return found[:limit]
-
-
 def _version_of(latest: Latest, info: RunInfo) -> str | None:
     ckpt = latest(info.run_id)
     return ckpt.version if ckpt is not None else None
-
-
-def _flow_matches(info: RunInfo, flow: str) -> bool:
-    return flow in (info.name, info.flow) or (info.flow or "").endswith(f":{flow}")

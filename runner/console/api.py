@@ -8,8 +8,10 @@ fork names each rejected field in ``error.errors``. With a token, send it as
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
+import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -17,9 +19,11 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from runner.distributed import bulk
 from runner.distributed.fleet import survey
 from runner.flow import following
 from runner.flow.rates import PRIORITIES
+from runner.store import selection
 from runner.store.models import RunStatus
 
 from . import actions, data, streams
@@ -139,11 +143,57 @@ def list_runs(
     status: Annotated[RunStatus | None, Query(description="Only runs with this status.")] = None,
     flow: Annotated[str | None, Query(description="Only this flow (name or path).")] = None,
     q: Annotated[str | None, Query(description="Text in id, flow, step, error, branch.")] = None,
+    where: Annotated[
+        str | None,
+        Query(
+            description="A selection, as the CLI's --where: \"flow=X status=failed,paused "
+            'since=1h until=ISO id~text text~text version=V" (every term must hold).'
+        ),
+    ] = None,
+    offset: Annotated[int, Query(ge=0, description="Skip this many matching runs.")] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> dict[str, Any]:
-    """Runs with status, flow, times, current step and fork/child links."""
+    """Runs with status, flow, times, current step and fork/child links (``short``: the
+    unambiguous short form of each id); ``total`` counts every run that matches, ``more``
+    those after this page."""
     store = console_of(request).rt.store
-    return {"runs": data.list_runs(store, status=status, flow=flow, text=q, limit=limit)}
+    chosen = selection.parse(where, time.time())
+    chosen = dataclasses.replace(
+        chosen,
+        statuses=(status,) if status is not None else chosen.statuses,
+        flows=(flow,) if flow else chosen.flows,
+        text=q or chosen.text,
+    )
+    return data.runs_page(store, chosen, offset=offset, limit=limit)
+
+
+class BulkBody(BaseModel):
+    """One action on many runs (``runner resume|cancel|fork|pin --where/--ids``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["resume", "cancel", "fork", "pin"] = Field(
+        description="What to do to each run, through the one-run action's code path."
+    )
+    where: str | None = Field(
+        default=None, description='The runs a selection keeps ("flow=X status=failed since=1h").'
+    )
+    ids: list[str] | None = Field(default=None, description="Or these run ids.")
+    dry_run: bool = Field(
+        default=True, description="Only say which runs it would act on (the default)."
+    )
+
+
+@router.post("/runs/bulk", summary="Resume, cancel, fork or pin many runs")
+def post_bulk(request: Request, body: BulkBody) -> dict[str, Any]:
+    """The runs ``where`` keeps (or ``ids`` names); with ``dry_run`` (the default) their
+    count and the first of them, else each acted on in turn: ``acted``, ``skipped`` (its
+    state refused the action, with the reason) and ``failed`` (with the error's line) counts
+    and each run's ``outcomes``. A bad ``where`` or an unknown id is 422, before anything."""
+    rt = console_of(request).rt
+    chosen = bulk.select(rt, where=body.where, ids=body.ids)
+    summary = bulk.dry(body.action, chosen) if body.dry_run else bulk.act(rt, body.action, chosen)
+    return summary.as_json()
 
 
 @router.get("/runs/{run_id}", summary="One run: inputs, result, graph, timeline, lineage")

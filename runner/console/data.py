@@ -23,6 +23,7 @@ from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
 from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
 from runner.store.schedules import schedule_json
+from runner.store.selection import Where, page_of
 from runner.views import (
     WAITING,
     StepState,
@@ -31,6 +32,7 @@ from runner.views import (
     checkpoint_diff,
     method_state,
     scheduled_until,
+    short_runs,
     step_states,
 )
 
@@ -91,16 +93,6 @@ def run_row(info: RunInfo, latest: Checkpoint | None, now: float | None = None) 
     }
 
 
-def _matches(info: RunInfo, flow: str | None, text: str | None) -> bool:
-    if flow and not (flow in (info.name, info.flow) or (info.flow or "").endswith(f":{flow}")):
-        return False
-    if not text:
-        return True
-    needle = text.lower()
-    hay = (info.run_id, info.flow, info.name, info.step, info.error, info.branch, info.event)
-    return any(needle in value.lower() for value in hay if value)
-
-
 def list_runs(
     store: DeploymentStore,
     *,
@@ -114,18 +106,51 @@ def list_runs(
     ``flow`` is a flow name or import path; ``text`` is found (case-insensitively) in
     the run id, flow, step, error or branch.
     """
-    found: list[RunInfo] = []
-    offset = 0
-    while len(found) < limit:
-        batch = store.runs(limit=_PAGE, offset=offset, status=status)
-        found += [info for info in batch if _matches(info, flow, text)]
-        if len(batch) < _PAGE:
-            break
-        offset += _PAGE
-    now = time.time()
-    return nested(
-        [run_row(info, _readable_latest(store, info.run_id), now) for info in found[:limit]]
+    where = Where(
+        statuses=(status,) if status else (), flows=(flow,) if flow else (), text=text or ""
     )
+    return runs_page(store, where, limit=limit)["runs"]
+
+
+def runs_page(
+    store: DeploymentStore, where: Where, *, offset: int = 0, limit: int = 50
+) -> dict[str, Any]:
+    """One page of the runs ``where`` keeps (:mod:`runner.store.selection`, as the CLI's
+    ``--where``), most recently updated first: their rows, each with ``short`` (its
+    unambiguous short id), and the count of the whole selection (``total``)."""
+    page = page_of(store, where, offset=offset, limit=limit)
+    now = time.time()
+    latest = _latest_of(store, [info.run_id for info in page.runs])
+    rows = nested([run_row(info, latest.get(info.run_id), now) for info in page.runs])
+    ids = [row["run_id"] for row in rows] + [
+        str(r)
+        for row in rows
+        for r in (row["parent_run_id"], (row["child_of"] or {}).get("run_id"))
+        if r
+    ]
+    shown = short_runs(store.run_ids(), ids)
+    for row in rows:
+        row["short"] = shown.get(row["run_id"], row["run_id"])
+        row["parent_short"] = shown.get(row["parent_run_id"] or "", row["parent_run_id"])
+        child_of = (row["child_of"] or {}).get("run_id")
+        row["child_of_short"] = shown.get(child_of or "", child_of)
+    return {
+        "runs": rows,
+        "total": page.total,
+        "offset": offset,
+        "limit": limit,
+        "more": page.more,
+        "where": where.source,
+    }
+
+
+def _latest_of(store: DeploymentStore, run_ids: list[str]) -> dict[str, Checkpoint | None]:
+    """The latest checkpoints of a page of runs, in one round trip (one by one if one of
+    them is corrupt, so the others still show)."""
+    try:
+        return store.latest_each(run_ids) if run_ids else {}
+    except CorruptCheckpoint:
+        return {run_id: _readable_latest(store, run_id) for run_id in run_ids}
 
 
 def _readable_latest(store: Any, run_id: str) -> Checkpoint | None:

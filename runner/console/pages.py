@@ -7,14 +7,18 @@ validate comes back (422) with each error next to its field.
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
+from runner.distributed import bulk
 from runner.distributed.fleet import survey
-from runner.errors import RunnerError
+from runner.errors import InvalidInputs, RunnerError
 from runner.store.models import RunStatus
+from runner.store.selection import Where, instant
 
 from . import actions, data
 from .context import console_of, error_response, logged_in
@@ -36,23 +40,72 @@ def _redirect(url: str) -> Response:
 # --- runs ------------------------------------------------------------------------------------
 
 
+SINCE = ("15m", "1h", "6h", "1d", "1w")
+"""The runs page's time filter's choices: updated within this long (``since=`` takes any
+age or ISO time, as ``--where`` does)."""
+PAGE_SIZE = 50
+"""Runs a page of the list shows unless ``limit=`` says otherwise (at most ``MAX_PAGE``)."""
+MAX_PAGE = 500
+
+
+def _selection(
+    status: str | None, flow: str | None, q: str | None, since: str | None
+) -> tuple[Where, dict[str, str]]:
+    """The runs page's filters as a selection (the CLI's ``--where``), and as they show."""
+    now = time.time()
+    where = Where(
+        statuses=(state,) if (state := _status(status)) else (),
+        flows=(flow,) if flow else (),
+        since=instant(since, now, f"since={since}") if since else None,
+        text=q or "",
+    )
+    shown = {"status": status or "", "flow": flow or "", "q": q or "", "since": since or ""}
+    return where, shown
+
+
+def _list(
+    request: Request,
+    status: str | None,
+    flow: str | None,
+    q: str | None,
+    since: str | None,
+    offset: int,
+    limit: int,
+) -> dict[str, Any]:
+    console = console_of(request)
+    where, filters = _selection(status, flow, q, since)
+    offset, limit = max(offset, 0), min(max(limit, 1), MAX_PAGE)
+    page = data.runs_page(console.rt.store, where, offset=offset, limit=limit)
+    query: dict[str, str | int] = {k: v for k, v in filters.items() if v}
+    if limit != PAGE_SIZE:
+        query["limit"] = limit
+    links = {
+        "prev": urlencode({**query, "offset": max(offset - limit, 0)}) if offset > 0 else None,
+        "next": urlencode({**query, "offset": offset + limit}) if page["more"] else None,
+    }
+    return {**page, "filters": filters, "links": links}
+
+
 @router.get("/")
 def runs_page(
     request: Request,
     status: str | None = None,
     flow: str | None = None,
     q: str | None = None,
+    since: str | None = None,
+    offset: int = 0,
+    limit: int = PAGE_SIZE,
 ) -> Response:
-    """Every run, filtered by status, flow and text; the table refreshes itself."""
+    """Runs, a page at a time, filtered by status, flow, time and text; with a count, paging,
+    and bulk resume, cancel and pin of the runs selected. The table refreshes itself."""
     console = console_of(request)
-    rows = data.list_runs(console.rt.store, status=_status(status), flow=flow, text=q)
     return console.page(
         request,
         "runs.html",
-        rows=rows,
+        **_list(request, status, flow, q, since, offset, limit),
         flows=data.flow_names(console.rt.store),
         statuses=[s.value for s in RunStatus],
-        filters={"status": status or "", "flow": flow or "", "q": q or ""},
+        periods=SINCE,
     )
 
 
@@ -62,11 +115,30 @@ def runs_rows(
     status: str | None = None,
     flow: str | None = None,
     q: str | None = None,
+    since: str | None = None,
+    offset: int = 0,
+    limit: int = PAGE_SIZE,
 ) -> Response:
-    """The rows of the runs table (polled, and swapped in when a filter changes)."""
+    """The rows of the runs table and its count (polled, and swapped in)."""
     console = console_of(request)
-    rows = data.list_runs(console.rt.store, status=_status(status), flow=flow or None, text=q)
-    return console.page(request, "_runs_rows.html", rows=rows)
+    return console.page(
+        request, "_runs_rows.html", **_list(request, status, flow, q, since, offset, limit)
+    )
+
+
+@router.post("/runs/bulk/{action}")
+def bulk_submit(
+    request: Request, action: str, run_id: Annotated[list[str] | None, Form()] = None
+) -> Response:
+    """Resume, cancel or pin the runs selected on the runs page; the summary goes to the
+    page's message area."""
+    console = console_of(request)
+    if not run_id:
+        raise InvalidInputs("no run selected")
+    chosen = bulk.select(console.rt, ids=run_id)
+    # `act` refuses an action it does not know, for this route as for the API and the CLI.
+    summary = bulk.act(console.rt, action, chosen)  # type: ignore[arg-type]
+    return console.page(request, "_bulk_summary.html", summary=summary.as_json())
 
 
 @router.get("/limits")

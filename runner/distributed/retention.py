@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.errors import FlowImportError, RunnerError, StoreError
+from runner.errors import FlowImportError, InvalidInputs, RunnerError, RunNotFound, StoreError
 from runner.flow.loading import load_flow
 from runner.flow.retain import flow_retention
 from runner.settings import RunnerSettings
@@ -48,6 +48,17 @@ log = logging.getLogger("runner.worker")
 
 PAUSE_FILE = "RUNNER_ARCHIVE_PAUSE_FILE"
 """Test hook (see the module docstring)."""
+
+
+def pin(store: object, run_id: str, pinned: bool = True) -> None:
+    """Keep ``run_id`` in Redis for ever (``pinned``), or let its retention apply again:
+    the one way ``runner pin``/``unpin``, a bulk pin and the console's pin do it.
+    :class:`RunNotFound` for an unknown run; :class:`InvalidInputs` for a store that does
+    not expire runs."""
+    if not isinstance(store, RetainingStore):
+        raise InvalidInputs("this store does not expire runs")
+    if not store.pin_run(run_id, pinned):
+        raise RunNotFound(f"no run {run_id}", run_id=run_id)
 
 
 @dataclass

@@ -109,3 +109,77 @@ function followStream() {
 }
 
 document.addEventListener("DOMContentLoaded", followStream);
+
+// The runs page. A filter change reloads the page from its first page (the URL keeps the
+// filters, so paging and a reload keep them too).
+document.addEventListener("change", (event) => {
+  const select = event.target.closest("select[data-autosubmit]");
+  if (!select) return;
+  select.form.querySelector("input[name=offset]").value = "0";
+  select.form.submit();
+});
+
+// The runs selected for a bulk action: kept here, since the table is replaced every 2s.
+const selectedRuns = new Set();
+
+function showSelection() {
+  const bar = document.getElementById("bulk");
+  if (!bar) return;
+  for (const box of document.querySelectorAll("#runs-list input[name=run_id]")) {
+    box.checked = selectedRuns.has(box.value);
+  }
+  const boxes = [...document.querySelectorAll("#runs-list input[name=run_id]")];
+  const all = document.getElementById("select-page");
+  if (all) all.checked = boxes.length > 0 && boxes.every((box) => box.checked);
+  const count = boxes.filter((box) => box.checked).length;
+  bar.dataset.selected = String(count);
+  document.getElementById("bulk-count").textContent = `${count} selected`;
+  for (const button of bar.querySelectorAll("button.bulk-action")) {
+    button.disabled = count === 0;
+    button.setAttribute("hx-confirm", `${button.dataset.action} ${count} selected run(s)?`);
+  }
+}
+
+document.addEventListener("change", (event) => {
+  const box = event.target;
+  if (box.id === "select-page") {
+    for (const one of document.querySelectorAll("#runs-list input[name=run_id]")) {
+      if (box.checked) selectedRuns.add(one.value);
+      else selectedRuns.delete(one.value);
+    }
+  } else if (box.name === "run_id" && box.closest("#runs-list")) {
+    if (box.checked) selectedRuns.add(box.value);
+    else selectedRuns.delete(box.value);
+  } else {
+    return;
+  }
+  showSelection();
+});
+
+document.addEventListener("htmx:afterSwap", (event) => {
+  if (event.detail.target && event.detail.target.id === "runs-list") showSelection();
+});
+
+// Acted on: the selection is spent (the summary says what happened to each run).
+document.addEventListener("htmx:afterRequest", (event) => {
+  if (!event.detail.elt.classList || !event.detail.elt.classList.contains("bulk-action")) return;
+  if (event.detail.successful) {
+    selectedRuns.clear();
+    showSelection();
+  }
+});
+
+// A full id, copied (the table shows the shortest form that is still unambiguous).
+document.addEventListener("click", async (event) => {
+  const button = event.target.closest("button.copy[data-copy]");
+  if (!button) return;
+  try {
+    await navigator.clipboard.writeText(button.dataset.copy);
+    button.textContent = "copied";
+  } catch (err) {
+    button.textContent = "copy failed";
+  }
+  setTimeout(() => { button.textContent = "copy"; }, 1500);
+});
+
+document.addEventListener("DOMContentLoaded", showSelection);
