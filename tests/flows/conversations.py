@@ -106,3 +106,21 @@ class NotAChat(Flow):
     @start()
     def only(self) -> str:
         return "done"
+
+
+class Gated(Flow):
+    """A turn whose message is ``wait`` holds its step until the test opens the run's gate
+    ``turn`` (:func:`tests.flows.dist.wait_gate`): a turn given meanwhile finds it running."""
+
+    conversational = True
+    conversational_config = ConversationConfig(llm=ECHO)
+
+    def route_turn(self, context: dict) -> str | None:
+        return "hold" if context["current_user_message"] == "wait" else None
+
+    @listen("hold")
+    def held(self) -> str:
+        from .dist import wait_gate
+
+        wait_gate(self.state.id, "turn")
+        return "released"
