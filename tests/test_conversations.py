@@ -99,3 +99,38 @@ def test_chat_ends_on_exit_commands_in_any_case_and_at_end_of_input() -> None:
     shown.clear()
     Chat().chat(input_fn=ended, output_fn=shown.append)
     assert shown == [""]
+
+
+DECLARED = {
+    "name": "DeclaredChat",
+    "conversational": {"llm": "conversations-echo", "system_prompt": "be brief"},
+    "methods": {},
+}
+
+
+def test_a_definitions_conversational_block_makes_a_conversational_flow_and_back() -> None:
+    flow = runner.Flow.from_declaration(DECLARED)
+    assert type(flow).conversational is True
+    assert flow.handle_turn("hi") == "#1: hi"
+    assert flow.handle_turn("again") == "#2: again"
+    # A conversational class's definition carries its config as data (LLMs by name).
+    block = Helpdesk.flow_definition().conversational
+    assert block == {
+        "enabled": True,
+        "llm": "conversations-echo",
+        "default_intents": ["weather", "chitchat", "end"],
+        "intent_llm": "conversations-intents",
+        "defer_trace_finalization": True,
+    }
+    assert NotAChat.flow_definition().conversational is None
+    off = runner.Flow.from_declaration({**DECLARED, "conversational": {"enabled": False}})
+    assert type(off).conversational is False
+
+
+def test_a_bad_conversational_block_is_one_line_naming_its_path() -> None:
+    from runner.errors import DefinitionError
+
+    with pytest.raises(DefinitionError, match=r"conversational\.lm: unknown key"):
+        runner.Flow.from_declaration({**DECLARED, "conversational": {"lm": "x"}})
+    with pytest.raises(DefinitionError, match=r"conversational\.builtin_routes: the built-in"):
+        runner.Flow.from_declaration({**DECLARED, "conversational": {"builtin_routes": ["x"]}})

@@ -88,3 +88,16 @@ def _wait_running(handle: Any) -> None:
     from tests._dist_support import eventually
 
     eventually(lambda: handle.latest().meta.epoch == 0 and handle.status() is RunStatus.RUNNING)
+
+
+def test_a_declared_conversation_runs_its_turns_on_workers(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    from runner import submit_definition
+    from tests.test_conversations import DECLARED
+
+    with private_pool(worker_env, str(tmp_path)) as (pool, rt, _env):
+        pool.start(concurrency=1)
+        handle = submit_definition(DECLARED, {"user_message": "hi"}, rt=rt)
+        assert handle.result(timeout=60) == "#1: hi"
+        assert handle.turn("again", timeout=60) == "#2: again"

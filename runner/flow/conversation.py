@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, cast
 from uuid import uuid4
 
@@ -39,9 +40,6 @@ from runner.flow import streaming
 from runner.flow.conditions import leaves
 from runner.flow.decorators import CONVERSATIONAL_ONLY, listen, router, start
 from runner.flow.llm import call_llm
-
-if TYPE_CHECKING:
-    from runner.flow.graph import FlowGraph
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +241,7 @@ def route_labels(flow_cls: Any) -> set[str]:
     )
 
 
-def custom_routes(graph: FlowGraph) -> list[str]:
+def custom_routes(graph: Any) -> list[str]:
     """The labels a conversational flow's own listeners listen to (beyond the built-ins)."""
     found: set[str] = set()
     for spec in graph.methods.values():
@@ -359,7 +357,7 @@ class ConversationalFlow:
         ) -> Any: ...
 
         @classmethod
-        def graph(cls) -> FlowGraph: ...
+        def graph(cls) -> Any: ...
 
     # -- the built-in graph: a start router and its three listeners -------------------------
 
@@ -721,3 +719,106 @@ def chat_loop(
         if skip_empty and not text:
             continue
         output_fn(f"{assistant_prefix}{reply_text(take_turn(text))}")
+
+
+# -- the definition's ``conversational`` block ------------------------------------------------
+
+_BLOCK_KEYS = {
+    "enabled",
+    "system_prompt",
+    "llm",
+    "router",
+    "answer_from_history_prompt",
+    "default_intents",
+    "intent_llm",
+    "answer_from_history_llm",
+    "visible_agent_outputs",
+    "defer_trace_finalization",
+    "builtin_routes",
+    "internal_routes",
+}
+_ROUTER_KEYS = {f.name for f in dataclass_fields(RouterConfig)} | {"response_format"}
+
+
+def config_from_block(block: Mapping[str, Any]) -> ConversationConfig | None:
+    """The :class:`ConversationConfig` a definition's ``conversational`` block (CrewAI's
+    ``FlowConversationalDefinition``) declares, ``None`` when it says ``enabled: false``.
+    LLMs are names (each process resolves them, :mod:`runner.flow.llm`); the built-in routes
+    are this runner's (``converse``, ``end``), so a block may only restate them. A key it
+    does not know is a :class:`~runner.errors.DefinitionError` naming its path."""
+    from runner.errors import DefinitionError
+
+    def bad(where: str, why: str) -> DefinitionError:
+        return DefinitionError(f"conversational.{where}: {why}", field=f"conversational.{where}")
+
+    for key in block:
+        if key not in _BLOCK_KEYS:
+            raise bad(key, f"unknown key (known: {', '.join(sorted(_BLOCK_KEYS))})")
+    if not block.get("enabled", True):
+        return None
+    for key, builtin in (("builtin_routes", BUILTIN_ROUTES), ("internal_routes", INTERNAL_ROUTES)):
+        given = block.get(key)
+        if given is not None and sorted(given) != sorted(builtin):
+            raise bad(key, f"the built-in routes here are {list(builtin)}, not {list(given)}")
+    router_block = block.get("router")
+    router_config = None
+    if router_block is not None:
+        if not isinstance(router_block, Mapping):
+            raise bad("router", "must be a mapping")
+        for key in router_block:
+            if key not in _ROUTER_KEYS:
+                raise bad(f"router.{key}", "unknown key")
+        if router_block.get("response_format") is not None:
+            # As CrewAI does for a declaration: no model class can be given in data.
+            log.warning(
+                "ignoring conversational.router.response_format: a declaration has no class"
+            )
+        router_config = RouterConfig(
+            **{k: v for k, v in router_block.items() if k != "response_format"}
+        )
+    return ConversationConfig(
+        system_prompt=block.get("system_prompt"),
+        llm=block.get("llm"),
+        router=router_config,
+        answer_from_history_prompt=block.get("answer_from_history_prompt"),
+        default_intents=block.get("default_intents"),
+        intent_llm=block.get("intent_llm"),
+        answer_from_history_llm=block.get("answer_from_history_llm"),
+        visible_agent_outputs=block.get("visible_agent_outputs"),
+        defer_trace_finalization=bool(block.get("defer_trace_finalization", True)),
+    )
+
+
+def block_of(flow_cls: Any) -> dict[str, Any] | None:
+    """A conversational class's ``conversational`` block for its definition (``None`` for
+    other flows): its config's values that are data (an LLM client given as an object is
+    left out: only its name could be written down)."""
+    if not is_conversational(flow_cls):
+        return None
+    config = flow_cls.conversational_config
+    block: dict[str, Any] = {"enabled": True}
+    if config is None:
+        return block
+    for item in dataclass_fields(config):
+        value = getattr(config, item.name)
+        if isinstance(value, RouterConfig):
+            value = {
+                f.name: getattr(value, f.name)
+                for f in dataclass_fields(value)
+                if _is_data(getattr(value, f.name))
+            }
+        elif isinstance(value, tuple):
+            value = list(value)
+        if value is not None and item.name in _BLOCK_KEYS and _is_data(value):
+            block[item.name] = value
+    return block
+
+
+def _is_data(value: Any) -> bool:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return True
+    if isinstance(value, list | tuple):
+        return all(_is_data(v) for v in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _is_data(v) for k, v in value.items())
+    return False

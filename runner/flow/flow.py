@@ -187,7 +187,11 @@ class Flow(ConversationalFlow, Generic[StateT]):
         methods with their start/listen/router conditions and emits, its state schema with
         defaults and its config; ``.to_yaml()`` / ``.to_json()`` serialise it. The graph,
         ``runner graph`` and the fingerprint derive from its methods part."""
-        return class_definition(cls, cls.graph().definition)
+        found = class_definition(cls, cls.graph().definition)
+        block = conversation.block_of(cls)
+        if found.conversational is None and block is not None:
+            found = found.model_copy(update={"conversational": block})
+        return found
 
     @classmethod
     def from_declaration(
