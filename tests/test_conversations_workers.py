@@ -101,3 +101,24 @@ def test_a_declared_conversation_runs_its_turns_on_workers(
         handle = submit_definition(DECLARED, {"user_message": "hi"}, rt=rt)
         assert handle.result(timeout=60) == "#1: hi"
         assert handle.turn("again", timeout=60) == "#2: again"
+
+
+def test_stream_turn_on_workers_gives_this_turns_tokens_then_its_result(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    from tests.flows.conversations import StreamingChat
+
+    with private_pool(worker_env, str(tmp_path)) as (pool, rt, _env):
+        pool.start(concurrency=1)
+        handle = StreamingChat.submit({"user_message": "first words"}, rt=rt)
+        assert handle.result(timeout=60) == "#1: first words"
+        stream = handle.stream_turn("second words", channels=["llm"])
+        frames = list(stream)
+        # Only this turn's tokens: the first turn's are before where the stream stood.
+        assert [f.content for f in frames if f.type == "llm_stream_chunk"] == [
+            "#2:",
+            " second",
+            " words",
+        ]
+        assert frames[-1].data["status"] == "succeeded"
+        assert stream.result == "#2: second words"

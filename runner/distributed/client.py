@@ -420,6 +420,16 @@ class RunHandle:
         take_turn(self.rt, self.run_id, message)
         return self.result(timeout)
 
+    def stream_turn(
+        self, message: str, channels: Sequence[str] | None = None, *, block: float = 0.5
+    ) -> following.RunStream:
+        """:meth:`turn` as a live stream: the frames this turn's steps write (its LLM's
+        tokens, ``stream_chunk``), from where the run's stream stood before it, ending with
+        a frame of how the turn ended; then ``.result`` is the turn's result."""
+        before = self.rt.store.stream_info(self.run_id).last_id
+        take_turn(self.rt, self.run_id, message)
+        return self.stream(channels, before, block=block)
+
     def messages(self) -> list[dict[str, Any]]:
         """The conversation so far (the run's ``state.messages``, as CrewAI's
         ``LLMMessage`` dicts)."""
