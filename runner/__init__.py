@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from runner.flow.conversation import (
         ChatState,
         ConversationalConfig,
+        ConversationalInputs,
         ConversationConfig,
         ConversationMessage,
         ConversationState,
@@ -90,6 +91,7 @@ _HOMES = {
         "ConversationMessage",
         "ConversationState",
         "ConversationalConfig",
+        "ConversationalInputs",
         "RouterConfig",
     ),
     "runner.flow.decorators": ("listen", "router", "start"),
@@ -191,6 +193,7 @@ __all__ = [
     "ConversationMessage",
     "ConversationState",
     "ConversationalConfig",
+    "ConversationalInputs",
     "Crew",
     "CrewOutput",
     "DefinitionWarning",

@@ -17,8 +17,18 @@ from tests.flows.conversations import Chat, Helpdesk, Legacy, NotAChat, Routed, 
 
 
 def test_the_names_crewai_users_import_come_from_runner_and_its_conversation_module() -> None:
-    for name in ("ChatState", "ConversationConfig", "ConversationState", "ConversationalConfig"):
+    names = (
+        "ChatState",
+        "ConversationConfig",
+        "ConversationMessage",
+        "ConversationState",
+        "ConversationalConfig",
+        "ConversationalInputs",
+        "RouterConfig",
+    )
+    for name in names:
         assert getattr(runner, name) is getattr(conversation, name)
+        assert name in runner.__all__
     assert conversation.EXIT_COMMANDS == ("exit", "quit")
     # The built-in steps belong to conversational flows only.
     assert set(Chat.graph().methods) == {"route_conversation", "converse_turn", "end_conversation"}

@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict, TypeVar, cast
 from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -120,6 +120,15 @@ class ChatState(BaseModel):
     last_user_message: str | None = None
     last_intent: str | None = None
     session_ready: bool = False
+
+
+class ConversationalInputs(TypedDict, total=False):
+    """The kickoff/submit inputs of a turn (CrewAI's): the session's ``id`` and the
+    ``user_message``."""
+
+    id: str
+    user_message: str | dict[str, Any]
+    last_intent: str
 
 
 # -- configuration -------------------------------------------------------------------------
