@@ -31,7 +31,13 @@ def test_the_names_crewai_users_import_come_from_runner_and_its_conversation_mod
         assert name in runner.__all__
     assert conversation.EXIT_COMMANDS == ("exit", "quit")
     # The built-in steps belong to conversational flows only.
-    assert set(Chat.graph().methods) == {"route_conversation", "converse_turn", "end_conversation"}
+    builtins = {
+        "route_conversation",
+        "converse_turn",
+        "end_conversation",
+        "answer_from_history_turn",
+    }
+    assert set(Chat.graph().methods) == builtins
     assert set(NotAChat.graph().methods) == {"only"}
     assert Chat.state_type().__name__ == "ConversationState"  # type: ignore[union-attr]
 
@@ -144,3 +150,14 @@ def test_a_bad_conversational_block_is_one_line_naming_its_path() -> None:
         runner.Flow.from_declaration({**DECLARED, "conversational": {"lm": "x"}})
     with pytest.raises(DefinitionError, match=r"conversational\.builtin_routes: the built-in"):
         runner.Flow.from_declaration({**DECLARED, "conversational": {"builtin_routes": ["x"]}})
+
+
+def test_a_turn_the_history_answers_takes_the_answer_from_history_route() -> None:
+    from tests.flows.conversations import Recalling
+
+    flow = Recalling()
+    assert flow.handle_turn("hello") == "#1: hello"  # one message: nothing to recall yet
+    assert flow.handle_turn("say that again") == "you first said 'hello'"
+    assert flow.state.last_intent == "answer_from_history"
+    assert flow.handle_turn("new topic") == "#3: new topic"
+    assert "answer_from_history_turn" in Recalling.graph().methods

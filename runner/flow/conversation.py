@@ -52,6 +52,10 @@ USER_MESSAGE = "user_message"
 BUILTIN_ROUTES: tuple[str, ...] = ("converse", "end")
 INTERNAL_ROUTES: tuple[str, ...] = ("answer_from_history",)
 ENDED_REPLY = "Conversation ended."
+FROM_HISTORY_PROMPT = (
+    "Answer the user's latest message from the conversation history alone, when it holds "
+    "the answer (a follow-up, a summary, a clarification)."
+)
 NO_LLM_REPLY = "I can continue the conversation once an LLM is configured."
 
 Role = Literal["user", "assistant", "system", "tool"]
@@ -405,6 +409,39 @@ class ConversationalFlow:
         self.append_assistant_message(ENDED_REPLY)
         return ENDED_REPLY
 
+    @listen("answer_from_history")
+    @conversational_only
+    def answer_from_history_turn(self) -> str | None:
+        """Answer from the history alone with ``answer_from_history_llm`` (the route
+        ``can_answer_from_history`` picks)."""
+        llm = self._config_value("answer_from_history_llm")
+        if llm is None:
+            return None
+        prompt = self._config_value("answer_from_history_prompt") or FROM_HISTORY_PROMPT
+        reply = call_llm(
+            llm, f"{prompt}\n\n{transcript(self.conversation_messages)}\nassistant:", stream=True
+        )
+        content = reply_text(reply)
+        self.append_assistant_message(content)
+        return content
+
+    def can_answer_from_history(self, context: dict[str, Any]) -> bool:
+        """Whether ``answer_from_history_llm`` (when configured) finds the turn answerable
+        from the history alone, without the flow's routes."""
+        llm = self._config_value("answer_from_history_llm")
+        if llm is None or len(self.conversation_messages) < 2:
+            return False
+        from runner.flow.human_feedback import collapse
+
+        prompt = self._config_value("answer_from_history_prompt") or FROM_HISTORY_PROMPT
+        feedback = (
+            f"{prompt}\n\nCurrent user message: {context.get('current_user_message')}\n\n"
+            f"Message history:\n{transcript(self.conversation_messages)}"
+        )
+        return collapse(feedback, ["answer_from_history", "route_to_flow"], llm) == (
+            "answer_from_history"
+        )
+
     def conversation_start(self) -> str | None:
         """The turn's user message (override to prepare a turn)."""
         return cast(str | None, self._state_get("current_user_message"))
@@ -441,6 +478,8 @@ class ConversationalFlow:
             return routed
         if intent:
             return intent
+        if self.can_answer_from_history(context):
+            return "answer_from_history"
         return "converse"
 
     def _classified_intent(self) -> str | None:

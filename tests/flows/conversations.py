@@ -124,3 +124,21 @@ class Gated(Flow):
 
         wait_gate(self.state.id, "turn")
         return "released"
+
+
+def recall(prompt: str) -> str:
+    """Answers from history a message asking to repeat or summarise; otherwise routes on.
+    As the answerer, it quotes the first user message of the history."""
+    if "Which one of these outcomes" in prompt:
+        latest = prompt.partition("Current user message:")[2].strip().splitlines()[0]
+        return "answer_from_history" if "again" in latest else "route_to_flow"
+    users = [line for line in prompt.splitlines() if line.startswith("user: ")]
+    return f"you first said {users[0][len('user: ') :]!r}"
+
+
+register_llm("conversations-recall", recall)
+
+
+@ConversationConfig(llm=ECHO, answer_from_history_llm="conversations-recall")
+class Recalling(Flow):
+    """Answers from the history when the message asks for it (``answer_from_history``)."""
