@@ -25,6 +25,15 @@ if TYPE_CHECKING:
     from runner.distributed.limits import set_limit
     from runner.errors import DefinitionWarning, RunnerError
     from runner.flow.conditions import and_, or_
+    from runner.flow.conversation import (
+        ChatState,
+        ConversationalConfig,
+        ConversationalInputs,
+        ConversationConfig,
+        ConversationMessage,
+        ConversationState,
+        RouterConfig,
+    )
     from runner.flow.decorators import listen, router, start
     from runner.flow.definition import FlowDefinition
     from runner.flow.events import EventListener, FlowEvent
@@ -76,6 +85,15 @@ _HOMES = {
     "runner.distributed.limits": ("set_limit",),
     "runner.errors": ("DefinitionWarning", "RunnerError"),
     "runner.flow.conditions": ("and_", "or_"),
+    "runner.flow.conversation": (
+        "ChatState",
+        "ConversationConfig",
+        "ConversationMessage",
+        "ConversationState",
+        "ConversationalConfig",
+        "ConversationalInputs",
+        "RouterConfig",
+    ),
     "runner.flow.decorators": ("listen", "router", "start"),
     "runner.flow.definition": ("FlowDefinition",),
     "runner.flow.events": ("EventListener", "FlowEvent"),
@@ -167,9 +185,15 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Agent",
+    "ChatState",
     "Checkpoint",
     "CheckpointConfig",
     "ConsoleProvider",
+    "ConversationConfig",
+    "ConversationMessage",
+    "ConversationState",
+    "ConversationalConfig",
+    "ConversationalInputs",
     "Crew",
     "CrewOutput",
     "DefinitionWarning",
@@ -190,6 +214,7 @@ __all__ = [
     "PendingFeedbackContext",
     "RedisFlowPersistence",
     "RedisProvider",
+    "RouterConfig",
     "RunHandle",
     "RunInfo",
     "RunStatus",

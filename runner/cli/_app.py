@@ -51,6 +51,7 @@ COMMANDS: dict[str, str] = {
     **dict.fromkeys(["resume", "fork", "recover", "prune", "upgrade"], "ops"),
     **dict.fromkeys(["checkpoints", "steps", "show", "diff", "graph"], "history"),
     **dict.fromkeys(["pin", "unpin", "gc", "restore"], "retain"),
+    "chat": "chat",
     "worker": "worker",
     "workers": "fleet",
     "dev": "dev",

@@ -315,6 +315,14 @@ def answer(
     return control.answer(run_id, feedback, by=by, outcome=outcome or None, step=step, rt=rt)
 
 
+def turn(rt: Runtime, run_id: str, message: str, timeout: float | None) -> tuple[RunHandle, Any]:
+    """Give the conversational run the user's ``message`` as its next turn and wait for the
+    turn's result, as ``runner chat RUN`` does; the run and the result."""
+    handle = RunHandle(run_id, rt)
+    handle.info()  # an unknown run is a 404, not a refused turn
+    return handle, handle.turn(message, timeout)
+
+
 def cancel(rt: Runtime, run_id: str, *, by: str | None = None) -> Checkpoint:
     """Cancel the run: no more steps are sent, running ones are stopped. Resumable. ``by``
     (who cancelled, from the console) is kept as its cancel reason."""

@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from runner.distributed import bulk
 from runner.distributed.fleet import survey
-from runner.flow import following
+from runner.flow import conversation, following
 from runner.flow.rates import PRIORITIES
 from runner.store import selection
 from runner.store.models import RunStatus
@@ -124,11 +124,29 @@ class ForkBody(BaseModel):
     )
 
 
+class TurnBody(BaseModel):
+    """A conversational run's next turn (``runner chat RUN``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message: str = Field(min_length=1, description="What the user says.")
+    timeout: float | None = Field(
+        default=60, gt=0, description="Seconds to wait for the reply (409 past them)."
+    )
+
+
 class Started(BaseModel):
     """The run an action started or continued."""
 
     run_id: str
     status: RunStatus
+
+
+class TurnTaken(Started):
+    """A turn's reply and the conversation so far."""
+
+    reply: str
+    messages: list[dict[str, Any]]
 
 
 class Cancelled(Started):
@@ -339,6 +357,21 @@ def post_feedback(request: Request, run_id: str, body: FeedbackBody) -> Started:
         step=body.step,
     )
     return Started(run_id=handle.run_id, status=handle.status())
+
+
+@router.post("/runs/{run_id}/turns", summary="Take a turn of a conversational run")
+def post_turn(request: Request, run_id: str, body: TurnBody) -> TurnTaken:
+    """Give a conversational run (a flow with ``conversational = True``) the user's message
+    as its next turn, a new epoch of the run on the workers, and wait for the reply. A run
+    still running its turn, a turn that failed or outlasted ``timeout`` are 409; a run of a
+    flow that is not conversational, or an empty message, 422."""
+    handle, result = actions.turn(console_of(request).rt, run_id, body.message, body.timeout)
+    return TurnTaken(
+        run_id=handle.run_id,
+        status=handle.status(),
+        reply=conversation.reply_text(result),
+        messages=handle.messages(),
+    )
 
 
 @router.post("/runs/{run_id}/cancel", summary="Cancel a run")

@@ -18,7 +18,7 @@ from runner.distributed.control import find_checkpoint
 from runner.distributed.engine import Runtime, task_id
 from runner.distributed.waiting import waits_of
 from runner.errors import CorruptCheckpoint, RunnerError, RunNotFound
-from runner.flow import results, usage
+from runner.flow import conversation, results, usage
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
 from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
@@ -414,6 +414,14 @@ def result_of(status: RunStatus, latest: Checkpoint, flow_cls: Any = None) -> An
     return results.result_json(status, latest, flow_cls)
 
 
+def conversation_of(flow_cls: Any, latest: Checkpoint) -> list[dict[str, Any]] | None:
+    """The messages of a conversational run (``None`` for other runs, or when its flow does
+    not import here)."""
+    if flow_cls is None or not conversation.is_conversational(flow_cls):
+        return None
+    return [conversation.as_llm_message(m) for m in latest.state.get("messages") or []]
+
+
 def schedules(store: DeploymentStore) -> list[dict[str, Any]]:
     """Each schedule (``runner schedule list``): flow, inputs, cron or period, next tick."""
     return [
@@ -474,6 +482,8 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "cancel_reason": latest.meta.cancel_reason if info.status is RunStatus.CANCELLED else None,
         "inputs": inputs_of(first_checkpoint(rt.store, run_id, history)),
         "result": result_of(info.status, latest, flow_cls),
+        # A conversational run's messages (its chat panel), else None.
+        "conversation": conversation_of(flow_cls, latest),
         "graph_error": problem,
         "methods": methods,
         "mermaid": mermaid(graph, methods) if graph is not None else None,

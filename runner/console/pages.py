@@ -27,6 +27,9 @@ from .security import safe_next
 router = APIRouter(include_in_schema=False)
 
 ACTIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+TURN_TIMEOUT = 120.0
+"""Seconds the chat panel's post waits for a turn's reply (then a 409 says so; the turn goes
+on and its reply shows on the run's page)."""
 
 
 def _status(value: str | None) -> RunStatus | None:
@@ -332,6 +335,14 @@ def feedback_submit(
         by=console.author(request),
         step=step or None,
     )
+    return _redirect(f"/runs/{run_id}")
+
+
+@router.post("/runs/{run_id}/turns")
+def turn_submit(request: Request, run_id: str, message: Annotated[str, Form()] = "") -> Response:
+    """Take the chat panel's message as the run's next turn, wait for the reply and reload
+    the run's page (which shows the conversation)."""
+    actions.turn(console_of(request).rt, run_id, message, TURN_TIMEOUT)
     return _redirect(f"/runs/{run_id}")
 
 

@@ -45,6 +45,7 @@ from runner.crew.crew import Crew
 from runner.crew.task import Task
 from runner.distributed.engine import FlowNotAllowed
 from runner.errors import DefinitionError
+from runner.flow import conversation
 from runner.flow import expressions as cel
 from runner.flow.children import ChildRun
 from runner.flow.conditions import Cond
@@ -193,6 +194,11 @@ def _build(definition: FlowDefinition, attribute: str) -> type[Flow[Any]]:
     }
     for name, method in definition.methods.items():
         namespace[name] = _method(definition.name, name, method)
+    if definition.conversational is not None:
+        # Declaring the block is the opt-in (CrewAI's); enabled: false keeps it without chat.
+        config = conversation.config_from_block(definition.conversational)
+        namespace["conversational"] = config is not None
+        namespace["conversational_config"] = config
     return type(definition.name, (Flow,), namespace)
 
 

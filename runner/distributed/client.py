@@ -29,7 +29,7 @@ from runner.errors import (
     RunTimeout,
     StoreUnavailable,
 )
-from runner.flow import following, results, streaming
+from runner.flow import conversation, following, results, streaming
 from runner.flow.definition import is_declared
 from runner.flow.definition import refs as declared_refs
 from runner.flow.graph import TRIGGER_PAYLOAD
@@ -52,6 +52,7 @@ from .engine import (
     first_checkpoint,
 )
 from .services import services
+from .turns import take_turn
 
 
 def runtime() -> Runtime:
@@ -206,6 +207,12 @@ def submit(
                 run_id=id,
             )
         inputs["id"] = id
+    # A conversational flow's first turn may come with the run (CrewAI's user_message input).
+    message = (
+        inputs.pop(conversation.USER_MESSAGE, None)
+        if conversation.is_conversational(flow_cls)
+        else None
+    )
     check_fields(flow_cls, inputs)
     if priority is not None and (problem := priority_problem(priority)):
         raise InvalidInputs(problem, priority=priority)
@@ -216,10 +223,11 @@ def submit(
         raise InvalidInputs(f"deadline must be a positive number of seconds, not {seconds!r}")
     rt = rt or runtime()
     check_allowed(flow_cls, rt)
-    first = first_checkpoint(flow_cls, inputs)
+    first = first_checkpoint(flow_cls, inputs, message)
     first.checkpoint.meta.trigger_payload = payload
     routing.learn(rt.app, flow_cls)
-    digest = submission_digest(flow_cls.flow_path(), inputs, payload, priority)
+    submitted = inputs if message is None else {**inputs, conversation.USER_MESSAGE: message}
+    digest = submission_digest(flow_cls.flow_path(), submitted, payload, priority)
     first.checkpoint.meta.submitted = digest
     first.checkpoint.meta.not_before = not_before
     first.checkpoint.meta.deadline = None if seconds is None else now + seconds
@@ -400,6 +408,33 @@ class RunHandle:
         now awaits another)."""
         deliver(self.rt, self.run_id, feedback, by=by, outcome=outcome, step=step)
         return self
+
+    def turn(self, message: str, timeout: float | None = None) -> Any:
+        """Give this conversational run the user's ``message`` as its next turn and wait
+        for the turn's result (as :meth:`result` does: the reply the turn's handler gave,
+        a failed turn raised). Each turn is a new epoch of this run, started from its
+        latest checkpoint, so the history is the run's whichever worker takes the turn. A
+        run still running its turn, or awaiting an answer, is
+        :class:`~runner.errors.RunStateError`; a flow that is not conversational, or an
+        empty message, :class:`~runner.errors.InvalidInputs`."""
+        take_turn(self.rt, self.run_id, message)
+        return self.result(timeout)
+
+    def stream_turn(
+        self, message: str, channels: Sequence[str] | None = None, *, block: float = 0.5
+    ) -> following.RunStream:
+        """:meth:`turn` as a live stream: the frames this turn's steps write (its LLM's
+        tokens, ``stream_chunk``), from where the run's stream stood before it, ending with
+        a frame of how the turn ended; then ``.result`` is the turn's result."""
+        before = self.rt.store.stream_info(self.run_id).last_id
+        take_turn(self.rt, self.run_id, message)
+        return self.stream(channels, before, block=block)
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation so far (the run's ``state.messages``, as CrewAI's
+        ``LLMMessage`` dicts)."""
+        stored = self.latest().state.get("messages") or []
+        return [conversation.as_llm_message(m) for m in stored]
 
     def cancel(self, reason: str | None = None) -> Checkpoint:
         """Cancel the run and the child runs it waits on: no step is sent after it, the

@@ -35,7 +35,7 @@ from runner.errors import (
     RunNotFound,
     StaleAttempt,
 )
-from runner.flow import lifecycle, results
+from runner.flow import conversation, lifecycle, results
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import StepResult
@@ -273,11 +273,14 @@ def dispatch_pending(rt: Runtime, latest: Checkpoint) -> list[str]:
     )
 
 
-def first_checkpoint(flow_cls: Any, inputs: dict[str, Any]) -> tr.Transition:
+def first_checkpoint(flow_cls: Any, inputs: dict[str, Any], message: Any = None) -> tr.Transition:
     """A new run's first checkpoint and its start steps, ``inputs`` validated into the
-    state (``InvalidInputs`` before anything is stored); the run id is the state's id."""
+    state (``InvalidInputs`` before anything is stored); the run id is the state's id.
+    ``message``: a conversational flow's first turn (its user message in the state)."""
     instance = flow_cls()
     state = apply_inputs(instance, inputs)
+    if message is not None:
+        state = apply_inputs(instance, {}, conversation.open_turn(flow_cls, state, message))
     return tr.start(
         flow_cls.graph(),
         instance.flow_id,

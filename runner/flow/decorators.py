@@ -48,6 +48,11 @@ FIELDS = (
 """The options of :class:`StepOptions`, in order."""
 
 
+CONVERSATIONAL_ONLY = "__conversational_only__"
+"""Marks the built-in conversational methods (:mod:`runner.flow.conversation`): steps only of
+a flow with ``conversational = True``; the graph compiler leaves them out of every other."""
+
+
 @dataclass(frozen=True)
 class StepOptions:
     """Per-method execution options; ``None`` means "use the settings default"."""

@@ -364,8 +364,10 @@ class FlowDefinition(BaseModel):
     config: FlowConfigDefinition = Field(default_factory=FlowConfigDefinition)
     persist: PersistenceDefinition | None = None
     conversational: dict[str, Any] | None = None
-    """CrewAI's conversational block, kept as given (conversational flows are not run from
-    a definition here yet)."""
+    """CrewAI's conversational block: declaring it makes the flow conversational
+    (``runner.flow.conversation.config_from_block`` reads it; ``enabled: false`` keeps it
+    without chat); a conversational class's definition gives its config here
+    (``Flow.flow_definition``)."""
     methods: dict[str, FlowMethodDefinition] = Field(default_factory=dict)
 
     @model_validator(mode="after")

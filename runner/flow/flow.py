@@ -36,12 +36,13 @@ from runner.checkpointing import (
     sink_for,
 )
 from runner.errors import DefinitionError, InvalidInputs
+from runner.flow import conversation, streaming, usage
 from runner.flow import human_feedback as reviewing
 from runner.flow import input_provider as asking
 from runner.flow import patches as patching
-from runner.flow import streaming, usage
 from runner.flow.attempt import json_copy
 from runner.flow.context import step_context, warn_unhonoured
+from runner.flow.conversation import ConversationalFlow, ConversationState
 from runner.flow.definition import FlowDefinition, class_definition
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
@@ -63,7 +64,7 @@ EARLY = 2.0
 clocks of two workers may differ a little); woken earlier, it waits for the wake-up again."""
 
 
-class Flow(Generic[StateT]):
+class Flow(ConversationalFlow, Generic[StateT]):
     """Subclass with ``@start``/``@listen``/``@router`` methods over a state.
 
     The state is the generic parameter (``Flow[MyState]``: a pydantic model, given an
@@ -127,6 +128,10 @@ class Flow(Generic[StateT]):
         self._feedback_pending: reviewing.HumanFeedbackPending | None = None
         """What a provider raised to pause the current in-process run (kickoff returns it)."""
         self._feedback_checkpoint: Any = None
+        self._turn: conversation.Turn | None = None
+        """The conversational turn the current in-process run opens (``handle_turn``, or a
+        kickoff's ``user_message`` input): its message goes into the state it starts from."""
+        self._streaming = False
         """The checkpoint paused for a review that :meth:`resume` answers."""
         init = kwargs.pop("initial_state", type(self).initial_state)
         self._model = _model_of(init) if init is not type(self).initial_state else None
@@ -182,7 +187,11 @@ class Flow(Generic[StateT]):
         methods with their start/listen/router conditions and emits, its state schema with
         defaults and its config; ``.to_yaml()`` / ``.to_json()`` serialise it. The graph,
         ``runner graph`` and the fingerprint derive from its methods part."""
-        return class_definition(cls, cls.graph().definition)
+        found = class_definition(cls, cls.graph().definition)
+        block = conversation.block_of(cls)
+        if found.conversational is None and block is not None:
+            found = found.model_copy(update={"conversational": block})
+        return found
 
     @classmethod
     def from_declaration(
@@ -223,7 +232,8 @@ class Flow(Generic[StateT]):
                 if get_origin(base) is Flow:
                     args = get_args(base)
                     return _model_of(args[0]) if args else None
-        return None
+        # A conversational flow that declares no state holds the conversation (CrewAI's).
+        return _model_of(ConversationState) if conversation.is_conversational(cls) else None
 
     def _state_model(self) -> type[BaseModel] | None:
         """This flow's state model: from an ``initial_state`` given to it, else its class's."""
@@ -541,6 +551,14 @@ class Flow(Generic[StateT]):
                 streaming.FlowStreamSession, inputs, restore, restore_from_state_id, strict
             )
         inputs = dict(inputs or {})
+        own_turn = (
+            self._turn is None
+            and conversation.USER_MESSAGE in inputs
+            and conversation.is_conversational(type(self))
+        )
+        if own_turn:
+            # CrewAI's kickoff(inputs={"user_message": ...}) runs a turn with that message.
+            self._turn = conversation.Turn(inputs.pop(conversation.USER_MESSAGE))
         bind_trigger_payload(self, inputs)
         warn_unhonoured(type(self), self.graph())
         self._method_outputs = []
@@ -551,6 +569,8 @@ class Flow(Generic[StateT]):
             return EXECUTORS.in_process(self, inputs, restore, restore_from_state_id, strict)
         finally:
             self._transient = False
+            if own_turn:
+                self._turn = None
 
     def _stream_session(
         self,

@@ -32,7 +32,7 @@ from runner.errors import (
     UnknownTrigger,
 )
 from runner.flow.conditions import Cond, describe, leaves
-from runner.flow.decorators import DEFAULT_MAX_CALLS, STEP_ATTR, StepDecl
+from runner.flow.decorators import CONVERSATIONAL_ONLY, DEFAULT_MAX_CALLS, STEP_ATTR, StepDecl
 from runner.flow.definition import FlowDefinition, fingerprint, mermaid, method_definition
 from runner.flow.rates import Rate
 
@@ -227,8 +227,13 @@ def _step_functions(flow_cls: type) -> dict[str, tuple[Callable[..., Any], StepD
             if not name.startswith("_"):
                 found[name] = value
     steps = {}
+    conversational = bool(getattr(flow_cls, "conversational", False))
     for name, value in found.items():
         decl = getattr(value, STEP_ATTR, None)
+        # The built-in conversational steps (runner.flow.conversation) are steps only of a
+        # flow that opts in, as in CrewAI; elsewhere they are plain methods.
+        if getattr(value, CONVERSATIONAL_ONLY, False) and not conversational:
+            continue
         if isinstance(decl, StepDecl) and callable(value):
             steps[name] = (value, decl)
     return steps

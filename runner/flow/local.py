@@ -28,9 +28,9 @@ from runner.checkpointing import (
     restore_sink,
 )
 from runner.errors import CommitConflict, RunNotFound, RunStateError
+from runner.flow import conversation, lifecycle, plans, results, streaming, usage
 from runner.flow import events as ev
 from runner.flow import human_feedback as reviewing
-from runner.flow import lifecycle, plans, results, streaming, usage
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import Asked, Halted, StepResult, run_step
@@ -42,7 +42,7 @@ from runner.flow.orchestrator import Activation, ExecutionRecord
 from runner.flow.state import reducers_for
 from runner.settings import get_settings
 from runner.store.base import CoordinatedStore
-from runner.store.models import FLOW_RESUMED, Answer, Checkpoint, Lineage
+from runner.store.models import FLOW_RESUMED, Answer, Checkpoint, Lineage, RunStatus
 
 # Who resumes what is decided once, for every executor (the in-process run's checks
 # were a copy of the workers' that disagreed).
@@ -86,6 +86,8 @@ def kickoff(
         base = sink.load_state(str(inputs["id"])) or base
     state = apply_inputs(flow, inputs, base)
     previous = sink.latest(flow.flow_id) if known_id else None
+    if flow._turn is not None:
+        state = apply_inputs(flow, {}, opened_turn(flow, state, previous))
     if previous is not None:
         first = tr.restart(graph, previous, state)
     else:
@@ -94,6 +96,15 @@ def kickoff(
     if sink.store is not None:
         sink.follow(flow.flow_id, previous.seq if previous is not None else 0)
     return LocalRun(flow, graph, WatchedSink(sink, flow._record_output)).run(first)
+
+
+def opened_turn(flow: Any, state: dict[str, Any], previous: Checkpoint | None) -> dict[str, Any]:
+    """``state`` with the turn ``flow`` runs (``handle_turn``) opened on it: its message
+    appended, after the previous turn's result when that turn's handler said nothing."""
+    prior = None
+    if previous is not None and previous.status is RunStatus.SUCCEEDED:
+        prior = results.run_result(previous, type(flow))
+    return conversation.open_turn(type(flow), state, flow._turn.message, prior)
 
 
 def resume(

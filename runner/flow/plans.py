@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.errors import CheckpointNotFound, InvalidInputs, RunStateError
+from runner.flow import conversation, results, versions
 from runner.flow import orchestrator as orch
-from runner.flow import results, versions
 from runner.flow import transition as tr
 from runner.flow.flow import apply_inputs
 from runner.flow.graph import FlowGraph
@@ -308,3 +308,56 @@ def _takes_any_key(model: Any) -> bool:
         return True
     validators = model.__pydantic_decorators__.model_validators.values()
     return any(v.info.mode in ("before", "wrap") for v in validators)
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """What a conversational turn does: the run starts again from its starts, in a new
+    epoch, with ``state`` (the user's message appended to the history)."""
+
+    run_id: str
+    latest_id: str
+    graph: FlowGraph
+    state: dict[str, Any]
+    upgrade: str | None = None
+
+    def opening(self, latest: Checkpoint | None) -> tr.Transition:
+        """The turn's first checkpoint on ``latest`` (the run's latest as the commit reads
+        it); :class:`RunStateError` if the run moved on since the turn was planned (another
+        turn began meanwhile: this one would drop it)."""
+        if latest is None or latest.id != self.latest_id:
+            raise RunStateError(
+                f"run {self.run_id} changed while taking a turn; try again", run_id=self.run_id
+            )
+        opened = tr.restart(self.graph, latest, self.state)
+        return upgrade_recorded(opened, self.upgrade)
+
+
+def plan_turn(flow: Any, latest: Checkpoint, message: Any) -> TurnPlan:
+    """The plan to give run ``latest.run_id`` (at ``latest``) a conversational turn with
+    ``message``, or the refusal: a flow that is not conversational, an empty message
+    (:class:`InvalidInputs`), a run that is running (its turn is not over) or awaits an
+    answer (:class:`RunStateError`). A run whose last turn failed or was cancelled takes
+    the next one (the history keeps the message it did not answer)."""
+    run_id = latest.run_id
+    flow_cls = type(flow)
+    conversation.refuse_unless_conversational(flow_cls, f"a turn (run {run_id})")
+    if latest.status is RunStatus.RUNNING:
+        raise RunStateError(
+            f"run {run_id} is still running its turn; wait for its reply before the next",
+            run_id=run_id,
+        )
+    if latest.meta.awaiting is not None:
+        awaiting = latest.meta.awaiting
+        raise RunStateError(
+            f"run {run_id} awaits an answer at {awaiting.method}: {awaiting.message!r}; "
+            f"give it (runner resume {run_id} --feedback TEXT)",
+            run_id=run_id,
+        )
+    loaded, upgrade = versions.read_state(flow_cls, latest.state, latest.version, run_id)
+    previous = (
+        results.run_result(latest, flow_cls) if latest.status is RunStatus.SUCCEEDED else None
+    )
+    opened = conversation.open_turn(flow_cls, loaded, message, previous)
+    state = apply_inputs(flow, {}, opened)
+    return TurnPlan(run_id, latest.id, flow_cls.graph(), state, upgrade)

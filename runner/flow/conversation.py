@@ -1,0 +1,872 @@
+"""Conversational flows (CrewAI's ``conversational = True``): chat turns over a flow.
+
+A conversational flow's state holds the conversation (``messages``; :class:`ConversationState`
+by default, CrewAI's older :class:`ChatState` also works). One *turn* is one run of the flow
+for the same session id (``state.id``): the user's message is appended to the state before
+the run's first checkpoint (:func:`open_turn`), the built-in start router
+``route_conversation`` picks a route (``route_turn``, intents, else ``converse``), and the
+route's listener answers (``append_assistant_message``). Because the message is in the
+state the turn's first checkpoint holds, a turn is as durable as any run: in process each
+turn restarts the session's run (CrewAI's ``kickoff(inputs={"id": ...})``); on workers each
+turn is a new epoch of the same run (``RunHandle.turn``, :mod:`runner.distributed.turns`),
+so the history survives any worker.
+
+What the user calls (CrewAI's names): ``handle_turn(message, session_id=)``,
+``stream_turn(...)`` (the turn's :class:`~runner.flow.streaming.StreamFrame` objects), ``chat()``
+(a terminal loop ending on :data:`EXIT_COMMANDS`), ``route_turn(context)`` (override to route),
+``append_assistant_message``, ``append_message``, ``conversation_messages``,
+``receive_user_message``, ``classify_intent``. ``ConversationConfig(default_intents=...,
+intent_llm=...)`` classifies each message into an intent (the route); an LLM given by name
+resolves as every LLM name does (:mod:`runner.flow.llm`).
+
+LLM calls take one prompt string here (the runner's convention for every LLM it calls,
+:func:`~runner.flow.llm.call_llm`): the history is written into it one ``role: content`` line
+per message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict, TypeVar, cast
+from uuid import uuid4
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runner.errors import InvalidInputs
+from runner.flow import streaming
+from runner.flow.conditions import leaves
+from runner.flow.decorators import CONVERSATIONAL_ONLY, listen, router, start
+from runner.flow.llm import call_llm
+
+log = logging.getLogger(__name__)
+
+EXIT_COMMANDS: tuple[str, ...] = ("exit", "quit")
+"""What ends ``chat()`` and ``runner chat`` (any case), as in CrewAI; so does end of input."""
+
+USER_MESSAGE = "user_message"
+"""The kickoff/submit input that carries a turn's message (CrewAI's ``ConversationalInputs``)."""
+
+BUILTIN_ROUTES: tuple[str, ...] = ("converse", "end")
+INTERNAL_ROUTES: tuple[str, ...] = ("answer_from_history",)
+ENDED_REPLY = "Conversation ended."
+FROM_HISTORY_PROMPT = (
+    "Answer the user's latest message from the conversation history alone, when it holds "
+    "the answer (a follow-up, a summary, a clarification)."
+)
+NO_LLM_REPLY = "I can continue the conversation once an LLM is configured."
+
+Role = Literal["user", "assistant", "system", "tool"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def conversational_only(fn: F) -> F:
+    """Make ``fn`` a step only of conversational flows."""
+    setattr(fn, CONVERSATIONAL_ONLY, True)
+    return fn
+
+
+# -- the state shapes ----------------------------------------------------------------------
+
+
+class ConversationMessage(BaseModel):
+    """One message of the history a user sees."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    role: Role
+    content: str | list[dict[str, Any]] | None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    files: dict[str, Any] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentMessage(BaseModel):
+    """An agent's private message or scratch result."""
+
+    role: str = "assistant"
+    content: Any
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ConversationEvent(BaseModel):
+    """Something that happened in a turn, apart from the messages the user sees."""
+
+    type: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+    agent_name: str | None = None
+    visibility: Literal["private", "public"] = "private"
+
+
+class ConversationState(BaseModel):
+    """The state of a conversational flow (the default when the flow declares none)."""
+
+    id: str = Field(default_factory=lambda: str(uuid4()))
+    messages: list[ConversationMessage] = Field(default_factory=list)
+    current_user_message: str | None = None
+    last_user_message: str | None = None
+    last_intent: str | None = None
+    ended: bool = False
+    events: list[ConversationEvent] = Field(default_factory=list)
+    agent_threads: dict[str, list[AgentMessage]] = Field(default_factory=dict)
+    session_ready: bool = False
+
+
+class ChatState(BaseModel):
+    """CrewAI's earlier state shape for multi-turn flows (``crewai.flow.conversation``)."""
+
+    id: str = Field(default_factory=lambda: str(uuid4()))
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    last_user_message: str | None = None
+    last_intent: str | None = None
+    session_ready: bool = False
+
+
+class ConversationalInputs(TypedDict, total=False):
+    """The kickoff/submit inputs of a turn (CrewAI's): the session's ``id`` and the
+    ``user_message``."""
+
+    id: str
+    user_message: str | dict[str, Any]
+    last_intent: str
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+@dataclass
+class RouterConfig:
+    """The LLM router of a conversational flow: which route a message takes. ``llm``
+    (else the config's ``intent_llm``, else its ``llm``) is asked to name one of the routes
+    (the flow's listened-to labels, or ``routes``); a reply naming none, or a failing call,
+    takes ``fallback_intent``."""
+
+    prompt: str | None = None
+    llm: Any | None = None
+    routes: Sequence[str] | None = None
+    route_descriptions: dict[str, str] | None = None
+    default_intent: str | None = "converse"
+    fallback_intent: str | None = "converse"
+    intent_field: str = "intent"
+
+
+@dataclass
+class ConversationConfig:
+    """A conversational flow's settings (CrewAI's ``crewai.experimental.ConversationConfig``):
+    set as the class's ``conversational_config``, or decorate the class with it (which also
+    sets ``conversational = True``). LLMs are clients or names (:mod:`runner.flow.llm`)."""
+
+    system_prompt: str | None = None
+    llm: Any | None = None
+    router: RouterConfig | None = None
+    answer_from_history_prompt: str | None = None
+    default_intents: Sequence[str] | None = None
+    intent_llm: Any | None = None
+    answer_from_history_llm: Any | None = None
+    visible_agent_outputs: Sequence[str] | Literal["all"] | None = None
+    defer_trace_finalization: bool = True
+
+    def __call__(self, flow_cls: type[Any]) -> type[Any]:
+        flow_cls.conversational_config = self
+        flow_cls.conversational = True
+        return flow_cls
+
+
+@dataclass
+class ConversationalConfig:
+    """CrewAI's earlier class-level defaults (``crewai.flow.conversation``): intents and
+    the terminal loop's prompt and exit commands."""
+
+    default_intents: Sequence[str] | None = None
+    intent_llm: Any | None = None
+    interactive_prompt: str = "You: "
+    interactive_timeout: float | None = None
+    exit_commands: Sequence[str] = field(default_factory=lambda: EXIT_COMMANDS)
+    defer_trace_finalization: bool = True
+
+
+# -- pure helpers over a state's JSON --------------------------------------------------------
+
+
+def is_conversational(flow_cls: Any) -> bool:
+    """Whether ``flow_cls`` is a conversational flow."""
+    return bool(getattr(flow_cls, "conversational", False))
+
+
+def refuse_unless_conversational(flow_cls: Any, what: str) -> None:
+    """:class:`InvalidInputs` naming ``what`` when ``flow_cls`` is no conversational flow."""
+    if not is_conversational(flow_cls):
+        raise InvalidInputs(
+            f"{what} needs a conversational flow; {flow_cls.flow_name()} is not one "
+            "(set conversational = True on it)",
+            flow=flow_cls.flow_name(),
+        )
+
+
+def message_text(message: Any) -> str:
+    """A user message as text (a ``{"content": ...}`` dict gives its content)."""
+    if isinstance(message, str):
+        return message
+    if isinstance(message, Mapping) and message.get("content") is not None:
+        return str(message["content"])
+    return str(message)
+
+
+def reply_text(result: Any) -> str:
+    """A turn's result as the text shown (a crew output's ``raw``)."""
+    raw = getattr(result, "raw", None)
+    if isinstance(raw, str):
+        return raw
+    if isinstance(result, BaseModel):
+        return result.model_dump_json()
+    return "" if result is None else str(result)
+
+
+def _fields(flow_cls: Any) -> set[str] | None:
+    model = flow_cls.state_type()
+    return None if model is None else set(model.model_fields)
+
+
+def _set(state: dict[str, Any], fields: set[str] | None, name: str, value: Any) -> None:
+    if fields is None or name in fields:
+        state[name] = value
+
+
+def answered(messages: Sequence[Any]) -> bool:
+    """Whether an assistant message follows the last user message."""
+    for message in reversed(messages):
+        role = message.get("role") if isinstance(message, Mapping) else None
+        if role == "assistant":
+            return True
+        if role == "user":
+            return False
+    return False
+
+
+def route_labels(flow_cls: Any) -> set[str]:
+    """The labels a turn's routing produces (none of them is a reply)."""
+    return {*BUILTIN_ROUTES, *INTERNAL_ROUTES, "conversation", "route_to_flow"} | set(
+        custom_routes(flow_cls.graph())
+    )
+
+
+def custom_routes(graph: Any) -> list[str]:
+    """The labels a conversational flow's own listeners listen to (beyond the built-ins)."""
+    found: set[str] = set()
+    for spec in graph.methods.values():
+        if spec.condition is not None and not spec.is_router:
+            found.update(leaf for leaf in leaves(spec.condition) if leaf not in graph.methods)
+    return sorted(found - set(BUILTIN_ROUTES) - set(INTERNAL_ROUTES))
+
+
+def is_public_reply(flow_cls: Any, result: Any, state: Mapping[str, Any]) -> bool:
+    """Whether a turn's result is something to say (not a route label or no text)."""
+    raw = getattr(result, "raw", None)
+    text = result if isinstance(result, str) else raw if isinstance(raw, str) else None
+    if text is None:
+        return False
+    return text not in route_labels(flow_cls) and text != state.get("last_intent")
+
+
+def open_turn(
+    flow_cls: Any, state: dict[str, Any], message: Any, previous_result: Any = None
+) -> dict[str, Any]:
+    """``state`` (JSON) as a turn with ``message`` opens: the message appended to its
+    ``messages``, ``current_user_message`` / ``last_user_message`` set, ``last_intent``
+    cleared (each turn is routed afresh). ``previous_result``: what the session's previous
+    turn returned; when that turn's handler said nothing itself, it becomes the assistant
+    reply of that turn first (as CrewAI's ``handle_turn`` promotes it), so the history is
+    the same whoever runs the turns."""
+    text = message_text(message)
+    if not text.strip():
+        raise InvalidInputs("a turn's message is empty")
+    opened = dict(state)
+    fields = _fields(flow_cls)
+    messages = list(opened.get("messages") or [])
+    if (
+        previous_result is not None
+        and messages
+        and not answered(messages)
+        and is_public_reply(flow_cls, previous_result, opened)
+    ):
+        messages.append(_message("assistant", reply_text(previous_result)))
+    messages.append(_message("user", text))
+    opened["messages"] = messages
+    _set(opened, fields, "current_user_message", text)
+    _set(opened, fields, "last_user_message", text)
+    _set(opened, fields, "last_intent", None)
+    return opened
+
+
+def _message(role: Role, content: str) -> dict[str, Any]:
+    return {"role": role, "content": content}
+
+
+def transcript(messages: Sequence[Any]) -> str:
+    """Messages as ``role: content`` lines (what an LLM prompt of the history holds)."""
+    lines = []
+    for message in messages:
+        data = message.model_dump() if isinstance(message, BaseModel) else dict(message)
+        lines.append(f"{data.get('role', 'user')}: {data.get('content', '')}")
+    return "\n".join(lines)
+
+
+def as_llm_message(message: Any) -> dict[str, Any]:
+    """A stored message as CrewAI's ``LLMMessage`` dict (no ``metadata``, no ``None``)."""
+    if isinstance(message, BaseModel):
+        data = message.model_dump(exclude_none=True)
+    elif isinstance(message, Mapping):
+        data = {k: v for k, v in message.items() if v is not None}
+    else:
+        data = {"role": "user", "content": str(message)}
+    data.pop("metadata", None)
+    return data
+
+
+@dataclass
+class Turn:
+    """A turn an in-process ``handle_turn`` is running: its message and per-turn intents."""
+
+    message: Any
+    intents: Sequence[str] | None = None
+    intent_llm: Any = None
+
+
+# -- the flow's conversational surface -------------------------------------------------------
+
+
+class ConversationalFlow:
+    """The conversational methods of every ``Flow`` (CrewAI composes them the same way);
+    the built-in steps are steps only of a flow with ``conversational = True``."""
+
+    conversational: ClassVar[bool] = False
+    conversational_config: ClassVar[ConversationConfig | ConversationalConfig | None] = None
+    builtin_routes: ClassVar[tuple[str, ...]] = BUILTIN_ROUTES
+    internal_routes: ClassVar[tuple[str, ...]] = INTERNAL_ROUTES
+
+    if TYPE_CHECKING:
+        state: Any
+        _state: Any
+        _turn: Turn | None
+        _streaming: bool
+        _listeners: list[Any]
+
+        @property
+        def flow_id(self) -> str: ...
+
+        @classmethod
+        def flow_name(cls) -> str: ...
+
+        def kickoff(
+            self,
+            inputs: dict[str, Any] | None = None,
+            from_checkpoint: Any = None,
+            restore_from_state_id: str | None = None,
+            strict: bool = False,
+        ) -> Any: ...
+
+        @classmethod
+        def graph(cls) -> Any: ...
+
+    # -- the built-in graph: a start router and its three listeners -------------------------
+
+    @start()
+    @router()
+    @conversational_only
+    def route_conversation(self) -> str:
+        """Route the turn: ``route_turn``'s label, else the intent the message was
+        classified into, else ``converse``."""
+        self.conversation_start()
+        label = self._pick_route()
+        self._state_set("last_intent", label)
+        return label
+
+    @listen("converse")
+    @conversational_only
+    def converse_turn(self) -> str:
+        """Answer from the history with the conversation's LLM."""
+        llm = self._conversation_llm()
+        if llm is None:
+            content = NO_LLM_REPLY
+        else:
+            prompt = transcript(self.conversation_messages)
+            system = self._config_value("system_prompt")
+            if system:
+                prompt = f"system: {system}\n{prompt}"
+            content = reply_text(call_llm(llm, f"{prompt}\nassistant:", stream=True))
+        self.append_assistant_message(content)
+        return content
+
+    @listen("end")
+    @conversational_only
+    def end_conversation(self) -> str:
+        """End the conversation (``state.ended``)."""
+        self._state_set("ended", True)
+        self.append_assistant_message(ENDED_REPLY)
+        return ENDED_REPLY
+
+    @listen("answer_from_history")
+    @conversational_only
+    def answer_from_history_turn(self) -> str | None:
+        """Answer from the history alone with ``answer_from_history_llm`` (the route
+        ``can_answer_from_history`` picks)."""
+        llm = self._config_value("answer_from_history_llm")
+        if llm is None:
+            return None
+        prompt = self._config_value("answer_from_history_prompt") or FROM_HISTORY_PROMPT
+        reply = call_llm(
+            llm, f"{prompt}\n\n{transcript(self.conversation_messages)}\nassistant:", stream=True
+        )
+        content = reply_text(reply)
+        self.append_assistant_message(content)
+        return content
+
+    def can_answer_from_history(self, context: dict[str, Any]) -> bool:
+        """Whether ``answer_from_history_llm`` (when configured) finds the turn answerable
+        from the history alone, without the flow's routes."""
+        llm = self._config_value("answer_from_history_llm")
+        if llm is None or len(self.conversation_messages) < 2:
+            return False
+        from runner.flow.human_feedback import collapse
+
+        prompt = self._config_value("answer_from_history_prompt") or FROM_HISTORY_PROMPT
+        feedback = (
+            f"{prompt}\n\nCurrent user message: {context.get('current_user_message')}\n\n"
+            f"Message history:\n{transcript(self.conversation_messages)}"
+        )
+        return collapse(feedback, ["answer_from_history", "route_to_flow"], llm) == (
+            "answer_from_history"
+        )
+
+    def conversation_start(self) -> str | None:
+        """The turn's user message (override to prepare a turn)."""
+        return cast(str | None, self._state_get("current_user_message"))
+
+    def route_turn(self, context: dict[str, Any]) -> str | None:
+        """The route of this turn, or ``None`` to fall through to intents and ``converse``.
+        Override it to route in code; by default the LLM router (``ConversationConfig.router``,
+        or a default one when the flow listens to routes of its own and no intents are
+        configured) decides."""
+        config = self.conversational_config
+        if not isinstance(config, ConversationConfig):
+            return None
+        router_config = config.router
+        if router_config is None:
+            if config.default_intents or not custom_routes(type(self).graph()):
+                return None
+            router_config = RouterConfig()
+        return self._route_with(router_config, context)
+
+    def build_router_context(self) -> dict[str, Any]:
+        """What ``route_turn`` is given about the turn."""
+        return {
+            "system_prompt": self._config_value("system_prompt"),
+            "current_user_message": self._state_get("current_user_message"),
+            "message_history": self.conversation_messages,
+            "last_intent": self._state_get("last_intent"),
+        }
+
+    def _pick_route(self) -> str:
+        context = self.build_router_context()
+        intent = self._classified_intent()
+        routed = self.route_turn(context)
+        if routed:
+            return routed
+        if intent:
+            return intent
+        if self.can_answer_from_history(context):
+            return "answer_from_history"
+        return "converse"
+
+    def _classified_intent(self) -> str | None:
+        turn = getattr(self, "_turn", None)
+        intents = turn.intents if turn is not None else None
+        llm = turn.intent_llm if turn is not None else None
+        intents = intents or self._config_value("default_intents")
+        llm = llm or self._config_value("intent_llm")
+        if not intents:
+            return None
+        if llm is None:
+            raise InvalidInputs("intent_llm is required when intents are given")
+        text = self._state_get("current_user_message") or ""
+        return self.classify_intent(text, intents, llm=llm, context=self.conversation_messages)
+
+    def _route_with(self, config: RouterConfig, context: dict[str, Any]) -> str | None:
+        llm = config.llm or self._config_value("intent_llm") or self._config_value("llm")
+        if llm is None:
+            return config.default_intent
+        routes = sorted(
+            set(config.routes or custom_routes(type(self).graph())) | set(BUILTIN_ROUTES)
+        )
+        described = "\n".join(
+            f"- {label}: {(config.route_descriptions or {}).get(label, '')}".rstrip(": ")
+            for label in routes
+        )
+        prompt = (
+            f"{config.prompt + chr(10) * 2 if config.prompt else ''}Routes:\n{described}\n\n"
+            f"Conversation:\n{transcript(context.get('message_history') or [])}\n\n"
+            f"Choose exactly one route for the latest user message; reply with the route alone."
+        )
+        from runner.flow.human_feedback import match_outcome
+
+        try:
+            reply = call_llm(llm, prompt)
+        except Exception as exc:  # a failing router falls back, as CrewAI's does
+            log.warning("the conversation router failed (%s); taking the fallback route", exc)
+            return config.fallback_intent or config.default_intent
+        if isinstance(reply, Mapping):
+            reply = reply.get(config.intent_field, "")
+        found = match_outcome(reply, routes)
+        return found or config.fallback_intent or config.default_intent
+
+    # -- history ---------------------------------------------------------------------------
+
+    @property
+    def conversation_messages(self) -> list[dict[str, Any]]:
+        """The history as CrewAI's ``LLMMessage`` dicts."""
+        return [as_llm_message(m) for m in self._state_get("messages") or []]
+
+    def append_message(self, role: Role, content: str, **extra: Any) -> None:
+        """Append a message to the history."""
+        message: dict[str, Any] = {"role": role, "content": content}
+        for key in ("tool_call_id", "name", "tool_calls", "files"):
+            if key in extra:
+                message[key] = extra[key]
+        self._history().append(self._as_stored(message))
+
+    def append_assistant_message(
+        self, content: str, *, metadata: dict[str, Any] | None = None
+    ) -> None:
+        """Append the assistant's reply of this turn (what the user sees)."""
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if metadata:
+            message["metadata"] = metadata
+        self._history().append(self._as_stored(message))
+
+    def append_agent_result(
+        self,
+        agent_name: str,
+        result: Any,
+        *,
+        visibility: Literal["private", "public"] = "private",
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Record an agent's result; a public one (or one of ``visible_agent_outputs``)
+        is also the assistant's reply."""
+        content = reply_text(result)
+        visible = self._config_value("visible_agent_outputs")
+        if visible == "all" or (visible is not None and agent_name in visible):
+            visibility = "public"
+        state = self.state
+        if isinstance(state, ConversationState):
+            state.events.append(
+                ConversationEvent(
+                    type="agent_result",
+                    agent_name=agent_name,
+                    visibility=visibility,
+                    payload={"content": content, **(metadata or {})},
+                )
+            )
+            state.agent_threads.setdefault(agent_name, []).append(
+                AgentMessage(content=content, metadata=metadata or {})
+            )
+        if visibility == "public":
+            self.append_assistant_message(content)
+
+    def receive_user_message(
+        self, text: str, *, outcomes: Sequence[str] | None = None, llm: Any = None
+    ) -> str:
+        """Append a user message (and classify it into one of ``outcomes`` with ``llm``):
+        the intent, else the text."""
+        self.append_message("user", text)
+        self._state_set("current_user_message", text)
+        self._state_set("last_user_message", text)
+        if outcomes and llm is not None:
+            intent = self.classify_intent(
+                text, outcomes, llm=llm, context=self.conversation_messages
+            )
+            self._state_set("last_intent", intent)
+            return intent
+        return text
+
+    def classify_intent(
+        self,
+        text: str,
+        outcomes: Sequence[str],
+        *,
+        llm: Any,
+        context: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        """The one of ``outcomes`` ``llm`` reads ``text`` (in the light of ``context``) as."""
+        from runner.flow.human_feedback import collapse
+
+        feedback = f"{transcript(context)}\n\nLatest user message: {text}" if context else text
+        return collapse(feedback, list(outcomes), llm)
+
+    # -- turns -----------------------------------------------------------------------------
+
+    def handle_turn(
+        self,
+        message: str,
+        *,
+        session_id: str | None = None,
+        intents: Sequence[str] | None = None,
+        intent_llm: Any = None,
+        **kickoff_kwargs: Any,
+    ) -> Any:
+        """Run one turn with the user's ``message`` in this process and return its result:
+        a run of the session ``session_id`` (default: this flow's state id), its history
+        loaded from the flow's persistence when it keeps one, the message appended. A
+        returned text the handler did not append itself becomes the assistant's reply."""
+        refuse_unless_conversational(type(self), "handle_turn()")
+        sid = session_id or self.flow_id
+        self._turn = Turn(message, intents, intent_llm)
+        try:
+            result = self.kickoff(inputs={"id": sid}, **kickoff_kwargs)
+        finally:
+            self._turn = None
+        messages = self._state_get("messages") or []
+        state = {"last_intent": self._state_get("last_intent")}
+        if (
+            result is not None
+            and not answered([as_llm_message(m) for m in messages])
+            and is_public_reply(type(self), result, state)
+        ):
+            self.append_assistant_message(reply_text(result))
+        return result
+
+    def stream_turn(
+        self,
+        message: str,
+        *,
+        session_id: str | None = None,
+        intents: Sequence[str] | None = None,
+        intent_llm: Any = None,
+        **kickoff_kwargs: Any,
+    ) -> streaming.FlowStreamSession:
+        """``handle_turn`` as a stream session: iterate it for the turn's frames (its
+        steps' chunks, the LLM's tokens, lifecycle frames), then ``.result``."""
+        refuse_unless_conversational(type(self), "stream_turn()")
+
+        def run() -> Any:
+            self._streaming = True
+            try:
+                return self.handle_turn(
+                    message,
+                    session_id=session_id,
+                    intents=intents,
+                    intent_llm=intent_llm,
+                    **kickoff_kwargs,
+                )
+            finally:
+                self._streaming = False
+
+        return streaming.FlowStreamSession(self, run)
+
+    def chat(
+        self,
+        *,
+        session_id: str | None = None,
+        prompt: str = "\nYou: ",
+        assistant_prefix: str = "\nAssistant: ",
+        exit_commands: Sequence[str] = EXIT_COMMANDS,
+        input_fn: Callable[[str], str] = input,
+        output_fn: Callable[[str], None] = print,
+        skip_empty: bool = True,
+        defer_trace_finalization: bool = True,
+        **handle_turn_kwargs: Any,
+    ) -> None:
+        """A terminal chat over ``handle_turn``: ends on an exit command (any case), end of
+        input or Ctrl-C."""
+        refuse_unless_conversational(type(self), "chat()")
+        chat_loop(
+            lambda text: self.handle_turn(text, session_id=session_id, **handle_turn_kwargs),
+            prompt=prompt,
+            assistant_prefix=assistant_prefix,
+            exit_commands=exit_commands,
+            input_fn=input_fn,
+            output_fn=output_fn,
+            skip_empty=skip_empty,
+        )
+
+    def finalize_session_traces(self) -> None:
+        """CrewAI closes a deferred trace batch here; a run's events are sent per turn here,
+        so there is nothing left to close."""
+
+    # -- state access for dict and model states ----------------------------------------------
+
+    def _state_get(self, name: str) -> Any:
+        state = self.state
+        if isinstance(state, dict):
+            return state.get(name)
+        return getattr(state, name, None)
+
+    def _state_set(self, name: str, value: Any) -> None:
+        state = self.state
+        if isinstance(state, dict):
+            state[name] = value
+        elif name in type(state).model_fields:
+            setattr(state, name, value)
+
+    def _history(self) -> list[Any]:
+        state = self.state
+        if isinstance(state, dict):
+            return cast(list[Any], state.setdefault("messages", []))
+        messages = getattr(state, "messages", None)
+        if messages is None:
+            raise InvalidInputs(f"{type(state).__name__} has no messages field to hold the history")
+        return cast(list[Any], messages)
+
+    def _as_stored(self, message: dict[str, Any]) -> Any:
+        state = self.state
+        if isinstance(state, BaseModel):
+            annotation = type(state).model_fields["messages"].annotation
+            if annotation is not None and ConversationMessage in getattr(
+                annotation, "__args__", ()
+            ):
+                return ConversationMessage(**message)
+        return message
+
+    def _config_value(self, name: str) -> Any:
+        return getattr(self.conversational_config, name, None)
+
+    def _conversation_llm(self) -> Any:
+        for name in ("llm", "answer_from_history_llm", "intent_llm"):
+            found = self._config_value(name)
+            if found is not None:
+                return found
+        router_config = self._config_value("router")
+        return getattr(router_config, "llm", None)
+
+
+def chat_loop(
+    take_turn: Callable[[str], Any],
+    *,
+    prompt: str = "\nYou: ",
+    assistant_prefix: str = "\nAssistant: ",
+    exit_commands: Sequence[str] = EXIT_COMMANDS,
+    input_fn: Callable[[str], str] = input,
+    output_fn: Callable[[str], None] = print,
+    skip_empty: bool = True,
+) -> None:
+    """The terminal loop of ``chat()`` and ``runner chat``: read a line, end on an exit
+    command (any case), end of input or Ctrl-C, else print the turn's reply."""
+    ends = {command.lower() for command in exit_commands}
+    while True:
+        try:
+            text = input_fn(prompt).strip()
+        except (EOFError, KeyboardInterrupt):
+            output_fn("")
+            return
+        if text.lower() in ends:
+            return
+        if skip_empty and not text:
+            continue
+        output_fn(f"{assistant_prefix}{reply_text(take_turn(text))}")
+
+
+# -- the definition's ``conversational`` block ------------------------------------------------
+
+_BLOCK_KEYS = {
+    "enabled",
+    "system_prompt",
+    "llm",
+    "router",
+    "answer_from_history_prompt",
+    "default_intents",
+    "intent_llm",
+    "answer_from_history_llm",
+    "visible_agent_outputs",
+    "defer_trace_finalization",
+    "builtin_routes",
+    "internal_routes",
+}
+_ROUTER_KEYS = {f.name for f in dataclass_fields(RouterConfig)} | {"response_format"}
+
+
+def config_from_block(block: Mapping[str, Any]) -> ConversationConfig | None:
+    """The :class:`ConversationConfig` a definition's ``conversational`` block (CrewAI's
+    ``FlowConversationalDefinition``) declares, ``None`` when it says ``enabled: false``.
+    LLMs are names (each process resolves them, :mod:`runner.flow.llm`); the built-in routes
+    are this runner's (``converse``, ``end``), so a block may only restate them. A key it
+    does not know is a :class:`~runner.errors.DefinitionError` naming its path."""
+    from runner.errors import DefinitionError
+
+    def bad(where: str, why: str) -> DefinitionError:
+        return DefinitionError(f"conversational.{where}: {why}", field=f"conversational.{where}")
+
+    for key in block:
+        if key not in _BLOCK_KEYS:
+            raise bad(key, f"unknown key (known: {', '.join(sorted(_BLOCK_KEYS))})")
+    if not block.get("enabled", True):
+        return None
+    for key, builtin in (("builtin_routes", BUILTIN_ROUTES), ("internal_routes", INTERNAL_ROUTES)):
+        given = block.get(key)
+        if given is not None and sorted(given) != sorted(builtin):
+            raise bad(key, f"the built-in routes here are {list(builtin)}, not {list(given)}")
+    router_block = block.get("router")
+    router_config = None
+    if router_block is not None:
+        if not isinstance(router_block, Mapping):
+            raise bad("router", "must be a mapping")
+        for key in router_block:
+            if key not in _ROUTER_KEYS:
+                raise bad(f"router.{key}", "unknown key")
+        if router_block.get("response_format") is not None:
+            # As CrewAI does for a declaration: no model class can be given in data.
+            log.warning(
+                "ignoring conversational.router.response_format: a declaration has no class"
+            )
+        router_config = RouterConfig(
+            **{k: v for k, v in router_block.items() if k != "response_format"}
+        )
+    return ConversationConfig(
+        system_prompt=block.get("system_prompt"),
+        llm=block.get("llm"),
+        router=router_config,
+        answer_from_history_prompt=block.get("answer_from_history_prompt"),
+        default_intents=block.get("default_intents"),
+        intent_llm=block.get("intent_llm"),
+        answer_from_history_llm=block.get("answer_from_history_llm"),
+        visible_agent_outputs=block.get("visible_agent_outputs"),
+        defer_trace_finalization=bool(block.get("defer_trace_finalization", True)),
+    )
+
+
+def block_of(flow_cls: Any) -> dict[str, Any] | None:
+    """A conversational class's ``conversational`` block for its definition (``None`` for
+    other flows): its config's values that are data (an LLM client given as an object is
+    left out: only its name could be written down)."""
+    if not is_conversational(flow_cls):
+        return None
+    config = flow_cls.conversational_config
+    block: dict[str, Any] = {"enabled": True}
+    if config is None:
+        return block
+    for item in dataclass_fields(config):
+        value = getattr(config, item.name)
+        if isinstance(value, RouterConfig):
+            value = {
+                f.name: getattr(value, f.name)
+                for f in dataclass_fields(value)
+                if _is_data(getattr(value, f.name))
+            }
+        elif isinstance(value, tuple):
+            value = list(value)
+        if value is not None and item.name in _BLOCK_KEYS and _is_data(value):
+            block[item.name] = value
+    return block
+
+
+def _is_data(value: Any) -> bool:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return True
+    if isinstance(value, list | tuple):
+        return all(_is_data(v) for v in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _is_data(v) for k, v in value.items())
+    return False
