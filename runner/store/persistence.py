@@ -33,6 +33,16 @@ DB_FILENAME = "flow_states.db"
 """File name of the SQLite database, as CrewAI's."""
 
 
+def _declared_fields(cls: type) -> set[str]:
+    """The settings a class and its bases declare: annotated, not ``ClassVar``."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        for name, hint in vars(klass).get("__annotations__", {}).items():
+            if "ClassVar" not in str(hint) and not name.startswith("_"):
+                names.add(name)
+    return names
+
+
 def default_db_path() -> Path:
     """``flow_states.db`` in the runner's data directory (``$XDG_DATA_HOME/runner``)."""
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
@@ -40,7 +50,25 @@ def default_db_path() -> Path:
 
 
 class FlowPersistence(ABC):
-    """Where ``@persist`` keeps flow states (CrewAI's interface)."""
+    """Where ``@persist`` keeps flow states (CrewAI's interface).
+
+    CrewAI's base is a pydantic model, so a backend of its own declares its settings as
+    annotated class attributes with defaults and is built with them as keywords
+    (``MyBackend(store="x")``); a subclass without an ``__init__`` of its own takes them
+    here the same way.
+    """
+
+    persistence_type: str = "base"
+
+    def __init__(self, **fields: Any) -> None:
+        known = _declared_fields(type(self))
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}() got unexpected keyword arguments: {', '.join(unknown)}"
+            )
+        for name, value in fields.items():
+            setattr(self, name, value)
 
     @abstractmethod
     def init_db(self) -> None:
