@@ -15,9 +15,10 @@ a placeholder that raises ``ModuleNotFoundError("no counterpart in runner: crewa
 when a test uses it (called, read, or a class built on it instantiated). So a crewai-only
 name fails the tests that use it, not the whole file: such tests count as failures.
 
-**Excluded tests** (the rule, applied to a test function's own source text, decorators
-included): a test is left out, and listed, when it reads CrewAI's event bus or its private
-internals, that is when its source
+**Excluded tests** (the rule, applied to a test function's source text, decorators
+included, together with the source of every module-level function or class of the file it
+names, and of those they name in turn): a test is left out, and listed, when it reads
+CrewAI's event bus or its private internals, that is when that source
 
 * names ``crewai_event_bus`` or ``crewai.events``, or a name the file imports from a
   ``crewai.events`` module (its event classes);
@@ -71,8 +72,8 @@ MODULES: dict[str, str] = {
     "crewai.flow.flow_definition": "runner.flow.definition",
     "crewai.flow.expressions": "runner.flow.expressions",
     "crewai.project.crew_definition": "runner.flow.definition",
-    "crewai.flow.visualization": "runner.flow.graph",
-    "crewai.flow.visualization.builder": "runner.flow.graph",
+    "crewai.flow.visualization": "runner.flow.visualization",
+    "crewai.flow.visualization.builder": "runner.flow.visualization",
 }
 """CrewAI module -> ours. A module not here has no counterpart."""
 
@@ -279,17 +280,41 @@ def rewrite(text: str) -> Rewritten:
     lines.insert(at, "import _crewai_suite_shim")
 
     flagged = imported_from(tree, EVENT_MODULE) | imported_from(tree, PRIVATE_MODULE)
+    helpers = {
+        node.name: source_of(text, node)
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
     tests, excluded = [], []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith(
             "test"
         ):
             tests.append(node.name)
-            first = min([d.lineno for d in node.decorator_list] + [node.lineno])
-            source = "\n".join(text.splitlines()[first - 1 : node.end_lineno])
-            if is_excluded(source, flagged):
+            if is_excluded(with_helpers(source_of(text, node), helpers), flagged):
                 excluded.append(node.name)
     return Rewritten("\n".join(lines) + "\n", sorted(set(excluded)), tests)
+
+
+def source_of(text: str, node: ast.stmt) -> str:
+    """A definition's source, its decorators included."""
+    decorators = getattr(node, "decorator_list", [])
+    first = min([d.lineno for d in decorators] + [node.lineno])
+    return "\n".join(text.splitlines()[first - 1 : node.end_lineno])
+
+
+def with_helpers(source: str, helpers: dict[str, str]) -> str:
+    """``source`` and the module-level definitions it names, transitively."""
+    seen: set[str] = set()
+    todo = [source]
+    parts = []
+    while todo:
+        part = todo.pop()
+        parts.append(part)
+        for word in set(re.findall(r"\b\w+\b", part)) & helpers.keys() - seen:
+            seen.add(word)
+            todo.append(helpers[word])
+    return "\n".join(parts)
 
 
 @dataclass

@@ -51,6 +51,11 @@ class UnknownTrigger(DefinitionError):
     for a strict flow; otherwise a :class:`DefinitionWarning` names it)."""
 
 
+class InvalidCondition(DefinitionError, ValueError):
+    """A trigger that is not a method, a name, ``or_()`` or ``and_()`` (a ``ValueError`` too,
+    as CrewAI raises)."""
+
+
 class SelfTrigger(DefinitionError, ValueError):
     """A method listens to itself (a ``ValueError`` too, as CrewAI raises)."""
 

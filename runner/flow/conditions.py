@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeAlias
 
-from runner.errors import DefinitionError
+from runner.errors import DefinitionError, InvalidCondition
 
 Cond: TypeAlias = "str | Or | And"
 """A trigger condition: a leaf (method name or router label) or an ``Or`` / ``And`` tree."""
@@ -49,8 +49,9 @@ def normalize(x: object) -> Cond:
     name = getattr(x, "__name__", None)
     if callable(x) and isinstance(name, str):
         return name
-    raise DefinitionError(
-        f"a trigger must be a method, a method name, a router label, or_() or and_(); got {x!r}",
+    raise InvalidCondition(
+        "Invalid condition: a trigger must be a method, a method name, a router label, "
+        f"or_() or and_(); got {x!r}",
         trigger=repr(x),
     )
 

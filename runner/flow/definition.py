@@ -374,8 +374,8 @@ class FlowDefinition(BaseModel):
             check_name(name, "Flow method names")
             if method.listen is not None and name in condition_leaves(method.listen):
                 raise ValueError(
-                    f"methods.{name}.listen references the method itself ({method.listen!r}): "
-                    "a listener triggered by its own completion loops for ever"
+                    f"methods.{name}.listen: the listen condition {method.listen!r} names the "
+                    "method itself: a listener triggered by its own completion loops for ever"
                 )
         return self
 

@@ -45,7 +45,13 @@ from runner.flow.context import step_context, warn_unhonoured
 from runner.flow.definition import FlowDefinition, class_definition
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
-from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph, compile_graph, unknown_trigger
+from runner.flow.graph import (
+    TRIGGER_PAYLOAD,
+    FlowGraph,
+    compile_graph,
+    describe,
+    unknown_trigger,
+)
 from runner.flow.state import dump_state, with_id
 from runner.store.base import CheckpointStore
 from runner.store.models import UsageMetrics
@@ -182,7 +188,14 @@ class Flow(Generic[StateT]):
         methods with their start/listen/router conditions and emits, its state schema with
         defaults and its config; ``.to_yaml()`` / ``.to_json()`` serialise it. The graph,
         ``runner graph`` and the fingerprint derive from its methods part."""
-        return class_definition(cls, cls.graph().definition)
+        return class_definition(cls, describe(cls))
+
+    def plot(self, filename: str = "crewai_flow.html", show: bool = True) -> str:
+        """Write this flow's picture as an HTML page (CrewAI's ``plot``), drawn from its
+        definition; open it in a browser when ``show``. Returns the page's absolute path."""
+        from runner.flow.visualization import build_flow_structure, visualize_flow_structure
+
+        return visualize_flow_structure(build_flow_structure(self), filename, show=show)
 
     @classmethod
     def from_declaration(

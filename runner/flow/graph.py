@@ -281,12 +281,24 @@ def _spec(name: str, fn: Callable[..., Any], decl: StepDecl, owner: type) -> Met
     )
 
 
-def _build(flow_cls: type) -> FlowGraph:
-    name = flow_cls.__qualname__
+def describe(flow_cls: type) -> FlowDefinition:
+    """The methods part of ``flow_cls``'s definition, also for a class that cannot run yet
+    (no start method, a router without a trigger: CrewAI describes those too); running it
+    still compiles and validates its graph (:func:`compile_graph`)."""
+    cached = flow_cls.__dict__.get(_CACHE_ATTR)
+    if isinstance(cached, FlowGraph):
+        return cached.definition
     steps = _step_functions(flow_cls)
     specs = {n: _spec(n, fn, decl, flow_cls) for n, (fn, decl) in steps.items()}
-    unknown = _validate(name, specs)
-    definition = FlowDefinition(
+    return _definition(flow_cls, steps, specs)
+
+
+def _definition(
+    flow_cls: type,
+    steps: Mapping[str, tuple[Callable[..., Any], StepDecl]],
+    specs: Mapping[str, MethodSpec],
+) -> FlowDefinition:
+    return FlowDefinition(
         name=flow_cls.__name__,
         methods={
             n: method_definition(
@@ -300,6 +312,14 @@ def _build(flow_cls: type) -> FlowGraph:
             for n, (fn, _) in steps.items()
         },
     )
+
+
+def _build(flow_cls: type) -> FlowGraph:
+    name = flow_cls.__qualname__
+    steps = _step_functions(flow_cls)
+    specs = {n: _spec(n, fn, decl, flow_cls) for n, (fn, decl) in steps.items()}
+    unknown = _validate(name, specs)
+    definition = _definition(flow_cls, steps, specs)
     index: dict[str, list[str]] = {}
     for m in specs.values():
         for leaf in sorted(leaves(m.condition)) if m.condition is not None else ():
