@@ -852,3 +852,23 @@ def class_definition(flow_cls: Any, methods: FlowDefinition) -> FlowDefinition:
         },
         deep=True,
     )
+
+
+# CrewAI's names for the models above (``crewai.flow.flow_definition``), so code written
+# against its module finds them here under the same names.
+FlowDictStateDefinition = DictState
+FlowPydanticStateDefinition = PydanticState
+FlowJsonSchemaStateDefinition = JsonSchemaState
+FlowUnknownStateDefinition = UnknownState
+FlowStateDefinition = StateDefinition
+FlowPersistenceDefinition = PersistenceDefinition
+FlowHumanFeedbackDefinition = HumanFeedbackDefinition
+FlowCodeActionDefinition = CodeAction
+FlowToolActionDefinition = ToolAction
+FlowAgentActionDefinition = AgentAction
+FlowCrewActionDefinition = CrewAction
+FlowExpressionActionDefinition = ExpressionAction
+FlowScriptActionDefinition = ScriptAction
+FlowEachActionDefinition = EachAction
+FlowEachStepDefinition = EachStep
+FlowDefinitionCondition = Condition

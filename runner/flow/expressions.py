@@ -134,19 +134,79 @@ def validate_template(value: Any, allowed: Iterable[str], where: str) -> None:
 
 
 def evaluate(expression: str, context: dict[str, Any], where: str = "expression") -> Any:
-    """The JSON value of ``expression`` over ``context`` (JSON); :class:`ExpressionError`
-    naming ``where`` if it fails (a missing field, a wrong type)."""
+    """The JSON value of ``expression`` over ``context`` (JSON data; pydantic models and
+    dataclasses in it are read as their fields); :class:`ExpressionError` naming ``where``
+    if it fails (a missing field, a wrong type, an error inside a map or list it builds)."""
     from celpy.adapter import CELJSONEncoder, json_to_cel
+    from celpy.evaluation import CELEvalError
+    from pydantic_core import to_jsonable_python
 
     text = strip_marker(expression)
     compile_cel(text, where)
     env, tree = _compiled(text)
     try:
-        result = env.program(tree).evaluate(json_to_cel(json.loads(json.dumps(context))))
+        activation = json_to_cel(to_jsonable_python(context, fallback=str))
+        result = env.program(tree).evaluate(activation)
+        # celpy returns an error inside a map or list literal as data instead of raising it.
+        failed = _first_error(result, CELEvalError)
+        if failed is not None:
+            raise failed
         return json.loads(json.dumps(result, cls=CELJSONEncoder))
     except Exception as exc:
         detail = " ".join(str(exc).split())[:200]
-        raise ExpressionError(f"{where}: CEL {text!r} failed: {detail}", field=where) from None
+        raise ExpressionError(
+            f"{where}: failed to evaluate CEL expression {text!r}: {detail}", field=where
+        ) from None
+
+
+def _first_error(value: Any, kind: type[BaseException]) -> BaseException | None:
+    if isinstance(value, kind):
+        return value
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for child in children:
+        found = _first_error(child, kind)
+        if found is not None:
+            return found
+    return None
+
+
+class Expression:
+    """A CEL expression, or a template whose strings hold ``${...}``, with the context it
+    reads by default (CrewAI's ``Expression``): :meth:`evaluate` and
+    :meth:`render_template` take another context, and an empty one is a context too (an
+    expression reading ``state`` then fails)."""
+
+    def __init__(self, source: Any, context: dict[str, Any] | None = None) -> None:
+        self.source = source
+        self.context: dict[str, Any] = dict(context or {})
+
+    @classmethod
+    def from_flow(
+        cls, source: Any, flow: Any, local_context: dict[str, Any] | None = None
+    ) -> Expression:
+        """``source`` over what a declared method's expressions read in ``flow``: its
+        ``state``, the run's ``outputs`` so far, and ``local_context`` (``item`` in an
+        ``each``)."""
+        from runner.flow.context import step_context
+        from runner.flow.state import dump_state
+
+        ctx = step_context()
+        context = {
+            "state": dump_state(flow.state, strict=False),
+            "outputs": dict((ctx.outputs if ctx is not None else None) or {}),
+            **(local_context or {}),
+        }
+        return cls(source, context)
+
+    def evaluate(self, context: dict[str, Any] | None = None) -> Any:
+        """The expression's value over ``context`` (else the one it was made with)."""
+        if not isinstance(self.source, str):
+            raise ExpressionError("expression: an expression is a string; use render_template")
+        return evaluate(self.source, self.context if context is None else context)
+
+    def render_template(self, context: dict[str, Any] | None = None) -> Any:
+        """The template with each ``${...}`` evaluated over ``context`` (else its own)."""
+        return render(self.source, self.context if context is None else context, "template")
 
 
 def render(value: Any, context: dict[str, Any], where: str = "with") -> Any:

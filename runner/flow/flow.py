@@ -55,6 +55,7 @@ from runner.flow.graph import (
 from runner.flow.state import dump_state, with_id
 from runner.store.base import CheckpointStore
 from runner.store.models import UsageMetrics
+from runner.store.persistence import store_of
 
 StateT = TypeVar("StateT", bound=BaseModel | dict[str, Any])
 
@@ -469,7 +470,7 @@ class Flow(Generic[StateT]):
             )
         self._feedback_checkpoint = None
         reviewing.check_still_pending(self._sink().store, paused)
-        if self._persistence is not None and getattr(self._persistence, "store", None) is None:
+        if self._persistence is not None and store_of(self._persistence) is None:
             self._persistence.clear_pending_feedback(paused.run_id)  # a CrewAI-style backend
         warn_unhonoured(type(self), self.graph(), stacklevel=4)
         self._method_outputs = []

@@ -43,6 +43,14 @@ def _declared_fields(cls: type) -> set[str]:
     return names
 
 
+def store_of(persistence: Any) -> CheckpointStore | None:
+    """The checkpoint store a persistence is built on (ours keep whole checkpoints there),
+    or ``None`` for a backend that keeps states its own way. Only a real store counts: a
+    CrewAI-style backend may well have a setting named ``store`` (a string, say)."""
+    store = getattr(persistence, "store", None)
+    return store if isinstance(store, CheckpointStore) else None
+
+
 def default_db_path() -> Path:
     """``flow_states.db`` in the runner's data directory (``$XDG_DATA_HOME/runner``)."""
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
