@@ -84,7 +84,7 @@ DIRECT = re.compile(
     r"crewai_event_bus|crewai\.events|patch(\.object)?\(\s*[\"']?crewai[.\"']|crewai(\.\w+)*\._\w"
 )
 
-SHIM = '''"""Placeholders for CrewAI names with no counterpart in runner (written by bench/crewai_suite.py)."""
+SHIM = '''"""CrewAI names with no counterpart in runner (written by bench/crewai_suite.py)."""
 
 
 class Missing:
@@ -434,7 +434,9 @@ def main(argv: list[str] | None = None) -> int:
         if r.excluded_names:
             print("excluded:", ", ".join(r.excluded_names))
         causes = Counter(
-            normalized(v["cause"]) for v in r.outcomes.values() if v["outcome"] in ("failed", "errored")
+            normalized(v["cause"])
+            for v in r.outcomes.values()
+            if v["outcome"] in ("failed", "errored")
         )
         for cause, n in causes.most_common(args.causes):
             print(f"  {n:4d}  {cause}")

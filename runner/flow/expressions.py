@@ -162,7 +162,9 @@ def evaluate(expression: str, context: dict[str, Any], where: str = "expression"
 def _first_error(value: Any, kind: type[BaseException]) -> BaseException | None:
     if isinstance(value, kind):
         return value
-    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    children = (
+        value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    )
     for child in children:
         found = _first_error(child, kind)
         if found is not None:
@@ -182,18 +184,21 @@ class Expression:
 
     @classmethod
     def from_flow(
-        cls, source: Any, flow: Any, local_context: dict[str, Any] | None = None
+        cls,
+        source: Any,
+        flow: Any,
+        local_context: dict[str, Any] | None = None,
+        *,
+        outputs: dict[str, Any] | None = None,
     ) -> Expression:
-        """``source`` over what a declared method's expressions read in ``flow``: its
-        ``state``, the run's ``outputs`` so far, and ``local_context`` (``item`` in an
-        ``each``)."""
-        from runner.flow.context import step_context
+        """``source`` over ``flow``'s ``state``, the ``outputs`` given (by method name) and
+        ``local_context`` (``item`` in an ``each``). Inside a declared method's step,
+        ``runner.crew.declared.context_of(flow)`` gives the run's outputs so far."""
         from runner.flow.state import dump_state
 
-        ctx = step_context()
         context = {
             "state": dump_state(flow.state, strict=False),
-            "outputs": dict((ctx.outputs if ctx is not None else None) or {}),
+            "outputs": dict(outputs or {}),
             **(local_context or {}),
         }
         return cls(source, context)

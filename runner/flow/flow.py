@@ -49,7 +49,7 @@ from runner.flow.graph import (
     TRIGGER_PAYLOAD,
     FlowGraph,
     compile_graph,
-    describe,
+    methods_definition,
     unknown_trigger,
 )
 from runner.flow.state import dump_state, with_id
@@ -189,7 +189,7 @@ class Flow(Generic[StateT]):
         methods with their start/listen/router conditions and emits, its state schema with
         defaults and its config; ``.to_yaml()`` / ``.to_json()`` serialise it. The graph,
         ``runner graph`` and the fingerprint derive from its methods part."""
-        return class_definition(cls, describe(cls))
+        return class_definition(cls, methods_definition(cls))
 
     def plot(self, filename: str = "crewai_flow.html", show: bool = True) -> str:
         """Write this flow's picture as an HTML page (CrewAI's ``plot``), drawn from its

@@ -281,7 +281,7 @@ def _spec(name: str, fn: Callable[..., Any], decl: StepDecl, owner: type) -> Met
     )
 
 
-def describe(flow_cls: type) -> FlowDefinition:
+def methods_definition(flow_cls: type) -> FlowDefinition:
     """The methods part of ``flow_cls``'s definition, also for a class that cannot run yet
     (no start method, a router without a trigger: CrewAI describes those too); running it
     still compiles and validates its graph (:func:`compile_graph`)."""

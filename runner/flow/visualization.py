@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 def _definition_of(flow: Any) -> FlowDefinition:
     if isinstance(flow, FlowDefinition):
         return flow
-    cls = flow if isinstance(flow, type) else type(flow)
+    cls: Any = flow if isinstance(flow, type) else type(flow)
     definition: FlowDefinition = cls.flow_definition()
     return definition
 

@@ -1,0 +1,331 @@
+"""CrewAI behaviours of flows as data that its own test suite measures (``make crewai-suite``):
+the flow picture (``build_flow_structure``, ``visualize_flow_structure``, ``plot``),
+conditions in CrewAI's dict form, describing a class that cannot run yet, ``Expression``,
+backends declaring their settings as fields, and a review over a router."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import BaseModel
+
+from runner import (
+    Flow,
+    FlowPersistence,
+    FlowState,
+    and_,
+    human_feedback,
+    listen,
+    or_,
+    persist,
+    router,
+    start,
+)
+from runner.errors import DefinitionError, InvalidCondition
+from runner.flow import definition as flow_definition
+from runner.flow.expressions import Expression, ExpressionError
+from runner.flow.visualization import build_flow_structure, visualize_flow_structure
+
+
+class Pipeline(Flow):
+    """Two starts joined by and_/or_, a router with declared labels, listeners of them."""
+
+    @start()
+    def fetch(self) -> str:
+        return "fetched"
+
+    @start()
+    def load(self) -> str:
+        return "loaded"
+
+    @listen(and_(fetch, load))
+    def merge(self) -> str:
+        return "merged"
+
+    @listen(or_(fetch, load))
+    def either(self) -> str:
+        return "either"
+
+    @router(merge, emit=["good", "bad"])
+    def judge(self) -> str:
+        return "good"
+
+    @listen(or_("good", "bad"))
+    def report(self) -> str:
+        return "reported"
+
+    @listen(and_("good", merge))
+    def archive(self) -> str:
+        return "archived"
+
+
+def edges(structure: dict[str, Any], **match: Any) -> list[dict[str, Any]]:
+    return [e for e in structure["edges"] if all(e[k] == v for k, v in match.items())]
+
+
+def test_a_flows_picture_has_a_node_per_method_and_edges_from_its_triggers_and_labels():
+    structure = build_flow_structure(Pipeline())
+
+    assert set(structure["nodes"]) == {
+        "fetch",
+        "load",
+        "merge",
+        "either",
+        "judge",
+        "report",
+        "archive",
+    }
+    assert structure["start_methods"] == ["fetch", "load"]
+    assert structure["router_methods"] == ["judge"]
+    assert len(edges(structure, target="merge", condition_type="AND")) == 2
+    assert len(edges(structure, target="either", condition_type="OR")) == 2
+    # each label the router declares reaches a listener naming it outside an and_
+    assert {e["router_event"] for e in edges(structure, source="judge", target="report")} == {
+        "good",
+        "bad",
+    }
+    assert edges(structure, source="judge", target="archive") == []
+    assert edges(structure, source="merge", target="archive", condition_type="AND")
+    merge = structure["nodes"]["merge"]
+    assert merge["condition_type"] == "AND"
+    assert merge["trigger_condition"] == {"type": "AND", "conditions": ["fetch", "load"]}
+    assert structure["nodes"]["judge"]["router_events"] == ["bad", "good"]
+    assert structure["nodes"]["fetch"]["class_name"] == "Pipeline"
+    json.dumps(structure)  # JSON data, for the page's script
+
+
+def test_the_picture_of_a_class_and_of_its_declaration_are_the_same():
+    declared = flow_definition.FlowDefinition.from_declaration(Pipeline.flow_definition().to_json())
+
+    assert build_flow_structure(declared) == build_flow_structure(Pipeline)
+
+
+def test_a_router_with_unknown_labels_and_a_trigger_nothing_emits_are_warned(caplog):
+    class Open(Flow):
+        @start()
+        def begin(self) -> str:
+            return "x"
+
+        @router(begin)
+        def pick(self) -> str:
+            return self.state["where"]  # labels unknown until it runs
+
+        @listen("somewhere")
+        def go(self) -> str:
+            return "went"
+
+    with caplog.at_level(logging.WARNING, logger="runner.flow.visualization"):
+        structure = build_flow_structure(Open)
+
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("Router events for 'pick' are dynamic" in m for m in messages)
+    assert any("could not match listener triggers" in m and "somewhere" in m for m in messages)
+    assert edges(structure, is_router_event=True) == []
+
+
+def test_plot_writes_a_page_with_its_stylesheet_and_a_script_holding_the_structure(tmp_path):
+    class Tricky(Flow):
+        """A description with </script> in it."""
+
+        @start()
+        def begin(self) -> str:
+            """Says </script> too."""
+            return "x"
+
+    page = Path(Tricky().plot(str(tmp_path / "pic.html"), show=False))
+
+    assert page == (tmp_path / "pic.html").resolve() and page.is_file()
+    html = page.read_text()
+    assert "<!DOCTYPE html>" in html and 'id="network-container"' in html
+    assert "pic_style.css" in html and "pic_script.js" in html
+    script = (tmp_path / "pic_script.js").read_text()
+    assert "class NetworkManager" in script and "</script>" not in script
+    data = script.split("const FLOW_STRUCTURE = ", 1)[1].split(";\n", 1)[0]
+    assert json.loads(data) == build_flow_structure(Tricky)
+    assert (tmp_path / "pic_style.css").read_text().startswith(":root")
+    # visualize_flow_structure adds the suffix a bare name lacks
+    assert visualize_flow_structure({"nodes": {}, "edges": []}, tmp_path / "bare", show=False)
+    assert (tmp_path / "bare.html").is_file()
+
+
+def test_a_class_without_a_start_is_described_but_refused_when_run():
+    class NoStart(Flow):
+        @router(emit=["go"])
+        def decide(self) -> str:
+            return "go"
+
+        @listen("go")
+        def act(self) -> str:
+            return "acted"
+
+    definition = NoStart.flow_definition()
+    assert definition.methods["decide"].router is True
+    assert definition.methods["decide"].emit == ["go"]
+    assert build_flow_structure(NoStart)["start_methods"] == []
+    with pytest.raises(DefinitionError, match="NoStart has no @start"):
+        NoStart().kickoff()
+
+
+def test_an_invalid_trigger_is_a_value_error_saying_so():
+    with pytest.raises(InvalidCondition, match="Invalid condition") as caught:
+        start(123)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_or_and_equal_crewais_dict_form_which_is_also_taken_as_a_trigger():
+    assert and_("a", or_("b")) == {
+        "type": "AND",
+        "conditions": ["a", {"type": "OR", "conditions": ["b"]}],
+    }
+    assert and_("a", "b") != {"type": "OR", "conditions": ["a", "b"]}
+    assert and_("a", "b") != or_("a", "b")
+    assert len({and_("a", "b"), and_("a", "b")}) == 1
+
+    class Joined(Flow):
+        @start()
+        def one(self) -> str:
+            return "1"
+
+        @start()
+        def two(self) -> str:
+            return "2"
+
+        @listen({"type": "AND", "conditions": ["one", "two"]})
+        def both(self) -> str:
+            return "both"
+
+    assert Joined.flow_definition().methods["both"].listen == {"and": ["one", "two"]}
+    assert Joined().kickoff() == "both"
+
+
+class Shelf(FlowPersistence):
+    """A CrewAI-style backend: settings as annotated fields, states kept by the class."""
+
+    shelf: str = "default"
+    verbose_saves: bool = False
+    kept: ClassVar[dict[str, list[str]]] = {}
+
+    def init_db(self) -> None:
+        """Nothing to create."""
+
+    def save_state(self, flow_uuid: str, method_name: str, state_data: Any) -> None:
+        Shelf.kept.setdefault(self.shelf, []).append(method_name)
+
+    def load_state(self, flow_uuid: str) -> dict[str, Any] | None:
+        return None
+
+
+def test_a_backend_declaring_fields_takes_them_as_keywords_and_keeps_states_its_own_way():
+    backend = Shelf(shelf="reports")
+    assert backend.shelf == "reports" and backend.verbose_saves is False
+    assert Shelf().shelf == "default" and backend.persistence_type == "base"
+    with pytest.raises(TypeError, match="unexpected keyword arguments: kept"):
+        Shelf(kept={})
+
+    class Saved(Flow[FlowState]):
+        @persist(backend)
+        @start()
+        def begin(self) -> str:
+            return "saved"
+
+    assert Saved().kickoff() == "saved"
+    assert Shelf.kept["reports"] == ["begin"]
+
+
+def test_a_backend_with_a_setting_named_store_is_not_taken_for_a_checkpoint_store():
+    class Named(Shelf):
+        store: str = "shelf-b"
+
+    class Saved(Flow[FlowState]):
+        @persist(Named(shelf="named"))
+        @start()
+        def begin(self) -> str:
+            return "saved"
+
+    assert Saved().kickoff() == "saved"
+    assert Shelf.kept["named"] == ["begin"]
+
+
+class Payload(BaseModel):
+    name: str
+
+
+@dataclass
+class Row:
+    payload: Payload
+
+
+def test_an_expression_evaluates_over_its_own_context_or_the_one_given():
+    expression = Expression("state.score * 2", context={"state": {"score": 21}})
+    assert expression.evaluate() == 42
+    assert expression.evaluate({"state": {"score": 1}}) == 2
+    with pytest.raises(ExpressionError, match="failed to evaluate CEL expression"):
+        expression.evaluate({})  # an empty context is a context, not "use mine"
+
+    template = Expression(
+        {"n": "${state.score}", "s": "got ${state.score}"}, {"state": {"score": 3}}
+    )
+    assert template.render_template() == {"n": 3, "s": "got 3"}
+
+    # models and dataclasses in the context are read as their fields
+    assert Expression("item.payload.name", {"item": Row(Payload(name="q"))}).evaluate() == "q"
+
+
+@pytest.mark.parametrize("text", ["{'a': 1/0}", "{'a': [1, state.missing]}", "{'a': {'b': 1/0}}"])
+def test_an_error_inside_a_map_or_list_fails_the_evaluation(text):
+    with pytest.raises(ExpressionError, match="failed to evaluate CEL expression"):
+        Expression(text, {"state": {}}).evaluate()
+
+
+def test_an_error_cel_logic_short_circuits_is_not_one():
+    assert Expression("{'ok': false && 1/0 == 1}", {"state": {}}).evaluate() == {"ok": False}
+
+
+def test_an_expression_from_a_flow_reads_its_state_outputs_and_local_names():
+    class Scored(Flow):
+        @start()
+        def begin(self) -> None:
+            self.state["score"] = 5
+
+    flow = Scored()
+    flow.kickoff()
+    expression = Expression.from_flow(
+        "state.score + item + outputs.begin", flow, {"item": 1}, outputs={"begin": 10}
+    )
+    assert expression.evaluate() == 16
+
+
+def test_a_review_with_emit_over_a_router_takes_its_labels_from_the_review():
+    class Reviewed(Flow):
+        @start()
+        def begin(self) -> str:
+            return "data"
+
+        @human_feedback(message="Review:", emit=["approved", "rejected"], llm="gpt-4o-mini")
+        @router(begin, emit=["x", "y"])
+        def route(self) -> str:
+            return "x"
+
+        @listen("approved")
+        def go_on(self) -> str:
+            return "ok"
+
+    method = Reviewed.flow_definition().methods["route"]
+    assert method.router is True and method.emit is None
+    assert method.human_feedback is not None
+    assert method.human_feedback.emit == ["approved", "rejected"]
+    assert Reviewed.graph().methods["route"].labels == {"approved", "rejected"}
+
+
+def test_crewais_names_for_the_definition_models_are_the_same_models():
+    loaded = flow_definition.FlowDefinition.model_validate(
+        {"name": "Typed", "state": {"type": "json_schema", "json_schema": {"type": "object"}}}
+    )
+    assert isinstance(loaded.state, flow_definition.FlowJsonSchemaStateDefinition)
+    assert flow_definition.FlowCodeActionDefinition is flow_definition.CodeAction
+    assert flow_definition.FlowEachStepDefinition is flow_definition.EachStep
