@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
+from runner.checkpointing import persist
 from runner.crew.agent import Agent
 from runner.crew.crew import Crew
 from runner.crew.task import Task
@@ -76,6 +77,7 @@ from runner.flow.definition import (
 from runner.flow.flow import Flow
 from runner.flow.human_feedback import human_feedback
 from runner.flow.state import dump_state
+from runner.store.persistence import REGISTERED
 
 PREFIX = "D_"
 """The start of a declared flow's attribute name in this module."""
@@ -192,8 +194,61 @@ def _build(definition: FlowDefinition, attribute: str) -> type[Flow[Any]]:
         "flow_path": classmethod(lambda cls: path),
     }
     for name, method in definition.methods.items():
-        namespace[name] = _method(definition.name, name, method)
+        namespace[name] = _persisted(definition, name, _method(definition.name, name, method))
     return type(definition.name, (Flow,), namespace)
+
+
+def _persisted(definition: FlowDefinition, name: str, fn: Any) -> Any:
+    """``fn`` with the ``persist`` its method or, unless the method opts out
+    (``enabled: false``), the flow declares. A flow keeps its states in one persistence, so
+    methods naming different ones are refused."""
+    own, flow = definition.methods[name].persist, definition.persist
+    spec = own if own is not None else flow if flow is not None and flow.enabled else None
+    if spec is None or not spec.enabled:
+        return fn
+    where = f"methods.{name}.persist" if own is not None else "persist"
+    backends = {
+        json.dumps(p.persistence, sort_keys=True, default=str)
+        for p in [flow, *(m.persist for m in definition.methods.values())]
+        if p is not None and p.enabled and p.persistence is not None
+    }
+    if len(backends) > 1:
+        raise InvalidDefinition(
+            f"{where}.persistence: a flow keeps its states in one persistence; "
+            f"its methods name {len(backends)}",
+            field=f"{where}.persistence",
+        )
+    value = spec.persistence if spec.persistence is not None else flow and flow.persistence
+    return persist(_persistence_of(value, f"{where}.persistence"), verbose=spec.verbose)(fn)
+
+
+def _persistence_of(value: Any, where: str) -> Any:
+    """The persistence a definition names: ``{persistence_type: Name, ...fields}`` (a
+    :class:`FlowPersistence` subclass by class name), ``{ref: "module:name"}`` or
+    ``"module:name"`` (a class, made without arguments, or an object); ``None``: the
+    default."""
+    if value is None:
+        return None
+    if isinstance(value, dict) and "persistence_type" in value:
+        fields = {k: v for k, v in value.items() if k != "persistence_type"}
+        cls = REGISTERED.get(str(value["persistence_type"]))
+        if cls is None:
+            raise InvalidDefinition(
+                f"{where}.persistence_type: no FlowPersistence class named "
+                f"{value['persistence_type']!r} is defined here",
+                field=where,
+            )
+        try:
+            return cls(**fields)
+        except TypeError as exc:
+            raise InvalidDefinition(f"{where}: {exc}", field=where) from None
+    ref = value.get("ref") if isinstance(value, dict) else value
+    if not isinstance(ref, str):
+        raise InvalidDefinition(
+            f"{where}: give {{persistence_type: ..., ...}} or a module:name reference", field=where
+        )
+    target = resolve_ref(ref, where)
+    return target() if isinstance(target, type) else target
 
 
 def _check_supported(action: Any, where: str, nested: bool = False) -> None:
@@ -246,6 +301,7 @@ def _method(flow: str, name: str, method: FlowMethodDefinition) -> Any:
             llm=review.llm,
             default_outcome=review.default_outcome,
             metadata=review.metadata,
+            provider=None if review.provider is None else ProviderRef(review.provider, where),
         )(fn)
     trigger = None if method.listen is None else _condition(method.listen, f"{where}.listen")
     routes = method.router and not reviewed_router
@@ -269,6 +325,43 @@ def _method(flow: str, name: str, method: FlowMethodDefinition) -> Any:
             f"{where}: a method needs start or listen (it would never run)", field=where
         )
     return fn
+
+
+class ProviderRef:
+    """A review's ``provider`` given by reference (``module:Class`` or an object's
+    ``module:name``): resolved, and a class instantiated, where the review runs (in that
+    process or on that worker), so a definition never imports it just to be loaded."""
+
+    def __init__(self, ref: str, where: str) -> None:
+        self.ref = ref
+        self.where = f"{where}.human_feedback.provider"
+        self._provider: Any = None
+
+    def provider(self) -> Any:
+        """The provider the reference names (made once)."""
+        if self._provider is None:
+            try:
+                target = resolve_ref(self.ref, self.where)
+            except DefinitionError as exc:
+                raise InvalidDefinition(
+                    f"{self.where}: unresolvable human_feedback.provider ref {self.ref!r} ({exc})",
+                    field=self.where,
+                ) from None
+            if isinstance(target, type):
+                try:
+                    target = target()
+                except TypeError as exc:
+                    raise InvalidDefinition(
+                        f"{self.where}: cannot instantiate human_feedback.provider ref "
+                        f"{self.ref!r} without arguments ({exc})",
+                        field=self.where,
+                    ) from None
+            self._provider = target
+        return self._provider
+
+    def request_feedback(self, context: Any, flow: Any) -> Any:
+        """Ask the provider the reference names."""
+        return self.provider().request_feedback(context, flow)
 
 
 def _initial_state(definition: FlowDefinition) -> Any:
@@ -324,9 +417,10 @@ def run_action(flow: Flow[Any], action: Any, context: dict[str, Any], where: str
         if getattr(fn, REVIEW_ATTR, None) is not None:
             fn = getattr(fn, "__wrapped__", fn)  # the method's body: the definition reviews
         kwargs = cel.render(action.with_ or {}, context, f"{where}.with")
-        if _takes_self(fn):
-            # A flow class's method: called on this flow, given its trigger's output if it
-            # takes one (as the class flow would be).
+        if _takes_self(fn) or _takes_flow(fn, kwargs):
+            # A flow class's method, or a function whose first parameter ``with`` does not
+            # give (CrewAI binds every function to the flow): called on this flow, given its
+            # trigger's output if it takes one (as the class flow would be).
             if _wants_trigger(fn, kwargs):
                 return fn(flow, context.get("trigger"), **kwargs)
             return fn(flow, **kwargs)
@@ -463,6 +557,14 @@ def _wants_trigger(fn: Any, kwargs: dict[str, Any]) -> bool:
         p.kind in kinds and p.name not in kwargs and p.default is inspect.Parameter.empty
         for p in params
     ) or any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+
+
+def _takes_flow(fn: Any, kwargs: dict[str, Any]) -> bool:
+    if not inspect.isfunction(fn):
+        return False  # a callable object or a bound method is called as it is
+    params = list(inspect.signature(fn).parameters.values())
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return bool(params) and params[0].kind in kinds and params[0].name not in kwargs
 
 
 def _takes_self(fn: Any) -> bool:

@@ -706,8 +706,22 @@ def persistence_definition(spec: Any) -> PersistenceDefinition:
     return PersistenceDefinition(
         enabled=True,
         verbose=bool(getattr(spec, "verbose", False)),
-        persistence=None if backend is None else {"ref": object_ref(backend)},
+        persistence=None if backend is None else backend_definition(backend),
     )
+
+
+def backend_definition(backend: Any) -> dict[str, Any]:
+    """A persistence as a definition names it: a backend declaring its settings as fields
+    (CrewAI's way) by class name with their values, which a declared flow builds again;
+    any other by its reference."""
+    from runner.store.persistence import FlowPersistence, declared_fields
+
+    fields = declared_fields(type(backend)) - {"persistence_type"}
+    if isinstance(backend, FlowPersistence) and fields:
+        values = {name: getattr(backend, name) for name in sorted(fields)}
+        if all(isinstance(v, str | int | float | bool | type(None)) for v in values.values()):
+            return {"persistence_type": type(backend).__name__, **values}
+    return {"ref": object_ref(backend)}
 
 
 def _llm_ref(llm: Any) -> Any:

@@ -430,11 +430,18 @@ class Flow(Generic[StateT]):
         return self._persistence
 
     @classmethod
-    def from_pending(cls, flow_id: str, persistence: Any = None, **kwargs: Any) -> Flow[Any]:
+    def from_pending(
+        cls, flow_id: str, persistence: Any = None, *, definition: Any = None, **kwargs: Any
+    ) -> Flow[Any]:
         """A flow holding run ``flow_id``, paused for a review, with its state: ``resume``
         it with the feedback. ``persistence`` is where it was kept (default: the flow's
         checkpoint store, else the default persistence); a run that waits for no review
-        is :class:`~runner.errors.NoPendingFeedback` (a ``ValueError``)."""
+        is :class:`~runner.errors.NoPendingFeedback` (a ``ValueError``). ``definition``
+        (CrewAI's): the run is of the flow made from that definition."""
+        if definition is not None:
+            assert EXECUTORS.declare is not None, "runner/__init__.py plugs it in"
+            declared: Any = EXECUTORS.declare(definition)
+            return declared.from_pending(flow_id, persistence, **kwargs)
         flow = cls(persistence=persistence, **kwargs)
         found, kept_in = reviewing.find_pending(flow_id, persistence, flow._sink().store)
         if flow._persistence is None and flow._sink().store is None:

@@ -450,7 +450,9 @@ def keep_pending(flow: Any, store: CheckpointStore | None, paused: Checkpoint) -
         return None
     if store is None:
         if flow._persistence is None:
-            flow._persistence = default_flow_persistence()
+            # the one @persist gives the class (or its methods), else the default
+            given = getattr(flow._sink(), "persistence", None)
+            flow._persistence = default_flow_persistence() if given is None else given
         store = store_of(flow._persistence)
         if store is None:  # a CrewAI-style backend keeps the review its own way
             flow._persistence.save_pending_feedback(paused.run_id, context, dict(paused.state))

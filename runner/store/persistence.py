@@ -33,7 +33,11 @@ DB_FILENAME = "flow_states.db"
 """File name of the SQLite database, as CrewAI's."""
 
 
-def _declared_fields(cls: type) -> set[str]:
+REGISTERED: dict[str, type[FlowPersistence]] = {}
+"""Every subclass of :class:`FlowPersistence` by class name (the last one defined wins)."""
+
+
+def declared_fields(cls: type) -> set[str]:
     """The settings a class and its bases declare: annotated, not ``ClassVar``."""
     names: set[str] = set()
     for klass in cls.__mro__:
@@ -68,8 +72,14 @@ class FlowPersistence(ABC):
 
     persistence_type: str = "base"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # By class name, as CrewAI registers them: a definition names its backend so
+        # (``persistence: {persistence_type: MyBackend, ...its fields}``).
+        REGISTERED[cls.__name__] = cls
+
     def __init__(self, **fields: Any) -> None:
-        known = _declared_fields(type(self))
+        known = declared_fields(type(self))
         unknown = sorted(set(fields) - known)
         if unknown:
             raise TypeError(
