@@ -176,8 +176,9 @@ class NotInFlight(RunStateError):
     """A step activation was committed that is not in flight (unknown or already committed)."""
 
 
-class InvalidInputs(RunnerError):
-    """Inputs do not validate against the flow's state model."""
+class InvalidInputs(RunnerError, ValueError):
+    """Inputs do not validate against the flow's state model (a ``ValueError`` too, as
+    CrewAI raises)."""
 
 
 class InvalidSettings(RunnerError):

@@ -329,3 +329,206 @@ def test_crewais_names_for_the_definition_models_are_the_same_models():
     assert isinstance(loaded.state, flow_definition.FlowJsonSchemaStateDefinition)
     assert flow_definition.FlowCodeActionDefinition is flow_definition.CodeAction
     assert flow_definition.FlowEachStepDefinition is flow_definition.EachStep
+
+
+# --- declared flows: persist, a review's provider, functions given the flow --------------------
+
+
+class Ledger(FlowPersistence):
+    """A backend named in definitions by ``persistence_type: Ledger`` and its fields."""
+
+    book: str = "main"
+    saves: ClassVar[dict[str, list[tuple[str, dict[str, Any]]]]] = {}
+    pending: ClassVar[dict[str, Any]] = {}
+
+    def init_db(self) -> None:
+        """Nothing to create."""
+
+    def save_state(self, flow_uuid: str, method_name: str, state_data: Any) -> None:
+        Ledger.saves.setdefault(self.book, []).append((method_name, dict(state_data)))
+
+    def load_state(self, flow_uuid: str) -> dict[str, Any] | None:
+        found = [s for _, s in Ledger.saves.get(self.book, []) if s.get("id") == flow_uuid]
+        return found[-1] if found else None
+
+    def save_pending_feedback(self, flow_uuid: str, context: Any, state_data: Any) -> None:
+        Ledger.pending[flow_uuid] = (dict(state_data), context)
+
+    def load_pending_feedback(self, flow_uuid: str) -> Any:
+        return Ledger.pending.get(flow_uuid)
+
+    def clear_pending_feedback(self, flow_uuid: str) -> None:
+        Ledger.pending.pop(flow_uuid, None)
+
+
+def count(flow: Flow) -> int:
+    """A module function whose first parameter no ``with`` fills: it is given the flow."""
+    flow.state["count"] = flow.state.get("count", 0) + 1
+    return flow.state["count"]
+
+
+def count_from(flow: Flow, previous: int) -> int:
+    """Given the flow and its trigger's output."""
+    return previous + 10
+
+
+def add(a: int, b: int) -> int:
+    """Every parameter from ``with``: called with them only."""
+    return a + b
+
+
+def declared(persist_flow: dict[str, Any] | None, **methods: dict[str, Any]) -> dict[str, Any]:
+    here = __name__
+    shape = {
+        "first": {"do": {"ref": f"{here}:count"}, "start": True},
+        "second": {"do": {"ref": f"{here}:count_from"}, "listen": "first"},
+        "third": {
+            "do": {
+                "call": "code",
+                "ref": f"{here}:add",
+                "with": {"a": "${outputs.second}", "b": 1},
+            },
+            "listen": "second",
+        },
+    }
+    for name, extra in methods.items():
+        shape[name] = {**shape[name], **extra}
+    return {
+        "schema": "crewai.flow/v1",
+        "name": "Counting",
+        "persist": persist_flow,
+        "methods": shape,
+    }
+
+
+def test_a_code_function_is_given_the_flow_when_with_does_not_fill_its_first_parameter():
+    flow = Flow.from_declaration(declared(None))
+    assert flow.kickoff() == 12
+    assert flow.state["count"] == 1
+
+
+def test_a_declared_flow_persists_every_method_to_the_backend_its_definition_names():
+    backend = {"persistence_type": "Ledger", "book": "flow-level"}
+    flow = Flow.from_declaration(declared({"enabled": True, "persistence": backend}))
+    flow.kickoff()
+    assert [m for m, _ in Ledger.saves["flow-level"]] == ["first", "second", "third"]
+    assert Ledger.saves["flow-level"][0][1]["count"] == 1
+
+
+def test_a_method_may_opt_out_of_the_flows_persist_or_persist_alone():
+    backend = {"persistence_type": "Ledger", "book": "opt-out"}
+    flow = Flow.from_declaration(
+        declared({"enabled": True, "persistence": backend}, second={"persist": {"enabled": False}})
+    )
+    flow.kickoff()
+    assert [m for m, _ in Ledger.saves["opt-out"]] == ["first", "third"]
+
+    alone = {"enabled": True, "persistence": {"persistence_type": "Ledger", "book": "alone"}}
+    Flow.from_declaration(declared(None, first={"persist": alone})).kickoff()
+    assert [m for m, _ in Ledger.saves["alone"]] == ["first"]
+
+
+def test_a_flow_naming_two_persistences_or_an_unknown_one_is_refused_in_one_line():
+    one = {"persistence_type": "Ledger", "book": "one"}
+    other = {"enabled": True, "persistence": {"persistence_type": "Ledger", "book": "two"}}
+    with pytest.raises(DefinitionError, match="keeps its states in one persistence"):
+        Flow.from_declaration(
+            declared({"enabled": True, "persistence": one}, second={"persist": other})
+        )
+    unknown = {"enabled": True, "persistence": {"persistence_type": "Nowhere"}}
+    with pytest.raises(DefinitionError, match="persistence_type: no FlowPersistence class named"):
+        Flow.from_declaration(declared(unknown))
+
+
+@persist(Ledger(book="class-decorated"))
+class Decorated(Flow):
+    @start()
+    def first(self) -> str:
+        return "one"
+
+    @listen(first)
+    def second(self) -> str:
+        return "two"
+
+
+def test_a_class_with_a_fielded_backend_round_trips_through_its_definition():
+    definition = Decorated.flow_definition()
+    assert definition.persist is not None
+    assert definition.persist.persistence == {
+        "persistence_type": "Ledger",
+        "book": "class-decorated",
+    }
+
+    again = flow_definition.FlowDefinition.from_declaration(definition.to_yaml())
+    # the class's methods are referenced by import path, so the declared flow runs them
+    before = len(Ledger.saves.get("class-decorated", []))
+    Flow.from_declaration(again).kickoff()
+    assert [m for m, _ in Ledger.saves["class-decorated"][before:]] == ["first", "second"]
+
+
+class Pauses:
+    """A review provider given by reference: pauses every review."""
+
+    def request_feedback(self, context: Any, flow: Any) -> str:
+        from runner import HumanFeedbackPending
+
+        raise HumanFeedbackPending(context=context)
+
+
+class NeedsArguments:
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+
+def draft(flow: Flow) -> str:
+    return "draft"
+
+
+def publish(flow: Flow, review: Any) -> str:
+    return f"published after {review.feedback!r}"
+
+
+def reviewed(provider: str) -> dict[str, Any]:
+    here = __name__
+    return {
+        "schema": "crewai.flow/v1",
+        "name": "Reviewed",
+        "persist": {"enabled": True, "persistence": {"persistence_type": "Ledger", "book": "hitl"}},
+        "methods": {
+            "write": {
+                "do": {"ref": f"{here}:draft"},
+                "start": True,
+                "human_feedback": {"message": "Check it:", "provider": provider},
+            },
+            "ship": {"do": {"ref": f"{here}:publish"}, "listen": "write"},
+        },
+    }
+
+
+def test_a_review_provider_by_reference_pauses_into_the_persistence_and_resumes_by_definition():
+    from runner import HumanFeedbackPending
+
+    definition = flow_definition.FlowDefinition.from_declaration(reviewed(f"{__name__}:Pauses"))
+    pending = Flow.from_declaration(definition).kickoff()
+
+    assert isinstance(pending, HumanFeedbackPending)
+    flow_id = pending.context.flow_id
+    assert flow_id in Ledger.pending  # kept by the @persist backend, not a default store
+    resumed = Flow.from_pending(flow_id, Ledger(book="hitl"), definition=definition)
+    assert resumed.resume("fine") == "published after 'fine'"
+    assert flow_id not in Ledger.pending
+
+
+@pytest.mark.parametrize(
+    ("provider", "says"),
+    [
+        ("no_such_module_here:Provider", "unresolvable human_feedback.provider ref"),
+        (f"{__name__}:NeedsArguments", "cannot instantiate human_feedback.provider ref"),
+    ],
+)
+def test_a_provider_reference_that_cannot_be_made_fails_the_review_in_one_line(provider, says):
+    flow = Flow.from_declaration(reviewed(provider))
+    with pytest.raises(ValueError, match=says) as caught:
+        flow.kickoff()
+    assert "methods.write.human_feedback.provider" in str(caught.value)
+    assert "\n" not in str(caught.value)

@@ -255,7 +255,7 @@ def test_an_agent_action_runs_our_agent() -> None:
         ),
         (
             lambda d: d["methods"]["fan"]["do"]["do"][0]["action"].update(ref="no-colon"),
-            "methods.fan.do.do[0].action.ref: 'no-colon' is not of the form module:qualname",
+            "methods.fan.do.do[0].action.ref: expected 'module:qualname', got 'no-colon'",
         ),
         (
             lambda d: d["methods"]["fan"]["do"]["do"][1].update({"if": "state.x +"}),

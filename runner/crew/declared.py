@@ -31,13 +31,14 @@ import hashlib
 import importlib
 import inspect
 import json
+import logging
 import threading
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
 from pydantic_core import to_jsonable_python
 
 from runner.checkpointing import persist
@@ -60,7 +61,6 @@ from runner.flow.definition import (
     CodeAction,
     CrewAction,
     CrewDefinition,
-    DictState,
     EachAction,
     EachStep,
     ExpressionAction,
@@ -76,8 +76,10 @@ from runner.flow.definition import (
 )
 from runner.flow.flow import Flow
 from runner.flow.human_feedback import human_feedback
-from runner.flow.state import dump_state
+from runner.flow.state import FlowState, dump_state
 from runner.store.persistence import REGISTERED
+
+log = logging.getLogger(__name__)
 
 PREFIX = "D_"
 """The start of a declared flow's attribute name in this module."""
@@ -377,13 +379,57 @@ def _initial_state(definition: FlowDefinition) -> Any:
         if isinstance(model, type) and issubclass(model, BaseModel):
             return model(**default) if default else model
         if state.json_schema is not None:
-            return {**_schema_defaults(state.json_schema), **default}
+            return _with_defaults(model_of_schema(state.json_schema, definition.name), default)
+        log.error(
+            "%s: state.ref %r cannot be imported here and has no json_schema: falling back "
+            "to dict state",
+            definition.name,
+            state.ref,
+        )
         return default
     if isinstance(state, JsonSchemaState):
-        return {**_schema_defaults(state.json_schema), **default}
-    if isinstance(state, DictState | UnknownState | PydanticState):
-        return default
+        return _with_defaults(model_of_schema(state.json_schema, definition.name), default)
+    if isinstance(state, UnknownState):
+        log.warning(
+            "%s: state of unknown type %r: falling back to dict state", definition.name, state.ref
+        )
     return default
+
+
+def _with_defaults(model: type[BaseModel], default: dict[str, Any]) -> Any:
+    return model.model_validate(default) if default else model
+
+
+_JSON_TYPES: dict[str, Any] = {
+    "string": str,
+    "integer": int,
+    "number": float,
+    "boolean": bool,
+    "array": list[Any],
+    "object": dict[str, Any],
+}
+
+
+def model_of_schema(schema: dict[str, Any], flow: str) -> type[BaseModel]:
+    """A state model (a :class:`FlowState`, so it has an ``id``) with a field per property
+    of a JSON schema: its JSON type and default; a required property without a default must
+    come with the inputs, and any other without a default may be absent (``None``). Values
+    are validated as a pydantic model validates them (``"x"`` is no integer)."""
+    required = set(schema.get("required") or [])
+    fields: dict[str, Any] = {}
+    for name, prop in (schema.get("properties") or {}).items():
+        prop = prop if isinstance(prop, dict) else {}
+        kind = _JSON_TYPES.get(prop.get("type")) if isinstance(prop.get("type"), str) else None
+        kind = Any if kind is None else kind
+        if "default" in prop:
+            fields[name] = (kind, prop["default"])
+        elif name in required:
+            fields[name] = (kind | None, None)  # given by the inputs; until then unset
+        else:
+            fields[name] = (kind | None, None)
+    title = schema.get("title")
+    name = title if isinstance(title, str) and title.isidentifier() else f"{flow}State"
+    return create_model(name, __base__=FlowState, **fields)
 
 
 def _schema_defaults(schema: dict[str, Any]) -> dict[str, Any]:
@@ -469,8 +515,9 @@ def run_each(flow: Flow[Any], action: EachAction, context: dict[str, Any], where
     :class:`ChildRun` of one parallel step per item and a join."""
     items = cel.evaluate(action.in_, context, f"{where}.in")
     if not isinstance(items, list):
-        raise DefinitionError(
-            f"{where}.in: must evaluate to a list, not {type(items).__name__}", field=where
+        raise InvalidDefinition(
+            f"{where}.in: each.in must evaluate to an array (a list), not {type(items).__name__}",
+            field=where,
         )
     # Inside an each child (its state holds the items) the one item runs here.
     if on_worker() and items and EACH_ITEMS not in context["state"]:
@@ -492,7 +539,10 @@ def pipeline(
         if step.if_ is not None:
             ok = cel.evaluate(step.if_, here, f"{where}.do[{i}].if")
             if not isinstance(ok, bool):
-                raise DefinitionError(f"{where}.do[{i}].if: must be a boolean, not {ok!r}")
+                raise InvalidDefinition(
+                    f"{where}.do[{i}].if: if expression must evaluate to a boolean, not {ok!r}",
+                    field=f"{where}.do[{i}].if",
+                )
             if not ok:
                 continue
         last = local[step.name] = _json(

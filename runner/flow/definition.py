@@ -486,7 +486,7 @@ def check_action(action: Any, where: str, allowed: frozenset[str]) -> None:
     if isinstance(action, CodeAction | ToolAction):
         if not _REF.fullmatch(action.ref):
             raise InvalidDefinition(
-                f"{where}.ref: {action.ref!r} is not of the form module:qualname", field=where
+                f"{where}.ref: expected 'module:qualname', got {action.ref!r}", field=where
             )
         if action.with_ is not None:
             cel.validate_template(action.with_, allowed, f"{where}.with")

@@ -42,7 +42,9 @@ def compile_cel(expression: str, where: str) -> Any:
         return _compiled(text)[1]
     except Exception as exc:
         detail = " ".join(str(exc).split())[:200]
-        raise ExpressionError(f"{where}: invalid CEL {text!r}: {detail}", field=where) from None
+        raise ExpressionError(
+            f"{where}: invalid CEL expression {text!r}: {detail}", field=where
+        ) from None
 
 
 def strip_marker(expression: str) -> str:

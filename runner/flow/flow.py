@@ -276,7 +276,9 @@ class Flow(Generic[StateT]):
         try:
             return model.model_validate(fresh)
         except ValidationError as exc:
-            raise InvalidInputs(_one_line(exc), flow=type(self).__name__) from None
+            raise InvalidInputs(
+                f"Invalid inputs: {_one_line(exc)}", flow=type(self).__name__
+            ) from None
 
     def _set_state(self, data: dict[str, Any]) -> None:
         """Make committed JSON ``data`` the flow's state (built into an object when read)."""
