@@ -532,3 +532,89 @@ def test_a_provider_reference_that_cannot_be_made_fails_the_review_in_one_line(p
         flow.kickoff()
     assert "methods.write.human_feedback.provider" in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+# --- declared flows: state from a JSON schema, CrewAI's wording for bad definitions ------------
+
+
+def bump(flow: Flow) -> str:
+    flow.state.count += 1
+    flow.state.label = f"count={flow.state.count}"
+    return flow.state.label
+
+
+SCHEMA = {
+    "title": "CounterState",
+    "type": "object",
+    "required": ["owner"],
+    "properties": {
+        "count": {"type": "integer", "default": 0},
+        "label": {"type": "string", "default": "none"},
+        "owner": {"type": "string"},
+    },
+}
+
+
+def schema_flow(state: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "schema": "crewai.flow/v1",
+        "name": "Counter",
+        "state": state,
+        "methods": {"begin": {"do": {"ref": f"{__name__}:bump"}, "start": True}},
+    }
+
+
+def test_a_json_schema_state_is_a_model_of_its_properties_with_an_id():
+    flow = Flow.from_declaration(schema_flow({"type": "json_schema", "json_schema": SCHEMA}))
+
+    assert flow.kickoff(inputs={"owner": "ada"}) == "count=1"
+    assert flow.state.count == 1 and flow.state.owner == "ada" and flow.state.id
+    with pytest.raises(ValueError, match="Invalid inputs") as caught:
+        Flow.from_declaration(schema_flow({"type": "json_schema", "json_schema": SCHEMA})).kickoff(
+            inputs={"count": "many"}
+        )
+    assert "count" in str(caught.value)
+
+
+def test_a_pydantic_state_that_cannot_be_imported_uses_its_schema_else_a_dict(caplog):
+    missing = {"type": "pydantic", "ref": "no_such_module_here:State"}
+    flow = Flow.from_declaration(schema_flow({**missing, "json_schema": SCHEMA}))
+    assert flow.kickoff() == "count=1"
+
+    with caplog.at_level(logging.WARNING, logger="runner.crew.declared"):
+        plain = Flow.from_declaration(schema_flow(missing))
+        Flow.from_declaration(schema_flow({"type": "unknown", "ref": "x:Y"}))
+    assert plain.state["id"]
+    falling = [r for r in caplog.records if "falling back to dict state" in r.getMessage()]
+    assert [r.levelname for r in falling] == ["ERROR", "WARNING"]
+
+
+STEP = {"name": "s", "action": {"call": "expression", "expr": "item"}}
+
+
+@pytest.mark.parametrize(
+    ("each", "says"),
+    [
+        ({"in": "state.rows", "do": [STEP]}, "each.in must evaluate to an array"),
+        (
+            {"in": "[1]", "do": [{**STEP, "if": "'yes'"}]},
+            "if expression must evaluate to a boolean",
+        ),
+    ],
+)
+def test_an_each_over_a_non_list_or_with_a_non_boolean_if_is_a_value_error(each, says):
+    definition = {
+        "schema": "crewai.flow/v1",
+        "name": "Rows",
+        "state": {"type": "dict", "default": {"rows": "not a list"}},
+        "methods": {"begin": {"do": {"call": "each", **each}, "start": True}},
+    }
+    with pytest.raises(ValueError, match=says):
+        Flow.from_declaration(definition).kickoff()
+
+
+def test_a_ref_not_of_the_form_module_qualname_says_what_was_expected():
+    bad = schema_flow({"type": "dict"})
+    bad["methods"]["begin"]["do"]["ref"] = "no-colon"
+    with pytest.raises(ValueError, match="expected 'module:qualname', got 'no-colon'"):
+        flow_definition.FlowDefinition.from_declaration(bad)

@@ -413,20 +413,15 @@ _JSON_TYPES: dict[str, Any] = {
 def model_of_schema(schema: dict[str, Any], flow: str) -> type[BaseModel]:
     """A state model (a :class:`FlowState`, so it has an ``id``) with a field per property
     of a JSON schema: its JSON type and default; a required property without a default must
-    come with the inputs, and any other without a default may be absent (``None``). Values
+    come with the inputs, and one without a default is ``None`` until set. Values
     are validated as a pydantic model validates them (``"x"`` is no integer)."""
-    required = set(schema.get("required") or [])
     fields: dict[str, Any] = {}
     for name, prop in (schema.get("properties") or {}).items():
         prop = prop if isinstance(prop, dict) else {}
-        kind = _JSON_TYPES.get(prop.get("type")) if isinstance(prop.get("type"), str) else None
-        kind = Any if kind is None else kind
-        if "default" in prop:
-            fields[name] = (kind, prop["default"])
-        elif name in required:
-            fields[name] = (kind | None, None)  # given by the inputs; until then unset
-        else:
-            fields[name] = (kind | None, None)
+        json_type = prop.get("type")
+        kind = _JSON_TYPES.get(json_type, Any) if isinstance(json_type, str) else Any
+        # Without a default a property is None until set (a required one by the inputs).
+        fields[name] = (kind, prop["default"]) if "default" in prop else (kind | None, None)
     title = schema.get("title")
     name = title if isinstance(title, str) and title.isidentifier() else f"{flow}State"
     return create_model(name, __base__=FlowState, **fields)
