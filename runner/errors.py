@@ -168,8 +168,9 @@ class NoPendingFeedback(RunStateError, ValueError):
     waits for no review (a ``ValueError`` too, as CrewAI raises)."""
 
 
-class CycleLimitExceeded(RunStateError):
-    """A step would run more often in one run than its ``max_calls`` allows (a runaway loop)."""
+class CycleLimitExceeded(RunStateError, RecursionError):
+    """A step would run more often in one run than its ``max_calls`` allows (a runaway loop;
+    a ``RecursionError`` too, as CrewAI raises)."""
 
 
 class NotInFlight(RunStateError):

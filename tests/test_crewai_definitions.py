@@ -618,3 +618,75 @@ def test_a_ref_not_of_the_form_module_qualname_says_what_was_expected():
     bad["methods"]["begin"]["do"]["ref"] = "no-colon"
     with pytest.raises(ValueError, match="expected 'module:qualname', got 'no-colon'"):
         flow_definition.FlowDefinition.from_declaration(bad)
+
+
+# --- a definition's config sets what a class flow's attributes set ----------------------------
+
+
+class Answers:
+    """An input provider given by reference."""
+
+    def request_input(self, message: str, flow: Any, metadata: Any = None) -> str:
+        return "answered"
+
+
+def again(flow: Flow) -> str:
+    return "again"
+
+
+def looping(config: dict[str, Any]) -> dict[str, Any]:
+    here = __name__
+    return {
+        "schema": "crewai.flow/v1",
+        "name": "Looping",
+        "config": config,
+        "methods": {
+            "begin": {"do": {"ref": f"{here}:again"}, "start": True},
+            "spin": {
+                "do": {"call": "expression", "expr": "'again'"},
+                "listen": {"or": ["begin", "again"]},
+                "router": True,
+                "emit": ["again"],
+            },
+        },
+    }
+
+
+def test_a_definitions_config_sets_checkpoint_input_provider_and_stream(tmp_path):
+    from runner import CheckpointConfig
+    from runner.flow.streaming import FlowStreamSession
+
+    config = {
+        "checkpoint": {"location": str(tmp_path)},
+        "input_provider": f"{__name__}:Answers",
+        "stream": True,
+    }
+    flow = Flow.from_declaration(looping({**config, "max_method_calls": 3}))
+
+    assert isinstance(flow.checkpoint, CheckpointConfig)
+    assert flow.checkpoint.location == str(tmp_path)
+    assert isinstance(flow.input_provider, Answers)
+    assert flow.stream is True
+    assert isinstance(flow.kickoff(), FlowStreamSession)
+    with pytest.raises(DefinitionError, match=r"^config\.checkpoint: "):
+        Flow.from_declaration(looping({"checkpoint": {"max_checkpoints": "many"}}))
+
+
+def test_max_method_calls_caps_every_method_of_a_class_or_a_definition():
+    with pytest.raises(RecursionError, match="spin has been called 2 times"):
+        Flow.from_declaration(looping({"max_method_calls": 2})).kickoff()
+
+    class Capped(Flow):
+        max_method_calls = 3
+
+        @start()
+        def begin(self) -> None:
+            pass
+
+        @router(or_(begin, "again"), emit=["again"])
+        def spin(self) -> str:
+            return "again"
+
+    assert Capped.graph().methods["spin"].max_calls == 3
+    with pytest.raises(RecursionError, match="has been called 3 times"):
+        Capped().kickoff()

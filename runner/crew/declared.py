@@ -41,7 +41,7 @@ from typing import Any
 from pydantic import BaseModel, create_model
 from pydantic_core import to_jsonable_python
 
-from runner.checkpointing import persist
+from runner.checkpointing import CheckpointConfig, persist
 from runner.crew.agent import Agent
 from runner.crew.crew import Crew
 from runner.crew.task import Task
@@ -195,9 +195,32 @@ def _build(definition: FlowDefinition, attribute: str) -> type[Flow[Any]]:
         DEFINITION_ATTR: definition,
         "flow_path": classmethod(lambda cls: path),
     }
+    namespace.update(_configured(definition))
     for name, method in definition.methods.items():
         namespace[name] = _persisted(definition, name, _method(definition.name, name, method))
     return type(definition.name, (Flow,), namespace)
+
+
+def _configured(definition: FlowDefinition) -> dict[str, Any]:
+    """The class attributes a definition's ``config`` sets, as a class flow sets them:
+    ``stream``, ``max_method_calls``, ``checkpoint`` (``true`` or a ``CheckpointConfig``'s
+    fields) and ``input_provider`` (a reference, made here: a class without arguments)."""
+    config = definition.config
+    attrs: dict[str, Any] = {"stream": config.stream, "max_method_calls": config.max_method_calls}
+    if config.checkpoint is True:
+        attrs["checkpoint"] = CheckpointConfig()
+    elif isinstance(config.checkpoint, dict):
+        try:
+            attrs["checkpoint"] = CheckpointConfig(**config.checkpoint)
+        except (TypeError, ValueError) as exc:
+            line = " ".join(str(exc).split())[:200]
+            raise InvalidDefinition(
+                f"config.checkpoint: {line}", field="config.checkpoint"
+            ) from None
+    if config.input_provider is not None:
+        target = resolve_ref(config.input_provider, "config.input_provider")
+        attrs["input_provider"] = target() if isinstance(target, type) else target
+    return attrs
 
 
 def _persisted(definition: FlowDefinition, name: str, fn: Any) -> Any:

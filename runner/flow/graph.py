@@ -269,7 +269,7 @@ def _spec(name: str, fn: Callable[..., Any], decl: StepDecl, owner: type) -> Met
         retries=opts.retries,
         retry_backoff=opts.retry_backoff,
         time_limit=opts.time_limit,
-        max_calls=opts.max_calls if opts.max_calls is not None else DEFAULT_MAX_CALLS,
+        max_calls=opts.max_calls if opts.max_calls is not None else _default_calls(owner),
         at_kickoff=decl.at_kickoff,
         trigger_payload=any(p.name == TRIGGER_PAYLOAD for p in _params(fn)),
         queue=opts.queue,
@@ -312,6 +312,15 @@ def _definition(
             for n, (fn, _) in steps.items()
         },
     )
+
+
+def _default_calls(owner: type) -> int:
+    """How often a method of ``owner`` may run in one run unless it says: the class's
+    ``max_method_calls`` (CrewAI's), else :data:`DEFAULT_MAX_CALLS`."""
+    given = getattr(owner, "max_method_calls", None)
+    if isinstance(given, int) and not isinstance(given, bool) and given >= 1:
+        return given
+    return DEFAULT_MAX_CALLS
 
 
 def _build(flow_cls: type) -> FlowGraph:
