@@ -690,3 +690,34 @@ def test_max_method_calls_caps_every_method_of_a_class_or_a_definition():
     assert Capped.graph().methods["spin"].max_calls == 3
     with pytest.raises(RecursionError, match="has been called 3 times"):
         Capped().kickoff()
+
+
+# --- the authoring guide ------------------------------------------------------------------------
+
+
+def test_the_guide_lists_the_models_fields_and_leaves_out_what_it_is_told_to():
+    from runner.flow.expressions import (
+        FLOW_TEMPLATE_EXPRESSION_EXAMPLES,
+        FLOW_TEMPLATE_EXPRESSION_RULES,
+    )
+
+    full = flow_definition.FlowDefinition.skill()
+    for field in ("schema", "methods", "listen", "router", "emit", "human_feedback"):
+        assert f"`{field}`" in full
+    assert "[Method](#method-methods)" in full and "### Method (`methods`)" in full
+    assert all(rule in full for rule in FLOW_TEMPLATE_EXPRESSION_RULES)
+    assert "call: expression" in full and "call: script" in full and "```yaml" in full
+
+    trimmed = flow_definition.FlowDefinition.skill(
+        skips=["expression_action", "script_action", "nonsense"]
+    )
+    assert "call: expression" not in trimmed and "call: script" not in trimmed
+    assert "call: code" in trimmed and len(trimmed) < len(full)
+
+    as_json = flow_definition.FlowDefinition.skill(examples_format="json")
+    assert "```yaml" not in as_json and '"schema": "crewai.flow/v1"' in as_json
+    assert all(e["code"] in as_json for e in FLOW_TEMPLATE_EXPRESSION_EXAMPLES["json"])
+    # every example in the guide is a definition fragment that loads
+    flow_definition.FlowDefinition.from_declaration(
+        as_json.split("```json\n", 1)[1].split("\n```", 1)[0]
+    )

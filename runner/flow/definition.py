@@ -441,6 +441,15 @@ class FlowDefinition(BaseModel):
             definition._source_path = source.resolve()
         return definition
 
+    @classmethod
+    def skill(cls, skips: list[str] | None = None, examples_format: str = "yaml") -> str:
+        """A Markdown guide to writing a definition (CrewAI's): the flow's and a method's
+        fields, the actions, templates; ``skips`` leaves sections out, examples in
+        ``examples_format`` (``yaml`` or ``json``). See :mod:`runner.flow.skill`."""
+        from runner.flow.skill import skill
+
+        return skill(skips, examples_format)
+
     def shape(self) -> list[dict[str, Any]]:
         """What the fingerprint hashes: each method's name, roles, canonical trigger and
         labels, sorted by name (not its action, description or options)."""

@@ -20,6 +20,35 @@ MACROS = frozenset({"all", "exists", "exists_one", "filter", "map"})
 """CEL macros whose first argument binds a local name."""
 
 
+FLOW_TEMPLATE_EXPRESSION_RULES: tuple[str, ...] = (
+    "Insert Flow values with `${...}`: a CEL expression over `state`, `outputs.<method>` "
+    "and, inside an `each`, `item`.",
+    "A value that is exactly one `${...}` keeps the expression's type (a number, a list, "
+    "an object); text around or between expressions makes a string.",
+    "Templates are evaluated by CEL, never as Python: call a function from a code action "
+    "for anything CEL cannot say.",
+)
+"""How templates read, for guides (:func:`runner.flow.skill.skill`)."""
+
+FLOW_TEMPLATE_EXPRESSION_EXAMPLES: dict[str, list[dict[str, str]]] = {
+    "yaml": [
+        {"title": "A typed value", "code": 'limit: "${state.limit}"'},
+        {
+            "title": "Text with values",
+            "code": 'query: "News about ${state.topic} (${size(state.items)})"',
+        },
+    ],
+    "json": [
+        {"title": "A typed value", "code": '{"limit": "${state.limit}"}'},
+        {
+            "title": "Text with values",
+            "code": '{"query": "News about ${state.topic} (${size(state.items)})"}',
+        },
+    ],
+}
+"""The rules above as examples, in each format a guide is written in."""
+
+
 class ExpressionError(DefinitionError, ValueError):
     """An expression that does not parse, names an unknown root, or fails to evaluate."""
 
