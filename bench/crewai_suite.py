@@ -347,7 +347,9 @@ def run_file(workdir: Path, name: str, rewritten: Rewritten, timeout: int) -> Fi
         RUNNER_REDIS_URL=f"redis://127.0.0.1:6379/{db}",
         CREWAI_SUITE_EXCLUDED=json.dumps(rewritten.excluded),
         CREWAI_SUITE_OUT=str(out),
-        PYTHONPATH=str(workdir),
+        # The caller's PYTHONPATH after the test files' directory: it may name another
+        # checkout of runner to measure (its runner/ then shadows the installed one).
+        PYTHONPATH=os.pathsep.join(p for p in (str(workdir), os.environ.get("PYTHONPATH")) if p),
         PYTHONDONTWRITEBYTECODE="1",
     )
     subprocess.run(

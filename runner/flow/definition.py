@@ -448,7 +448,7 @@ class FlowDefinition(BaseModel):
         ``examples_format`` (``yaml`` or ``json``). See :mod:`runner.flow.skill`."""
         from runner.flow.skill import skill
 
-        return skill(skips, examples_format)
+        return skill(cls, FlowMethodDefinition, skips, examples_format)
 
     def shape(self) -> list[dict[str, Any]]:
         """What the fingerprint hashes: each method's name, roles, canonical trigger and

@@ -124,11 +124,15 @@ def _fields(model: type[BaseModel]) -> list[str]:
     return lines
 
 
-def skill(skips: list[str] | None = None, examples_format: str = "yaml") -> str:
-    """The guide, without the sections ``skips`` names (see :data:`SKIPPABLE`), its
-    examples in ``examples_format`` (``"yaml"`` or ``"json"``)."""
-    from runner.flow.definition import FlowDefinition, FlowMethodDefinition
-
+def skill(
+    flow_model: type[BaseModel],
+    method_model: type[BaseModel],
+    skips: list[str] | None = None,
+    examples_format: str = "yaml",
+) -> str:
+    """The guide to definitions of ``flow_model`` with methods of ``method_model``, without
+    the sections ``skips`` names (see :data:`SKIPPABLE`), its examples in
+    ``examples_format`` (``"yaml"`` or ``"json"``)."""
     fmt = "json" if examples_format == "json" else "yaml"
     skipped = set(skips or ()) & SKIPPABLE
     actions = [a for a in _ACTIONS if a[0] not in skipped]
@@ -147,7 +151,7 @@ def skill(skips: list[str] | None = None, examples_format: str = "yaml") -> str:
         "",
         "## Flow",
         "",
-        *_fields(FlowDefinition),
+        *_fields(flow_model),
         "",
         _block(_FLOW_EXAMPLE, fmt),
         "",
@@ -155,7 +159,7 @@ def skill(skips: list[str] | None = None, examples_format: str = "yaml") -> str:
         "",
         "Method names are identifiers (`^[A-Za-z_][A-Za-z0-9_]*$`).",
         "",
-        *_fields(FlowMethodDefinition),
+        *_fields(method_model),
         "",
         "## Actions",
         "",
