@@ -31,6 +31,7 @@ from runner.store.models import (
     METHOD_FINISHED,
     Checkpoint,
 )
+from runner.store.persistence import store_of
 from runner.store.persistence_factory import default_flow_persistence, flow_persistence_factory
 
 log = logging.getLogger("runner.persist")
@@ -297,7 +298,7 @@ class PersistSink(Sink):
         self.persistence = persistence
         self.methods = methods
         self.verbose = verbose
-        self.store = getattr(persistence, "store", None)
+        self.store = store_of(persistence)
 
     def write(self, ckpt: Checkpoint) -> Checkpoint:
         """Save the state when a persisted method finished."""
@@ -445,7 +446,7 @@ def state_copy(flow_cls: type, own: CheckpointStore) -> Sink | None:
         if flow_persistence_factory() is None:
             return None  # the default is Redis from the settings: the workers' own store
         persistence = default_persistence()
-    if _same_store(getattr(persistence, "store", None), own):
+    if _same_store(store_of(persistence), own):
         return None
     return PersistSink(persistence, methods, spec.verbose)
 

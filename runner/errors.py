@@ -51,6 +51,11 @@ class UnknownTrigger(DefinitionError):
     for a strict flow; otherwise a :class:`DefinitionWarning` names it)."""
 
 
+class InvalidCondition(DefinitionError, ValueError):
+    """A trigger that is not a method, a name, ``or_()`` or ``and_()`` (a ``ValueError`` too,
+    as CrewAI raises)."""
+
+
 class SelfTrigger(DefinitionError, ValueError):
     """A method listens to itself (a ``ValueError`` too, as CrewAI raises)."""
 
@@ -163,16 +168,18 @@ class NoPendingFeedback(RunStateError, ValueError):
     waits for no review (a ``ValueError`` too, as CrewAI raises)."""
 
 
-class CycleLimitExceeded(RunStateError):
-    """A step would run more often in one run than its ``max_calls`` allows (a runaway loop)."""
+class CycleLimitExceeded(RunStateError, RecursionError):
+    """A step would run more often in one run than its ``max_calls`` allows (a runaway loop;
+    a ``RecursionError`` too, as CrewAI raises)."""
 
 
 class NotInFlight(RunStateError):
     """A step activation was committed that is not in flight (unknown or already committed)."""
 
 
-class InvalidInputs(RunnerError):
-    """Inputs do not validate against the flow's state model."""
+class InvalidInputs(RunnerError, ValueError):
+    """Inputs do not validate against the flow's state model (a ``ValueError`` too, as
+    CrewAI raises)."""
 
 
 class InvalidSettings(RunnerError):

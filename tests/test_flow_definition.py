@@ -203,7 +203,7 @@ def test_a_definition_is_refused_with_the_path_of_the_bad_field() -> None:
     assert "\n" not in str(caught.value)
     with pytest.raises(DefinitionError, match=r"^schema: "):
         FlowDefinition.from_declaration({**bad, "schema": "crewai.flow/v9"})
-    with pytest.raises(DefinitionError, match="references the method itself"):
+    with pytest.raises(DefinitionError, match="names the method itself"):
         FlowDefinition.from_declaration(
             {"name": "Loop", "methods": {"a": {"listen": "a", "do": {"ref": "m:f"}}}}
         )

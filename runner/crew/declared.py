@@ -31,15 +31,17 @@ import hashlib
 import importlib
 import inspect
 import json
+import logging
 import threading
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
 from pydantic_core import to_jsonable_python
 
+from runner.checkpointing import CheckpointConfig, persist
 from runner.crew.agent import Agent
 from runner.crew.crew import Crew
 from runner.crew.task import Task
@@ -60,7 +62,6 @@ from runner.flow.definition import (
     CodeAction,
     CrewAction,
     CrewDefinition,
-    DictState,
     EachAction,
     EachStep,
     ExpressionAction,
@@ -76,7 +77,10 @@ from runner.flow.definition import (
 )
 from runner.flow.flow import Flow
 from runner.flow.human_feedback import human_feedback
-from runner.flow.state import dump_state
+from runner.flow.state import FlowState, dump_state
+from runner.store.persistence import REGISTERED
+
+log = logging.getLogger(__name__)
 
 PREFIX = "D_"
 """The start of a declared flow's attribute name in this module."""
@@ -192,14 +196,90 @@ def _build(definition: FlowDefinition, attribute: str) -> type[Flow[Any]]:
         DEFINITION_ATTR: definition,
         "flow_path": classmethod(lambda cls: path),
     }
+    namespace.update(_configured(definition))
     for name, method in definition.methods.items():
-        namespace[name] = _method(definition.name, name, method)
+        namespace[name] = _persisted(definition, name, _method(definition.name, name, method))
     if definition.conversational is not None:
         # Declaring the block is the opt-in (CrewAI's); enabled: false keeps it without chat.
         config = conversation.config_from_block(definition.conversational)
         namespace["conversational"] = config is not None
         namespace["conversational_config"] = config
     return type(definition.name, (Flow,), namespace)
+
+
+def _configured(definition: FlowDefinition) -> dict[str, Any]:
+    """The class attributes a definition's ``config`` sets, as a class flow sets them:
+    ``stream``, ``max_method_calls``, ``checkpoint`` (``true`` or a ``CheckpointConfig``'s
+    fields) and ``input_provider`` (a reference, made here: a class without arguments)."""
+    config = definition.config
+    attrs: dict[str, Any] = {"stream": config.stream, "max_method_calls": config.max_method_calls}
+    if config.checkpoint is True:
+        attrs["checkpoint"] = CheckpointConfig()
+    elif isinstance(config.checkpoint, dict):
+        try:
+            attrs["checkpoint"] = CheckpointConfig(**config.checkpoint)
+        except (TypeError, ValueError) as exc:
+            line = " ".join(str(exc).split())[:200]
+            raise InvalidDefinition(
+                f"config.checkpoint: {line}", field="config.checkpoint"
+            ) from None
+    if config.input_provider is not None:
+        target = resolve_ref(config.input_provider, "config.input_provider")
+        attrs["input_provider"] = target() if isinstance(target, type) else target
+    return attrs
+
+
+def _persisted(definition: FlowDefinition, name: str, fn: Any) -> Any:
+    """``fn`` with the ``persist`` its method or, unless the method opts out
+    (``enabled: false``), the flow declares. A flow keeps its states in one persistence, so
+    methods naming different ones are refused."""
+    own, flow = definition.methods[name].persist, definition.persist
+    spec = own if own is not None else flow if flow is not None and flow.enabled else None
+    if spec is None or not spec.enabled:
+        return fn
+    where = f"methods.{name}.persist" if own is not None else "persist"
+    backends = {
+        json.dumps(p.persistence, sort_keys=True, default=str)
+        for p in [flow, *(m.persist for m in definition.methods.values())]
+        if p is not None and p.enabled and p.persistence is not None
+    }
+    if len(backends) > 1:
+        raise InvalidDefinition(
+            f"{where}.persistence: a flow keeps its states in one persistence; "
+            f"its methods name {len(backends)}",
+            field=f"{where}.persistence",
+        )
+    value = spec.persistence if spec.persistence is not None else flow and flow.persistence
+    return persist(_persistence_of(value, f"{where}.persistence"), verbose=spec.verbose)(fn)
+
+
+def _persistence_of(value: Any, where: str) -> Any:
+    """The persistence a definition names: ``{persistence_type: Name, ...fields}`` (a
+    :class:`FlowPersistence` subclass by class name), ``{ref: "module:name"}`` or
+    ``"module:name"`` (a class, made without arguments, or an object); ``None``: the
+    default."""
+    if value is None:
+        return None
+    if isinstance(value, dict) and "persistence_type" in value:
+        fields = {k: v for k, v in value.items() if k != "persistence_type"}
+        cls = REGISTERED.get(str(value["persistence_type"]))
+        if cls is None:
+            raise InvalidDefinition(
+                f"{where}.persistence_type: no FlowPersistence class named "
+                f"{value['persistence_type']!r} is defined here",
+                field=where,
+            )
+        try:
+            return cls(**fields)
+        except TypeError as exc:
+            raise InvalidDefinition(f"{where}: {exc}", field=where) from None
+    ref = value.get("ref") if isinstance(value, dict) else value
+    if not isinstance(ref, str):
+        raise InvalidDefinition(
+            f"{where}: give {{persistence_type: ..., ...}} or a module:name reference", field=where
+        )
+    target = resolve_ref(ref, where)
+    return target() if isinstance(target, type) else target
 
 
 def _check_supported(action: Any, where: str, nested: bool = False) -> None:
@@ -252,6 +332,7 @@ def _method(flow: str, name: str, method: FlowMethodDefinition) -> Any:
             llm=review.llm,
             default_outcome=review.default_outcome,
             metadata=review.metadata,
+            provider=None if review.provider is None else ProviderRef(review.provider, where),
         )(fn)
     trigger = None if method.listen is None else _condition(method.listen, f"{where}.listen")
     routes = method.router and not reviewed_router
@@ -277,6 +358,43 @@ def _method(flow: str, name: str, method: FlowMethodDefinition) -> Any:
     return fn
 
 
+class ProviderRef:
+    """A review's ``provider`` given by reference (``module:Class`` or an object's
+    ``module:name``): resolved, and a class instantiated, where the review runs (in that
+    process or on that worker), so a definition never imports it just to be loaded."""
+
+    def __init__(self, ref: str, where: str) -> None:
+        self.ref = ref
+        self.where = f"{where}.human_feedback.provider"
+        self._provider: Any = None
+
+    def provider(self) -> Any:
+        """The provider the reference names (made once)."""
+        if self._provider is None:
+            try:
+                target = resolve_ref(self.ref, self.where)
+            except DefinitionError as exc:
+                raise InvalidDefinition(
+                    f"{self.where}: unresolvable human_feedback.provider ref {self.ref!r} ({exc})",
+                    field=self.where,
+                ) from None
+            if isinstance(target, type):
+                try:
+                    target = target()
+                except TypeError as exc:
+                    raise InvalidDefinition(
+                        f"{self.where}: cannot instantiate human_feedback.provider ref "
+                        f"{self.ref!r} without arguments ({exc})",
+                        field=self.where,
+                    ) from None
+            self._provider = target
+        return self._provider
+
+    def request_feedback(self, context: Any, flow: Any) -> Any:
+        """Ask the provider the reference names."""
+        return self.provider().request_feedback(context, flow)
+
+
 def _initial_state(definition: FlowDefinition) -> Any:
     state = definition.state
     if state is None:
@@ -290,13 +408,52 @@ def _initial_state(definition: FlowDefinition) -> Any:
         if isinstance(model, type) and issubclass(model, BaseModel):
             return model(**default) if default else model
         if state.json_schema is not None:
-            return {**_schema_defaults(state.json_schema), **default}
+            return _with_defaults(model_of_schema(state.json_schema, definition.name), default)
+        log.error(
+            "%s: state.ref %r cannot be imported here and has no json_schema: falling back "
+            "to dict state",
+            definition.name,
+            state.ref,
+        )
         return default
     if isinstance(state, JsonSchemaState):
-        return {**_schema_defaults(state.json_schema), **default}
-    if isinstance(state, DictState | UnknownState | PydanticState):
-        return default
+        return _with_defaults(model_of_schema(state.json_schema, definition.name), default)
+    if isinstance(state, UnknownState):
+        log.warning(
+            "%s: state of unknown type %r: falling back to dict state", definition.name, state.ref
+        )
     return default
+
+
+def _with_defaults(model: type[BaseModel], default: dict[str, Any]) -> Any:
+    return model.model_validate(default) if default else model
+
+
+_JSON_TYPES: dict[str, Any] = {
+    "string": str,
+    "integer": int,
+    "number": float,
+    "boolean": bool,
+    "array": list[Any],
+    "object": dict[str, Any],
+}
+
+
+def model_of_schema(schema: dict[str, Any], flow: str) -> type[BaseModel]:
+    """A state model (a :class:`FlowState`, so it has an ``id``) with a field per property
+    of a JSON schema: its JSON type and default; a required property without a default must
+    come with the inputs, and one without a default is ``None`` until set. Values
+    are validated as a pydantic model validates them (``"x"`` is no integer)."""
+    fields: dict[str, Any] = {}
+    for name, prop in (schema.get("properties") or {}).items():
+        prop = prop if isinstance(prop, dict) else {}
+        json_type = prop.get("type")
+        kind = _JSON_TYPES.get(json_type, Any) if isinstance(json_type, str) else Any
+        # Without a default a property is None until set (a required one by the inputs).
+        fields[name] = (kind, prop["default"]) if "default" in prop else (kind | None, None)
+    title = schema.get("title")
+    name = title if isinstance(title, str) and title.isidentifier() else f"{flow}State"
+    return create_model(name, __base__=FlowState, **fields)
 
 
 def _schema_defaults(schema: dict[str, Any]) -> dict[str, Any]:
@@ -330,9 +487,10 @@ def run_action(flow: Flow[Any], action: Any, context: dict[str, Any], where: str
         if getattr(fn, REVIEW_ATTR, None) is not None:
             fn = getattr(fn, "__wrapped__", fn)  # the method's body: the definition reviews
         kwargs = cel.render(action.with_ or {}, context, f"{where}.with")
-        if _takes_self(fn):
-            # A flow class's method: called on this flow, given its trigger's output if it
-            # takes one (as the class flow would be).
+        if _takes_self(fn) or _takes_flow(fn, kwargs):
+            # A flow class's method, or a function whose first parameter ``with`` does not
+            # give (CrewAI binds every function to the flow): called on this flow, given its
+            # trigger's output if it takes one (as the class flow would be).
             if _wants_trigger(fn, kwargs):
                 return fn(flow, context.get("trigger"), **kwargs)
             return fn(flow, **kwargs)
@@ -381,8 +539,9 @@ def run_each(flow: Flow[Any], action: EachAction, context: dict[str, Any], where
     :class:`ChildRun` of one parallel step per item and a join."""
     items = cel.evaluate(action.in_, context, f"{where}.in")
     if not isinstance(items, list):
-        raise DefinitionError(
-            f"{where}.in: must evaluate to a list, not {type(items).__name__}", field=where
+        raise InvalidDefinition(
+            f"{where}.in: each.in must evaluate to an array (a list), not {type(items).__name__}",
+            field=where,
         )
     # Inside an each child (its state holds the items) the one item runs here.
     if on_worker() and items and EACH_ITEMS not in context["state"]:
@@ -404,7 +563,10 @@ def pipeline(
         if step.if_ is not None:
             ok = cel.evaluate(step.if_, here, f"{where}.do[{i}].if")
             if not isinstance(ok, bool):
-                raise DefinitionError(f"{where}.do[{i}].if: must be a boolean, not {ok!r}")
+                raise InvalidDefinition(
+                    f"{where}.do[{i}].if: if expression must evaluate to a boolean, not {ok!r}",
+                    field=f"{where}.do[{i}].if",
+                )
             if not ok:
                 continue
         last = local[step.name] = _json(
@@ -469,6 +631,14 @@ def _wants_trigger(fn: Any, kwargs: dict[str, Any]) -> bool:
         p.kind in kinds and p.name not in kwargs and p.default is inspect.Parameter.empty
         for p in params
     ) or any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+
+
+def _takes_flow(fn: Any, kwargs: dict[str, Any]) -> bool:
+    if not inspect.isfunction(fn):
+        return False  # a callable object or a bound method is called as it is
+    params = list(inspect.signature(fn).parameters.values())
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return bool(params) and params[0].kind in kinds and params[0].name not in kwargs
 
 
 def _takes_self(fn: Any) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeAlias
 
-from runner.errors import DefinitionError
+from runner.errors import DefinitionError, InvalidCondition
 
 Cond: TypeAlias = "str | Or | And"
 """A trigger condition: a leaf (method name or router label) or an ``Or`` / ``And`` tree."""
@@ -27,6 +27,9 @@ class Or:
     children: tuple[Cond, ...]
     """The alternatives, already normalized."""
 
+    def __eq__(self, other: object) -> bool:
+        return _same(self, other)
+
 
 @dataclass(frozen=True)
 class And:
@@ -35,11 +38,39 @@ class And:
     children: tuple[Cond, ...]
     """The requirements, already normalized."""
 
+    def __eq__(self, other: object) -> bool:
+        return _same(self, other)
+
+
+def crewai_form(cond: Cond) -> Any:
+    """The condition as CrewAI's ``or_``/``and_`` return it: ``{"type": "OR"|"AND",
+    "conditions": [...]}`` (children in the order given)."""
+    if isinstance(cond, str):
+        return cond
+    kind = "OR" if isinstance(cond, Or) else "AND"
+    return {"type": kind, "conditions": [crewai_form(c) for c in cond.children]}
+
+
+def _same(cond: Or | And, other: object) -> bool:
+    """Equal to the same tree, or to CrewAI's dict form of it (code that compares what
+    ``or_``/``and_`` return with such a dict keeps working)."""
+    if isinstance(other, Or | And):
+        return type(cond) is type(other) and cond.children == other.children
+    if isinstance(other, dict):
+        return bool(crewai_form(cond) == other)
+    return NotImplemented
+
 
 def normalize(x: object) -> Cond:
     """Turn a trigger as written (str, Enum member, function, ``Or``, ``And``) into a ``Cond``."""
     if isinstance(x, Or | And):
         return x
+    if isinstance(x, dict) and set(x) == {"type", "conditions"}:
+        # CrewAI's dict form of or_()/and_()
+        kind, children = x["type"], x["conditions"]
+        if kind in ("OR", "AND") and isinstance(children, list) and children:
+            parsed = tuple(normalize(c) for c in children)
+            return Or(parsed) if kind == "OR" else And(parsed)
     if isinstance(x, Enum):
         return str(x.value)
     if isinstance(x, str):
@@ -49,8 +80,9 @@ def normalize(x: object) -> Cond:
     name = getattr(x, "__name__", None)
     if callable(x) and isinstance(name, str):
         return name
-    raise DefinitionError(
-        f"a trigger must be a method, a method name, a router label, or_() or and_(); got {x!r}",
+    raise InvalidCondition(
+        "Invalid condition: a trigger must be a method, a method name, a router label, "
+        f"or_() or and_(); got {x!r}",
         trigger=repr(x),
     )
 

@@ -376,8 +376,8 @@ class FlowDefinition(BaseModel):
             check_name(name, "Flow method names")
             if method.listen is not None and name in condition_leaves(method.listen):
                 raise ValueError(
-                    f"methods.{name}.listen references the method itself ({method.listen!r}): "
-                    "a listener triggered by its own completion loops for ever"
+                    f"methods.{name}.listen: the listen condition {method.listen!r} names the "
+                    "method itself: a listener triggered by its own completion loops for ever"
                 )
         return self
 
@@ -443,6 +443,15 @@ class FlowDefinition(BaseModel):
             definition._source_path = source.resolve()
         return definition
 
+    @classmethod
+    def skill(cls, skips: list[str] | None = None, examples_format: str = "yaml") -> str:
+        """A Markdown guide to writing a definition (CrewAI's): the flow's and a method's
+        fields, the actions, templates; ``skips`` leaves sections out, examples in
+        ``examples_format`` (``yaml`` or ``json``). See :mod:`runner.flow.skill`."""
+        from runner.flow.skill import skill
+
+        return skill(cls, FlowMethodDefinition, skips, examples_format)
+
     def shape(self) -> list[dict[str, Any]]:
         """What the fingerprint hashes: each method's name, roles, canonical trigger and
         labels, sorted by name (not its action, description or options)."""
@@ -488,7 +497,7 @@ def check_action(action: Any, where: str, allowed: frozenset[str]) -> None:
     if isinstance(action, CodeAction | ToolAction):
         if not _REF.fullmatch(action.ref):
             raise InvalidDefinition(
-                f"{where}.ref: {action.ref!r} is not of the form module:qualname", field=where
+                f"{where}.ref: expected 'module:qualname', got {action.ref!r}", field=where
             )
         if action.with_ is not None:
             cel.validate_template(action.with_, allowed, f"{where}.with")
@@ -708,8 +717,22 @@ def persistence_definition(spec: Any) -> PersistenceDefinition:
     return PersistenceDefinition(
         enabled=True,
         verbose=bool(getattr(spec, "verbose", False)),
-        persistence=None if backend is None else {"ref": object_ref(backend)},
+        persistence=None if backend is None else backend_definition(backend),
     )
+
+
+def backend_definition(backend: Any) -> dict[str, Any]:
+    """A persistence as a definition names it: a backend declaring its settings as fields
+    (CrewAI's way) by class name with their values, which a declared flow builds again;
+    any other by its reference."""
+    from runner.store.persistence import FlowPersistence, declared_fields
+
+    fields = declared_fields(type(backend)) - {"persistence_type"}
+    if isinstance(backend, FlowPersistence) and fields:
+        values = {name: getattr(backend, name) for name in sorted(fields)}
+        if all(isinstance(v, str | int | float | bool | type(None)) for v in values.values()):
+            return {"persistence_type": type(backend).__name__, **values}
+    return {"ref": object_ref(backend)}
 
 
 def _llm_ref(llm: Any) -> Any:
@@ -854,3 +877,23 @@ def class_definition(flow_cls: Any, methods: FlowDefinition) -> FlowDefinition:
         },
         deep=True,
     )
+
+
+# CrewAI's names for the models above (``crewai.flow.flow_definition``), so code written
+# against its module finds them here under the same names.
+FlowDictStateDefinition = DictState
+FlowPydanticStateDefinition = PydanticState
+FlowJsonSchemaStateDefinition = JsonSchemaState
+FlowUnknownStateDefinition = UnknownState
+FlowStateDefinition = StateDefinition
+FlowPersistenceDefinition = PersistenceDefinition
+FlowHumanFeedbackDefinition = HumanFeedbackDefinition
+FlowCodeActionDefinition = CodeAction
+FlowToolActionDefinition = ToolAction
+FlowAgentActionDefinition = AgentAction
+FlowCrewActionDefinition = CrewAction
+FlowExpressionActionDefinition = ExpressionAction
+FlowScriptActionDefinition = ScriptAction
+FlowEachActionDefinition = EachAction
+FlowEachStepDefinition = EachStep
+FlowDefinitionCondition = Condition

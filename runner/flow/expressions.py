@@ -20,6 +20,35 @@ MACROS = frozenset({"all", "exists", "exists_one", "filter", "map"})
 """CEL macros whose first argument binds a local name."""
 
 
+FLOW_TEMPLATE_EXPRESSION_RULES: tuple[str, ...] = (
+    "Insert Flow values with `${...}`: a CEL expression over `state`, `outputs.<method>` "
+    "and, inside an `each`, `item`.",
+    "A value that is exactly one `${...}` keeps the expression's type (a number, a list, "
+    "an object); text around or between expressions makes a string.",
+    "Templates are evaluated by CEL, never as Python: call a function from a code action "
+    "for anything CEL cannot say.",
+)
+"""How templates read, for guides (:func:`runner.flow.skill.skill`)."""
+
+FLOW_TEMPLATE_EXPRESSION_EXAMPLES: dict[str, list[dict[str, str]]] = {
+    "yaml": [
+        {"title": "A typed value", "code": 'limit: "${state.limit}"'},
+        {
+            "title": "Text with values",
+            "code": 'query: "News about ${state.topic} (${size(state.items)})"',
+        },
+    ],
+    "json": [
+        {"title": "A typed value", "code": '{"limit": "${state.limit}"}'},
+        {
+            "title": "Text with values",
+            "code": '{"query": "News about ${state.topic} (${size(state.items)})"}',
+        },
+    ],
+}
+"""The rules above as examples, in each format a guide is written in."""
+
+
 class ExpressionError(DefinitionError, ValueError):
     """An expression that does not parse, names an unknown root, or fails to evaluate."""
 
@@ -42,7 +71,9 @@ def compile_cel(expression: str, where: str) -> Any:
         return _compiled(text)[1]
     except Exception as exc:
         detail = " ".join(str(exc).split())[:200]
-        raise ExpressionError(f"{where}: invalid CEL {text!r}: {detail}", field=where) from None
+        raise ExpressionError(
+            f"{where}: invalid CEL expression {text!r}: {detail}", field=where
+        ) from None
 
 
 def strip_marker(expression: str) -> str:
@@ -134,19 +165,84 @@ def validate_template(value: Any, allowed: Iterable[str], where: str) -> None:
 
 
 def evaluate(expression: str, context: dict[str, Any], where: str = "expression") -> Any:
-    """The JSON value of ``expression`` over ``context`` (JSON); :class:`ExpressionError`
-    naming ``where`` if it fails (a missing field, a wrong type)."""
+    """The JSON value of ``expression`` over ``context`` (JSON data; pydantic models and
+    dataclasses in it are read as their fields); :class:`ExpressionError` naming ``where``
+    if it fails (a missing field, a wrong type, an error inside a map or list it builds)."""
     from celpy.adapter import CELJSONEncoder, json_to_cel
+    from celpy.evaluation import CELEvalError
+    from pydantic_core import to_jsonable_python
 
     text = strip_marker(expression)
     compile_cel(text, where)
     env, tree = _compiled(text)
     try:
-        result = env.program(tree).evaluate(json_to_cel(json.loads(json.dumps(context))))
+        activation = json_to_cel(to_jsonable_python(context, fallback=str))
+        result = env.program(tree).evaluate(activation)
+        # celpy returns an error inside a map or list literal as data instead of raising it.
+        failed = _first_error(result, CELEvalError)
+        if failed is not None:
+            raise failed
         return json.loads(json.dumps(result, cls=CELJSONEncoder))
     except Exception as exc:
         detail = " ".join(str(exc).split())[:200]
-        raise ExpressionError(f"{where}: CEL {text!r} failed: {detail}", field=where) from None
+        raise ExpressionError(
+            f"{where}: failed to evaluate CEL expression {text!r}: {detail}", field=where
+        ) from None
+
+
+def _first_error(value: Any, kind: type[BaseException]) -> BaseException | None:
+    if isinstance(value, kind):
+        return value
+    children = (
+        value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    )
+    for child in children:
+        found = _first_error(child, kind)
+        if found is not None:
+            return found
+    return None
+
+
+class Expression:
+    """A CEL expression, or a template whose strings hold ``${...}``, with the context it
+    reads by default (CrewAI's ``Expression``): :meth:`evaluate` and
+    :meth:`render_template` take another context, and an empty one is a context too (an
+    expression reading ``state`` then fails)."""
+
+    def __init__(self, source: Any, context: dict[str, Any] | None = None) -> None:
+        self.source = source
+        self.context: dict[str, Any] = dict(context or {})
+
+    @classmethod
+    def from_flow(
+        cls,
+        source: Any,
+        flow: Any,
+        local_context: dict[str, Any] | None = None,
+        *,
+        outputs: dict[str, Any] | None = None,
+    ) -> Expression:
+        """``source`` over ``flow``'s ``state``, the ``outputs`` given (by method name) and
+        ``local_context`` (``item`` in an ``each``). Inside a declared method's step,
+        ``runner.crew.declared.context_of(flow)`` gives the run's outputs so far."""
+        from runner.flow.state import dump_state
+
+        context = {
+            "state": dump_state(flow.state, strict=False),
+            "outputs": dict(outputs or {}),
+            **(local_context or {}),
+        }
+        return cls(source, context)
+
+    def evaluate(self, context: dict[str, Any] | None = None) -> Any:
+        """The expression's value over ``context`` (else the one it was made with)."""
+        if not isinstance(self.source, str):
+            raise ExpressionError("expression: an expression is a string; use render_template")
+        return evaluate(self.source, self.context if context is None else context)
+
+    def render_template(self, context: dict[str, Any] | None = None) -> Any:
+        """The template with each ``${...}`` evaluated over ``context`` (else its own)."""
+        return render(self.source, self.context if context is None else context, "template")
 
 
 def render(value: Any, context: dict[str, Any], where: str = "with") -> Any:

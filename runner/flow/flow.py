@@ -46,10 +46,17 @@ from runner.flow.conversation import ConversationalFlow, ConversationState
 from runner.flow.definition import FlowDefinition, class_definition
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
-from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph, compile_graph, unknown_trigger
+from runner.flow.graph import (
+    TRIGGER_PAYLOAD,
+    FlowGraph,
+    compile_graph,
+    methods_definition,
+    unknown_trigger,
+)
 from runner.flow.state import dump_state, with_id
 from runner.store.base import CheckpointStore
 from runner.store.models import UsageMetrics
+from runner.store.persistence import store_of
 
 StateT = TypeVar("StateT", bound=BaseModel | dict[str, Any])
 
@@ -187,11 +194,18 @@ class Flow(ConversationalFlow, Generic[StateT]):
         methods with their start/listen/router conditions and emits, its state schema with
         defaults and its config; ``.to_yaml()`` / ``.to_json()`` serialise it. The graph,
         ``runner graph`` and the fingerprint derive from its methods part."""
-        found = class_definition(cls, cls.graph().definition)
+        found = class_definition(cls, methods_definition(cls))
         block = conversation.block_of(cls)
         if found.conversational is None and block is not None:
             found = found.model_copy(update={"conversational": block})
         return found
+
+    def plot(self, filename: str = "crewai_flow.html", show: bool = True) -> str:
+        """Write this flow's picture as an HTML page (CrewAI's ``plot``), drawn from its
+        definition; open it in a browser when ``show``. Returns the page's absolute path."""
+        from runner.flow.visualization import build_flow_structure, visualize_flow_structure
+
+        return visualize_flow_structure(build_flow_structure(self), filename, show=show)
 
     @classmethod
     def from_declaration(
@@ -272,7 +286,9 @@ class Flow(ConversationalFlow, Generic[StateT]):
         try:
             return model.model_validate(fresh)
         except ValidationError as exc:
-            raise InvalidInputs(_one_line(exc), flow=type(self).__name__) from None
+            raise InvalidInputs(
+                f"Invalid inputs: {_one_line(exc)}", flow=type(self).__name__
+            ) from None
 
     def _set_state(self, data: dict[str, Any]) -> None:
         """Make committed JSON ``data`` the flow's state (built into an object when read)."""
@@ -426,11 +442,18 @@ class Flow(ConversationalFlow, Generic[StateT]):
         return self._persistence
 
     @classmethod
-    def from_pending(cls, flow_id: str, persistence: Any = None, **kwargs: Any) -> Flow[Any]:
+    def from_pending(
+        cls, flow_id: str, persistence: Any = None, *, definition: Any = None, **kwargs: Any
+    ) -> Flow[Any]:
         """A flow holding run ``flow_id``, paused for a review, with its state: ``resume``
         it with the feedback. ``persistence`` is where it was kept (default: the flow's
         checkpoint store, else the default persistence); a run that waits for no review
-        is :class:`~runner.errors.NoPendingFeedback` (a ``ValueError``)."""
+        is :class:`~runner.errors.NoPendingFeedback` (a ``ValueError``). ``definition``
+        (CrewAI's): the run is of the flow made from that definition."""
+        if definition is not None:
+            assert EXECUTORS.declare is not None, "runner/__init__.py plugs it in"
+            declared: Any = EXECUTORS.declare(definition)
+            return declared.from_pending(flow_id, persistence, **kwargs)
         flow = cls(persistence=persistence, **kwargs)
         found, kept_in = reviewing.find_pending(flow_id, persistence, flow._sink().store)
         if flow._persistence is None and flow._sink().store is None:
@@ -466,7 +489,7 @@ class Flow(ConversationalFlow, Generic[StateT]):
             )
         self._feedback_checkpoint = None
         reviewing.check_still_pending(self._sink().store, paused)
-        if self._persistence is not None and getattr(self._persistence, "store", None) is None:
+        if self._persistence is not None and store_of(self._persistence) is None:
             self._persistence.clear_pending_feedback(paused.run_id)  # a CrewAI-style backend
         warn_unhonoured(type(self), self.graph(), stacklevel=4)
         self._method_outputs = []

@@ -274,7 +274,7 @@ def _spec(name: str, fn: Callable[..., Any], decl: StepDecl, owner: type) -> Met
         retries=opts.retries,
         retry_backoff=opts.retry_backoff,
         time_limit=opts.time_limit,
-        max_calls=opts.max_calls if opts.max_calls is not None else DEFAULT_MAX_CALLS,
+        max_calls=opts.max_calls if opts.max_calls is not None else _default_calls(owner),
         at_kickoff=decl.at_kickoff,
         trigger_payload=any(p.name == TRIGGER_PAYLOAD for p in _params(fn)),
         queue=opts.queue,
@@ -286,12 +286,24 @@ def _spec(name: str, fn: Callable[..., Any], decl: StepDecl, owner: type) -> Met
     )
 
 
-def _build(flow_cls: type) -> FlowGraph:
-    name = flow_cls.__qualname__
+def methods_definition(flow_cls: type) -> FlowDefinition:
+    """The methods part of ``flow_cls``'s definition, also for a class that cannot run yet
+    (no start method, a router without a trigger: CrewAI describes those too); running it
+    still compiles and validates its graph (:func:`compile_graph`)."""
+    cached = flow_cls.__dict__.get(_CACHE_ATTR)
+    if isinstance(cached, FlowGraph):
+        return cached.definition
     steps = _step_functions(flow_cls)
     specs = {n: _spec(n, fn, decl, flow_cls) for n, (fn, decl) in steps.items()}
-    unknown = _validate(name, specs)
-    definition = FlowDefinition(
+    return _definition(flow_cls, steps, specs)
+
+
+def _definition(
+    flow_cls: type,
+    steps: Mapping[str, tuple[Callable[..., Any], StepDecl]],
+    specs: Mapping[str, MethodSpec],
+) -> FlowDefinition:
+    return FlowDefinition(
         name=flow_cls.__name__,
         methods={
             n: method_definition(
@@ -305,6 +317,23 @@ def _build(flow_cls: type) -> FlowGraph:
             for n, (fn, _) in steps.items()
         },
     )
+
+
+def _default_calls(owner: type) -> int:
+    """How often a method of ``owner`` may run in one run unless it says: the class's
+    ``max_method_calls`` (CrewAI's), else :data:`DEFAULT_MAX_CALLS`."""
+    given = getattr(owner, "max_method_calls", None)
+    if isinstance(given, int) and not isinstance(given, bool) and given >= 1:
+        return given
+    return DEFAULT_MAX_CALLS
+
+
+def _build(flow_cls: type) -> FlowGraph:
+    name = flow_cls.__qualname__
+    steps = _step_functions(flow_cls)
+    specs = {n: _spec(n, fn, decl, flow_cls) for n, (fn, decl) in steps.items()}
+    unknown = _validate(name, specs)
+    definition = _definition(flow_cls, steps, specs)
     index: dict[str, list[str]] = {}
     for m in specs.values():
         for leaf in sorted(leaves(m.condition)) if m.condition is not None else ():

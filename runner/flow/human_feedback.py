@@ -29,7 +29,7 @@ import inspect
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -38,12 +38,13 @@ from runner.errors import AwaitInput, InvalidFeedback, NoPendingFeedback, Runner
 from runner.flow import events as ev
 from runner.flow.attempt import Routed, run_awaitable, to_json
 from runner.flow.context import step_context
-from runner.flow.decorators import REVIEW_ATTR, router
+from runner.flow.decorators import REVIEW_ATTR, STEP_ATTR, router
 from runner.flow.input_provider import ConsoleProvider, flow_config
 from runner.flow.llm import call_llm, is_llm, resolve_llm
 from runner.store.base import CheckpointStore
 from runner.store.models import Answer, Awaiting, Checkpoint
 from runner.store.pending import FEEDBACK, PendingFeedbackContext, pending_checkpoint, state_json
+from runner.store.persistence import store_of
 from runner.store.persistence_factory import default_flow_persistence
 
 log = logging.getLogger("runner.flow")
@@ -235,8 +236,14 @@ def _reviewed(fn: F, config: HumanFeedbackConfig) -> F:
         wrapper = review_sync
     setattr(wrapper, CONFIG_ATTR, config)
     if config.emit is not None:
-        # The reviewed method routes: a router with the emit labels, stacked as @router is.
-        wrapper = router(emit=config.emit)(wrapper)
+        declared = getattr(wrapper, STEP_ATTR, None)
+        if declared is not None and declared.is_router:
+            # A review over a router returns the review's outcome, so its emit labels are
+            # the router's (CrewAI: the review's emit wins over the router's).
+            setattr(wrapper, STEP_ATTR, replace(declared, labels=frozenset(config.emit)))
+        else:
+            # The reviewed method routes: a router with the emit labels, stacked as @router is.
+            wrapper = router(emit=config.emit)(wrapper)
     return wrapper
 
 
@@ -443,8 +450,10 @@ def keep_pending(flow: Any, store: CheckpointStore | None, paused: Checkpoint) -
         return None
     if store is None:
         if flow._persistence is None:
-            flow._persistence = default_flow_persistence()
-        store = getattr(flow._persistence, "store", None)
+            # the one @persist gives the class (or its methods), else the default
+            given = getattr(flow._sink(), "persistence", None)
+            flow._persistence = default_flow_persistence() if given is None else given
+        store = store_of(flow._persistence)
         if store is None:  # a CrewAI-style backend keeps the review its own way
             flow._persistence.save_pending_feedback(paused.run_id, context, dict(paused.state))
     if store is not None:
@@ -468,7 +477,7 @@ def find_pending(
     if persistence is None and store is None:
         persistence = default_flow_persistence()
     if persistence is not None:
-        store = getattr(persistence, "store", None)
+        store = store_of(persistence)
     if store is not None:
         latest = store.latest(flow_id)
         if latest is not None and PendingFeedbackContext.of(latest) is not None:

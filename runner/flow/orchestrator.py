@@ -99,7 +99,8 @@ def _activate(
     n = rec.dispatched.get(method, 0) + 1
     if n > limit:
         raise CycleLimitExceeded(
-            f"{graph.name}.{method} would run a {n}th time; max_calls is {limit}",
+            f"{graph.name}.{method} has been called {n - 1} times and would run a {n}th "
+            f"time; max_calls is {limit}",
             step=method,
             limit=limit,
         )

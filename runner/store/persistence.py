@@ -33,6 +33,28 @@ DB_FILENAME = "flow_states.db"
 """File name of the SQLite database, as CrewAI's."""
 
 
+REGISTERED: dict[str, type[FlowPersistence]] = {}
+"""Every subclass of :class:`FlowPersistence` by class name (the last one defined wins)."""
+
+
+def declared_fields(cls: type) -> set[str]:
+    """The settings a class and its bases declare: annotated, not ``ClassVar``."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        for name, hint in vars(klass).get("__annotations__", {}).items():
+            if "ClassVar" not in str(hint) and not name.startswith("_"):
+                names.add(name)
+    return names
+
+
+def store_of(persistence: Any) -> CheckpointStore | None:
+    """The checkpoint store a persistence is built on (ours keep whole checkpoints there),
+    or ``None`` for a backend that keeps states its own way. Only a real store counts: a
+    CrewAI-style backend may well have a setting named ``store`` (a string, say)."""
+    store = getattr(persistence, "store", None)
+    return store if isinstance(store, CheckpointStore) else None
+
+
 def default_db_path() -> Path:
     """``flow_states.db`` in the runner's data directory (``$XDG_DATA_HOME/runner``)."""
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
@@ -40,7 +62,31 @@ def default_db_path() -> Path:
 
 
 class FlowPersistence(ABC):
-    """Where ``@persist`` keeps flow states (CrewAI's interface)."""
+    """Where ``@persist`` keeps flow states (CrewAI's interface).
+
+    CrewAI's base is a pydantic model, so a backend of its own declares its settings as
+    annotated class attributes with defaults and is built with them as keywords
+    (``MyBackend(store="x")``); a subclass without an ``__init__`` of its own takes them
+    here the same way.
+    """
+
+    persistence_type: str = "base"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # By class name, as CrewAI registers them: a definition names its backend so
+        # (``persistence: {persistence_type: MyBackend, ...its fields}``).
+        REGISTERED[cls.__name__] = cls
+
+    def __init__(self, **fields: Any) -> None:
+        known = declared_fields(type(self))
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}() got unexpected keyword arguments: {', '.join(unknown)}"
+            )
+        for name, value in fields.items():
+            setattr(self, name, value)
 
     @abstractmethod
     def init_db(self) -> None:
