@@ -74,6 +74,10 @@ MODULES: dict[str, str] = {
     "crewai.project.crew_definition": "runner.flow.definition",
     "crewai.flow.visualization": "runner.flow.visualization",
     "crewai.flow.visualization.builder": "runner.flow.visualization",
+    # conversations
+    "crewai.flow.conversation": "runner.flow.conversation",
+    "crewai.experimental": "runner",
+    "crewai.experimental.conversational": "runner.flow.conversation",
 }
 """CrewAI module -> ours. A module not here has no counterpart."""
 
