@@ -163,11 +163,12 @@ def _explore(rt: Any, handle: Any, stages: list[str], started: bool) -> None:
     """Commands to explore the run afterwards, exactly as they work."""
     history = list(reversed(rt.store.history(handle.run_id, limit=100)))
     mid = next(c.id for c in history if c.step == stages[1] and c.event.endswith("finished"))
+    from runner import views
     from runner.cli import refs
 
     # Unique prefixes, as `runner runs` and `runner checkpoints` show them: commands take them.
     run = refs.short_runs(rt, [handle.run_id])[handle.run_id]
-    ckpt = refs.short_ids([c.id for c in history], refs.MIN_CHECKPOINT)[mid]
+    ckpt = views.short_ids([c.id for c in history], refs.MIN_CHECKPOINT)[mid]
     here = f"the data stays in {Path.cwd() / '.runner'} (`rm -rf .runner` removes it)"
     runner = _runner_command()
     workers = f"RUNNER_PREFIX={PREFIX} {runner} dev {FLOW.split(':')[0]}"

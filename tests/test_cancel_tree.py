@@ -136,7 +136,9 @@ def test_the_console_s_cancel_takes_the_child_and_resuming_the_child_there_finis
         assert response.json()["status"] == "cancelled"
         _tree_stopped(rt, redis_client, parent, (child, pid))
         shown = http.get(f"/api/runs/{child.run_id}").json()
-        assert shown["cancel_reason"] == f"its parent run {parent.run_id} was cancelled"
+        assert shown["cancel_reason"] == (
+            f"its parent run {parent.run_id} was cancelled: cancelled in the console"
+        )
         # Resuming the child from the console resumes the parent it was cancelled with (the
         # one rule of control.resume), which resumes the child where it stopped.
         response = http.post(f"/api/runs/{child.run_id}/resume")

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from runner import CheckpointConfig, JsonProvider, RedisProvider, SqliteProvider
-from runner.cli.refs import MIN_CHECKPOINT, short_ids
+from runner.cli.refs import MIN_CHECKPOINT
 from runner.store.base import CheckpointStore
+from runner.views import short_ids
 from tests.location_flows import FAIL_ENV, LOG_ENV, ThreeStages
 
 pytestmark = pytest.mark.processes  # the CLI in subprocesses
@@ -179,6 +180,7 @@ def test_resume_with_a_location_finishes_a_failed_run_here_without_rerunning_don
         "result": "published: checked notes on reefs",
         "error": None,
         "pause_reason": None,
+        "cancel_reason": None,
     }
     assert ran(env) == ["gather", "check", "check", "check", "publish"]  # gather ran once
     store = open_store(kind, where)

@@ -171,7 +171,7 @@ def test_help_lists_every_command_and_a_typo_suggests_the_closest(
         *("submit", "status", "watch", "runs", "cancel"),
         *("resume", "fork", "recover", "prune", "upgrade"),
         *("checkpoints", "steps", "show", "diff", "graph"),
-        *("pin", "unpin", "gc", "restore"),
+        *("pin", "unpin", "gc", "restore", "chat"),
         *("worker", "workers", "dev", "ui", "limits", "check-deploy", "schedule"),
         *("rekey", "store"),
     ]

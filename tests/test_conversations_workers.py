@@ -13,7 +13,7 @@ import pytest
 from runner.errors import InvalidInputs, RunStateError
 from runner.store.models import RunStatus
 from tests._dist_support import private_pool
-from tests.flows.conversations import Chat, Gated, Helpdesk, NotAChat
+from tests.flows.conversations import Chat, GatedChat, Helpdesk, NotAChat
 from tests.flows.dist import client, key
 
 pytestmark = pytest.mark.workers
@@ -71,7 +71,7 @@ def test_a_turn_to_a_running_run_a_plain_flow_or_with_no_text_is_one_clear_error
         assert plain.result(timeout=60) == "done"
         with pytest.raises(InvalidInputs, match=f"run {plain.run_id}.*NotAChat is not one"):
             plain.turn("hi")
-        gated = Gated.submit({"user_message": "wait"}, rt=rt)
+        gated = GatedChat.submit({"user_message": "wait"}, rt=rt)
         _wait_running(gated)
         with pytest.raises(RunStateError, match="still running its turn"):
             gated.turn("are you there?")

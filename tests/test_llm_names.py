@@ -10,6 +10,7 @@ registering, a resume finishes the step, the reviewed method not running again.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from runner.flow.human_feedback import collapse
 from runner.flow.llm import register_llm, registered_llms
 from runner.store.models import Checkpoint, RunStatus
 from tests._dist_support import private_pool
+from tests.conftest import flow_modules
 from tests.flows.declared import ECHO
 from tests.flows.dist import executions
 from tests.flows.llm_names import (
@@ -54,8 +56,11 @@ STEPS = ("draft", "review", "publish", "shelve")
 
 def unknown(name: str) -> str:
     """The one line an unknown ``name`` fails with, in a process registering what the
-    test workers register."""
-    known = ", ".join(repr(n) for n in sorted((EDITOR, WRITER, ECHO)))
+    test workers register (every module of their allow-list imported here too)."""
+    for module in flow_modules().split(","):
+        importlib.import_module(module)
+    assert {EDITOR, WRITER, ECHO} <= set(registered_llms())
+    known = ", ".join(repr(n) for n in registered_llms())
     return (
         f"no LLM is registered under the name {name!r} (registered: {known}); register your "
         f"client in a module the workers import: runner.register_llm({name!r}, client), "

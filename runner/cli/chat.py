@@ -36,10 +36,12 @@ def chat(
         ),
     ] = None,
 ) -> None:
-    """Talk with a conversational run: each line you type is a turn (a new epoch of the run
-    on the workers, its history in the run); the reply is printed. `exit` or `quit` (any
-    case), end of input or Ctrl-C ends the chat; the run stays, to go on later with
-    `runner chat RUN`. With --flow, the first line starts a new run of that flow.
+    """Talk with a conversational run, a turn per line.
+
+    Each line you type is a turn (a new epoch of the run on the workers, its history in the
+    run); the reply is printed. `exit` or `quit` (any case), end of input or Ctrl-C ends the
+    chat; the run stays, to go on later with `runner chat RUN`. With --flow, the first line
+    starts a new run of that flow.
     """
     from runner.distributed import client
     from runner.flow import conversation

@@ -325,10 +325,14 @@ def turn(rt: Runtime, run_id: str, message: str, timeout: float | None) -> tuple
 
 def cancel(rt: Runtime, run_id: str, *, by: str | None = None) -> Checkpoint:
     """Cancel the run: no more steps are sent, running ones are stopped. Resumable. ``by``
-    (who cancelled, from the console) is kept as its cancel reason."""
+    (who cancelled, from the console; ``console`` when the login named nobody) is kept as
+    its cancel reason."""
     handle = RunHandle(run_id, rt)
     handle.info()  # an unknown run is a 404, not a refused cancel
-    return handle.cancel(reason=f"cancelled by {by} in the console" if by else None)
+    named = by is not None and by != "console"
+    return handle.cancel(
+        reason=f"cancelled by {by} in the console" if named else "cancelled in the console"
+    )
 
 
 def parse_json_object(text: str, what: str) -> dict[str, Any]:

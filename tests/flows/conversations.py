@@ -108,7 +108,7 @@ class NotAChat(Flow):
         return "done"
 
 
-class Gated(Flow):
+class GatedChat(Flow):
     """A turn whose message is ``wait`` holds its step until the test opens the run's gate
     ``turn`` (:func:`tests.flows.dist.wait_gate`): a turn given meanwhile finds it running."""
 
