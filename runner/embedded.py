@@ -168,6 +168,24 @@ def find_dev(start: str | os.PathLike[str] | None = None) -> DevInstance | None:
     return None
 
 
+def dev_with_allow_list(redis_url: str | None) -> DevInstance | None:
+    """The live ``runner dev`` found from the cwd up that published its workers' allow-list,
+    when its Redis is ``redis_url`` (``None``: the one a process without a configured Redis
+    uses, its own); ``None`` otherwise. Producers (a submit's check) and workers started by
+    hand (``runner worker``) take their allow-list from it when they have none of their own."""
+    try:
+        dev = find_dev()
+    except StoreUnavailable:
+        # An unreadable dev.json names no list; a configured Redis was found without it
+        # (finding runner dev's Redis would have failed on it).
+        return None
+    if dev is None or not dev.flow_modules or not dev.alive:
+        return None
+    if redis_url is not None and dev.redis_url != redis_url:
+        return None  # another deployment's Redis: its list says nothing of this one
+    return dev
+
+
 def write_dev(folder: Path, server: EmbeddedRedis) -> Path:
     """Record this process and its ``server`` as the ``runner dev`` of ``folder``; returns
     the file written."""

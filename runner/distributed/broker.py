@@ -52,6 +52,9 @@ What the runner takes from them that is not their public API, and what it expect
 * **A lost connection's second close** (:func:`guard_closed_channels`): a worker survives
   Celery closing a dead connection twice, where kombu's Redis channel would read a client
   the first close dropped.
+* **Messages of tasks a worker lacks** (:func:`on_unknown_tasks`): Celery's consumer
+  (``celery.worker.consumer.Consumer``, named by the public ``worker_consumer`` setting) calls
+  its ``on_unknown_task(body, message, exc)`` for them; a subclass hands runner steps on.
 * **Log records** (:data:`CONNECTION_LOGGERS` and the messages after it): the worker turns
   Celery's and kombu's records of a lost connection into one WARNING of its own.
 
@@ -73,6 +76,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,6 +87,7 @@ import kombu
 import redis
 from celery import Celery
 from celery.worker import state as worker_state
+from celery.worker.consumer import Consumer
 from kombu import Exchange, Producer, Queue
 from kombu.exceptions import BatchPublishError, ChannelError, OperationalError
 from kombu.transport.redis import Channel as RedisChannel
@@ -938,3 +943,50 @@ def pool_name(implementation: Any) -> str | None:
         return str(named[0])  # in Celery's order: prefork before its alias processes
     module = str(implementation).partition(":")[0]
     return module.rpartition(".")[2] or module
+
+
+# --- messages of tasks a worker lacks -------------------------------------------------------
+
+UnknownTaskHandler = Callable[[str, Any], bool]
+"""``handle(task name, message)``: whether it dealt with the message (handed it on)."""
+
+_unknown_handlers: weakref.WeakKeyDictionary[Celery, UnknownTaskHandler] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def on_unknown_tasks(app: Celery, handle: UnknownTaskHandler) -> None:
+    """Have the workers of ``app`` call ``handle`` for a message of a task they have not
+    registered, instead of Celery's own handling when it returns True: the message is then
+    acknowledged, and Celery neither logs it (its ERROR dumps the whole message body) nor
+    records the task as failed. A message ``handle`` declines (False) gets Celery's handling;
+    one it could not deal with (it raised: Redis away) goes back to its queue.
+
+    Celery has no public hook that runs *instead of* its handling (``task_unknown`` is sent
+    after the message was dropped and the failure recorded): the worker's consumer class is
+    a public setting (``worker_consumer``), its ``on_unknown_task(body, message, exc)``
+    method (Celery 5.7) is not.
+    """
+    _unknown_handlers[app] = handle
+    app.conf.worker_consumer = f"{__name__}:HandingConsumer"
+
+
+class HandingConsumer(Consumer):
+    """Celery's worker consumer, with :func:`on_unknown_tasks`' handler first."""
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Any) -> None:
+        handle = _unknown_handlers.get(self.app)
+        name = str((getattr(message, "headers", None) or {}).get("task", ""))
+        if handle is None or not name:
+            super().on_unknown_task(body, message, exc)
+            return
+        try:
+            handled = handle(name, message)
+        except Exception as err:  # the store or the broker away: it comes back later
+            log.warning("a message of task %s went back to its queue: %s", name, err)
+            message.reject(requeue=True)
+            return
+        if handled:
+            message.ack()
+        else:
+            super().on_unknown_task(body, message, exc)
