@@ -265,7 +265,7 @@ def _hand_back_unknown_tasks(app: Celery, rt: Runtime) -> None:
     flow: :mod:`.routing`), else (this version wrote the latest checkpoint, in a parallel
     branch) of the version whose commit made the step ready. With no live worker of that
     version the step waits in that version's queue (``waiting for a worker of version V``)
-    and runs once one starts. One INFO line says so; the message body is never logged. Only
+    and runs once one starts. One WARNING line says so; the message body is never logged. Only
     a step handed to this worker's own version (workers of one ``RUNNER_APP_VERSION`` with
     different allow-lists), or of a run that names no version, fails its run: no worker
     that runs it can be named."""
@@ -339,7 +339,9 @@ def _hand_unknown(
         priority=priority,
         ignore_result=not rt.settings.task_results,
     )
-    log.info(
+    # A WARNING: workers log at that level by default, and the step waits until a worker of
+    # that version runs (one line, never the message body).
+    log.warning(
         "step %s of run %s: this worker has no task %s; handed to a worker of version %s",
         kwargs.get("activation"),
         kwargs["run_id"],
