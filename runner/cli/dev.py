@@ -6,10 +6,10 @@ command line, Flower and the console (with a token it makes, and a login link), 
 the one ``export`` line another shell may use. It also writes ``./.runner/dev.json`` (the
 Redis URL and its pid): the CLI, ``Flow.submit``, ``runner.submit`` and ``celery -A
 runner.worker worker`` started without ``RUNNER_REDIS_URL`` in this folder or below find the
-instance through it. A worker started by hand there (``runner worker``) takes its allow-list. When a file of the
-project the workers run changes, it restarts them (and the console, which imports the flows
-too) so the next step or resume runs the new code, and says ``workers ready`` when they are
-back. A Redis of its own that exits is started again on its data and port (one line);
+instance through it; a worker started by hand there (``runner worker``) takes its
+allow-list too. When a file of the project the workers run changes, it restarts them (and
+the console, which imports the flows too) so the next step or resume runs the new code, and
+says ``workers ready`` when they are back. A Redis of its own that exits is started again on its data and port (one line);
 Flower keeps its history in ``./.runner/flower.db``. Ctrl-C (or SIGTERM) stops everything it
 started, the workers at once; the data stays.
 """
