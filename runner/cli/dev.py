@@ -9,9 +9,9 @@ runner.worker worker`` started without ``RUNNER_REDIS_URL`` in this folder or be
 instance through it; a worker started by hand there (``runner worker``) takes its
 allow-list too. When a file of the project the workers run changes, it restarts them (and
 the console, which imports the flows too) so the next step or resume runs the new code, and
-says ``workers ready`` when they are back. A Redis of its own that exits is started again on its data and port (one line);
-Flower keeps its history in ``./.runner/flower.db``. Ctrl-C (or SIGTERM) stops everything it
-started, the workers at once; the data stays.
+says ``workers ready`` when they are back. A Redis of its own that exits is started again on
+its data and port (one line); Flower keeps its history in ``./.runner/flower.db``. Ctrl-C
+(or SIGTERM) stops everything it started, the workers at once; the data stays.
 """
 
 from __future__ import annotations
