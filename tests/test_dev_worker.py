@@ -189,3 +189,40 @@ def test_runner_dev_restarts_its_redis_stops_within_5s_keeps_flowers_history_and
         assert set(seen) <= set(flower_tasks(port))
     finally:
         assert back.stop() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_runner_dev_stops_within_5s_when_the_redis_its_workers_use_is_gone(
+    project: Path,
+) -> None:
+    from runner.embedded import EmbeddedRedis
+
+    with EmbeddedRedis() as server:
+        env = bare_env(RUNNER_REDIS_URL=server.url)
+        dev = DevProcess.start(project, [*dev_argv("devflows"), "--no-reload"], env)
+    # The Redis is gone (a configured one, which runner dev does not restart): the workers'
+    # warm shutdown would wait on it for their whole grace.
+    dev.proc.send_signal(signal.SIGTERM)
+    try:
+        assert dev.proc.wait(timeout=5) == 0
+    finally:
+        dev.stop()
+
+
+def test_the_cli_and_a_second_runner_dev_give_the_same_advice_when_its_redis_is_stuck(
+    project: Path,
+) -> None:
+    (project / ".runner").mkdir()
+    dead = "redis://127.0.0.1:1/0"  # nothing listens there
+    record = {"redis_url": dead, "pid": os.getpid(), "flow_modules": ["devflows"]}
+    (project / ".runner" / "dev.json").write_text(json.dumps(record))
+    advice = f"does not answer: stop `runner dev` (pid {os.getpid()}) and start it again"
+    listed = runner(project, "runs")
+    assert listed.returncode == 1
+    (line,) = listed.stderr.splitlines()
+    assert advice in line, line
+    second = runner(project, "dev", "devflows", "--no-flower", "--no-ui")
+    assert second.returncode == 1
+    (line,) = second.stderr.splitlines()
+    assert "`runner dev` already runs here, but its Redis" in line and advice in line, line

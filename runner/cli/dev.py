@@ -194,7 +194,7 @@ def dev(
         watch = Watch(names, Path.cwd(), env) if reload else None
         app_settings = settings.model_copy(update={"redis_url": url})
         pool = [_worker(env, home, i, concurrency, pool_kind) for i in range(workers)]
-        stack.callback(_stop_workers, pool, server)
+        stack.callback(_stop_workers, pool, url)
         _wait_ready(pool, app_settings)
         if workers:
             _say(f"{workers} worker(s), queue {settings.queue}, allow-list: {', '.join(names)}")
@@ -343,13 +343,16 @@ def _wait_ready(pool: list[WorkerProcess], settings: RunnerSettings) -> None:
         probe.close()
 
 
-def _stop_workers(pool: list[WorkerProcess], server: EmbeddedRedis | None) -> None:
+def _stop_workers(pool: list[WorkerProcess], url: str) -> None:
     """Stop the workers all at once: a warm shutdown (a running step finishes, up to
-    :data:`STOP_GRACE`), or, when our Redis is down, within :data:`STOP_IDLE` (no step
-    could commit; recovery runs them again through their leases)."""
-    down = server is not None and not server.running
-    for worker in pool:
-        worker.stop_timeout = STOP_IDLE if down else worker.stop_timeout
+    :data:`STOP_GRACE`), or, when their Redis (``url``) does not answer, within
+    :data:`STOP_IDLE`: no step could commit, and a warm shutdown would wait on the dead
+    connection all that time (recovery runs those steps again through their leases)."""
+    try:
+        ping(url)
+    except StoreUnavailable:
+        for worker in pool:
+            worker.stop_timeout = STOP_IDLE
     with ThreadPoolExecutor() as stopping:
         list(stopping.map(WorkerProcess.stop, pool))
 
