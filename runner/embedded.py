@@ -168,6 +168,24 @@ def find_dev(start: str | os.PathLike[str] | None = None) -> DevInstance | None:
     return None
 
 
+def dev_with_allow_list(redis_url: str | None) -> DevInstance | None:
+    """The live ``runner dev`` found from the cwd up that published its workers' allow-list,
+    when its Redis is ``redis_url`` (``None``: the one a process without a configured Redis
+    uses, its own); ``None`` otherwise. Producers (a submit's check) and workers started by
+    hand (``runner worker``) take their allow-list from it when they have none of their own."""
+    try:
+        dev = find_dev()
+    except StoreUnavailable:
+        # An unreadable dev.json names no list; a configured Redis was found without it
+        # (finding runner dev's Redis would have failed on it).
+        return None
+    if dev is None or not dev.flow_modules or not dev.alive:
+        return None
+    if redis_url is not None and dev.redis_url != redis_url:
+        return None  # another deployment's Redis: its list says nothing of this one
+    return dev
+
+
 def write_dev(folder: Path, server: EmbeddedRedis) -> Path:
     """Record this process and its ``server`` as the ``runner dev`` of ``folder``; returns
     the file written."""
@@ -195,6 +213,16 @@ def _write_json(path: Path, data: dict[str, object]) -> None:
     tmp.replace(path)  # atomic: a reader sees the old file or the whole new one
 
 
+def dev_advice(dev: DevInstance) -> str:
+    """What to do about a ``runner dev`` whose Redis does not answer, the same words for
+    the CLI, a producer, a worker and a second ``runner dev``: start it again when it is
+    gone; stop it first when it still runs (it restarts its Redis itself, so one that
+    still does not answer is stuck)."""
+    if not dev.alive:
+        return "is not running: start `runner dev` again"
+    return f"does not answer: stop `runner dev` (pid {dev.pid}) and start it again"
+
+
 NO_SHARED_REDIS = (
     "no Redis to share: run `runner dev` in this project (a producer and its workers must share "
     "one Redis), or set RUNNER_REDIS_URL"
@@ -217,10 +245,9 @@ def shared_redis_url(url: str | None = None) -> str:
     try:
         ping(dev.redis_url)
     except StoreUnavailable:
-        state = "is not running" if not dev.alive else "does not answer"
         raise StoreUnavailable(
-            f"the Redis of `runner dev` ({mask_url(dev.redis_url)}, from {dev.path}) {state}: "
-            "start `runner dev` again, or set RUNNER_REDIS_URL",
+            f"the Redis of `runner dev` ({mask_url(dev.redis_url)}, from {dev.path}) "
+            f"{dev_advice(dev)}, or set RUNNER_REDIS_URL",
             url=mask_url(dev.redis_url),
         ) from None
     return dev.redis_url
@@ -329,6 +356,13 @@ class EmbeddedRedis:
                 return self.url
         tail = log.read_text(errors="replace").splitlines()[-1:] if log.exists() else []
         raise StoreUnavailable(f"embedded redis-server did not start: {''.join(tail)}", exe=exe)
+
+    def restart(self) -> str:
+        """Start it again after it exited, on the same data and (when still free) the same
+        port, so the URL every process holds stays valid; its URL."""
+        if self.port:
+            self._given_port = self.port
+        return self.start()
 
     def _wait_ready(self) -> bool:
         assert self._proc is not None

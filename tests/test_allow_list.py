@@ -1,6 +1,7 @@
 """A flow the workers will not run is refused at submit, before anything is stored, whenever
-the producer can know the workers' allow-list; and a run the workers refused says how it
-ended in plain words."""
+the producer can know the workers' allow-list (else it waits for a worker that has it); and
+a run the workers refused (a flow posing under an allowed name) says how it ended in plain
+words."""
 
 from __future__ import annotations
 
@@ -38,6 +39,17 @@ class StrayFlow(Flow[StrayState]):
         self.state.done = True
 
 
+class Impostor(Flow[StrayState]):
+    """Takes the name of an allowed flow (its task names) from a module no worker imports:
+    the workers have its tasks but refuse its run (another import path)."""
+
+    name = "DistEcho"
+
+    @start()
+    def hello(self) -> int:
+        return 0
+
+
 def unaware(rt: Runtime) -> Runtime:
     """``rt`` as a producer without ``RUNNER_FLOW_MODULES`` (and no `runner dev` here)."""
     return dataclasses.replace(rt, settings=rt.settings.model_copy(update={"flow_modules": []}))
@@ -59,7 +71,7 @@ def test_a_run_the_workers_refused_failed_before_any_step_never_at_none(
     rt: Runtime,
     cli: Cli,  # noqa: F811
 ) -> None:
-    handle = submit(StrayFlow, rt=unaware(rt))
+    handle = submit(Impostor, rt=unaware(rt))
     assert handle.wait(timeout=30) is RunStatus.FAILED
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=1)
@@ -103,13 +115,16 @@ def test_a_published_allow_list_counts_while_its_runner_dev_lives_on_the_redis_u
     (tmp_path / ".runner" / "dev.json").unlink()
     (tmp_path / ".runner").rmdir()
     write_dev_json(tmp_path, "redis://127.0.0.1:1/0", os.getpid(), ["tests.flows.cli"])
-    stored = submit(StrayFlow, rt=producer)
-    assert stored.wait(timeout=30) is RunStatus.FAILED  # the workers refuse it themselves
+    stored = submit(StrayFlow, rt=producer)  # stored: it waits for a worker that has it
+    assert stored.status() is RunStatus.RUNNING
+    stored.cancel()
     # A `runner dev` that stopped runs no workers: its list is not theirs any more.
     (tmp_path / ".runner" / "dev.json").unlink()
     (tmp_path / ".runner").rmdir()
     write_dev_json(tmp_path, rt.store.url, exited_pid(), ["tests.flows.cli"])
-    assert submit(StrayFlow, rt=producer).wait(timeout=30) is RunStatus.FAILED
+    stored = submit(StrayFlow, rt=producer)
+    assert stored.status() is RunStatus.RUNNING
+    stored.cancel()
 
 
 OTHER = """

@@ -18,7 +18,9 @@ from runner.distributed import control
 from runner.distributed.app import make_app
 from runner.distributed.client import RunHandle, submit
 from runner.distributed.engine import Runtime, task_id
-from runner.errors import InvalidInputs, RunFailed, RunStateError, RunTimeout
+from runner.distributed.waiting import waits_of
+from runner.errors import InvalidInputs, RunStateError, RunTimeout
+from runner.flow import versions
 from runner.settings import RunnerSettings
 from runner.store.models import RunStatus
 from tests._dist_support import eventually
@@ -104,24 +106,25 @@ def test_workers_accept_json_only(rt: Runtime) -> None:
 
 def unaware(rt: Runtime) -> Runtime:
     """``rt`` as a producer that does not know the workers' allow-list (no
-    RUNNER_FLOW_MODULES, no `runner dev`): it stores the run, and the workers refuse it."""
+    RUNNER_FLOW_MODULES, no `runner dev`): it stores the run, and the workers do not run it."""
     return dataclasses.replace(rt, settings=rt.settings.model_copy(update={"flow_modules": []}))
 
 
-def test_flow_outside_the_allow_list_fails_the_run_without_importing_it(
+def test_flow_outside_the_allow_list_waits_for_a_worker_that_has_it_without_importing_it(
     rt: Runtime, redis_client: redis.Redis
 ) -> None:
+    """The workers lack its tasks: its step goes to the queue of its version, where it waits,
+    visibly, for a worker that has it; never a failed run, its code never imported."""
     handle = submit(OutsiderFlow, rt=unaware(rt))
-    assert handle.wait(timeout=20) is RunStatus.FAILED
-    latest = handle.latest()
-    assert latest.error is not None
-    assert latest.error.type == "FlowNotAllowed"
-    assert "allow-list" in latest.error.message
-    assert "tests.test_distributed_api:OutsiderFlow" in latest.error.message
-    assert latest.state["touched"] is False
-    assert handle.info().error is not None and "FlowNotAllowed" in handle.info().error
-    with pytest.raises(RunFailed, match="FlowNotAllowed"):
-        handle.result(timeout=1)
+    version = versions.of(OutsiderFlow.graph(), rt.settings)
+    try:
+        waits = eventually(lambda: waits_of(rt.store, rt.settings, handle.latest(), rt.app), 20)
+        assert list(waits.values()) == [f"waiting for a worker of version {version}"]
+        latest = handle.latest()
+        assert latest.status is RunStatus.RUNNING and latest.error is None
+        assert latest.state["touched"] is False
+    finally:
+        handle.cancel()
 
 
 def test_flow_posing_under_an_allowed_name_fails_without_running(

@@ -6,9 +6,12 @@ command line, Flower and the console (with a token it makes, and a login link), 
 the one ``export`` line another shell may use. It also writes ``./.runner/dev.json`` (the
 Redis URL and its pid): the CLI, ``Flow.submit``, ``runner.submit`` and ``celery -A
 runner.worker worker`` started without ``RUNNER_REDIS_URL`` in this folder or below find the
-instance through it. When a file of the project the workers run changes, it restarts them
-(and the console, which imports the flows too) so the next step or resume runs the new code.
-Ctrl-C (or SIGTERM) stops everything it started; the data stays.
+instance through it; a worker started by hand there (``runner worker``) takes its
+allow-list too. When a file of the project the workers run changes, it restarts them (and
+the console, which imports the flows too) so the next step or resume runs the new code, and
+says ``workers ready`` when they are back. A Redis of its own that exits is started again on
+its data and port (one line); Flower keeps its history in ``./.runner/flower.db``. Ctrl-C
+(or SIGTERM) stops everything it started, the workers at once; the data stays.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from runner.distributed.processes import WorkerProcess
 from runner.embedded import (
     DevInstance,
     EmbeddedRedis,
+    dev_advice,
     find_dev,
     mask_url,
     ping,
@@ -66,6 +70,9 @@ I/O-bound ones (and async methods)."""
 STOP_GRACE = 15.0
 """Seconds a running step gets to finish when a worker is stopped (a restart, Ctrl-C); then
 the worker is killed and recovery hands the step to another through its lease."""
+STOP_IDLE = 3.0
+"""Seconds a worker gets to stop when its steps cannot commit anyway (the Redis is down):
+a warm shutdown would wait on the dead connection for all of :data:`STOP_GRACE`."""
 FLOWER_PORT = 5555
 """Flower's port unless ``--flower-port`` or a loopback ``RUNNER_UI_FLOWER_URL`` says another."""
 
@@ -179,7 +186,7 @@ def dev(
     home = Path.cwd() / settings.dev_dir
     with contextlib.ExitStack() as stack:
         _stop_on_sigterm(stack)
-        url = _redis(stack, settings, home, port)
+        url, server = _redis(stack, settings, home, port)
         publish_flow_modules(home, names)  # producers here refuse other flows up front
         env = _child_env(settings, url, names)
         if queues is not None:
@@ -187,8 +194,7 @@ def dev(
         watch = Watch(names, Path.cwd(), env) if reload else None
         app_settings = settings.model_copy(update={"redis_url": url})
         pool = [_worker(env, home, i, concurrency, pool_kind) for i in range(workers)]
-        for worker in pool:
-            stack.callback(worker.stop)
+        stack.callback(_stop_workers, pool, url)
         _wait_ready(pool, app_settings)
         if workers:
             _say(f"{workers} worker(s), queue {settings.queue}, allow-list: {', '.join(names)}")
@@ -200,7 +206,7 @@ def dev(
         )
         typer.echo(_export_line(settings, url))
         _say(f"ready; Ctrl-C stops it all (the data stays in {home}; remove it to start afresh)")
-        _supervise(pool, app_settings, watch, console)
+        _supervise(pool, app_settings, watch, console, _RedisWatch(server, home, names))
 
 
 def _say(text: str) -> None:
@@ -235,16 +241,26 @@ def _stop_on_sigterm(stack: contextlib.ExitStack) -> None:
 
 def _redis(
     stack: contextlib.ExitStack, settings: RunnerSettings, home: Path, port: int | None
-) -> str:
-    """The configured Redis, or a fresh ``redis-server`` on ``home/redis`` recorded in dev.json."""
+) -> tuple[str, EmbeddedRedis | None]:
+    """The configured Redis, or a fresh ``redis-server`` on ``home/redis`` recorded in
+    dev.json (returned too: :class:`_RedisWatch` restarts it)."""
     if settings.redis_url:
         ping(settings.redis_url)
         _say(f"using the configured Redis {mask_url(settings.redis_url)}")
-        return settings.redis_url
+        return settings.redis_url, None
     last = find_dev(home.parent)
     if last is not None and last.path.parent != home:
         last = None  # a parent project's instance: this folder gets its own
     if last is not None and last.alive:
+        try:
+            ping(last.redis_url)
+        except StoreUnavailable:
+            # The words the CLI says of it: `runner dev` restarts its own Redis, so one
+            # whose Redis still does not answer is stuck, and only a new one helps.
+            raise StoreUnavailable(
+                f"`runner dev` already runs here, but its Redis ({last.redis_url}) "
+                f"{dev_advice(last)}"
+            ) from None
         raise StoreUnavailable(
             f"`runner dev` already runs here (pid {last.pid}, {last.redis_url}); "
             "stop it first, or use it"
@@ -257,7 +273,7 @@ def _redis(
     stack.enter_context(server)
     write_dev(home, server)
     _say(f"Redis {server.url} (AOF on, data in {home / 'redis'})")
-    return server.url
+    return server.url, server
 
 
 def _last_port(last: DevInstance | None) -> int:
@@ -327,17 +343,65 @@ def _wait_ready(pool: list[WorkerProcess], settings: RunnerSettings) -> None:
         probe.close()
 
 
+def _stop_workers(pool: list[WorkerProcess], url: str) -> None:
+    """Stop the workers all at once: a warm shutdown (a running step finishes, up to
+    :data:`STOP_GRACE`), or, when their Redis (``url``) does not answer, within
+    :data:`STOP_IDLE`: no step could commit, and a warm shutdown would wait on the dead
+    connection all that time (recovery runs those steps again through their leases)."""
+    try:
+        ping(url)
+    except StoreUnavailable:
+        for worker in pool:
+            worker.stop_timeout = STOP_IDLE
+    with ThreadPoolExecutor() as stopping:
+        list(stopping.map(WorkerProcess.stop, pool))
+
+
+@dataclass
+class _RedisWatch:
+    """``runner dev``'s own Redis, checked every round: one that exited is started again on
+    the same data and port (said in one line), and if it will not start, that is said
+    once, with the advice the CLI gives."""
+
+    server: EmbeddedRedis | None
+    home: Path
+    names: list[str]
+    failed: bool = False
+
+    def check(self) -> None:
+        server = self.server
+        if server is None or server.running or self.failed:
+            return
+        port = server.port
+        try:
+            url = server.restart()
+        except RunnerError as exc:
+            self.failed = True
+            _say(
+                f"its Redis (port {port}) exited and did not start again ({exc}); "
+                "stop `runner dev` (Ctrl-C) and start it again"
+            )
+            return
+        write_dev(self.home, server)
+        publish_flow_modules(self.home, self.names)
+        moved = "" if server.port == port else f" (on port {server.port}: restart `runner dev`)"
+        _say(f"its Redis (port {port}) exited; started it again on its data{moved}: {url}")
+
+
 def _supervise(
     pool: list[WorkerProcess],
     settings: RunnerSettings,
     watch: Watch | None,
     console: Service | None,
+    redis_watch: _RedisWatch,
 ) -> None:
-    """Block until interrupted, restarting a worker that died (e.g. ``kill -9`` in a test),
-    and with ``watch`` every worker and the console when the project's code changes."""
+    """Block until interrupted, restarting our Redis or a worker that died (e.g. ``kill
+    -9`` in a test), and with ``watch`` every worker and the console when the project's
+    code changes."""
     rounds = watch.changes(SUPERVISE_EVERY) if watch else _every(SUPERVISE_EVERY)
     try:
         for changed in rounds:
+            redis_watch.check()
             if changed and watch:
                 _reload(changed, watch, pool, settings, console)
             for worker in pool:
@@ -380,11 +444,13 @@ def _reload(
         _wait_ready(pool, settings)
     except RunnerError as exc:
         _say(str(exc))
+        return
     # The console imports the flows too (their graphs, the fork form, resume's checks).
     if console is not None:
         console.stop()
         if (why := console.start()) is not None:
             _say(f"the console did not restart: {why}")
+    _say(f"workers ready ({len(pool)}) on the new code")
 
 
 @dataclass
@@ -450,6 +516,8 @@ def _start_flower(
         _say("Flower is not installed (it comes with celery-flows: pip install celery-flows)")
         return None
     argv = ["-m", "celery", "-A", APP_MODULE, "flower", f"--port={port}", "--address=127.0.0.1"]
+    # Persistent: the tasks it has seen survive a restart of `runner dev`, as the runs do.
+    argv += ["--persistent=True", f"--db={home / 'flower.db'}"]
     # Local only (bound to loopback): its HTTP API may answer without a login.
     env = {**env, "FLOWER_UNAUTHENTICATED_API": "true"}
     flower = Service(argv, env, home / "flower.log", port, "--flower-port")

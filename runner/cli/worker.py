@@ -23,8 +23,9 @@ APP_MODULE = "runner.worker"
 def worker(ctx: typer.Context) -> None:
     """Start a worker: `celery -A runner.worker worker ARGS...` (`runner worker --help`: Celery's).
 
-    It runs the flows of RUNNER_FLOW_MODULES against RUNNER_REDIS_URL (or the `runner dev`
-    found from this folder); every argument goes to Celery's worker command.
+    It runs the flows of RUNNER_FLOW_MODULES against RUNNER_REDIS_URL; without them, those of
+    the `runner dev` found from this folder (with neither allow-list, it refuses to start).
+    Every argument goes to Celery's worker command.
     """
     argv = [sys.executable, "-m", "celery", "-A", APP_MODULE, "worker", *ctx.args]
     # Replaced rather than wrapped: signals from a process manager reach Celery directly.

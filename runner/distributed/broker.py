@@ -56,6 +56,10 @@ What the runner takes from them that is not their public API, and what it expect
   consumer reconnects through ``Connection.ensure_connection`` at kombu's default intervals
   (2 s growing to 30 s); the runner's subclass passes shorter ones (:data:`RECONNECT`), so a
   worker takes steps again within about a second of its broker answering.
+* **Messages of tasks a worker lacks** (:func:`on_unknown_tasks`): Celery's consumer
+  (``celery.worker.consumer.Consumer``, named by the public ``worker_consumer`` setting) calls
+  its ``on_unknown_task(body, message, exc)`` for them; the runner's :class:`Consumer` hands
+  runner steps on.
 * **Log records** (:data:`CONNECTION_LOGGERS` and the messages after it): the worker turns
   Celery's and kombu's records of a lost connection into one WARNING of its own.
 
@@ -77,6 +81,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -912,7 +917,8 @@ class Consumer(CeleryConsumer):
     ``ensure_connection(errback, max_retries, callback=...)`` with kombu's default
     intervals). ``broker_connection_max_retries`` keeps its meaning in time: the worker gives
     up when kombu's default schedule would have (about 46 minutes at Celery's default 100
-    tries), not after 100 tries a second apart; ``None`` still retries forever."""
+    tries), not after 100 tries a second apart; ``None`` still retries forever. A message of
+    a task the worker lacks goes to :func:`on_unknown_tasks`' handler first."""
 
     def ensure_connected(self, conn: Any) -> Any:
         ensure = conn.ensure_connection
@@ -928,6 +934,23 @@ class Consumer(CeleryConsumer):
             return super().ensure_connected(conn)
         finally:
             del conn.ensure_connection
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Any) -> None:
+        handle = _unknown_handlers.get(self.app)
+        name = str((getattr(message, "headers", None) or {}).get("task", ""))
+        if handle is None or not name:
+            super().on_unknown_task(body, message, exc)
+            return
+        try:
+            handled = handle(name, message)
+        except Exception as err:  # the store or the broker away: it comes back later
+            log.warning("a message of task %s went back to its queue: %s", name, err)
+            message.reject(requeue=True)
+            return
+        if handled:
+            message.ack()
+        else:
+            super().on_unknown_task(body, message, exc)
 
 
 # --- log records of a lost connection -------------------------------------------------------
@@ -1022,3 +1045,29 @@ def pool_name(implementation: Any) -> str | None:
         return str(named[0])  # in Celery's order: prefork before its alias processes
     module = str(implementation).partition(":")[0]
     return module.rpartition(".")[2] or module
+
+
+# --- messages of tasks a worker lacks -------------------------------------------------------
+
+UnknownTaskHandler = Callable[[str, Any], bool]
+"""``handle(task name, message)``: whether it dealt with the message (handed it on)."""
+
+_unknown_handlers: weakref.WeakKeyDictionary[Celery, UnknownTaskHandler] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def on_unknown_tasks(app: Celery, handle: UnknownTaskHandler) -> None:
+    """Have the workers of ``app`` call ``handle`` for a message of a task they have not
+    registered, instead of Celery's own handling when it returns True: the message is then
+    acknowledged, and Celery neither logs it (its ERROR dumps the whole message body) nor
+    records the task as failed. A message ``handle`` declines (False) gets Celery's handling;
+    one it could not deal with (it raised: Redis away) goes back to its queue.
+
+    Celery has no public hook that runs *instead of* its handling (``task_unknown`` is sent
+    after the message was dropped and the failure recorded): the worker's consumer class is
+    a public setting (``worker_consumer``), its ``on_unknown_task(body, message, exc)``
+    method (Celery 5.7) is not.
+    """
+    _unknown_handlers[app] = handle
+    app.conf.worker_consumer = WORKER_CONSUMER

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from runner.embedded import find_dev
+from runner.embedded import dev_with_allow_list
 from runner.errors import (
     CommitConflict,
     FlowImportError,
@@ -27,7 +27,6 @@ from runner.errors import (
     RunNotFound,
     RunStateError,
     RunTimeout,
-    StoreUnavailable,
 )
 from runner.flow import conversation, following, results, streaming
 from runner.flow.definition import is_declared
@@ -93,13 +92,8 @@ def allow_list(rt: Runtime) -> tuple[list[str], str] | None:
     otherwise (the workers still refuse what they do not run, failing the run)."""
     if rt.settings.flow_modules:
         return list(rt.settings.flow_modules), "RUNNER_FLOW_MODULES"
-    try:
-        dev = find_dev()
-    except StoreUnavailable:
-        # An unreadable dev.json names no list; the runtime found its Redis without it
-        # (a configured URL), since finding runner dev's would have failed on it.
-        return None
-    if dev is None or not dev.flow_modules or dev.redis_url != rt.store.url or not dev.alive:
+    dev = dev_with_allow_list(rt.store.url)
+    if dev is None:
         return None
     return list(dev.flow_modules), f"`runner dev` in {dev.project}"
 

@@ -3,8 +3,9 @@
 Only modules named in ``RUNNER_FLOW_MODULES`` are imported, at start-up; a
 message can name a task, never a module. Each flow method becomes the task
 ``<Flow>.<method>``. A message for a task this worker has not registered (a flow
-outside the allow-list) fails its run with :class:`FlowNotAllowed`; a step whose
-run names another import path than the registered flow does the same.
+outside its allow-list, or of another version) goes to the workers of the version that
+can run it, and waits there for one (never a failed run); a step whose run names another
+import path than the registered flow fails its run with :class:`FlowNotAllowed`.
 
 The worker's main process also runs the recovery pass every ``recovery_interval``,
 holds a soft lease on every step message it keeps without running it (prefetched, or a
@@ -262,24 +263,26 @@ def _start_recovery_on_ready(app: Celery, rt: Runtime, watch: outage.Watch) -> N
 
 
 def _hand_back_unknown_tasks(app: Celery, rt: Runtime) -> None:
-    """A step message for a task this worker lacks (nothing is imported) goes to the workers
-    of the version its run was pinned to or last written by, when that is not this worker's
-    (a rolling deploy: :mod:`.routing`), else (this version wrote the latest checkpoint, in
-    a parallel branch) of the version whose commit made the step ready; with no such
-    version, it fails its run."""
+    """A step message for a task this worker lacks (nothing is imported) is never a failed
+    run: it goes to the workers of the version its run was pinned to or last written by,
+    when that is not this worker's (a rolling deploy, or a worker whose allow-list lacks the
+    flow: :mod:`.routing`), else (this version wrote the latest checkpoint, in a parallel
+    branch) of the version whose commit made the step ready. With no live worker of that
+    version the step waits in that version's queue (``waiting for a worker of version V``)
+    and runs once one starts. One WARNING line says so; the message body is never logged. Only
+    a step handed to this worker's own version (workers of one ``RUNNER_APP_VERSION`` with
+    different allow-lists), or of a run that names no version, fails its run: no worker
+    that runs it can be named."""
 
-    def on_unknown(sender: Any = None, name: str = "", message: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", app) is not app:
-            return
+    def on_unknown(name: str, message: Any) -> bool:
         try:
             _args, kwargs, *_rest = message.payload
             run_id = kwargs["run_id"]
         except Exception:
-            log.warning("unknown task %s with an unexpected body; not a runner step", name)
-            return
+            return False  # not a runner step: Celery's own handling
         latest = rt.coord.read(str(run_id))
         if latest is None or not name.startswith(f"{latest.meta.name}."):
-            return  # not one of this deployment's runs, or not its flow's task
+            return False  # not one of this deployment's runs, or not its flow's task
         mine = routing.worker_versions(rt.settings, rt.flows.values())
         policy = rt.settings.version_policy
         wanted = [v for v in versions.waiting_for(latest, policy) if v not in mine]
@@ -289,18 +292,17 @@ def _hand_back_unknown_tasks(app: Celery, rt: Runtime) -> None:
             wanted = _senders(rt, latest.run_id, str(kwargs.get("activation", "")), mine)
         base = str((getattr(message, "delivery_info", None) or {}).get("routing_key") or "")
         base = base or rt.settings.queue
-        # A step of a run workers served, or of a version a live worker runs, waits for one
-        # (a rolling deploy); a run no worker ever took of a flow none has is refused (its
-        # flow is outside every worker's allow-list).
-        served = latest.worker is not None or (
-            bool(wanted) and bool(rt.store.queue_consumers(routing.version_queue(base, wanted[0])))
-        )
-        if wanted and served and kwargs.get("version") not in mine:
+        carried = kwargs.get("version")
+        if wanted and carried not in mine:
             _hand_unknown(app, rt, name, message, kwargs, base, wanted[0])
-            return
-        fail_not_allowed(rt, latest.run_id, f"this worker has no task {name}")
+        else:
+            # Handed to this worker's own version, which lacks the flow (workers of one
+            # RUNNER_APP_VERSION with different allow-lists), or no version known: no
+            # worker can be named that runs it.
+            fail_not_allowed(rt, latest.run_id, f"this worker has no task {name}")
+        return True
 
-    signals.task_unknown.connect(on_unknown, weak=False)
+    broker.on_unknown_tasks(app, on_unknown)
 
 
 def _senders(rt: Runtime, run_id: str, activation: str, mine: list[str]) -> list[str]:
@@ -327,9 +329,9 @@ def _hand_unknown(
     base: str,
     version: str,
 ) -> None:
-    """Send the step message of task ``name`` (Celery drops it here), received from queue
-    ``base``, to the workers of ``version``, as :func:`runner.distributed.step._hand_over`
-    does for a known task."""
+    """Send the step message of task ``name`` (acknowledged here once sent), received from
+    queue ``base``, to the workers of ``version``, as
+    :func:`runner.distributed.step._hand_over` does for a known task."""
     headers = getattr(message, "headers", None) or {}
     queue = routing.version_queue(base, version)
     priority = (getattr(message, "properties", None) or {}).get("priority")
@@ -341,7 +343,15 @@ def _hand_unknown(
         priority=priority,
         ignore_result=not rt.settings.task_results,
     )
-    log.info("step %s of run %s: handed to a worker of version %s", name, kwargs["run_id"], version)
+    # A WARNING: workers log at that level by default, and the step waits until a worker of
+    # that version runs (one line, never the message body).
+    log.warning(
+        "step %s of run %s: this worker has no task %s; handed to a worker of version %s",
+        kwargs.get("activation"),
+        kwargs["run_id"],
+        name,
+        version,
+    )
 
 
 def _recovery_loop(rt: Runtime, watch: outage.Watch) -> None:
