@@ -262,7 +262,11 @@ def get_settings() -> RunnerSettings:
     A value they reject is one :class:`InvalidSettings` naming the variable, here for every
     process (CLI, worker, console), rather than pydantic's report of the whole model.
     """
-    environment = tuple(sorted(i for i in os.environ.items() if i[0].upper().startswith("RUNNER_")))
+    # The names first, the values of ours only: a worker calls this for every step, and
+    # reading every variable's value (os.environ decodes each) cost more than the rest.
+    environment = tuple(
+        sorted((k, os.environ[k]) for k in list(os.environ) if k[:7].upper() == "RUNNER_")
+    )
     cached = _cache.get(environment)
     if cached is not None:
         return cached

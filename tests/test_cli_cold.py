@@ -158,6 +158,14 @@ def test_listing_runs_imports_neither_the_runtime_nor_the_other_commands(
     assert [(f["code"], f["loaded"]) for f in found] == [(0, [])]
 
 
+def test_help_imports_no_command_s_runtime(worker_env: dict[str, str]) -> None:
+    # `runner --help` loads every command module to list it: what their commands run (the
+    # runtime, recovery, the resume planner, schedules' cron, archives) waits for a call.
+    later = ["runner.distributed.control", "runner.distributed.recovery", "runner.flow.plans"]
+    found = probe([["--help"]], worker_env, CELERY + HEAVY + RUNTIME + later)
+    assert [(f["code"], f["loaded"]) for f in found] == [(0, [])]
+
+
 def test_help_lists_every_command_and_a_typo_suggests_the_closest(
     worker_env: dict[str, str],
 ) -> None:

@@ -18,7 +18,7 @@ from runner.cli import app
 from runner.distributed.app import make_app
 from runner.distributed.engine import Runtime
 from runner.flow import versions
-from runner.settings import RunnerSettings, reset_settings
+from runner.settings import RunnerSettings, get_settings, reset_settings
 from runner.store.redis import RedisProvider
 from tests.console_support import serving
 
@@ -132,3 +132,21 @@ def console(env: dict[str, str]) -> Iterator[httpx.Client]:
             yield http
     finally:
         rt.close()
+
+
+def test_settings_follow_the_runner_variables_whatever_their_case(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # get_settings is cached on the RUNNER_ variables (a worker asks for it every step):
+    # a change of one, spelled in any case as pydantic-settings reads them, is seen at once;
+    # other variables are not part of the key.
+    monkeypatch.setenv("RUNNER_APP_VERSION", "v1")
+    first = get_settings()
+    assert first.app_version == "v1" and get_settings() is first
+    monkeypatch.setenv("NOT_RUNNERS_OWN", "x")
+    assert get_settings() is first
+    monkeypatch.delenv("RUNNER_APP_VERSION")
+    monkeypatch.setenv("runner_app_version", "v2")
+    assert get_settings().app_version == "v2"
+    monkeypatch.setenv("runner_app_version", "v3")
+    assert get_settings().app_version == "v3"

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import getpass
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from runner.distributed import control, engine, recovery
-from runner.distributed.client import load_flow
 from runner.errors import FlowImportError
-from runner.flow.state import values_from_text
 from runner.store.models import Checkpoint, RunStatus
 
 from . import bulk, refs
@@ -21,12 +18,21 @@ from ._session import FLAG, BadUsage, console, parse_duration, print_json, sessi
 from .location import LocationOpt, located, resume_here
 from .runs import InputOpt, JsonOpt, TimeoutOpt, WaitOpt
 
+if TYPE_CHECKING:
+    from runner.distributed.engine import Runtime
+
+# The runtime, the flow core and recovery are imported by the commands that use them, so
+# `runner --help` (which loads every command module to list it) does not pay for them.
+
 app = commands()
 """This module's commands, loaded by the ``runner`` group when one is called."""
 
 
 def _typed(texts: dict[str, str], checkpoint: Checkpoint | None) -> dict[str, Any]:
     """``--input``/``--set`` text read as the state model of the checkpoint's flow types it."""
+    from runner.distributed.client import load_flow
+    from runner.flow.state import values_from_text
+
     model = load_flow(str(checkpoint.flow)).state_type() if checkpoint is not None else None
     return values_from_text(model, texts)
 
@@ -114,6 +120,8 @@ def resume(
                 "--feedback and --outcome answer the run where it waits: "
                 "not with --from, --input or --location"
             )
+        from runner.distributed import control
+
         rt = session(ctx).rt
         handle = control.answer(
             refs.resolve_run(rt, run),
@@ -142,6 +150,8 @@ def resume(
     checkpoint = refs.resolve_checkpoint(rt, from_checkpoint).id if from_checkpoint else None
     texts = text_pairs(inputs, "--input")
     values = _typed(texts, rt.store.latest(run_id)) if texts else {}
+    from runner.distributed import control
+
     handle = control.resume(run_id, checkpoint, values, rt=rt)
     if handle.run_id != run_id:
         typer.echo(
@@ -244,6 +254,8 @@ def fork(
     source = refs.resolve_checkpoint_or_run(rt, ref)
     values = _typed(text_pairs(set_, "--set"), source)
     renames = text_pairs(map_, "--map")
+    from runner.distributed import control
+
     handle = control.fork(
         source.id,
         values,
@@ -265,7 +277,7 @@ def fork(
     follow(rt, handle, wait=wait or timeout is not None, timeout=timeout, as_json=as_json)
 
 
-def _restored(ctx: typer.Context, rt: engine.Runtime, location: str, ref: str) -> str:
+def _restored(ctx: typer.Context, rt: Runtime, location: str, ref: str) -> str:
     """The id of ``ref``'s checkpoint at ``location``, its run restored into Redis first."""
     from runner.store.archive import restore_run
 
@@ -287,6 +299,8 @@ def recover(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     rt = session(ctx).rt
     for run, problem in _load_running_flows(rt).items():
         typer.echo(f"warning: run {run} not recovered: {problem}", err=True)
+    from runner.distributed import recovery
+
     resent = recovery.recover(rt, force=True)
     if as_json:
         print_json(resent)
@@ -382,12 +396,14 @@ def upgrade(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         console().print(f"moved {moved} checkpoint(s) to this version's layout")
 
 
-def _load_running_flows(rt: engine.Runtime) -> dict[str, str]:
+def _load_running_flows(rt: Runtime) -> dict[str, str]:
     """Register the flows of the running runs, as `resume` loads a run's flow by its path.
 
     :func:`recovery.recover` re-sends only steps of flows its runtime knows (on a worker,
     its allow-list). Returns run id -> why its flow could not be loaded here.
     """
+    from runner.distributed.client import load_flow
+
     problems: dict[str, str] = {}
     for run_id in rt.coord.active_runs():
         latest = rt.store.latest(run_id)

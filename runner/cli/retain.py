@@ -13,7 +13,6 @@ from typing import Annotated
 import typer
 
 from runner.errors import RunNotFound
-from runner.store.archive import open_archive, restore_run
 from runner.store.expiry import RetainingStore
 from runner.store.models import RunInfo
 
@@ -131,7 +130,10 @@ def restore(
     """Bring an archived run back into Redis: its checkpoints under their ids, so it can be
     resumed and forked. It expires again by policy, counted from now (`runner pin` keeps it).
     """
+    # The archive's providers (SQLite, JSON, PostgreSQL) when a run is restored: not for
+    # `runner --help`, which loads this module to list its commands.
     from runner.store import codec as codecs
+    from runner.store.archive import open_archive, restore_run
 
     settings = session(ctx).settings()
     where = location or settings.archive

@@ -10,7 +10,6 @@ import typer
 from runner.errors import InvalidInputs
 from runner.flow.rates import priority_problem
 from runner.store.base import DeploymentStore
-from runner.store.schedules import make_schedule, schedule_json
 from runner.views import when
 
 from ._app import commands
@@ -68,6 +67,7 @@ def add(
         raise InvalidInputs(problem, priority=priority)
     # Only `add` loads the flow (with the client and the flow core): `list` reads alone.
     from runner.distributed import client
+    from runner.store.schedules import make_schedule
 
     flow_cls = client.load_flow(flow)
     client.check_importable(flow_cls)
@@ -93,6 +93,9 @@ def add(
 @schedule_app.command("list")
 def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List the schedules: flow, when, next tick, catch-up, priority, paused."""
+    # The schedule model (and cronsim) when a command reads one: not for `runner --help`.
+    from runner.store.schedules import schedule_json
+
     store = session(ctx).reader.store
     found = store.schedules()
     if as_json:

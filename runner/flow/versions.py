@@ -14,6 +14,7 @@ with :func:`of`.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 from collections.abc import Callable
 from typing import Any
@@ -29,8 +30,14 @@ from runner.store.models import Checkpoint
 def code_hash(graph: FlowGraph) -> str:
     """12 hex digits of a hash of ``graph``'s flow name, wiring and state schema: what
     changes when a method is added, removed or rewired, or the state model changes."""
-    text = f"{graph.name}\n{graph.fingerprint}\n{graph.schema}"
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return _hash_of(graph.name, graph.fingerprint, graph.schema)
+
+
+@functools.lru_cache(maxsize=256)
+def _hash_of(name: str, fingerprint: str, schema: str) -> str:
+    # Cached on the strings themselves (every step stamps its checkpoints with it): the
+    # same inputs always hash the same, and a changed graph is a new key.
+    return hashlib.sha256(f"{name}\n{fingerprint}\n{schema}".encode()).hexdigest()[:12]
 
 
 def of(graph: FlowGraph, settings: RunnerSettings | None = None) -> str:
