@@ -616,8 +616,10 @@ def test_an_each_over_a_non_list_or_with_a_non_boolean_if_is_a_value_error(each,
 def test_a_ref_not_of_the_form_module_qualname_says_what_was_expected():
     bad = schema_flow({"type": "dict"})
     bad["methods"]["begin"]["do"]["ref"] = "no-colon"
+    # The definition is data (it loads); making a flow of it refuses the reference.
+    definition = flow_definition.FlowDefinition.from_declaration(bad)
     with pytest.raises(ValueError, match="expected 'module:qualname', got 'no-colon'"):
-        flow_definition.FlowDefinition.from_declaration(bad)
+        Flow.from_declaration(definition)
 
 
 # --- a definition's config sets what a class flow's attributes set ----------------------------

@@ -21,7 +21,9 @@ on a worker only in the modules of its allow-list (``RUNNER_FLOW_MODULES``).
 workers the ``each`` method starts a child run with one parallel step per item and a join
 that collects their outputs in order, so a crash mid-fan-out re-runs only unfinished items.
 Templates (``${state.x}``, ``${outputs.step.raw}``) and conditions are CEL
-(:mod:`runner.flow.expressions`). ``tool`` and ``script`` actions are refused (no ``exec``).
+(:mod:`runner.flow.expressions`). ``tool`` calls a tool class (CrewAI's ``BaseTool`` shape,
+:mod:`runner.crew.tools`) by reference with its rendered ``with`` as keyword arguments of
+``run``; ``script`` actions are refused (no ``exec``).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from runner.flow.definition import (
     ScriptAction,
     ToolAction,
     UnknownState,
+    check_ref,
     condition_of,
 )
 from runner.flow.flow import Flow
@@ -148,8 +151,8 @@ def declared_flow(
 ) -> type[Flow[Any]]:
     """The flow class of a definition (one class per definition in a process).
 
-    Refuses, naming the field's path, what the runner does not run: ``tool`` and ``script``
-    actions, a crew ``from_declaration``, a nested ``each``, a bad condition."""
+    Refuses, naming the field's path, what the runner does not run: ``script`` actions,
+    a crew ``from_declaration``, a nested ``each``, a bad condition or reference."""
     definition = load_definition(contents, path=path)
     attribute = attribute_of(definition)
     with _lock:
@@ -283,11 +286,7 @@ def _persistence_of(value: Any, where: str) -> Any:
 
 
 def _check_supported(action: Any, where: str, nested: bool = False) -> None:
-    if isinstance(action, ToolAction):
-        raise InvalidDefinition(
-            f"{where}.call: tool actions are not run here; call the tool from a code action",
-            field=f"{where}.call",
-        )
+    check_ref(action, where)
     if isinstance(action, ScriptAction):
         raise InvalidDefinition(
             f"{where}.call: script actions are not run here (no exec of definition text); "
@@ -495,6 +494,11 @@ def run_action(flow: Flow[Any], action: Any, context: dict[str, Any], where: str
                 return fn(flow, context.get("trigger"), **kwargs)
             return fn(flow, **kwargs)
         return fn(**kwargs)
+    if isinstance(action, ToolAction):
+        tool = tool_of(action.ref, f"{where}.ref")
+        kwargs = cel.render(action.with_ or {}, context, f"{where}.with")
+        # The step's output is the tool's result as JSON (a model as its fields).
+        return _json(tool.run(**kwargs))
     if isinstance(action, CrewAction):
         assert action.with_ is not None  # _check_supported refused from_declaration
         inputs = {**action.with_.inputs, **cel.render(action.inputs or {}, context, where)}
@@ -508,6 +512,28 @@ def run_action(flow: Flow[Any], action: Any, context: dict[str, Any], where: str
     if isinstance(action, EachAction):
         return run_each(flow, action, context, where)
     raise DefinitionError(f"{where}: {type(action).__name__} is not run here", field=where)
+
+
+def tool_of(ref: str, where: str) -> Any:
+    """The tool a ``tool`` action names: a class (a :class:`~runner.crew.tools.BaseTool`
+    subclass, or CrewAI's) made without arguments, or a tool object (``@tool``'s); resolved
+    as code references are, so on a worker only in its allow-list."""
+    target = resolve_ref(ref, where)
+    if isinstance(target, type):
+        try:
+            target = target()
+        except Exception as exc:
+            line = " ".join(str(exc).split())[:200]
+            raise InvalidDefinition(
+                f"{where}: cannot instantiate tool ref {ref!r} without arguments: {line}",
+                field=where,
+            ) from None
+    if not callable(getattr(target, "run", None)):
+        raise InvalidDefinition(
+            f"{where}: {ref} is not a tool (a BaseTool subclass, or an object with run())",
+            field=where,
+        )
+    return target
 
 
 def crew_of(spec: CrewDefinition) -> Crew:

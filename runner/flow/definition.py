@@ -149,7 +149,9 @@ class CodeAction(_Action):
 
 
 class ToolAction(_Action):
-    """CrewAI's tool call (kept in the shape; a declared flow here refuses it)."""
+    """Call a tool (``module:qualname`` of a ``BaseTool`` class, made without arguments):
+    its ``run`` with ``with`` (templates) as keyword arguments; the result is the output.
+    A declared flow resolves it only in a module the workers may import."""
 
     call: Literal["tool"]
     ref: str
@@ -379,6 +381,9 @@ class FlowDefinition(BaseModel):
                     f"methods.{name}.listen: the listen condition {method.listen!r} names the "
                     "method itself: a listener triggered by its own completion loops for ever"
                 )
+        # Inside validation, so a bad template is pydantic's ValidationError (as CrewAI's
+        # is), its message starting with the field's path.
+        check_expressions(self)
         return self
 
     @property
@@ -409,7 +414,10 @@ class FlowDefinition(BaseModel):
     ) -> FlowDefinition:
         """A definition from ``contents`` (a definition, a mapping, YAML or JSON text) or the
         YAML/JSON file at ``path``. Bad input is a :class:`DefinitionError` whose message is
-        one line naming the bad field's path (``methods.fan.do.in: ...``)."""
+        one line naming the bad field's path (``methods.fan.do.in: ...``) when it is no
+        definition at all (an empty file, no mapping), and pydantic's ``ValidationError``
+        when it does not validate (its first error names the field's path;
+        :func:`invalid_definition` makes it one line)."""
         if isinstance(contents, cls):
             return contents
         source: Path | None = None
@@ -434,11 +442,10 @@ class FlowDefinition(BaseModel):
                 raise InvalidDefinition(f"not YAML or JSON: {' '.join(str(exc).split())}") from None
         if not isinstance(data, Mapping):
             raise InvalidDefinition("Flow declaration must contain a mapping")
-        try:
-            definition = cls.model_validate(dict(data))
-        except ValidationError as exc:
-            raise InvalidDefinition(validation_line(exc), field=first_path(exc)) from None
-        check_expressions(definition)
+        # A definition that does not validate is pydantic's ValidationError (CrewAI's
+        # contract: ``except ValidationError``); the CLI prints it as one line
+        # (:func:`invalid_definition`).
+        definition = cls.model_validate(dict(data))
         if source is not None:
             definition._source_path = source.resolve()
         return definition
@@ -483,11 +490,26 @@ _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 def check_expressions(definition: FlowDefinition) -> None:
-    """Refuse (a :class:`DefinitionError` naming the field's path) a code reference not of
-    the form ``module:qualname``, and a CEL expression or ``${...}`` template that does not
-    parse or reads a root it may not."""
+    """Refuse (a :class:`DefinitionError` naming the field's path) a CEL expression or
+    ``${...}`` template that does not parse or reads a root it may not."""
     for name, method in definition.methods.items():
         check_action(method.do, f"methods.{name}.do", BASE_ROOTS)
+
+
+def check_ref(action: Any, where: str) -> None:
+    """Refuse (naming ``where``) a code or tool reference not of the form
+    ``module:qualname``. Checked when a flow is made of the definition, not when it is
+    loaded (CrewAI's order: a definition is data until it is run)."""
+    if isinstance(action, CodeAction | ToolAction) and not _REF.fullmatch(action.ref):
+        raise InvalidDefinition(
+            f"{where}.ref: expected 'module:qualname', got {action.ref!r}", field=f"{where}.ref"
+        )
+
+
+def invalid_definition(exc: ValidationError) -> InvalidDefinition:
+    """A definition's ``ValidationError`` as one line naming the first bad field's path (what
+    the CLI and API show)."""
+    return InvalidDefinition(validation_line(exc), field=first_path(exc) or None)
 
 
 def check_action(action: Any, where: str, allowed: frozenset[str]) -> None:
@@ -495,10 +517,6 @@ def check_action(action: Any, where: str, allowed: frozenset[str]) -> None:
     from runner.flow import expressions as cel
 
     if isinstance(action, CodeAction | ToolAction):
-        if not _REF.fullmatch(action.ref):
-            raise InvalidDefinition(
-                f"{where}.ref: expected 'module:qualname', got {action.ref!r}", field=where
-            )
         if action.with_ is not None:
             cel.validate_template(action.with_, allowed, f"{where}.with")
     elif isinstance(action, ExpressionAction):
@@ -522,7 +540,7 @@ def refs(definition: FlowDefinition) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
 
     def visit(action: Any, where: str) -> None:
-        if isinstance(action, CodeAction):
+        if isinstance(action, CodeAction | ToolAction):
             found.append((f"{where}.ref", action.ref))
         elif isinstance(action, EachAction):
             for i, step in enumerate(action.do):
