@@ -25,7 +25,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from runner.errors import DefinitionError
 from runner.flow.conditions import And, Cond, Or, normalize
@@ -132,6 +140,46 @@ class HumanFeedbackDefinition(BaseModel):
     learn_strict: bool = False
 
 
+class ConversationalRouterDefinition(BaseModel):
+    """The router of a conversational block (CrewAI's ``FlowConversationalRouterDefinition``):
+    how a turn's intent is picked. LLMs are names."""
+
+    model_config = ConfigDict(extra="allow")
+    prompt: str | None = None
+    response_format: Any = None
+    llm: Any = None
+    routes: list[str] | None = None
+    route_descriptions: dict[str, str] | None = None
+    default_intent: str | None = "converse"
+    fallback_intent: str | None = "converse"
+    intent_field: str = "intent"
+
+
+class ConversationalDefinition(BaseModel):
+    """A flow's ``conversational`` block (CrewAI's ``FlowConversationalDefinition``):
+    declaring it is the opt-in (``enabled`` defaults to true; ``false`` keeps the settings
+    without chat). A key this runner does not know is kept here and refused, naming its
+    path, when a flow is made of it (``runner.flow.conversation.config_from_block``)."""
+
+    model_config = ConfigDict(extra="allow")
+    enabled: bool = True
+    system_prompt: str | None = None
+    llm: Any = None
+    router: ConversationalRouterDefinition | None = None
+    answer_from_history_prompt: str | None = None
+    default_intents: list[str] | None = None
+    intent_llm: Any = None
+    answer_from_history_llm: Any = None
+    visible_agent_outputs: list[str] | Literal["all"] | None = None
+    defer_trace_finalization: bool = True
+    builtin_routes: list[str] = Field(default_factory=lambda: ["converse", "end"])
+    internal_routes: list[str] = Field(default_factory=lambda: ["answer_from_history"])
+
+    def block(self) -> dict[str, Any]:
+        """The block as data (what was given and the defaults; unset values left out)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
 # --- actions --------------------------------------------------------------------------------
 
 
@@ -181,6 +229,14 @@ class AgentActionDefinition(AgentDefinition):
 
     input: str
 
+    @field_validator("input", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        # CrewAI's wording: an agent is given text (a template may make it from data).
+        if not isinstance(value, str):
+            raise ValueError(f"agent.input must be a string, not {type(value).__name__}")
+        return value
+
 
 class TaskDefinition(BaseModel):
     """One task of a crew."""
@@ -201,6 +257,13 @@ class CrewDefinition(BaseModel):
     agents: dict[str, AgentDefinition] = Field(default_factory=dict)
     tasks: list[TaskDefinition]
     inputs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _mapping(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"crew.inputs must be a mapping, not {type(value).__name__}")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -223,6 +286,13 @@ class CrewAction(_Action):
     from_declaration: str | None = None
     with_: CrewDefinition | None = Field(default=None, alias="with")
     inputs: dict[str, Data] | None = None
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _mapping(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, Mapping):
+            raise ValueError(f"crew.inputs must be a mapping, not {type(value).__name__}")
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> CrewAction:
@@ -365,7 +435,7 @@ class FlowDefinition(BaseModel):
     state: StateDefinition | None = None
     config: FlowConfigDefinition = Field(default_factory=FlowConfigDefinition)
     persist: PersistenceDefinition | None = None
-    conversational: dict[str, Any] | None = None
+    conversational: ConversationalDefinition | None = None
     """CrewAI's conversational block: declaring it makes the flow conversational
     (``runner.flow.conversation.config_from_block`` reads it; ``enabled: false`` keeps it
     without chat); a conversational class's definition gives its config here
@@ -914,4 +984,6 @@ FlowExpressionActionDefinition = ExpressionAction
 FlowScriptActionDefinition = ScriptAction
 FlowEachActionDefinition = EachAction
 FlowEachStepDefinition = EachStep
+FlowConversationalDefinition = ConversationalDefinition
+FlowConversationalRouterDefinition = ConversationalRouterDefinition
 FlowDefinitionCondition = Condition
