@@ -10,6 +10,7 @@ in the worker, which registers it by importing the module that does).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from runner.checkpointing import CheckpointConfig
@@ -62,6 +63,23 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent(role={self.role!r})"
+
+    def kickoff(self, messages: str | list[dict[str, Any]]) -> Any:
+        """This agent on its own (CrewAI's ``Agent.kickoff``): ``messages`` (text, or chat
+        messages whose contents are joined) as one task, run as a one-task crew; returns
+        its :class:`~runner.crew.task.CrewOutput` (``raw`` is the answer)."""
+        from runner.crew.crew import Crew
+        from runner.crew.task import Task
+
+        if isinstance(messages, list):
+            messages = "\n".join(str(m.get("content", "")) for m in messages)
+        task = Task(description=str(messages), expected_output="A response.", agent=self)
+        return Crew(agents=[self], tasks=[task], name="agent").kickoff()
+
+    async def kickoff_async(self, messages: str | list[dict[str, Any]]) -> Any:
+        """:meth:`kickoff` without blocking the event loop (CrewAI's; what a definition's
+        ``agent`` action awaits, so a test that mocks it runs no LLM)."""
+        return await asyncio.to_thread(self.kickoff, messages)
 
     def prompt(self, task_input: TaskInput) -> str:
         """The prompt sent to ``llm`` for ``task_input`` (CrewAI's wording); ``{placeholders}``

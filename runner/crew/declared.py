@@ -47,6 +47,7 @@ from runner.checkpointing import CheckpointConfig, persist
 from runner.crew.agent import Agent
 from runner.crew.crew import Crew
 from runner.crew.task import Task
+from runner.crew.tools import awaited
 from runner.distributed.engine import FlowNotAllowed
 from runner.errors import DefinitionError
 from runner.flow import conversation
@@ -502,13 +503,20 @@ def run_action(flow: Flow[Any], action: Any, context: dict[str, Any], where: str
     if isinstance(action, CrewAction):
         assert action.with_ is not None  # _check_supported refused from_declaration
         inputs = {**action.with_.inputs, **cel.render(action.inputs or {}, context, where)}
-        return crew_of(action.with_).kickoff(inputs=inputs)
+        # The crew's and the agent's async entry points, as CrewAI's runtime awaits them (a
+        # test that mocks ``kickoff_async`` runs no LLM); they run the sync kickoff.
+        return awaited(crew_of(action.with_).kickoff_async(inputs=inputs))
     if isinstance(action, AgentAction):
         spec = action.with_
         text = cel.render(spec.input, context, f"{where}.with.input")
+        if not isinstance(text, str):
+            raise InvalidDefinition(
+                f"{where}.with.input: agent input must render to a string, not "
+                f"{type(text).__name__}",
+                field=f"{where}.with.input",
+            )
         agent = Agent(spec.role or "Agent", spec.goal or "", spec.backstory or "", spec.llm_name())
-        task = Task(description=str(text), expected_output="A response.", agent=agent)
-        return Crew(agents=[agent], tasks=[task], name="agent").kickoff()
+        return awaited(agent.kickoff_async(text))
     if isinstance(action, EachAction):
         return run_each(flow, action, context, where)
     raise DefinitionError(f"{where}: {type(action).__name__} is not run here", field=where)

@@ -14,6 +14,7 @@ features of CrewAI's tools) are not here.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import threading
 from abc import ABC, abstractmethod
@@ -119,10 +120,12 @@ def awaited(result: Any) -> Any:
     except RuntimeError:
         return asyncio.run(result)
     box: dict[str, Any] = {}
+    # The step's context (its run, its stream) goes with the coroutine to that thread.
+    context = contextvars.copy_context()
 
     def run() -> None:
         try:
-            box["value"] = asyncio.run(result)
+            box["value"] = context.run(asyncio.run, result)
         except BaseException as exc:  # handed to the caller's thread below
             box["error"] = exc
 
