@@ -14,7 +14,7 @@ import asyncio
 from typing import Any
 
 from runner.checkpointing import CheckpointConfig
-from runner.crew.task import TaskInput, fill
+from runner.crew.task import Task, TaskInput, TaskOutput, current_task, fill
 from runner.errors import DefinitionError
 from runner.flow.llm import call_llm, is_llm
 
@@ -64,17 +64,21 @@ class Agent:
     def __repr__(self) -> str:
         return f"Agent(role={self.role!r})"
 
-    def kickoff(self, messages: str | list[dict[str, Any]]) -> Any:
+    def kickoff(self, messages: str | list[dict[str, Any]]) -> TaskOutput:
         """This agent on its own (CrewAI's ``Agent.kickoff``): ``messages`` (text, or chat
-        messages whose contents are joined) as one task, run as a one-task crew; returns
-        its :class:`~runner.crew.task.CrewOutput` (``raw`` is the answer)."""
-        from runner.crew.crew import Crew
-        from runner.crew.task import Task
-
+        messages whose contents are joined) as one task's description, answered by one call
+        of its ``llm`` (no crew, no run); returns the :class:`TaskOutput` (``raw``)."""
         if isinstance(messages, list):
             messages = "\n".join(str(m.get("content", "")) for m in messages)
-        task = Task(description=str(messages), expected_output="A response.", agent=self)
-        return Crew(agents=[self], tasks=[task], name="agent").kickoff()
+        text = str(messages)
+        task = Task(description=text or "-", expected_output="A response.", agent=self)
+        work = TaskInput(task, text, task.expected_output, {}, [])
+        token = current_task.set(work)
+        try:
+            answer = self.execute_task(work)
+        finally:
+            current_task.reset(token)
+        return task.make_output(answer, self.role, text, task.expected_output)
 
     async def kickoff_async(self, messages: str | list[dict[str, Any]]) -> Any:
         """:meth:`kickoff` without blocking the event loop (CrewAI's; what a definition's
