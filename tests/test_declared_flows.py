@@ -674,3 +674,25 @@ def test_a_declared_run_resumes_from_its_checkpoint_file_with_its_definition(
     assert type(again).flow_definition().name == "Failing"
     assert again.kickoff(inputs={"ready": True}) == "ok"
     assert again.method_outputs == ["ok"]  # clean is not run again; check is
+
+
+def test_a_recorded_definition_that_no_longer_validates_is_a_one_line_definition_error() -> None:
+    import base64
+    import zlib
+
+    from runner.crew import declared
+    from runner.flow.loading import load_flow
+
+    # As a run recorded it (runner.crew.declared:D_<compressed JSON>), with an agent input
+    # that is not text: this version refuses it when the path is loaded, naming the field.
+    text = json.dumps(
+        {
+            "name": "Old",
+            "methods": {"a": {"start": True, "do": {"call": "agent", "with": {"input": 5}}}},
+        }
+    )
+    packed = base64.urlsafe_b64encode(zlib.compress(text.encode())).decode().rstrip("=")
+    with pytest.raises(DefinitionError) as caught:
+        load_flow(f"{declared.DECLARED_MODULE}:{declared.PREFIX}{packed}")
+    assert str(caught.value).startswith("methods.a.do.with.input: agent.input must be a string")
+    assert "\n" not in str(caught.value)

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, create_model
+from pydantic import BaseModel, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
 from runner.checkpointing import CheckpointConfig, persist
@@ -78,6 +78,7 @@ from runner.flow.definition import (
     UnknownState,
     check_ref,
     condition_of,
+    invalid_definition,
 )
 from runner.flow.flow import Flow
 from runner.flow.human_feedback import human_feedback
@@ -118,7 +119,12 @@ def definition_of(attribute: str) -> FlowDefinition:
         loaded = json.loads(data)
     except (ValueError, zlib.error) as exc:
         raise DefinitionError(f"not a declared flow's path: {attribute[:40]}...: {exc}") from None
-    return FlowDefinition.from_declaration(loaded)
+    try:
+        return FlowDefinition.from_declaration(loaded)
+    except ValidationError as exc:
+        # A recorded run's definition that this version no longer accepts: a DefinitionError
+        # (one line, its field's path), as every flow path that cannot be loaded is.
+        raise invalid_definition(exc) from None
 
 
 def __getattr__(name: str) -> Any:
