@@ -76,6 +76,8 @@ MODULES: dict[str, str] = {
     "crewai.flow.visualization.builder": "runner.flow.visualization",
     # conversations
     "crewai.flow.conversation": "runner.flow.conversation",
+    # tools a definition's `call: tool` names
+    "crewai.tools": "runner",
     "crewai.experimental": "runner",
     "crewai.experimental.conversational": "runner.flow.conversation",
 }

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from runner.checkpointing import CheckpointConfig, persist
     from runner.crew import Agent, Crew, CrewOutput, Task, TaskOutput
     from runner.crew.declared import declared_flow, submit_definition
+    from runner.crew.tools import BaseTool
     from runner.distributed.client import RunHandle, submit
     from runner.distributed.deploy_check import check_deploy
     from runner.distributed.limits import set_limit
@@ -80,6 +81,7 @@ _HOMES = {
     "runner.checkpointing": ("CheckpointConfig", "persist"),
     "runner.crew": ("Agent", "Crew", "CrewOutput", "Task", "TaskOutput"),
     "runner.crew.declared": ("declared_flow", "submit_definition"),
+    "runner.crew.tools": ("BaseTool",),
     "runner.distributed.client": ("RunHandle", "submit"),
     "runner.distributed.deploy_check": ("check_deploy",),
     "runner.distributed.limits": ("set_limit",),
@@ -185,6 +187,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Agent",
+    "BaseTool",
     "ChatState",
     "Checkpoint",
     "CheckpointConfig",

@@ -616,8 +616,10 @@ def test_an_each_over_a_non_list_or_with_a_non_boolean_if_is_a_value_error(each,
 def test_a_ref_not_of_the_form_module_qualname_says_what_was_expected():
     bad = schema_flow({"type": "dict"})
     bad["methods"]["begin"]["do"]["ref"] = "no-colon"
+    # The definition is data (it loads); making a flow of it refuses the reference.
+    definition = flow_definition.FlowDefinition.from_declaration(bad)
     with pytest.raises(ValueError, match="expected 'module:qualname', got 'no-colon'"):
-        flow_definition.FlowDefinition.from_declaration(bad)
+        Flow.from_declaration(definition)
 
 
 # --- a definition's config sets what a class flow's attributes set ----------------------------
@@ -721,3 +723,78 @@ def test_the_guide_lists_the_models_fields_and_leaves_out_what_it_is_told_to():
     flow_definition.FlowDefinition.from_declaration(
         as_json.split("```json\n", 1)[1].split("\n```", 1)[0]
     )
+
+
+# --- an agent on its own, the conversational block, CrewAI's wording for bad inputs ----------
+
+
+def test_an_agent_kicks_off_on_its_own_sync_and_async() -> None:
+    import asyncio
+
+    from runner import Agent
+
+    seen: list[str] = []
+
+    def llm(prompt: str) -> str:
+        seen.append(prompt)
+        return "answer " + str(len(seen))
+
+    agent = Agent("Analyst", "Answer", "Precise.", llm=llm)
+    assert agent.kickoff("What is a queue?").raw == "answer 1"
+    assert "Current Task: What is a queue?" in seen[0]
+    # Chat messages: their contents make the task.
+    messages = [{"role": "user", "content": "first"}, {"role": "user", "content": "second"}]
+    assert asyncio.run(agent.kickoff_async(messages)).raw == "answer 2"
+    assert "Current Task: first\nsecond" in seen[1]
+
+
+def test_an_agent_actions_input_must_be_text_when_declared_and_when_rendered() -> None:
+    from pydantic import ValidationError
+
+    def agent_flow(value: Any) -> dict[str, Any]:
+        return {
+            "name": "Ask",
+            "state": {"type": "dict", "default": {"n": 3}},
+            "methods": {
+                "answer": {
+                    "start": True,
+                    "do": {"call": "agent", "with": {"role": "A", "input": value}},
+                }
+            },
+        }
+
+    with pytest.raises(ValidationError, match=r"agent\.input must be a string, not int"):
+        flow_definition.FlowDefinition.from_declaration(agent_flow(123))
+    with pytest.raises(DefinitionError, match=r"^methods\.answer\.do\.with\.input: agent input"):
+        Flow.from_declaration(agent_flow("${state.n}")).kickoff()
+
+
+def test_a_crew_actions_inputs_must_be_a_mapping() -> None:
+    from pydantic import ValidationError
+
+    crew = {"agents": {"a": {"role": "A"}}, "tasks": [{"description": "d", "expected_output": "e"}]}
+    for do in (
+        {"call": "crew", "with": crew, "inputs": ["topic"]},
+        {"call": "crew", "with": {**crew, "inputs": "topic"}},
+    ):
+        bad = {"name": "C", "methods": {"research": {"start": True, "do": do}}}
+        with pytest.raises(ValidationError, match=r"crew\.inputs must be a mapping"):
+            flow_definition.FlowDefinition.from_declaration(bad)
+
+
+def test_the_conversational_block_is_crewais_model_with_its_defaults() -> None:
+    def chat(block: dict[str, Any]) -> dict[str, Any]:
+        return {"name": "Chat", "conversational": block, "methods": {}}
+
+    loaded = flow_definition.FlowDefinition.from_declaration(chat({"llm": "echo-model"}))
+    block = loaded.conversational
+    assert isinstance(block, flow_definition.FlowConversationalDefinition)
+    assert (block.enabled, block.llm, block.defer_trace_finalization) == (True, "echo-model", True)
+    assert block.builtin_routes == ["converse", "end"]
+    # Its data form loads again, and a flow made of it is conversational.
+    again = flow_definition.FlowDefinition.from_declaration(loaded.to_dict())
+    assert again.conversational == block
+    assert type(Flow.from_declaration(again)).conversational is True
+    off = flow_definition.FlowDefinition.from_declaration(chat({"enabled": False, "llm": "x"}))
+    assert off.conversational is not None and off.conversational.enabled is False
+    assert type(Flow.from_declaration(off)).conversational is False

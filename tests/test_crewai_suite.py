@@ -20,11 +20,11 @@ SOURCE = textwrap.dedent(
     from crewai.events.event_bus import crewai_event_bus
     from crewai.events.types.flow_events import FlowStartedEvent
     from crewai.flow import Flow, start
-    from crewai.tools import BaseTool
+    from crewai.agents.agent_builder.base_agent import BaseAgent
 
 
-    class SearchTool(BaseTool):
-        name: str = "search"
+    class Researcher(BaseAgent):
+        role: str = "researcher"
 
 
     def _attach(cls):
@@ -37,7 +37,7 @@ SOURCE = textwrap.dedent(
 
 
     def test_uses_a_crewai_only_name():
-        SearchTool()
+        Researcher()
 
 
     def test_reads_the_bus():
@@ -69,10 +69,13 @@ def test_imports_are_rewritten_by_the_table_and_bodies_are_unchanged():
     assert "_crewai_suite_shim.module('runner.flow.definition', 'crewai.flow.flow_definition')" in (
         rewritten.text
     )
-    assert "_crewai_suite_shim.bind('', [('BaseTool', 'crewai.tools')])" in rewritten.text
+    assert (
+        "_crewai_suite_shim.bind('', [('BaseAgent', 'crewai.agents.agent_builder.base_agent')])"
+        in rewritten.text
+    )
     assert rewritten.text.splitlines()[1] == "from __future__ import annotations"
     for body_line in (
-        "    SearchTool()",
+        "    Researcher()",
         "def _attach(cls):",
         "        cls._flow_definition = None",
     ):
@@ -117,9 +120,17 @@ def test_a_crewai_only_name_fails_only_the_tests_using_it(tmp_path: Path):
         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
     )
     assert "1 failed, 2 passed" in done.stdout, done.stdout
-    assert "no counterpart in runner: crewai.tools.BaseTool" in done.stdout
+    assert (
+        "no counterpart in runner: crewai.agents.agent_builder.base_agent.BaseAgent" in done.stdout
+    )
 
 
 def test_a_bare_import_of_a_crewai_module_is_refused_rather_than_guessed():
     with pytest.raises(SystemExit, match=r"no rule for `import crewai\.flow`"):
         crewai_suite.rewrite("import crewai.flow\n")
+
+
+def test_crewais_tools_module_maps_to_ours() -> None:
+    # A tool written against crewai.tools.BaseTool moves over with its import changed.
+    rewritten = crewai_suite.rewrite("from crewai.tools import BaseTool\n")
+    assert "_crewai_suite_shim.bind('runner', [('BaseTool', 'crewai.tools')])" in rewritten.text

@@ -6,6 +6,7 @@ parallel steps with a join, so a worker killed mid-fan-out re-runs only unfinish
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -16,8 +17,10 @@ from typing import Any
 import pytest
 import redis
 import yaml
+from pydantic import ValidationError
 
 from runner import (
+    BaseTool,
     Flow,
     FlowDefinition,
     and_,
@@ -34,7 +37,7 @@ from runner.distributed.client import RunHandle
 from runner.distributed.engine import DECLARED_TASK, task_name
 from runner.errors import DefinitionError
 from runner.flow import transition as tr
-from runner.flow.definition import ALLOWED_REFS
+from runner.flow.definition import ALLOWED_REFS, invalid_definition
 from runner.flow.llm import register_llm
 from runner.store.models import RunStatus
 from tests._dist_support import eventually, private_pool
@@ -241,6 +244,136 @@ def test_an_agent_action_runs_our_agent() -> None:
     assert Flow.from_declaration(definition).kickoff()["raw"] == "notes on queues"
 
 
+# --- tool actions (CrewAI's `call: tool`) -----------------------------------------------------
+
+
+def _tool_definition(with_: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": "Searching",
+        "state": {"type": "dict", "default": {"topic": "queues", "tag": "", "n": 3}},
+        "methods": {
+            "search": {
+                "start": True,
+                "do": {"call": "tool", "ref": "tests.flows.declared:CountingSearch", "with": with_},
+            },
+            "report": {
+                "listen": "search",
+                "do": {
+                    "call": "expression",
+                    "expr": "outputs.search.hits[size(outputs.search.hits) - 1]",
+                },
+            },
+        },
+    }
+
+
+def test_a_tool_action_calls_run_with_its_rendered_arguments(redis_client: redis.Redis) -> None:
+    tag = f"t{uuid.uuid4().hex[:8]}"
+    # A whole `${...}` keeps its type (an int for `limit`); text around it makes a string.
+    flow = Flow.from_declaration(
+        _tool_definition(
+            {"query": "durable ${state.topic}", "tag": "${state.tag}", "limit": "${state.n}"}
+        )
+    )
+    assert flow.kickoff(inputs={"tag": tag}) == "durable queues #3"
+    # The tool's result is the step's output, as JSON, for the steps after it.
+    assert flow.method_outputs[0] == {
+        "query": "durable queues",
+        "hits": ["durable queues #1", "durable queues #2", "durable queues #3"],
+    }
+    assert int(redis_client.get(count_key(tag, "durable queues"))) == 1
+
+
+def test_a_tool_converts_and_refuses_arguments_by_its_run_signature() -> None:
+    from runner.crew.tools import ToolArgumentsError
+    from tests.flows.declared import CountingSearch
+
+    tool = CountingSearch()
+    assert tool.name == "counting_search"
+    assert set(tool.args_schema.model_fields) == {"query", "tag", "limit"}
+    # A string template that renders "2" is the int the signature asks for.
+    flow = Flow.from_declaration(
+        _tool_definition(
+            {"query": "q", "tag": "conv-${state.n}", "limit": "${string(state.n - 1)}"}
+        )
+    )
+    assert flow.kickoff() == "q #2"
+    with pytest.raises(ToolArgumentsError) as caught:
+        Flow.from_declaration(
+            _tool_definition({"query": "q", "tag": "t", "limit": "many"})
+        ).kickoff()
+    assert str(caught.value).startswith(
+        "tool 'counting_search': limit: Input should be a valid integer"
+    )
+    assert "\n" not in str(caught.value)
+
+
+class AsyncBodyTool(BaseTool):
+    name: str = "async_body"
+
+    def _run(self, word: str) -> Any:
+        async def later() -> str:
+            await asyncio.sleep(0)
+            return word.upper()
+
+        return later()
+
+
+class NeedsKey(BaseTool):
+    key: str
+
+    def _run(self) -> str:
+        return self.key
+
+
+def test_a_tool_whose_run_returns_a_coroutine_gives_its_value_even_inside_an_event_loop() -> None:
+    assert AsyncBodyTool().run(word="loud") == "LOUD"
+
+    async def inside_a_loop() -> Any:
+        return AsyncBodyTool().run(word="still")
+
+    assert asyncio.run(inside_a_loop()) == "STILL"
+    definition = {
+        "name": "AsyncTool",
+        "methods": {
+            "shout": {
+                "start": True,
+                "do": {"call": "tool", "ref": f"{HERE}:AsyncBodyTool", "with": {"word": "hey"}},
+            }
+        },
+    }
+    assert Flow.from_declaration(definition).kickoff() == "HEY"
+
+
+@pytest.mark.parametrize(
+    ("ref", "says"),
+    [
+        (f"{HERE}:NeedsKey", "cannot instantiate tool ref"),
+        (f"{HERE}:HERE", "is not a tool"),
+        (f"{HERE}.AsyncBodyTool", "expected 'module:qualname'"),
+    ],
+)
+def test_a_tool_ref_that_names_no_tool_is_refused_naming_the_field(ref: str, says: str) -> None:
+    definition = {
+        "name": "BadTool",
+        "methods": {"use": {"start": True, "do": {"call": "tool", "ref": ref}}},
+    }
+    with pytest.raises(DefinitionError, match=rf"^methods\.use\.do\.ref: .*{says}"):
+        Flow.from_declaration(definition).kickoff()
+
+
+def test_a_bad_template_is_pydantics_validation_error_and_one_line_for_the_cli() -> None:
+    bad = _tool_definition({"query": "a ${state.topic", "tag": "t"})
+    with pytest.raises(ValidationError) as caught:
+        FlowDefinition.from_declaration(bad)
+    line = str(invalid_definition(caught.value))
+    assert line.startswith("methods.search.do.with.query: unterminated ${...}"), line
+    assert "\n" not in line
+    bad = _tool_definition({"query": "x ${} y", "tag": "t"})
+    with pytest.raises(ValidationError, match="empty CEL expression"):
+        FlowDefinition.from_declaration(bad)
+
+
 @pytest.mark.parametrize(
     ("change", "path"),
     [
@@ -271,10 +404,14 @@ def test_an_agent_action_runs_our_agent() -> None:
 def test_a_malformed_definition_is_refused_with_the_fields_path(change: Any, path: str) -> None:
     definition = _crew_definition([1])
     change(definition)
-    with pytest.raises(DefinitionError) as caught:
+    # A definition that does not validate is pydantic's ValidationError (as CrewAI's); one
+    # the runner cannot make a flow of is a DefinitionError. Either is one line with its path.
+    with pytest.raises((DefinitionError, ValidationError)) as caught:
         declared_flow(definition)
-    assert str(caught.value).startswith(path), str(caught.value)
-    assert "\n" not in str(caught.value)
+    error = caught.value
+    line = str(invalid_definition(error) if isinstance(error, ValidationError) else error)
+    assert line.startswith(path), line
+    assert "\n" not in line
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -312,6 +449,31 @@ def test_submit_definition_runs_on_workers(rt: Any, redis_client: redis.Redis) -
     assert latest.flow.startswith("runner.crew.declared:D_")
     recorded = FlowDefinition.from_declaration(_crew_definition([5, 6]))
     assert declared_flow(recorded).flow_path() == latest.flow  # the run carries its definition
+
+
+def test_a_tool_action_runs_once_as_a_step_on_workers(rt: Any, redis_client: redis.Redis) -> None:
+    tag = f"t{uuid.uuid4().hex[:8]}"
+    definition = _tool_definition({"query": "${state.topic}", "tag": "${state.tag}"})
+    handle = submit_definition(definition, {"tag": tag}, rt=rt)
+    assert handle.result(timeout=30) == "queues #2"
+    latest = rt.store.latest(handle.run_id)
+    # The tool's output is recorded as the step's output, and the tool ran once.
+    assert tr.record_of(latest).outputs["search"] == {
+        "query": "queues",
+        "hits": ["queues #1", "queues #2"],
+    }
+    assert int(redis_client.get(count_key(tag, "queues"))) == 1
+
+
+def test_a_tool_outside_the_workers_allow_list_is_refused_at_submit(rt: Any) -> None:
+    from runner.distributed.engine import FlowNotAllowed
+
+    definition = _tool_definition({"query": "q", "tag": "t"})
+    definition["methods"]["search"]["do"]["ref"] = f"{HERE}:AsyncBodyTool"
+    before = rt.store.run_ids()
+    with pytest.raises(FlowNotAllowed, match=r"^methods\.search\.do\.ref: "):
+        submit_definition(definition, {}, rt=rt)
+    assert rt.store.run_ids() == before
 
 
 def _child_of(rt: Any, run_id: str) -> str | None:
@@ -512,3 +674,25 @@ def test_a_declared_run_resumes_from_its_checkpoint_file_with_its_definition(
     assert type(again).flow_definition().name == "Failing"
     assert again.kickoff(inputs={"ready": True}) == "ok"
     assert again.method_outputs == ["ok"]  # clean is not run again; check is
+
+
+def test_a_recorded_definition_that_no_longer_validates_is_a_one_line_definition_error() -> None:
+    import base64
+    import zlib
+
+    from runner.crew import declared
+    from runner.flow.loading import load_flow
+
+    # As a run recorded it (runner.crew.declared:D_<compressed JSON>), with an agent input
+    # that is not text: this version refuses it when the path is loaded, naming the field.
+    text = json.dumps(
+        {
+            "name": "Old",
+            "methods": {"a": {"start": True, "do": {"call": "agent", "with": {"input": 5}}}},
+        }
+    )
+    packed = base64.urlsafe_b64encode(zlib.compress(text.encode())).decode().rstrip("=")
+    with pytest.raises(DefinitionError) as caught:
+        load_flow(f"{declared.DECLARED_MODULE}:{declared.PREFIX}{packed}")
+    assert str(caught.value).startswith("methods.a.do.with.input: agent.input must be a string")
+    assert "\n" not in str(caught.value)

@@ -19,9 +19,16 @@ def flow_class(flow: str) -> Any:
     """The flow class FLOW names: a definition file's declared flow (refused, naming the bad
     field's path, before anything is stored), else the class at the import path."""
     if is_definition_file(flow):
-        from runner.crew.declared import declared_flow
+        from pydantic import ValidationError
 
-        return declared_flow(path=flow)
+        from runner.crew.declared import declared_flow
+        from runner.flow.definition import invalid_definition
+
+        try:
+            return declared_flow(path=flow)
+        except ValidationError as exc:
+            # pydantic's error is several lines; a command says one (the field's path).
+            raise invalid_definition(exc) from None
     from runner.flow.loading import load_flow
 
     return load_flow(flow)

@@ -4,6 +4,7 @@
 * :mod:`runner.crew.agent` -- ``Agent`` around any LLM client.
 * :mod:`runner.crew.crew` -- ``Crew``: kickoff, submit, resume, fork.
 * :mod:`runner.crew.compile` -- the generated flow class (one method per task).
+* :mod:`runner.crew.tools` -- ``BaseTool``, CrewAI's tool shape (``call: tool`` actions).
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ in the worker, which registers it by importing the module that does).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from runner.checkpointing import CheckpointConfig
-from runner.crew.task import TaskInput, fill
+from runner.crew.task import Task, TaskInput, TaskOutput, current_task, fill
 from runner.errors import DefinitionError
 from runner.flow.llm import call_llm, is_llm
 
@@ -62,6 +63,27 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent(role={self.role!r})"
+
+    def kickoff(self, messages: str | list[dict[str, Any]]) -> TaskOutput:
+        """This agent on its own (CrewAI's ``Agent.kickoff``): ``messages`` (text, or chat
+        messages whose contents are joined) as one task's description, answered by one call
+        of its ``llm`` (no crew, no run); returns the :class:`TaskOutput` (``raw``)."""
+        if isinstance(messages, list):
+            messages = "\n".join(str(m.get("content", "")) for m in messages)
+        text = str(messages)
+        task = Task(description=text or "-", expected_output="A response.", agent=self)
+        work = TaskInput(task, text, task.expected_output, {}, [])
+        token = current_task.set(work)
+        try:
+            answer = self.execute_task(work)
+        finally:
+            current_task.reset(token)
+        return task.make_output(answer, self.role, text, task.expected_output)
+
+    async def kickoff_async(self, messages: str | list[dict[str, Any]]) -> Any:
+        """:meth:`kickoff` without blocking the event loop (CrewAI's; what a definition's
+        ``agent`` action awaits, so a test that mocks it runs no LLM)."""
+        return await asyncio.to_thread(self.kickoff, messages)
 
     def prompt(self, task_input: TaskInput) -> str:
         """The prompt sent to ``llm`` for ``task_input`` (CrewAI's wording); ``{placeholders}``

@@ -21,7 +21,9 @@ on a worker only in the modules of its allow-list (``RUNNER_FLOW_MODULES``).
 workers the ``each`` method starts a child run with one parallel step per item and a join
 that collects their outputs in order, so a crash mid-fan-out re-runs only unfinished items.
 Templates (``${state.x}``, ``${outputs.step.raw}``) and conditions are CEL
-(:mod:`runner.flow.expressions`). ``tool`` and ``script`` actions are refused (no ``exec``).
+(:mod:`runner.flow.expressions`). ``tool`` calls a tool class (CrewAI's ``BaseTool`` shape,
+:mod:`runner.crew.tools`) by reference with its rendered ``with`` as keyword arguments of
+``run``; ``script`` actions are refused (no ``exec``).
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, create_model
+from pydantic import BaseModel, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
 from runner.checkpointing import CheckpointConfig, persist
 from runner.crew.agent import Agent
 from runner.crew.crew import Crew
 from runner.crew.task import Task
+from runner.crew.tools import awaited
 from runner.distributed.engine import FlowNotAllowed
 from runner.errors import DefinitionError
 from runner.flow import conversation
@@ -73,7 +76,9 @@ from runner.flow.definition import (
     ScriptAction,
     ToolAction,
     UnknownState,
+    check_ref,
     condition_of,
+    invalid_definition,
 )
 from runner.flow.flow import Flow
 from runner.flow.human_feedback import human_feedback
@@ -114,7 +119,12 @@ def definition_of(attribute: str) -> FlowDefinition:
         loaded = json.loads(data)
     except (ValueError, zlib.error) as exc:
         raise DefinitionError(f"not a declared flow's path: {attribute[:40]}...: {exc}") from None
-    return FlowDefinition.from_declaration(loaded)
+    try:
+        return FlowDefinition.from_declaration(loaded)
+    except ValidationError as exc:
+        # A recorded run's definition that this version no longer accepts: a DefinitionError
+        # (one line, its field's path), as every flow path that cannot be loaded is.
+        raise invalid_definition(exc) from None
 
 
 def __getattr__(name: str) -> Any:
@@ -148,8 +158,8 @@ def declared_flow(
 ) -> type[Flow[Any]]:
     """The flow class of a definition (one class per definition in a process).
 
-    Refuses, naming the field's path, what the runner does not run: ``tool`` and ``script``
-    actions, a crew ``from_declaration``, a nested ``each``, a bad condition."""
+    Refuses, naming the field's path, what the runner does not run: ``script`` actions,
+    a crew ``from_declaration``, a nested ``each``, a bad condition or reference."""
     definition = load_definition(contents, path=path)
     attribute = attribute_of(definition)
     with _lock:
@@ -201,7 +211,7 @@ def _build(definition: FlowDefinition, attribute: str) -> type[Flow[Any]]:
         namespace[name] = _persisted(definition, name, _method(definition.name, name, method))
     if definition.conversational is not None:
         # Declaring the block is the opt-in (CrewAI's); enabled: false keeps it without chat.
-        config = conversation.config_from_block(definition.conversational)
+        config = conversation.config_from_block(definition.conversational.block())
         namespace["conversational"] = config is not None
         namespace["conversational_config"] = config
     return type(definition.name, (Flow,), namespace)
@@ -283,11 +293,7 @@ def _persistence_of(value: Any, where: str) -> Any:
 
 
 def _check_supported(action: Any, where: str, nested: bool = False) -> None:
-    if isinstance(action, ToolAction):
-        raise InvalidDefinition(
-            f"{where}.call: tool actions are not run here; call the tool from a code action",
-            field=f"{where}.call",
-        )
+    check_ref(action, where)
     if isinstance(action, ScriptAction):
         raise InvalidDefinition(
             f"{where}.call: script actions are not run here (no exec of definition text); "
@@ -495,19 +501,53 @@ def run_action(flow: Flow[Any], action: Any, context: dict[str, Any], where: str
                 return fn(flow, context.get("trigger"), **kwargs)
             return fn(flow, **kwargs)
         return fn(**kwargs)
+    if isinstance(action, ToolAction):
+        tool = tool_of(action.ref, f"{where}.ref")
+        kwargs = cel.render(action.with_ or {}, context, f"{where}.with")
+        # The step's output is the tool's result as JSON (a model as its fields).
+        return _json(tool.run(**kwargs))
     if isinstance(action, CrewAction):
         assert action.with_ is not None  # _check_supported refused from_declaration
         inputs = {**action.with_.inputs, **cel.render(action.inputs or {}, context, where)}
-        return crew_of(action.with_).kickoff(inputs=inputs)
+        # The crew's and the agent's async entry points, as CrewAI's runtime awaits them (a
+        # test that mocks ``kickoff_async`` runs no LLM); they run the sync kickoff.
+        return awaited(crew_of(action.with_).kickoff_async(inputs=inputs))
     if isinstance(action, AgentAction):
         spec = action.with_
         text = cel.render(spec.input, context, f"{where}.with.input")
+        if not isinstance(text, str):
+            raise InvalidDefinition(
+                f"{where}.with.input: agent input must render to a string, not "
+                f"{type(text).__name__}",
+                field=f"{where}.with.input",
+            )
         agent = Agent(spec.role or "Agent", spec.goal or "", spec.backstory or "", spec.llm_name())
-        task = Task(description=str(text), expected_output="A response.", agent=agent)
-        return Crew(agents=[agent], tasks=[task], name="agent").kickoff()
+        return awaited(agent.kickoff_async(text))
     if isinstance(action, EachAction):
         return run_each(flow, action, context, where)
     raise DefinitionError(f"{where}: {type(action).__name__} is not run here", field=where)
+
+
+def tool_of(ref: str, where: str) -> Any:
+    """The tool a ``tool`` action names: a class (a :class:`~runner.crew.tools.BaseTool`
+    subclass, or CrewAI's) made without arguments, or a tool object (``@tool``'s); resolved
+    as code references are, so on a worker only in its allow-list."""
+    target = resolve_ref(ref, where)
+    if isinstance(target, type):
+        try:
+            target = target()
+        except Exception as exc:
+            line = " ".join(str(exc).split())[:200]
+            raise InvalidDefinition(
+                f"{where}: cannot instantiate tool ref {ref!r} without arguments: {line}",
+                field=where,
+            ) from None
+    if not callable(getattr(target, "run", None)):
+        raise InvalidDefinition(
+            f"{where}: {ref} is not a tool (a BaseTool subclass, or an object with run())",
+            field=where,
+        )
+    return target
 
 
 def crew_of(spec: CrewDefinition) -> Crew:

@@ -25,7 +25,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from runner.errors import DefinitionError
 from runner.flow.conditions import And, Cond, Or, normalize
@@ -132,6 +140,46 @@ class HumanFeedbackDefinition(BaseModel):
     learn_strict: bool = False
 
 
+class ConversationalRouterDefinition(BaseModel):
+    """The router of a conversational block (CrewAI's ``FlowConversationalRouterDefinition``):
+    how a turn's intent is picked. LLMs are names."""
+
+    model_config = ConfigDict(extra="allow")
+    prompt: str | None = None
+    response_format: Any = None
+    llm: Any = None
+    routes: list[str] | None = None
+    route_descriptions: dict[str, str] | None = None
+    default_intent: str | None = "converse"
+    fallback_intent: str | None = "converse"
+    intent_field: str = "intent"
+
+
+class ConversationalDefinition(BaseModel):
+    """A flow's ``conversational`` block (CrewAI's ``FlowConversationalDefinition``):
+    declaring it is the opt-in (``enabled`` defaults to true; ``false`` keeps the settings
+    without chat). A key this runner does not know is kept here and refused, naming its
+    path, when a flow is made of it (``runner.flow.conversation.config_from_block``)."""
+
+    model_config = ConfigDict(extra="allow")
+    enabled: bool = True
+    system_prompt: str | None = None
+    llm: Any = None
+    router: ConversationalRouterDefinition | None = None
+    answer_from_history_prompt: str | None = None
+    default_intents: list[str] | None = None
+    intent_llm: Any = None
+    answer_from_history_llm: Any = None
+    visible_agent_outputs: list[str] | Literal["all"] | None = None
+    defer_trace_finalization: bool = True
+    builtin_routes: list[str] = Field(default_factory=lambda: ["converse", "end"])
+    internal_routes: list[str] = Field(default_factory=lambda: ["answer_from_history"])
+
+    def block(self) -> dict[str, Any]:
+        """The block as data (what was given and the defaults; unset values left out)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
 # --- actions --------------------------------------------------------------------------------
 
 
@@ -149,7 +197,9 @@ class CodeAction(_Action):
 
 
 class ToolAction(_Action):
-    """CrewAI's tool call (kept in the shape; a declared flow here refuses it)."""
+    """Call a tool (``module:qualname`` of a ``BaseTool`` class, made without arguments):
+    its ``run`` with ``with`` (templates) as keyword arguments; the result is the output.
+    A declared flow resolves it only in a module the workers may import."""
 
     call: Literal["tool"]
     ref: str
@@ -179,6 +229,14 @@ class AgentActionDefinition(AgentDefinition):
 
     input: str
 
+    @field_validator("input", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        # CrewAI's wording: an agent is given text (a template may make it from data).
+        if not isinstance(value, str):
+            raise ValueError(f"agent.input must be a string, not {type(value).__name__}")
+        return value
+
 
 class TaskDefinition(BaseModel):
     """One task of a crew."""
@@ -199,6 +257,13 @@ class CrewDefinition(BaseModel):
     agents: dict[str, AgentDefinition] = Field(default_factory=dict)
     tasks: list[TaskDefinition]
     inputs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _mapping(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"crew.inputs must be a mapping, not {type(value).__name__}")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -221,6 +286,13 @@ class CrewAction(_Action):
     from_declaration: str | None = None
     with_: CrewDefinition | None = Field(default=None, alias="with")
     inputs: dict[str, Data] | None = None
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _mapping(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, Mapping):
+            raise ValueError(f"crew.inputs must be a mapping, not {type(value).__name__}")
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> CrewAction:
@@ -363,7 +435,7 @@ class FlowDefinition(BaseModel):
     state: StateDefinition | None = None
     config: FlowConfigDefinition = Field(default_factory=FlowConfigDefinition)
     persist: PersistenceDefinition | None = None
-    conversational: dict[str, Any] | None = None
+    conversational: ConversationalDefinition | None = None
     """CrewAI's conversational block: declaring it makes the flow conversational
     (``runner.flow.conversation.config_from_block`` reads it; ``enabled: false`` keeps it
     without chat); a conversational class's definition gives its config here
@@ -379,6 +451,9 @@ class FlowDefinition(BaseModel):
                     f"methods.{name}.listen: the listen condition {method.listen!r} names the "
                     "method itself: a listener triggered by its own completion loops for ever"
                 )
+        # Inside validation, so a bad template is pydantic's ValidationError (as CrewAI's
+        # is), its message starting with the field's path.
+        check_expressions(self)
         return self
 
     @property
@@ -409,7 +484,10 @@ class FlowDefinition(BaseModel):
     ) -> FlowDefinition:
         """A definition from ``contents`` (a definition, a mapping, YAML or JSON text) or the
         YAML/JSON file at ``path``. Bad input is a :class:`DefinitionError` whose message is
-        one line naming the bad field's path (``methods.fan.do.in: ...``)."""
+        one line naming the bad field's path (``methods.fan.do.in: ...``) when it is no
+        definition at all (an empty file, no mapping), and pydantic's ``ValidationError``
+        when it does not validate (its first error names the field's path;
+        :func:`invalid_definition` makes it one line)."""
         if isinstance(contents, cls):
             return contents
         source: Path | None = None
@@ -434,11 +512,10 @@ class FlowDefinition(BaseModel):
                 raise InvalidDefinition(f"not YAML or JSON: {' '.join(str(exc).split())}") from None
         if not isinstance(data, Mapping):
             raise InvalidDefinition("Flow declaration must contain a mapping")
-        try:
-            definition = cls.model_validate(dict(data))
-        except ValidationError as exc:
-            raise InvalidDefinition(validation_line(exc), field=first_path(exc)) from None
-        check_expressions(definition)
+        # A definition that does not validate is pydantic's ValidationError (CrewAI's
+        # contract: ``except ValidationError``); the CLI prints it as one line
+        # (:func:`invalid_definition`).
+        definition = cls.model_validate(dict(data))
         if source is not None:
             definition._source_path = source.resolve()
         return definition
@@ -483,11 +560,26 @@ _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 def check_expressions(definition: FlowDefinition) -> None:
-    """Refuse (a :class:`DefinitionError` naming the field's path) a code reference not of
-    the form ``module:qualname``, and a CEL expression or ``${...}`` template that does not
-    parse or reads a root it may not."""
+    """Refuse (a :class:`DefinitionError` naming the field's path) a CEL expression or
+    ``${...}`` template that does not parse or reads a root it may not."""
     for name, method in definition.methods.items():
         check_action(method.do, f"methods.{name}.do", BASE_ROOTS)
+
+
+def check_ref(action: Any, where: str) -> None:
+    """Refuse (naming ``where``) a code or tool reference not of the form
+    ``module:qualname``. Checked when a flow is made of the definition, not when it is
+    loaded (CrewAI's order: a definition is data until it is run)."""
+    if isinstance(action, CodeAction | ToolAction) and not _REF.fullmatch(action.ref):
+        raise InvalidDefinition(
+            f"{where}.ref: expected 'module:qualname', got {action.ref!r}", field=f"{where}.ref"
+        )
+
+
+def invalid_definition(exc: ValidationError) -> InvalidDefinition:
+    """A definition's ``ValidationError`` as one line naming the first bad field's path (what
+    the CLI and API show)."""
+    return InvalidDefinition(validation_line(exc), field=first_path(exc) or None)
 
 
 def check_action(action: Any, where: str, allowed: frozenset[str]) -> None:
@@ -495,10 +587,6 @@ def check_action(action: Any, where: str, allowed: frozenset[str]) -> None:
     from runner.flow import expressions as cel
 
     if isinstance(action, CodeAction | ToolAction):
-        if not _REF.fullmatch(action.ref):
-            raise InvalidDefinition(
-                f"{where}.ref: expected 'module:qualname', got {action.ref!r}", field=where
-            )
         if action.with_ is not None:
             cel.validate_template(action.with_, allowed, f"{where}.with")
     elif isinstance(action, ExpressionAction):
@@ -522,7 +610,7 @@ def refs(definition: FlowDefinition) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
 
     def visit(action: Any, where: str) -> None:
-        if isinstance(action, CodeAction):
+        if isinstance(action, CodeAction | ToolAction):
             found.append((f"{where}.ref", action.ref))
         elif isinstance(action, EachAction):
             for i, step in enumerate(action.do):
@@ -896,4 +984,6 @@ FlowExpressionActionDefinition = ExpressionAction
 FlowScriptActionDefinition = ScriptAction
 FlowEachActionDefinition = EachAction
 FlowEachStepDefinition = EachStep
+FlowConversationalDefinition = ConversationalDefinition
+FlowConversationalRouterDefinition = ConversationalRouterDefinition
 FlowDefinitionCondition = Condition

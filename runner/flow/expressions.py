@@ -141,7 +141,7 @@ def segments(text: str, where: str) -> list[str | tuple[str]]:
             raise ExpressionError(f"{where}: unterminated ${{...}} in {text!r}", field=where)
         inner = text[start + 2 : end - 1].strip()
         if not inner:
-            raise ExpressionError(f"{where}: empty ${{}} in {text!r}", field=where)
+            raise ExpressionError(f"{where}: empty CEL expression ${{}} in {text!r}", field=where)
         parts.append((inner,))
         index = end
     if index < len(text) or not parts:

@@ -101,7 +101,9 @@ _ACTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
     (
         "tool_action",
         "Tool (`call: tool`)",
-        "A CrewAI tool by reference. Not run by runner: call the tool from a code action.",
+        "A tool class by reference (a `BaseTool` subclass, made without arguments): its "
+        "`run` gets `with` as keyword arguments, checked against its `_run` signature; its "
+        "result is the method's output. On workers the class must be in the allow-list.",
         {"call": "tool", "ref": "my_project.tools:Search", "with": {"query": "${state.topic}"}},
     ),
 ]
