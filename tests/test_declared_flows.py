@@ -37,7 +37,7 @@ from runner.distributed.client import RunHandle
 from runner.distributed.engine import DECLARED_TASK, task_name
 from runner.errors import DefinitionError
 from runner.flow import transition as tr
-from runner.flow.definition import ALLOWED_REFS, invalid_definition
+from runner.flow.definition import invalid_definition
 from runner.flow.llm import register_llm
 from runner.store.models import RunStatus
 from tests._dist_support import eventually, private_pool
@@ -45,17 +45,6 @@ from tests.flows.declared import ECHO, count_key
 from tests.test_flow_definition import Report
 
 HERE = __name__
-
-
-@pytest.fixture(autouse=True)
-def _no_worker_allow_list() -> Any:
-    """These tests run declared flows in this process, as a program does: a worker another
-    test file installed here (test_celery_plugin's session worker) leaves its allow-list in
-    ALLOWED_REFS for the process; it is set aside while each test runs."""
-    before = list(ALLOWED_REFS)
-    ALLOWED_REFS.clear()
-    yield
-    ALLOWED_REFS[:] = before
 
 
 class ChainFlow(Flow):

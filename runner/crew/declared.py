@@ -58,7 +58,6 @@ from runner.flow.context import on_worker, step_context
 from runner.flow.decorators import REVIEW_ATTR, listen, router, start
 from runner.flow.definition import (
     ACTION_ATTR,
-    ALLOWED_REFS,
     DECLARED_MODULE,
     DEFINITION_ATTR,
     AgentAction,
@@ -76,6 +75,7 @@ from runner.flow.definition import (
     ScriptAction,
     ToolAction,
     UnknownState,
+    allowed_refs,
     check_ref,
     condition_of,
     invalid_definition,
@@ -641,10 +641,12 @@ def _each_child(flow: Flow[Any], action: EachAction, count: int) -> type[Flow[An
 
 
 def resolve_ref(ref: str, where: str) -> Any:
-    """The object ``module:qualname`` names. On a worker (:data:`ALLOWED_REFS` set) only in
-    a module of its allow-list (:class:`FlowNotAllowed` otherwise, nothing imported)."""
+    """The object ``module:qualname`` names. In a worker's declared step
+    (:func:`~runner.flow.definition.allowed_refs` set) only in a module of its allow-list
+    (:class:`FlowNotAllowed` otherwise, nothing imported)."""
     module_name, _, qualname = ref.partition(":")
-    if ALLOWED_REFS and not _allowed(module_name, ALLOWED_REFS[-1]):
+    allowed = allowed_refs()
+    if allowed is not None and not _allowed(module_name, allowed):
         raise FlowNotAllowed(
             f"{where}: {ref} is not in this worker's allow-list (RUNNER_FLOW_MODULES)",
             path=ref,
@@ -660,7 +662,7 @@ def resolve_ref(ref: str, where: str) -> Any:
     return target
 
 
-def _allowed(module: str, modules: list[str]) -> bool:
+def _allowed(module: str, modules: tuple[str, ...]) -> bool:
     return module in modules
 
 

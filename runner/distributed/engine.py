@@ -40,7 +40,7 @@ from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.attempt import StepResult
 from runner.flow.children import ChildRun, child_run_id
-from runner.flow.definition import is_declared
+from runner.flow.definition import is_declared, refs_allowed_in
 from runner.flow.flow import apply_inputs
 from runner.flow.loading import load_flow
 from runner.flow.orchestrator import Activation
@@ -417,7 +417,7 @@ def allowed_flow(rt: Runtime, latest: Checkpoint) -> Any | None:
     if flow_cls is None and is_declared(latest.flow):
         # A declared flow is the definition its path carries (its code refs are checked
         # when they run); a worker registers no task of its own for it.
-        flow_cls = rt.flows.setdefault(str(latest.meta.name), load_flow(str(latest.flow)))
+        flow_cls = rt.flows.setdefault(str(latest.meta.name), load_declared(rt, str(latest.flow)))
     if flow_cls is None or flow_cls.flow_path() != latest.flow:
         return None
     return flow_cls
@@ -599,6 +599,16 @@ def _fail_parent(
         log.error("run %s failed at %s: %s", parent_id, act_id, lifecycle.described(error))
 
 
+def load_declared(rt: Runtime, path: str) -> Any:
+    """The class of the declared flow ``path`` carries. On a worker (it registered flows),
+    what its definition names resolves only in the worker's allow-list while it is built
+    (its steps run under the same rule: the worker's declared task)."""
+    if not rt.flows:
+        return load_flow(path)
+    with refs_allowed_in(list(rt.settings.flow_modules)):
+        return load_flow(path)
+
+
 def _flow_class(rt: Runtime, name: str, path: str) -> Any:
     """The registered flow ``name`` if it is the one at ``path``; else import ``path``
     (a producer; a worker runs only allow-listed flows)."""
@@ -606,7 +616,7 @@ def _flow_class(rt: Runtime, name: str, path: str) -> Any:
     if known is not None and known.flow_path() == path:
         return known
     if is_declared(path):  # the path carries the definition; its code refs are checked
-        return load_flow(path)
+        return load_declared(rt, path)
     if rt.flows:
         raise FlowNotAllowed(
             f"flow {path} is not in this worker's allow-list (RUNNER_FLOW_MODULES)", flow=path

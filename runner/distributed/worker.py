@@ -35,7 +35,7 @@ from runner.embedded import mask_url
 from runner.errors import DefinitionError, FlowImportError, RunnerError, StoreUnavailable
 from runner.flow import transition as tr
 from runner.flow import versions
-from runner.flow.definition import ALLOWED_REFS, is_declared
+from runner.flow.definition import is_declared, refs_allowed_in
 from runner.flow.loading import load_flow
 from runner.observe import hooks as observe
 from runner.settings import RunnerSettings, get_settings
@@ -188,7 +188,6 @@ def step_task_options(limit: float | None) -> dict[str, Any]:
 def _register_declared(app: Celery, rt: Runtime, allowed: list[str]) -> None:
     """The task of every declared flow's steps (:data:`DECLARED_TASK`): it runs the flow
     the run's path carries; the flow's code references resolve in ``allowed`` only."""
-    ALLOWED_REFS.append(allowed)
     limit = rt.settings.step_time_limit
 
     @app.task(name=DECLARED_TASK, **step_task_options(limit))
@@ -207,23 +206,24 @@ def _register_declared(app: Celery, rt: Runtime, allowed: list[str]) -> None:
             detail = f"run {run_id} names no declared flow"
             fail_not_allowed(rt, run_id, detail)
             return {"run_id": run_id, "step": activation, "skipped": detail}
-        flow_cls = load_flow(str(latest.flow))
-        rt.flows.setdefault(flow_cls.flow_name(), flow_cls)
-        with observe.Attempt(task, run_id, activation, epoch, attempt) as seen:
-            return seen.done(
-                execute(
-                    rt,
-                    task,
-                    flow_cls,
-                    run_id,
-                    activation,
-                    epoch,
-                    attempt,
-                    deployment,
-                    spent,
-                    version,
+        with refs_allowed_in(allowed):  # only while this step runs, only in this context
+            flow_cls = load_flow(str(latest.flow))
+            rt.flows.setdefault(flow_cls.flow_name(), flow_cls)
+            with observe.Attempt(task, run_id, activation, epoch, attempt) as seen:
+                return seen.done(
+                    execute(
+                        rt,
+                        task,
+                        flow_cls,
+                        run_id,
+                        activation,
+                        epoch,
+                        attempt,
+                        deployment,
+                        spent,
+                        version,
+                    )
                 )
-            )
 
 
 def _register_builtins(app: Celery, rt: Runtime) -> None:

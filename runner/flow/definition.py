@@ -21,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
 
@@ -628,9 +630,26 @@ DECLARED_MODULE = "runner.crew.declared"
 flow's import path is ``runner.crew.declared:D_<its definition, compressed>``): any process
 that has the path has the flow."""
 
-ALLOWED_REFS: list[list[str]] = []
-"""Set by a worker (``[modules]``): a declared flow's code references resolve only in
-these modules (its allow-list, ``RUNNER_FLOW_MODULES``); empty: anywhere (in process)."""
+_allowed_refs: ContextVar[tuple[str, ...] | None] = ContextVar("runner_allowed_refs", default=None)
+"""The modules a declared flow's code references may resolve in while a worker runs its
+step (the worker's allow-list, ``RUNNER_FLOW_MODULES``); ``None``: anywhere (in process).
+A context variable, not a process-wide list, so a worker installed in a process (a test's,
+an embedding program's) does not restrict the flows that process runs itself."""
+
+
+@contextmanager
+def refs_allowed_in(modules: list[str]) -> Iterator[None]:
+    """Within: code references resolve only in ``modules`` (a worker's declared step)."""
+    token = _allowed_refs.set(tuple(modules))
+    try:
+        yield
+    finally:
+        _allowed_refs.reset(token)
+
+
+def allowed_refs() -> tuple[str, ...] | None:
+    """The modules code references may resolve in here (``None``: anywhere)."""
+    return _allowed_refs.get()
 
 
 def is_declared(path: str | None) -> bool:
