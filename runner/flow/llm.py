@@ -30,7 +30,7 @@ import importlib
 import importlib.util
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from runner.errors import DefinitionError
@@ -129,11 +129,10 @@ class LiteLLMClient:
     def __repr__(self) -> str:
         return f"LiteLLMClient(model={self.model!r})"
 
-    def call(self, prompt: str) -> str:
-        """The model's answer to ``prompt``."""
-        response = self._litellm.completion(
-            model=self.model, messages=[{"role": "user", "content": prompt}]
-        )
+    def call(self, messages: str | list[dict[str, Any]]) -> str:
+        """The model's answer to a prompt, or to chat ``messages`` (role/content dicts)."""
+        chat = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
+        response = self._litellm.completion(model=self.model, messages=chat)
         usage.record(usage.usage_of(response))
         return str(response.choices[0].message.content or "")
 
@@ -180,6 +179,68 @@ def _stream_call(call: Callable[[str], Any], prompt: str) -> Any:
             streaming.stream_chunk(text, streaming.LLM, type=streaming.LLM_CHUNK)
     usage.record(spent)
     return "".join(parts) if parts or last is None else last
+
+
+def messages_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """Chat messages as one prompt: a ``role: content`` line each."""
+    return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in messages)
+
+
+def takes_messages(llm: Any) -> bool:
+    """Whether ``llm.call`` takes chat messages (CrewAI's ``BaseLLM.call(messages, ...)``):
+    it names a ``messages`` parameter, or takes any keyword and needs no other argument. A
+    ``.call(prompt)`` client is given one prompt string."""
+    params = _call_params(llm)
+    if params is None:
+        return False
+    if "messages" in params:
+        return True
+    required = [
+        p
+        for p in params.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return not required and any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _call_params(llm: Any) -> Mapping[str, inspect.Parameter] | None:
+    """The parameters of ``llm.call``, ``None`` without ``.call`` or a signature to read."""
+    bound = getattr(llm, "call", None)
+    if not callable(bound):
+        return None
+    try:
+        return inspect.signature(bound).parameters
+    except (TypeError, ValueError):
+        return None
+
+
+def call_chat(
+    llm: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    response_format: type[Any] | None = None,
+    stream: bool = False,
+) -> Any:
+    """Call ``llm`` (a client or a name) with chat ``messages``, as CrewAI's conversational
+    flows call theirs: a client whose ``.call`` takes them (:func:`takes_messages`) gets
+    ``call(messages=..., response_format=...)`` (``response_model=`` when that is what it
+    names) and its answer as it is (a structured answer stays an object); any other client
+    gets the messages as one prompt (:func:`messages_text`), through :func:`call_llm`."""
+    client = resolve_llm(llm)
+    if not takes_messages(client):
+        return call_llm(client, messages_text(messages) + "\nassistant:", stream=stream)
+    params = _call_params(client) or {}
+    extra: dict[str, Any] = {}
+    if response_format is not None:
+        if "response_format" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            extra["response_format"] = response_format
+        elif "response_model" in params:
+            extra["response_model"] = response_format
+    before = usage.counters(client)
+    answer = client.call(messages=[dict(m) for m in messages], **extra)
+    usage.record(usage.usage_of(answer) or usage.since(before, usage.counters(client)))
+    content = getattr(answer, "content", None)
+    return content if isinstance(content, str) else answer
 
 
 def call_llm(llm: Any, prompt: str, *, stream: bool = False) -> Any:
