@@ -99,7 +99,10 @@ def test_stream_turn_yields_the_turns_frames_and_the_llms_tokens() -> None:
     frames = list(session)
     tokens = [f.content for f in frames if f.type == "llm_stream_chunk"]
     assert tokens == ["#1:", " stream", " me"]
-    assert frames[0].type == "flow_started" and frames[-1].type == "flow_finished"
+    kinds = [f.type for f in frames]
+    assert kinds[:2] == ["conversation_turn_started", "flow_started"]
+    assert kinds[-2:] == ["flow_finished", "conversation_turn_completed"]
+    assert frames[0].data["session_id"] == frames[-1].data["session_id"]
     assert session.result == "#1: stream me"
 
 

@@ -40,7 +40,7 @@ from uuid import uuid4
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from runner.errors import InvalidInputs
-from runner.flow import streaming
+from runner.flow import events, streaming
 from runner.flow.conditions import leaves
 from runner.flow.decorators import CONVERSATIONAL_ONLY, listen, router, start
 from runner.flow.llm import call_chat
@@ -552,12 +552,12 @@ class ConversationalFlow:
         """What ``route_turn`` is given about the turn (and the LLM router, as JSON): the
         message, the history, the previous turn's route (``last_intent``) and, with a
         :class:`ConversationState`, its events."""
-        events = self._state_get("events")
+        recorded = self._state_get("events")
         return {
             "system_prompt": self._config_value("system_prompt"),
             "current_user_message": self._state_get("current_user_message"),
             "message_history": self.conversation_messages,
-            "events": [e.model_dump() if isinstance(e, BaseModel) else e for e in events or []],
+            "events": [e.model_dump() if isinstance(e, BaseModel) else e for e in recorded or []],
             "last_intent": self._state_get("last_intent"),
         }
 
@@ -782,10 +782,18 @@ class ConversationalFlow:
         loaded from the flow's persistence when it keeps one, the message appended. A
         returned text the handler did not append itself becomes the assistant's reply."""
         refuse_unless_conversational(type(self), "handle_turn()")
+        from runner.flow.human_feedback import HumanFeedbackPending
+
         sid = session_id or self.flow_id
+        self._tell_turn(events.TURN_STARTED, sid)
         self._turn = Turn(message, intents, intent_llm)
         try:
             result = self.kickoff(inputs={"id": sid}, **kickoff_kwargs)
+        except HumanFeedbackPending:
+            raise  # paused for a review: the turn goes on when it is answered
+        except Exception as exc:
+            self._tell_turn(events.TURN_FAILED, sid, error=f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             self._turn = None
         messages = self._state_get("messages") or []
@@ -796,7 +804,18 @@ class ConversationalFlow:
             and is_public_reply(type(self), result, state)
         ):
             self.append_assistant_message(reply_text(result))
+        self._tell_turn(events.TURN_COMPLETED, sid)
         return result
+
+    def _tell_turn(self, kind: str, session_id: str, error: str | None = None) -> None:
+        events.tell(
+            kind,
+            session_id,
+            type(self).flow_name(),
+            self._listeners,
+            error=error,
+            data={"session_id": session_id},
+        )
 
     def stream_turn(
         self,
@@ -807,9 +826,11 @@ class ConversationalFlow:
         intent_llm: Any = None,
         **kickoff_kwargs: Any,
     ) -> streaming.FlowStreamSession:
-        """``handle_turn`` as a stream session: iterate it for the turn's frames (its
-        steps' chunks, the LLM's tokens, lifecycle frames), then ``.result``."""
+        """``handle_turn`` as a stream session: iterate it for the turn's frames (the
+        turn's and the run's lifecycle frames, its steps' chunks, the LLM's tokens), then
+        ``.result``; a turn paused for a review has the pending review as its result."""
         refuse_unless_conversational(type(self), "stream_turn()")
+        from runner.flow.human_feedback import HumanFeedbackPending
 
         def run() -> Any:
             self._streaming = True
@@ -821,6 +842,8 @@ class ConversationalFlow:
                     intent_llm=intent_llm,
                     **kickoff_kwargs,
                 )
+            except HumanFeedbackPending as pending:
+                return pending
             finally:
                 self._streaming = False
 

@@ -40,7 +40,7 @@ from runner.flow import conversation, streaming, usage
 from runner.flow import human_feedback as reviewing
 from runner.flow import input_provider as asking
 from runner.flow import patches as patching
-from runner.flow.attempt import json_copy
+from runner.flow.attempt import json_copy, to_json
 from runner.flow.context import step_context, warn_unhonoured
 from runner.flow.conversation import ConversationalFlow, ConversationState
 from runner.flow.definition import FlowDefinition, class_definition
@@ -53,7 +53,7 @@ from runner.flow.graph import (
     methods_definition,
     unknown_trigger,
 )
-from runner.flow.state import dump_state, with_id
+from runner.flow.state import dump_state, jsonable, with_id
 from runner.store.base import CheckpointStore
 from runner.store.models import UsageMetrics
 from runner.store.persistence import store_of
@@ -303,6 +303,14 @@ class Flow(ConversationalFlow, Generic[StateT]):
         """``state`` as JSON; a value with no JSON form is an error (naming its field) only
         when the run keeps checkpoints, as in CrewAI, where only persisting needs JSON."""
         return dump_state(state, strict=not self._transient)
+
+    def _output_json(self, value: Any, method: str) -> Any:
+        """A method's output as JSON, by the rule of :meth:`_dump_state`: an output with no
+        JSON form is an error only when the run keeps checkpoints; a run that keeps none
+        (in process, nothing persisting) passes the object on as it is, as CrewAI does."""
+        if self._transient:
+            return jsonable(value, strict=False)
+        return to_json(value, method)
 
     def _sink(self) -> Sink:
         return type(self).checkpoint_sink(self._checkpoint, self._persistence)

@@ -535,6 +535,12 @@ class FlowStreamSession:
             if item is not _END:
                 yield item
 
+    @property
+    def events(self) -> Iterator[StreamFrame]:
+        """The frames in order (CrewAI's ``StreamSession.events``; iterating the session
+        is the same)."""
+        return iter(self)
+
     def __enter__(self) -> FlowStreamSession:
         return self
 
