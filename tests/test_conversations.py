@@ -88,7 +88,7 @@ def test_chat_state_and_a_kickoff_with_user_message_are_turns_too() -> None:
 
 
 def test_a_turn_to_a_flow_that_is_not_conversational_or_with_no_text_is_refused() -> None:
-    with pytest.raises(InvalidInputs, match=r"Flow.handle_turn\(\) is only available on conversational flows; NotAChat"):
+    with pytest.raises(InvalidInputs, match=r"only available on conversational flows; NotAChat"):
         NotAChat().handle_turn("hi")
     with pytest.raises(InvalidInputs, match="empty"):
         Chat().handle_turn("   ")
