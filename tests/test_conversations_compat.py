@@ -428,3 +428,26 @@ def test_the_module_helpers_merge_turn_inputs_and_read_and_write_the_history() -
         ("tool", "42", "t1"),
     ]
     assert conversation.get_conversation_messages(Flow()) == []
+
+
+def test_a_stream_sessions_events_are_its_frames_sync_and_async() -> None:
+    import asyncio
+
+    class Streamed(Flow):
+        stream = True
+
+        @start()
+        def go(self) -> str:
+            return "done"
+
+    session = Streamed().kickoff()
+    sync_kinds = [f.type for f in session.events]
+    assert sync_kinds[0] == "flow_started" and sync_kinds[-1] == "flow_finished"
+    assert session.result == "done"
+
+    async def read() -> tuple[list[str], Any]:
+        later = await Streamed().kickoff_async()
+        return [f.type async for f in later.events], later.result
+
+    kinds, result = asyncio.run(read())
+    assert kinds[0] == "flow_started" and kinds[-1] == "flow_finished" and result == "done"

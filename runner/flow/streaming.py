@@ -561,6 +561,11 @@ class FlowStreamSession:
 class AsyncFlowStreamSession(FlowStreamSession):
     """What ``await kickoff_async()`` of a ``stream = True`` flow returns: ``async for``."""
 
+    @property
+    def events(self) -> AsyncIterator[StreamFrame]:  # type: ignore[override]
+        """The frames in order, for ``async for`` (CrewAI's async ``events``)."""
+        return self.__aiter__()
+
     async def __aiter__(self) -> AsyncIterator[StreamFrame]:
         while not self.is_completed:
             item = await asyncio.to_thread(self._next)
