@@ -31,6 +31,7 @@ from runner.errors import NotSerializable
 from runner.flow import conversation, events
 from runner.flow.conditions import leaves
 from runner.flow.llm import call_chat, takes_messages
+from tests.flows.conversations import ECHO
 
 
 class ChatLLM:
@@ -451,3 +452,66 @@ def test_a_stream_sessions_events_are_its_frames_sync_and_async() -> None:
 
     kinds, result = asyncio.run(read())
     assert kinds[0] == "flow_started" and kinds[-1] == "flow_finished" and result == "done"
+
+
+# -- LLMs as CrewAI's settings mappings ----------------------------------------------------------
+
+
+def test_an_llm_settings_mapping_resolves_by_its_model_name_and_passes_its_settings() -> None:
+    from types import SimpleNamespace
+
+    from runner.flow.llm import LiteLLMClient, call_llm, llm_problem, resolve_llm
+
+    echo = resolve_llm(ECHO)  # registered at import of tests.flows.conversations
+    assert resolve_llm({"model": ECHO, "max_tokens": 10}) is echo
+    assert call_llm({"model": ECHO}, "user: hi") == "#1: hi"
+    assert llm_problem({"max_tokens": 10}) == (
+        "an LLM given as a mapping needs a 'model' key naming the model"
+    )
+    assert "expected a model name" in str(llm_problem(42))
+    assert llm_problem({"model": "openai/gpt-4o-mini", "max_tokens": 4096}) is None
+
+    completions: list[dict[str, Any]] = []
+
+    def completion(**given: Any) -> Any:
+        completions.append(given)
+        message = SimpleNamespace(content="done")
+        return SimpleNamespace(choices=[SimpleNamespace(message=message)], usage=None)
+
+    client = LiteLLMClient(
+        "openai/gpt-4o-mini", SimpleNamespace(completion=completion), {"max_tokens": 7}
+    )
+    assert client.call([{"role": "user", "content": "hi"}]) == "done"
+    assert client.call("hello") == "done"
+    assert completions == [
+        {
+            "model": "openai/gpt-4o-mini",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 7,
+        },
+        {
+            "model": "openai/gpt-4o-mini",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 7,
+        },
+    ]
+
+
+def test_a_declared_block_takes_an_llm_mapping_and_refuses_a_wrong_llm_when_loaded() -> None:
+    import tests.flows.conversations  # noqa: F401  (registers the stand-in LLMs)
+    from runner.errors import DefinitionError
+
+    declared = {
+        "name": "MappedChat",
+        "conversational": {"llm": {"model": ECHO, "temperature": 0}},
+        "methods": {},
+    }
+    flow = Flow.from_declaration(declared)
+    assert flow.handle_turn("hi") == "#1: hi"
+    for block, says in (
+        ({"llm": {"max_tokens": 5}}, r"conversational\.llm: an LLM given as a mapping needs"),
+        ({"intent_llm": 42}, r"conversational\.intent_llm: expected a model name"),
+        ({"router": {"llm": ["x"]}}, r"conversational\.router\.llm: expected a model name"),
+    ):
+        with pytest.raises(DefinitionError, match=says):
+            Flow.from_declaration({**declared, "conversational": block})

@@ -43,7 +43,7 @@ from runner.errors import InvalidInputs
 from runner.flow import events, streaming
 from runner.flow.conditions import leaves
 from runner.flow.decorators import CONVERSATIONAL_ONLY, listen, router, start
-from runner.flow.llm import call_chat
+from runner.flow.llm import call_chat, llm_problem
 
 log = logging.getLogger(__name__)
 
@@ -983,7 +983,9 @@ _ROUTER_KEYS = {f.name for f in dataclass_fields(RouterConfig)} | {"response_for
 def config_from_block(block: Mapping[str, Any]) -> ConversationConfig | None:
     """The :class:`ConversationConfig` a definition's ``conversational`` block (CrewAI's
     ``FlowConversationalDefinition``) declares, ``None`` when it says ``enabled: false``.
-    LLMs are names (each process resolves them, :mod:`runner.flow.llm`); the built-in routes
+    LLMs are names or CrewAI's settings mappings (``{"model": ..., "max_tokens": ...}``),
+    each process resolving them when it calls (:mod:`runner.flow.llm`); anything else is
+    refused here, not at a turn's first call. The built-in routes
     are this runner's (``converse``, ``end``), so a block may only restate them. A key it
     does not know is a :class:`~runner.errors.DefinitionError` naming its path."""
     from runner.errors import DefinitionError
@@ -1002,12 +1004,18 @@ def config_from_block(block: Mapping[str, Any]) -> ConversationConfig | None:
             raise bad(key, f"the built-in routes here are {list(builtin)}, not {list(given)}")
     router_block = block.get("router")
     router_config = None
+    for key in ("llm", "intent_llm", "answer_from_history_llm"):
+        if block.get(key) is not None and (problem := llm_problem(block[key])) is not None:
+            raise bad(key, problem)
     if router_block is not None:
         if not isinstance(router_block, Mapping):
             raise bad("router", "must be a mapping")
         for key in router_block:
             if key not in _ROUTER_KEYS:
                 raise bad(f"router.{key}", "unknown key")
+        given = router_block.get("llm")
+        if given is not None and (problem := llm_problem(given)) is not None:
+            raise bad("router.llm", problem)
         if router_block.get("response_format") is not None:
             # As CrewAI does for a declaration: no model class can be given in data.
             log.warning(

@@ -51,8 +51,25 @@ def is_client(llm: Any) -> bool:
 
 
 def is_llm(llm: Any) -> bool:
-    """Whether :func:`call_llm` takes ``llm``: a client, or a name (resolved at the call)."""
-    return (isinstance(llm, str) and bool(llm.strip())) or is_client(llm)
+    """Whether :func:`call_llm` takes ``llm``: a client, a name, or a settings mapping with
+    a ``model`` name (both resolved at the call)."""
+    return (isinstance(llm, str) and bool(llm.strip())) or is_settings(llm) or is_client(llm)
+
+
+def is_settings(llm: Any) -> bool:
+    """Whether ``llm`` is CrewAI's LLM config mapping: ``{"model": name, ...settings}``."""
+    return isinstance(llm, Mapping) and isinstance(llm.get("model"), str) and bool(llm["model"])
+
+
+def llm_problem(llm: Any) -> str | None:
+    """Why ``llm`` (as a definition gives it) cannot be an LLM, ``None`` when it can: a name,
+    a mapping with a ``model`` name, or a client. Said when the definition is loaded, not
+    when a turn first calls it."""
+    if isinstance(llm, Mapping) and not is_settings(llm):
+        return "an LLM given as a mapping needs a 'model' key naming the model"
+    if not is_llm(llm):
+        return f"expected a model name, a mapping with a 'model' key, or an LLM client; got {llm!r}"
+    return None
 
 
 def register_llm(name: str, client: Any) -> None:
@@ -82,6 +99,8 @@ def resolve_llm(llm: Any) -> Any:
     CrewAI's ``LLM`` or litellm makes for the name (the first importable), else ``llm``
     itself when it is no name. A name none of these resolves is one
     :class:`~runner.errors.DefinitionError` saying both ways to fix it."""
+    if is_settings(llm):
+        return settings_client(llm)
     if not isinstance(llm, str):
         return llm
     client = _clients.get(llm)
@@ -104,6 +123,26 @@ def resolve_llm(llm: Any) -> Any:
     return client
 
 
+def settings_client(settings: Mapping[str, Any]) -> Any:
+    """The client an LLM config mapping (CrewAI's ``{"model": ..., "max_tokens": ...}``)
+    stands for: the client registered under its model name (a registered name always wins,
+    settings and all), else CrewAI's ``LLM(**settings)`` or a :class:`LiteLLMClient` passing
+    the settings to each completion; neither importable is the name's
+    :class:`~runner.errors.DefinitionError`."""
+    model = str(settings["model"])
+    extra = {k: v for k, v in settings.items() if k != "model"}
+    if model in _clients or not extra:
+        return resolve_llm(model)
+    for library in LIBRARIES:
+        if importlib.util.find_spec(library) is None:
+            continue
+        module = importlib.import_module(library)
+        if library == "crewai":
+            return module.LLM(model=model, **extra)
+        return LiteLLMClient(model, module, extra)
+    return resolve_llm(model)  # says both ways to fix it
+
+
 def library_client(name: str) -> Any | None:
     """A client for the model ``name`` from the first of :data:`LIBRARIES` importable here:
     CrewAI's ``LLM(model=name)``, or a :class:`LiteLLMClient`; ``None`` with neither."""
@@ -121,9 +160,11 @@ class LiteLLMClient:
     """A model name called through litellm's ``completion`` (one user message); its
     answer's token usage is recorded for the step running it."""
 
-    def __init__(self, model: str, litellm: Any) -> None:
+    def __init__(self, model: str, litellm: Any, settings: Mapping[str, Any] | None = None) -> None:
         self.model = model
         """The model name, as litellm takes it (``"provider/model"`` or a bare name)."""
+        self.settings = dict(settings or {})
+        """What each completion is also given (``max_tokens``, ``temperature``, ...)."""
         self._litellm = litellm
 
     def __repr__(self) -> str:
@@ -132,7 +173,7 @@ class LiteLLMClient:
     def call(self, messages: str | list[dict[str, Any]]) -> str:
         """The model's answer to a prompt, or to chat ``messages`` (role/content dicts)."""
         chat = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
-        response = self._litellm.completion(model=self.model, messages=chat)
+        response = self._litellm.completion(model=self.model, messages=chat, **self.settings)
         usage.record(usage.usage_of(response))
         return str(response.choices[0].message.content or "")
 
