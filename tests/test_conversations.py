@@ -134,13 +134,19 @@ def test_a_definitions_conversational_block_makes_a_conversational_flow_and_back
     assert flow.handle_turn("again") == "#2: again"
     # A conversational class's definition carries its config as data (LLMs by name).
     block = Helpdesk.flow_definition().conversational
-    assert block == {
+    assert block is not None and block.enabled is True
+    assert block.model_dump(exclude_none=True) == {
         "enabled": True,
         "llm": "conversations-echo",
         "default_intents": ["weather", "chitchat", "end"],
         "intent_llm": "conversations-intents",
         "defer_trace_finalization": True,
+        "builtin_routes": ["converse", "end"],
+        "internal_routes": ["answer_from_history"],
     }
+    # As data it goes round: the definition's JSON makes the same conversational flow.
+    again = runner.Flow.from_declaration(Helpdesk.flow_definition().to_json())
+    assert type(again).conversational_config.default_intents == ["weather", "chitchat", "end"]
     assert NotAChat.flow_definition().conversational is None
     off = runner.Flow.from_declaration({**DECLARED, "conversational": {"enabled": False}})
     assert type(off).conversational is False

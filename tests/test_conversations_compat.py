@@ -515,3 +515,42 @@ def test_a_declared_block_takes_an_llm_mapping_and_refuses_a_wrong_llm_when_load
     ):
         with pytest.raises(DefinitionError, match=says):
             Flow.from_declaration({**declared, "conversational": block})
+
+
+# -- the definition's conversational block as a model ---------------------------------------------
+
+
+def test_the_conversational_block_of_a_definition_reads_as_crewais_model() -> None:
+    from runner.flow.definition import FlowDefinition
+
+    @ConversationConfig(
+        system_prompt="Be concise.",
+        llm=ECHO,
+        router=RouterConfig(prompt="Pick a route.", routes=["research"], fallback_intent="end"),
+        visible_agent_outputs=["researcher"],
+        defer_trace_finalization=False,
+    )
+    class Desk(Flow):
+        @listen("research")
+        def do_research(self) -> str:
+            return "done"
+
+    block = Desk.flow_definition().conversational
+    assert block is not None and block.enabled is True and block.llm == ECHO
+    assert block.defer_trace_finalization is False
+    assert block.visible_agent_outputs == ["researcher"]
+    assert block.router is not None and block.router.routes == ["research"]
+    assert (block.router.prompt, block.router.fallback_intent) == ("Pick a route.", "end")
+    assert block.builtin_routes == ["converse", "end"]
+
+    declared = FlowDefinition.model_validate(
+        {"name": "Off", "conversational": {"enabled": False, "llm": ECHO}, "methods": {}}
+    )
+    assert declared.conversational is not None
+    assert declared.conversational.enabled is False and declared.conversational.llm == ECHO
+    assert type(Flow.from_declaration(declared)).conversational is False
+    # What the block does not know is still one line naming its path.
+    from runner.errors import DefinitionError
+
+    with pytest.raises(DefinitionError, match=r"conversational\.router\.mode: unknown key"):
+        Flow.from_declaration({"name": "Bad", "conversational": {"router": {"mode": "x"}}})

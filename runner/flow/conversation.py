@@ -980,7 +980,7 @@ _BLOCK_KEYS = {
 _ROUTER_KEYS = {f.name for f in dataclass_fields(RouterConfig)} | {"response_format"}
 
 
-def config_from_block(block: Mapping[str, Any]) -> ConversationConfig | None:
+def config_from_block(block: Mapping[str, Any] | BaseModel) -> ConversationConfig | None:
     """The :class:`ConversationConfig` a definition's ``conversational`` block (CrewAI's
     ``FlowConversationalDefinition``) declares, ``None`` when it says ``enabled: false``.
     LLMs are names or CrewAI's settings mappings (``{"model": ..., "max_tokens": ...}``),
@@ -989,6 +989,9 @@ def config_from_block(block: Mapping[str, Any]) -> ConversationConfig | None:
     are this runner's (``converse``, ``end``), so a block may only restate them. A key it
     does not know is a :class:`~runner.errors.DefinitionError` naming its path."""
     from runner.errors import DefinitionError
+
+    if isinstance(block, BaseModel):  # a loaded definition's ConversationalDefinition
+        block = block.model_dump(exclude_none=True)
 
     def bad(where: str, why: str) -> DefinitionError:
         return DefinitionError(f"conversational.{where}: {why}", field=f"conversational.{where}")

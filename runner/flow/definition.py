@@ -351,6 +351,46 @@ class FlowMethodDefinition(BaseModel):
         return self.emit
 
 
+class ConversationalRouterDefinition(BaseModel):
+    """The LLM router of a conversational block (CrewAI's
+    ``FlowConversationalRouterDefinition``; the runtime shape is
+    ``runner.flow.conversation.RouterConfig``)."""
+
+    # A key it does not know is kept so that config_from_block refuses it in one line naming
+    # its path (conversational.router.<key>), as it does every other bad value of the block.
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str | None = None
+    response_format: Any = None
+    llm: Any = None
+    routes: list[str] | None = None
+    route_descriptions: dict[str, str] | None = None
+    default_intent: str | None = "converse"
+    fallback_intent: str | None = "converse"
+    intent_field: str = "intent"
+
+
+class ConversationalDefinition(BaseModel):
+    """A flow's conversational block (CrewAI's ``FlowConversationalDefinition``): declaring
+    it is the opt-in (``enabled`` defaults to true). LLMs are model names or CrewAI's settings
+    mappings (``{"model": ..., "max_tokens": ...}``)."""
+
+    model_config = ConfigDict(extra="allow")  # see ConversationalRouterDefinition
+
+    enabled: bool = True
+    system_prompt: str | None = None
+    llm: Any = None
+    router: ConversationalRouterDefinition | None = None
+    answer_from_history_prompt: str | None = None
+    default_intents: list[str] | None = None
+    intent_llm: Any = None
+    answer_from_history_llm: Any = None
+    visible_agent_outputs: list[str] | Literal["all"] | None = None
+    defer_trace_finalization: bool = True
+    builtin_routes: list[str] = Field(default_factory=lambda: ["converse", "end"])
+    internal_routes: list[str] = Field(default_factory=lambda: ["answer_from_history"])
+
+
 class FlowDefinition(BaseModel):
     """A flow as data (CrewAI's ``FlowDefinition``)."""
 
@@ -363,7 +403,7 @@ class FlowDefinition(BaseModel):
     state: StateDefinition | None = None
     config: FlowConfigDefinition = Field(default_factory=FlowConfigDefinition)
     persist: PersistenceDefinition | None = None
-    conversational: dict[str, Any] | None = None
+    conversational: ConversationalDefinition | None = None
     """CrewAI's conversational block: declaring it makes the flow conversational
     (``runner.flow.conversation.config_from_block`` reads it; ``enabled: false`` keeps it
     without chat); a conversational class's definition gives its config here
