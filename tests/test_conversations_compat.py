@@ -554,3 +554,39 @@ def test_the_conversational_block_of_a_definition_reads_as_crewais_model() -> No
 
     with pytest.raises(DefinitionError, match=r"conversational\.router\.mode: unknown key"):
         Flow.from_declaration({"name": "Bad", "conversational": {"router": {"mode": "x"}}})
+
+
+# -- what a turn's result becomes ------------------------------------------------------------------
+
+
+class Researcher(Flow[ConversationState]):
+    """Records the research privately; returns it (``keep``), a summary, or, for a
+    message starting with ``again``, the text an earlier turn recorded."""
+
+    conversational = True
+
+    def route_turn(self, context: dict[str, Any]) -> str | None:
+        return "work"
+
+    @listen("work")
+    def do_work(self) -> str:
+        said = self.state.current_user_message or ""
+        if said.startswith("again"):
+            return "SECRET notes"  # recorded privately by an earlier turn, said now
+        self.append_agent_result("researcher", "SECRET notes")
+        return "SECRET notes" if said == "keep" else "Here is the summary."
+
+
+def test_a_private_result_returned_stays_private_and_a_summary_is_said() -> None:
+    flow = Researcher()
+    flow.handle_turn("keep")
+    assert [m.role for m in flow.state.messages] == ["user"]
+    assert flow.state.agent_threads["researcher"][0].content == "SECRET notes"
+    assert flow.state.events[0].message_index == 0
+    flow.handle_turn("summarize")
+    assert flow.state.messages[-1].content == "Here is the summary."
+    # Judged per turn: a later turn returning that text says it.
+    flow.handle_turn("again, please")
+    assert flow.state.messages[-1].content == "SECRET notes"
+    roles = [m.role for m in flow.state.messages]
+    assert roles == ["user", "user", "assistant", "user", "assistant"]

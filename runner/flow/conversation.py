@@ -110,6 +110,9 @@ class ConversationEvent(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     agent_name: str | None = None
     visibility: Literal["private", "public"] = "private"
+    message_index: int | None = None
+    """Where in ``messages`` it happened: the index of the latest message then (the turn's
+    user message), so a turn can tell its own events from earlier ones."""
 
 
 class ConversationState(BaseModel):
@@ -300,12 +303,39 @@ def custom_routes(graph: Any) -> list[str]:
 
 
 def is_public_reply(flow_cls: Any, result: Any, state: Mapping[str, Any]) -> bool:
-    """Whether a turn's result is something to say (not a route label or no text)."""
+    """Whether a turn's result is something to say: text (or a crew output's ``raw``) that is
+    no route label and not an agent result this turn recorded as private (a handler that
+    records its scratch work privately and returns it keeps it private; a different
+    summary it returns is still said)."""
     raw = getattr(result, "raw", None)
     text = result if isinstance(result, str) else raw if isinstance(raw, str) else None
     if text is None:
         return False
-    return text not in route_labels(flow_cls) and text != state.get("last_intent")
+    if text in route_labels(flow_cls) or text == state.get("last_intent"):
+        return False
+    return text not in private_results(state)
+
+
+def private_results(state: Mapping[str, Any]) -> set[str]:
+    """The contents of the agent results recorded as private since the latest user message
+    (this turn's), from a state's ``events`` and ``messages`` (models or their JSON)."""
+    messages = state.get("messages") or []
+    turn = max((i for i, m in enumerate(messages) if _field(m, "role") == "user"), default=-1)
+    found: set[str] = set()
+    for event in state.get("events") or []:
+        index = _field(event, "message_index")
+        if (
+            _field(event, "type") == "agent_result"
+            and _field(event, "visibility") == "private"
+            and index is not None
+            and index >= turn
+        ):
+            found.add(str((_field(event, "payload") or {}).get("content")))
+    return found
+
+
+def _field(item: Any, name: str) -> Any:
+    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
 
 
 def open_turn(
@@ -729,6 +759,7 @@ class ConversationalFlow:
                     agent_name=agent_name,
                     visibility=visibility,
                     payload={"content": content, **(metadata or {})},
+                    message_index=len(state.messages) - 1 if state.messages else None,
                 )
             )
             state.agent_threads.setdefault(agent_name, []).append(
@@ -797,7 +828,11 @@ class ConversationalFlow:
         finally:
             self._turn = None
         messages = self._state_get("messages") or []
-        state = {"last_intent": self._state_get("last_intent")}
+        state = {
+            "last_intent": self._state_get("last_intent"),
+            "messages": messages,
+            "events": self._state_get("events") or [],
+        }
         if (
             result is not None
             and not answered([as_llm_message(m) for m in messages])
