@@ -590,3 +590,27 @@ def test_a_private_result_returned_stays_private_and_a_summary_is_said() -> None
     assert flow.state.messages[-1].content == "SECRET notes"
     roles = [m.role for m in flow.state.messages]
     assert roles == ["user", "user", "assistant", "user", "assistant"]
+
+
+def test_a_declared_handlers_description_reaches_the_routers_catalog() -> None:
+    router_llm = ChatLLM({"intent": "orders"})
+    declared = {
+        "name": "DeclaredDesk",
+        "conversational": {"llm": ECHO, "router": {"llm": "compat-router"}},
+        "methods": {
+            "track": {
+                "description": "Order status questions.\nLonger text the router never sees.",
+                "listen": "orders",
+                "do": {"call": "expression", "expr": "'on the way'"},
+            },
+            "undocumented": {"listen": "misc", "do": {"call": "expression", "expr": "'?'"}},
+        },
+    }
+    runner.register_llm("compat-router", router_llm)
+    try:
+        assert Flow.from_declaration(declared).handle_turn("where is my parcel?") == "on the way"
+    finally:
+        runner.register_llm("compat-router", None)
+    catalog = router_llm.calls[0]["messages"][0]["content"]
+    assert "- orders: Order status questions.\n" in catalog
+    assert "- misc\n" in catalog  # no description: the bare label

@@ -485,6 +485,9 @@ class ConversationalFlow:
         @classmethod
         def graph(cls) -> Any: ...
 
+        @classmethod
+        def flow_definition(cls) -> Any: ...
+
         def _collapse_to_outcome(self, feedback: str, outcomes: Any, llm: Any) -> str: ...
 
     # -- the built-in graph: a start router and its three listeners -------------------------
@@ -652,9 +655,20 @@ class ConversationalFlow:
             elif label in self.builtin_route_descriptions:
                 catalog[label] = self.builtin_route_descriptions[label]
             else:
-                doc = getattr(getattr(type(self), handlers.get(label, ""), None), "__doc__", None)
-                catalog[label] = doc.strip().split("\n", 1)[0].strip() if doc else ""
+                catalog[label] = self._handler_description(handlers.get(label))
         return catalog
+
+    def _handler_description(self, handler: str | None) -> str:
+        """A route's description from its handler: the definition's ``description`` (what
+        a declaration says), else the first line of the method's docstring; ``""``."""
+        if handler is None:
+            return ""
+        declared = type(self).flow_definition().methods.get(handler)
+        text = declared.description if declared is not None else None
+        if not text:
+            method = getattr(type(self), handler, None)
+            text = method.__doc__ if method is not None else None
+        return text.strip().split("\n", 1)[0].strip() if text else ""
 
     def router_messages(
         self, config: RouterConfig, context: dict[str, Any]
