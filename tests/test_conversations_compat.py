@@ -614,3 +614,18 @@ def test_a_declared_handlers_description_reaches_the_routers_catalog() -> None:
     catalog = router_llm.calls[0]["messages"][0]["content"]
     assert "- orders: Order status questions.\n" in catalog
     assert "- misc\n" in catalog  # no description: the bare label
+
+
+def test_converse_has_a_default_system_prompt_and_an_empty_one_sends_none() -> None:
+    for given, first in (
+        (None, {"role": "system", "content": conversation.DEFAULT_SYSTEM_PROMPT}),
+        ("", {"role": "user", "content": "hi"}),
+    ):
+        chat_llm = ChatLLM("hello")
+
+        @ConversationConfig(system_prompt=given, llm=chat_llm)
+        class Plain(Flow[ConversationState]):
+            pass
+
+        assert Plain().handle_turn("hi") == "hello"
+        assert chat_llm.calls[0]["messages"][0] == first

@@ -61,6 +61,13 @@ FROM_HISTORY_PROMPT = (
     "the answer (a follow-up, a summary, a clarification)."
 )
 NO_LLM_REPLY = "I can continue the conversation once an LLM is configured."
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant in an ongoing conversation. Keep the earlier turns in mind, "
+    "answer from what was already said where you can, be clear and brief, and ask when the "
+    "user's request is unclear."
+)
+"""The ``converse`` route's system prompt when the config sets none (CrewAI gives one too);
+``system_prompt=""`` sends none."""
 ROUTER_INSTRUCTION = (
     "Choose exactly one route from the list above for the latest user message. Prefer "
     "'converse' for follow-ups, summaries and clarifications of earlier turns, even on a "
@@ -515,7 +522,7 @@ class ConversationalFlow:
             content = NO_LLM_REPLY
         else:
             messages: list[dict[str, Any]] = []
-            system = self._config_value("system_prompt")
+            system = self.resolved_system_prompt()
             if system:
                 messages.append({"role": "system", "content": system})
             messages.extend(self.conversation_messages)
@@ -587,12 +594,18 @@ class ConversationalFlow:
         :class:`ConversationState`, its events."""
         recorded = self._state_get("events")
         return {
-            "system_prompt": self._config_value("system_prompt"),
+            "system_prompt": self.resolved_system_prompt(),
             "current_user_message": self._state_get("current_user_message"),
             "message_history": self.conversation_messages,
             "events": [e.model_dump() if isinstance(e, BaseModel) else e for e in recorded or []],
             "last_intent": self._state_get("last_intent"),
         }
+
+    def resolved_system_prompt(self) -> str | None:
+        """The conversation's system prompt: the config's, :data:`DEFAULT_SYSTEM_PROMPT`
+        when it sets none, nothing when it sets ``""``."""
+        given = self._config_value("system_prompt")
+        return DEFAULT_SYSTEM_PROMPT if given is None else given or None
 
     def build_agent_context(self, agent_name: str) -> list[dict[str, Any]]:
         """The messages an agent (or a direct LLM call) named ``agent_name`` is given: the
