@@ -629,3 +629,23 @@ def test_converse_has_a_default_system_prompt_and_an_empty_one_sends_none() -> N
 
         assert Plain().handle_turn("hi") == "hello"
         assert chat_llm.calls[0]["messages"][0] == first
+
+
+def test_the_definition_guide_documents_the_conversational_block_and_its_router() -> None:
+    from runner.flow.definition import (
+        FlowConversationalDefinition,
+        FlowConversationalRouterDefinition,
+        FlowDefinition,
+    )
+
+    guide = FlowDefinition.skill()
+    block = guide[guide.index("### Conversational (`conversational`)") : guide.index("## Actions")]
+    for model in (FlowConversationalDefinition, FlowConversationalRouterDefinition):
+        for name in model.model_fields:
+            assert f"- `{name}` (" in block, name
+    assert "### Conversational Router (`conversational.router`)" in block
+    link = "[Conversational Router (`conversational.router`)](#conversational-router-"
+    assert link in block
+    # A default made by a factory shows its value.
+    assert "- `builtin_routes` (optional; default `['converse', 'end']`)" in block
+    assert "### Conversational" not in FlowDefinition.skill(skips=["conversational"])

@@ -1052,7 +1052,7 @@ def config_from_block(block: Mapping[str, Any] | BaseModel) -> ConversationConfi
     does not know is a :class:`~runner.errors.DefinitionError` naming its path."""
     from runner.errors import DefinitionError
 
-    if isinstance(block, BaseModel):  # a loaded definition's ConversationalDefinition
+    if isinstance(block, BaseModel):  # a loaded definition's FlowConversationalDefinition
         block = block.model_dump(exclude_none=True)
 
     def bad(where: str, why: str) -> DefinitionError:

@@ -43,7 +43,7 @@ from runner.flow import patches as patching
 from runner.flow.attempt import json_copy, to_json
 from runner.flow.context import step_context, warn_unhonoured
 from runner.flow.conversation import ConversationalFlow, ConversationState
-from runner.flow.definition import ConversationalDefinition, FlowDefinition, class_definition
+from runner.flow.definition import FlowConversationalDefinition, FlowDefinition, class_definition
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
 from runner.flow.graph import (
@@ -197,7 +197,7 @@ class Flow(ConversationalFlow, Generic[StateT]):
         found = class_definition(cls, methods_definition(cls))
         block = conversation.block_of(cls)
         if found.conversational is None and block is not None:
-            made = ConversationalDefinition.model_validate(block)
+            made = FlowConversationalDefinition.model_validate(block)
             found = found.model_copy(update={"conversational": made})
         return found
 
