@@ -88,7 +88,7 @@ def test_chat_state_and_a_kickoff_with_user_message_are_turns_too() -> None:
 
 
 def test_a_turn_to_a_flow_that_is_not_conversational_or_with_no_text_is_refused() -> None:
-    with pytest.raises(InvalidInputs, match="needs a conversational flow; NotAChat"):
+    with pytest.raises(InvalidInputs, match=r"only available on conversational flows; NotAChat"):
         NotAChat().handle_turn("hi")
     with pytest.raises(InvalidInputs, match="empty"):
         Chat().handle_turn("   ")
@@ -99,7 +99,10 @@ def test_stream_turn_yields_the_turns_frames_and_the_llms_tokens() -> None:
     frames = list(session)
     tokens = [f.content for f in frames if f.type == "llm_stream_chunk"]
     assert tokens == ["#1:", " stream", " me"]
-    assert frames[0].type == "flow_started" and frames[-1].type == "flow_finished"
+    kinds = [f.type for f in frames]
+    assert kinds[:2] == ["conversation_turn_started", "flow_started"]
+    assert kinds[-2:] == ["flow_finished", "conversation_turn_completed"]
+    assert frames[0].data["session_id"] == frames[-1].data["session_id"]
     assert session.result == "#1: stream me"
 
 
@@ -130,14 +133,20 @@ def test_a_definitions_conversational_block_makes_a_conversational_flow_and_back
     assert flow.handle_turn("hi") == "#1: hi"
     assert flow.handle_turn("again") == "#2: again"
     # A conversational class's definition carries its config as data (LLMs by name).
-    block = Helpdesk.flow_definition().conversational  # CrewAI's model: the given fields
-    assert block is not None and block.model_dump(exclude_unset=True) == {
+    block = Helpdesk.flow_definition().conversational
+    assert block is not None and block.enabled is True
+    assert block.model_dump(exclude_none=True) == {
         "enabled": True,
         "llm": "conversations-echo",
         "default_intents": ["weather", "chitchat", "end"],
         "intent_llm": "conversations-intents",
         "defer_trace_finalization": True,
+        "builtin_routes": ["converse", "end"],
+        "internal_routes": ["answer_from_history"],
     }
+    # As data it goes round: the definition's JSON makes the same conversational flow.
+    again = runner.Flow.from_declaration(Helpdesk.flow_definition().to_json())
+    assert type(again).conversational_config.default_intents == ["weather", "chitchat", "end"]
     assert NotAChat.flow_definition().conversational is None
     off = runner.Flow.from_declaration({**DECLARED, "conversational": {"enabled": False}})
     assert type(off).conversational is False

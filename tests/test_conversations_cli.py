@@ -115,7 +115,7 @@ def test_runner_chat_refuses_a_plain_run_and_bad_usage_in_one_line(
         plain.result(timeout=60)
         code, err = Repl(env, plain.run_id).end(None)
         assert code == 2 and err.count("\n") == 1, err
-        assert "needs a conversational flow; NotAChat is not one" in err
+        assert "is only available on conversational flows; NotAChat is not one" in err
         code, err = Repl(env).end(None)
         assert code == 2 and "give a RUN to go on with, or --flow" in err, err
         code, err = Repl(env, "--flow", "tests.flows.conversations:NotAChat").end(None)

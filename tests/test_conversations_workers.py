@@ -122,3 +122,19 @@ def test_stream_turn_on_workers_gives_this_turns_tokens_then_its_result(
         ]
         assert frames[-1].data["status"] == "succeeded"
         assert stream.result == "#2: second words"
+
+
+def test_the_flows_own_start_runs_before_the_router_in_every_epoch_on_workers(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    from tests.flows.conversations import Onboarded
+
+    with private_pool(worker_env, str(tmp_path)) as (pool, rt, _env):
+        worker = pool.start(concurrency=1)
+        handle = Onboarded.submit({"user_message": "hi"}, rt=rt)
+        # Had the router run first, prepared would be 0 and the turn would take converse.
+        assert handle.result(timeout=60) == "loaded in turn 1; prepared 1"
+        pool.kill(worker)
+        pool.start(concurrency=1)
+        assert handle.turn("again", timeout=60) == "loaded in turn 1; prepared 2"
+        assert handle.latest().state["last_intent"] == "answer"

@@ -211,7 +211,7 @@ def _build(definition: FlowDefinition, attribute: str) -> type[Flow[Any]]:
         namespace[name] = _persisted(definition, name, _method(definition.name, name, method))
     if definition.conversational is not None:
         # Declaring the block is the opt-in (CrewAI's); enabled: false keeps it without chat.
-        config = conversation.config_from_block(definition.conversational.block())
+        config = conversation.config_from_block(definition.conversational)
         namespace["conversational"] = config is not None
         namespace["conversational_config"] = config
     return type(definition.name, (Flow,), namespace)

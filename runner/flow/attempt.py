@@ -157,9 +157,9 @@ def _ending(
             label, value = value.label, value.output
         elif spec.is_router:
             label = route_label(value)
-        output = to_json(value, activation.method)
+        output = flow._output_json(value, activation.method)
         reviewed = ctx.answers.reviewed
-        review = None if reviewed is None else to_json(reviewed, activation.method)
+        review = None if reviewed is None else flow._output_json(reviewed, activation.method)
         return Returned(flow._dump_state(state_obj), output, label, review)
     except AwaitInput as waiting:
         # The state so far, kept while it waits.

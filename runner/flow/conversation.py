@@ -19,27 +19,31 @@ What the user calls (CrewAI's names): ``handle_turn(message, session_id=)``,
 intent_llm=...)`` classifies each message into an intent (the route); an LLM given by name
 resolves as every LLM name does (:mod:`runner.flow.llm`).
 
-LLM calls take one prompt string here (the runner's convention for every LLM it calls,
-:func:`~runner.flow.llm.call_llm`): the history is written into it one ``role: content`` line
-per message.
+LLM calls are CrewAI's: a client whose ``.call`` takes chat messages (CrewAI's ``LLM``, any
+``BaseLLM``) is called ``call(messages=[...])`` (the router also passes ``response_format``);
+any other client (``.call(prompt)``, ``.invoke``, a callable, a name registered for one) is
+given the messages as one prompt, a ``role: content`` line each
+(:func:`~runner.flow.llm.call_chat`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
+from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict, TypeVar, cast
 from uuid import uuid4
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from runner.errors import InvalidInputs
-from runner.flow import streaming
+from runner.flow import events, streaming
 from runner.flow.conditions import leaves
 from runner.flow.decorators import CONVERSATIONAL_ONLY, listen, router, start
-from runner.flow.llm import call_llm
+from runner.flow.llm import call_chat, llm_problem
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,19 @@ FROM_HISTORY_PROMPT = (
     "the answer (a follow-up, a summary, a clarification)."
 )
 NO_LLM_REPLY = "I can continue the conversation once an LLM is configured."
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant in an ongoing conversation. Keep the earlier turns in mind, "
+    "answer from what was already said where you can, be clear and brief, and ask when the "
+    "user's request is unclear."
+)
+"""The ``converse`` route's system prompt when the config sets none (CrewAI gives one too);
+``system_prompt=""`` sends none."""
+ROUTER_INSTRUCTION = (
+    "Choose exactly one route from the list above for the latest user message. Prefer "
+    "'converse' for follow-ups, summaries and clarifications of earlier turns, even on a "
+    "topic a custom route handled before; take a custom route only for a fresh request "
+    "for what it does."
+)
 
 Role = Literal["user", "assistant", "system", "tool"]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -100,6 +117,9 @@ class ConversationEvent(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     agent_name: str | None = None
     visibility: Literal["private", "public"] = "private"
+    message_index: int | None = None
+    """Where in ``messages`` it happened: the index of the latest message then (the turn's
+    user message), so a turn can tell its own events from earlier ones."""
 
 
 class ConversationState(BaseModel):
@@ -142,10 +162,15 @@ class ConversationalInputs(TypedDict, total=False):
 class RouterConfig:
     """The LLM router of a conversational flow: which route a message takes. ``llm``
     (else the config's ``intent_llm``, else its ``llm``) is asked to name one of the routes
-    (the flow's listened-to labels, or ``routes``); a reply naming none, or a failing call,
-    takes ``fallback_intent``."""
+    (the flow's listened-to labels, or ``routes``, and the built-in ones): a system message
+    (``prompt``, then the route catalog, each route with its description) and a user
+    message (the router context as JSON). A client taking chat messages is also given
+    ``response_format`` (default: a model with one ``intent_field``); the intent is read
+    from the reply (a model, a dict, JSON or the bare label). A reply naming no route, or a
+    failing call, takes ``fallback_intent``."""
 
     prompt: str | None = None
+    response_format: type[BaseModel] | None = None
     llm: Any | None = None
     routes: Sequence[str] | None = None
     route_descriptions: dict[str, str] | None = None
@@ -200,9 +225,11 @@ def is_conversational(flow_cls: Any) -> bool:
 def refuse_unless_conversational(flow_cls: Any, what: str) -> None:
     """:class:`InvalidInputs` naming ``what`` when ``flow_cls`` is no conversational flow."""
     if not is_conversational(flow_cls):
+        # A method's refusal reads as CrewAI's ("Flow.chat() is only available on ...").
+        subject = f"Flow.{what}" if what.endswith("()") else what
         raise InvalidInputs(
-            f"{what} needs a conversational flow; {flow_cls.flow_name()} is not one "
-            "(set conversational = True on it)",
+            f"{subject} is only available on conversational flows; "
+            f"{flow_cls.flow_name()} is not one (set conversational = True on it)",
             flow=flow_cls.flow_name(),
         )
 
@@ -214,6 +241,25 @@ def message_text(message: Any) -> str:
     if isinstance(message, Mapping) and message.get("content") is not None:
         return str(message["content"])
     return str(message)
+
+
+def intent_of(reply: Any, field_name: str = "intent") -> str | None:
+    """The route a router's reply names: its ``field_name`` (a model's attribute, a dict's
+    key, a JSON object's key), else a text reply itself; an enum gives its value."""
+    if isinstance(reply, str):
+        try:
+            parsed = json.loads(reply)
+        except ValueError:
+            value: Any = reply.strip()
+        else:
+            value = parsed.get(field_name) if isinstance(parsed, dict) else reply.strip()
+    elif isinstance(reply, Mapping):
+        value = reply.get(field_name)
+    else:
+        value = getattr(reply, field_name, None)
+    if value is None:
+        return None
+    return str(value.value) if isinstance(value, Enum) else str(value)
 
 
 def reply_text(result: Any) -> str:
@@ -264,12 +310,39 @@ def custom_routes(graph: Any) -> list[str]:
 
 
 def is_public_reply(flow_cls: Any, result: Any, state: Mapping[str, Any]) -> bool:
-    """Whether a turn's result is something to say (not a route label or no text)."""
+    """Whether a turn's result is something to say: text (or a crew output's ``raw``) that is
+    no route label and not an agent result this turn recorded as private (a handler that
+    records its scratch work privately and returns it keeps it private; a different
+    summary it returns is still said)."""
     raw = getattr(result, "raw", None)
     text = result if isinstance(result, str) else raw if isinstance(raw, str) else None
     if text is None:
         return False
-    return text not in route_labels(flow_cls) and text != state.get("last_intent")
+    if text in route_labels(flow_cls) or text == state.get("last_intent"):
+        return False
+    return text not in private_results(state)
+
+
+def private_results(state: Mapping[str, Any]) -> set[str]:
+    """The contents of the agent results recorded as private since the latest user message
+    (this turn's), from a state's ``events`` and ``messages`` (models or their JSON)."""
+    messages = state.get("messages") or []
+    turn = max((i for i, m in enumerate(messages) if _field(m, "role") == "user"), default=-1)
+    found: set[str] = set()
+    for event in state.get("events") or []:
+        index = _field(event, "message_index")
+        if (
+            _field(event, "type") == "agent_result"
+            and _field(event, "visibility") == "private"
+            and index is not None
+            and index >= turn
+        ):
+            found.add(str((_field(event, "payload") or {}).get("content")))
+    return found
+
+
+def _field(item: Any, name: str) -> Any:
+    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
 
 
 def open_turn(
@@ -277,10 +350,12 @@ def open_turn(
 ) -> dict[str, Any]:
     """``state`` (JSON) as a turn with ``message`` opens: the message appended to its
     ``messages``, ``current_user_message`` / ``last_user_message`` set, ``last_intent``
-    cleared (each turn is routed afresh). ``previous_result``: what the session's previous
+    kept (each turn is routed afresh all the same). ``previous_result``: what the session's previous
     turn returned; when that turn's handler said nothing itself, it becomes the assistant
     reply of that turn first (as CrewAI's ``handle_turn`` promotes it), so the history is
-    the same whoever runs the turns."""
+    the same whoever runs the turns. ``last_intent`` keeps the previous turn's route until
+    this turn's router replaces it: the router context shows it (it is never replayed as
+    this turn's route)."""
     text = message_text(message)
     if not text.strip():
         raise InvalidInputs("a turn's message is empty")
@@ -298,7 +373,6 @@ def open_turn(
     opened["messages"] = messages
     _set(opened, fields, "current_user_message", text)
     _set(opened, fields, "last_user_message", text)
-    _set(opened, fields, "last_intent", None)
     return opened
 
 
@@ -327,6 +401,41 @@ def as_llm_message(message: Any) -> dict[str, Any]:
     return data
 
 
+def normalize_kickoff_inputs(
+    inputs: Mapping[str, Any] | None,
+    *,
+    user_message: str | dict[str, Any] | None = None,
+    session_id: str | None = None,
+) -> dict[str, Any] | None:
+    """A turn's kickoff inputs (CrewAI's helper): ``inputs`` with the session as ``id`` and
+    the message as ``user_message`` when given; ``None`` when nothing at all is given (a
+    stateless kickoff keeps no inputs)."""
+    if inputs is None and user_message is None and session_id is None:
+        return None
+    merged = dict(inputs or {})
+    if session_id is not None:
+        merged["id"] = session_id
+    if user_message is not None:
+        merged[USER_MESSAGE] = user_message
+    return merged
+
+
+def get_conversation_messages(flow: Any) -> list[Any]:
+    """The history a flow's state holds (``messages`` of a dict or model state), as stored;
+    an empty list when its state keeps none."""
+    state = flow.state
+    messages = (
+        state.get("messages") if isinstance(state, dict) else getattr(state, "messages", None)
+    )
+    return messages if isinstance(messages, list) else []
+
+
+def append_message(flow: Any, role: Role, content: str, **extra: Any) -> None:
+    """Append a message to a flow's history (CrewAI's function form of
+    :meth:`ConversationalFlow.append_message`)."""
+    flow.append_message(role, content, **extra)
+
+
 @dataclass
 class Turn:
     """A turn an in-process ``handle_turn`` is running: its message and per-turn intents."""
@@ -344,9 +453,20 @@ class ConversationalFlow:
     the built-in steps are steps only of a flow with ``conversational = True``."""
 
     conversational: ClassVar[bool] = False
+    defer_trace_finalization: bool = False
+    """CrewAI's flag to close a session's trace once, at ``finalize_session_traces()``. A
+    run's events here are final when each turn ends, so it changes nothing but is kept."""
     conversational_config: ClassVar[ConversationConfig | ConversationalConfig | None] = None
     builtin_routes: ClassVar[tuple[str, ...]] = BUILTIN_ROUTES
     internal_routes: ClassVar[tuple[str, ...]] = INTERNAL_ROUTES
+    builtin_route_descriptions: ClassVar[dict[str, str]] = {
+        "converse": (
+            "Ordinary chat: greetings, follow-ups, summaries and clarifications of what "
+            "was said, answered from the conversation."
+        ),
+        "end": "The user is done and wants to end the conversation.",
+    }
+    """What the router's catalog says of each built-in route (override to reword)."""
 
     if TYPE_CHECKING:
         state: Any
@@ -372,6 +492,11 @@ class ConversationalFlow:
         @classmethod
         def graph(cls) -> Any: ...
 
+        @classmethod
+        def flow_definition(cls) -> Any: ...
+
+        def _collapse_to_outcome(self, feedback: str, outcomes: Any, llm: Any) -> str: ...
+
     # -- the built-in graph: a start router and its three listeners -------------------------
 
     @start()
@@ -379,8 +504,11 @@ class ConversationalFlow:
     @conversational_only
     def route_conversation(self) -> str:
         """Route the turn: ``route_turn``'s label, else the intent the message was
-        classified into, else ``converse``."""
-        self.conversation_start()
+        classified into, else ``converse``. It runs after the flow's own starts (see
+        :func:`runner.flow.graph`'s ordering), and calls ``conversation_start`` unless the
+        flow made that a start step of its own (then it ran already, once)."""
+        if "conversation_start" not in type(self).graph().methods:
+            self.conversation_start()
         label = self._pick_route()
         self._state_set("last_intent", label)
         return label
@@ -393,11 +521,12 @@ class ConversationalFlow:
         if llm is None:
             content = NO_LLM_REPLY
         else:
-            prompt = transcript(self.conversation_messages)
-            system = self._config_value("system_prompt")
+            messages: list[dict[str, Any]] = []
+            system = self.resolved_system_prompt()
             if system:
-                prompt = f"system: {system}\n{prompt}"
-            content = reply_text(call_llm(llm, f"{prompt}\nassistant:", stream=True))
+                messages.append({"role": "system", "content": system})
+            messages.extend(self.conversation_messages)
+            content = reply_text(call_chat(llm, messages, stream=True))
         self.append_assistant_message(content)
         return content
 
@@ -418,10 +547,11 @@ class ConversationalFlow:
         if llm is None:
             return None
         prompt = self._config_value("answer_from_history_prompt") or FROM_HISTORY_PROMPT
-        reply = call_llm(
-            llm, f"{prompt}\n\n{transcript(self.conversation_messages)}\nassistant:", stream=True
-        )
-        content = reply_text(reply)
+        messages = [
+            {"role": "system", "content": prompt},
+            *self.build_agent_context("answer_from_history"),
+        ]
+        content = reply_text(call_chat(llm, messages, stream=True))
         self.append_assistant_message(content)
         return content
 
@@ -431,16 +561,13 @@ class ConversationalFlow:
         llm = self._config_value("answer_from_history_llm")
         if llm is None or len(self.conversation_messages) < 2:
             return False
-        from runner.flow.human_feedback import collapse
-
         prompt = self._config_value("answer_from_history_prompt") or FROM_HISTORY_PROMPT
         feedback = (
             f"{prompt}\n\nCurrent user message: {context.get('current_user_message')}\n\n"
             f"Message history:\n{transcript(self.conversation_messages)}"
         )
-        return collapse(feedback, ["answer_from_history", "route_to_flow"], llm) == (
-            "answer_from_history"
-        )
+        outcomes = ("answer_from_history", "route_to_flow")
+        return self._collapse_to_outcome(feedback, outcomes, llm) == "answer_from_history"
 
     def conversation_start(self) -> str | None:
         """The turn's user message (override to prepare a turn)."""
@@ -462,13 +589,35 @@ class ConversationalFlow:
         return self._route_with(router_config, context)
 
     def build_router_context(self) -> dict[str, Any]:
-        """What ``route_turn`` is given about the turn."""
+        """What ``route_turn`` is given about the turn (and the LLM router, as JSON): the
+        message, the history, the previous turn's route (``last_intent``) and, with a
+        :class:`ConversationState`, its events."""
+        recorded = self._state_get("events")
         return {
-            "system_prompt": self._config_value("system_prompt"),
+            "system_prompt": self.resolved_system_prompt(),
             "current_user_message": self._state_get("current_user_message"),
             "message_history": self.conversation_messages,
+            "events": [e.model_dump() if isinstance(e, BaseModel) else e for e in recorded or []],
             "last_intent": self._state_get("last_intent"),
         }
+
+    def resolved_system_prompt(self) -> str | None:
+        """The conversation's system prompt: the config's, :data:`DEFAULT_SYSTEM_PROMPT`
+        when it sets none, nothing when it sets ``""``."""
+        given = self._config_value("system_prompt")
+        return DEFAULT_SYSTEM_PROMPT if given is None else given or None
+
+    def build_agent_context(self, agent_name: str) -> list[dict[str, Any]]:
+        """The messages an agent (or a direct LLM call) named ``agent_name`` is given: the
+        history, then that agent's own thread."""
+        messages = list(self.conversation_messages)
+        threads = self._state_get("agent_threads") or {}
+        for item in threads.get(agent_name, []):
+            data = item.model_dump() if isinstance(item, BaseModel) else dict(item)
+            messages.append(
+                {"role": data.get("role", "assistant"), "content": reply_text(data.get("content"))}
+            )
+        return messages
 
     def _pick_route(self) -> str:
         context = self.build_router_context()
@@ -495,33 +644,101 @@ class ConversationalFlow:
         text = self._state_get("current_user_message") or ""
         return self.classify_intent(text, intents, llm=llm, context=self.conversation_messages)
 
+    def router_routes(self, config: RouterConfig | None = None) -> set[str]:
+        """The routes the LLM router may name: ``config.routes`` (else the labels the flow's
+        own listeners listen to) and the built-in routes."""
+        given = set(config.routes or ()) if config is not None else set()
+        return (given or set(custom_routes(type(self).graph()))) | set(BUILTIN_ROUTES)
+
+    def route_catalog(self, config: RouterConfig | None = None) -> dict[str, str]:
+        """Each route the router may name, with what it is for: ``route_descriptions``,
+        else a built-in route's own description, else the first line of the docstring of
+        the listener that handles it (empty without one)."""
+        graph = type(self).graph()
+        handlers: dict[str, str] = {}
+        for spec in graph.methods.values():
+            if spec.condition is not None and not spec.is_router:
+                for leaf in sorted(leaves(spec.condition)):
+                    handlers.setdefault(leaf, spec.name)
+        given = (config.route_descriptions if config is not None else None) or {}
+        catalog: dict[str, str] = {}
+        for label in sorted(self.router_routes(config)):
+            if label in given:
+                catalog[label] = given[label]
+            elif label in self.builtin_route_descriptions:
+                catalog[label] = self.builtin_route_descriptions[label]
+            else:
+                catalog[label] = self._handler_description(handlers.get(label))
+        return catalog
+
+    def _handler_description(self, handler: str | None) -> str:
+        """A route's description from its handler: the definition's ``description`` (what
+        a declaration says), else the first line of the method's docstring; ``""``."""
+        if handler is None:
+            return ""
+        declared = type(self).flow_definition().methods.get(handler)
+        text = declared.description if declared is not None else None
+        if not text:
+            method = getattr(type(self), handler, None)
+            text = method.__doc__ if method is not None else None
+        return text.strip().split("\n", 1)[0].strip() if text else ""
+
+    def router_messages(
+        self, config: RouterConfig, context: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """The chat messages the LLM router is given: a system message (the config's
+        ``prompt``, then the route catalog and how to choose) and the turn's context as
+        JSON (with ``available_routes``)."""
+        catalog = self.route_catalog(config)
+        lines = "\n".join(
+            f"- {label}: {text}" if text else f"- {label}" for label, text in catalog.items()
+        )
+        system = (
+            f"{config.prompt}\n\n" if config.prompt else ""
+        ) + f"Routes:\n{lines}\n\n{ROUTER_INSTRUCTION}"
+        payload = {**context, "available_routes": sorted(catalog)}
+        return [
+            {"role": "system", "content": system},
+            {"role": "user", "content": json.dumps(payload, default=str)},
+        ]
+
+    def router_response_format(self, config: RouterConfig) -> type[BaseModel]:
+        """The structured answer the router asks for: ``config.response_format``, else a
+        ``ConversationRoute`` model with one string field, ``intent_field``."""
+        if config.response_format is not None:
+            return config.response_format
+        routes = ", ".join(sorted(self.router_routes(config)))
+        fields: dict[str, Any] = {
+            config.intent_field: (str, Field(description=f"One of: {routes}"))
+        }
+        return cast(type[BaseModel], create_model("ConversationRoute", **fields))
+
     def _route_with(self, config: RouterConfig, context: dict[str, Any]) -> str | None:
         llm = config.llm or self._config_value("intent_llm") or self._config_value("llm")
         if llm is None:
             return config.default_intent
-        routes = sorted(
-            set(config.routes or custom_routes(type(self).graph())) | set(BUILTIN_ROUTES)
-        )
-        described = "\n".join(
-            f"- {label}: {(config.route_descriptions or {}).get(label, '')}".rstrip(": ")
-            for label in routes
-        )
-        prompt = (
-            f"{config.prompt + chr(10) * 2 if config.prompt else ''}Routes:\n{described}\n\n"
-            f"Conversation:\n{transcript(context.get('message_history') or [])}\n\n"
-            f"Choose exactly one route for the latest user message; reply with the route alone."
-        )
-        from runner.flow.human_feedback import match_outcome
-
+        fallback = config.fallback_intent or config.default_intent
         try:
-            reply = call_llm(llm, prompt)
+            reply = call_chat(
+                llm,
+                self.router_messages(config, context),
+                response_format=self.router_response_format(config),
+            )
         except Exception as exc:  # a failing router falls back, as CrewAI's does
             log.warning("the conversation router failed (%s); taking the fallback route", exc)
-            return config.fallback_intent or config.default_intent
-        if isinstance(reply, Mapping):
-            reply = reply.get(config.intent_field, "")
-        found = match_outcome(reply, routes)
-        return found or config.fallback_intent or config.default_intent
+            return fallback
+        routes = self.router_routes(config)
+        intent = intent_of(reply, config.intent_field)
+        if intent is None:
+            return fallback
+        if intent in routes:
+            return intent
+        from runner.flow.human_feedback import match_outcome
+
+        # A client answering in prose (no structured output) may still name one route.
+        return (match_outcome(intent, sorted(routes)) if isinstance(reply, str) else None) or (
+            fallback
+        )
 
     # -- history ---------------------------------------------------------------------------
 
@@ -569,6 +786,7 @@ class ConversationalFlow:
                     agent_name=agent_name,
                     visibility=visibility,
                     payload={"content": content, **(metadata or {})},
+                    message_index=len(state.messages) - 1 if state.messages else None,
                 )
             )
             state.agent_threads.setdefault(agent_name, []).append(
@@ -601,11 +819,10 @@ class ConversationalFlow:
         llm: Any,
         context: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """The one of ``outcomes`` ``llm`` reads ``text`` (in the light of ``context``) as."""
-        from runner.flow.human_feedback import collapse
-
+        """The one of ``outcomes`` ``llm`` reads ``text`` (in the light of ``context``) as,
+        through the flow's ``_collapse_to_outcome`` (as ``@human_feedback`` outcomes are)."""
         feedback = f"{transcript(context)}\n\nLatest user message: {text}" if context else text
-        return collapse(feedback, list(outcomes), llm)
+        return self._collapse_to_outcome(feedback, tuple(outcomes), llm)
 
     # -- turns -----------------------------------------------------------------------------
 
@@ -623,21 +840,44 @@ class ConversationalFlow:
         loaded from the flow's persistence when it keeps one, the message appended. A
         returned text the handler did not append itself becomes the assistant's reply."""
         refuse_unless_conversational(type(self), "handle_turn()")
+        from runner.flow.human_feedback import HumanFeedbackPending
+
         sid = session_id or self.flow_id
+        self._tell_turn(events.TURN_STARTED, sid)
         self._turn = Turn(message, intents, intent_llm)
         try:
             result = self.kickoff(inputs={"id": sid}, **kickoff_kwargs)
+        except HumanFeedbackPending:
+            raise  # paused for a review: the turn goes on when it is answered
+        except Exception as exc:
+            self._tell_turn(events.TURN_FAILED, sid, error=f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             self._turn = None
         messages = self._state_get("messages") or []
-        state = {"last_intent": self._state_get("last_intent")}
+        state = {
+            "last_intent": self._state_get("last_intent"),
+            "messages": messages,
+            "events": self._state_get("events") or [],
+        }
         if (
             result is not None
             and not answered([as_llm_message(m) for m in messages])
             and is_public_reply(type(self), result, state)
         ):
             self.append_assistant_message(reply_text(result))
+        self._tell_turn(events.TURN_COMPLETED, sid)
         return result
+
+    def _tell_turn(self, kind: str, session_id: str, error: str | None = None) -> None:
+        events.tell(
+            kind,
+            session_id,
+            type(self).flow_name(),
+            self._listeners,
+            error=error,
+            data={"session_id": session_id},
+        )
 
     def stream_turn(
         self,
@@ -648,9 +888,11 @@ class ConversationalFlow:
         intent_llm: Any = None,
         **kickoff_kwargs: Any,
     ) -> streaming.FlowStreamSession:
-        """``handle_turn`` as a stream session: iterate it for the turn's frames (its
-        steps' chunks, the LLM's tokens, lifecycle frames), then ``.result``."""
+        """``handle_turn`` as a stream session: iterate it for the turn's frames (the
+        turn's and the run's lifecycle frames, its steps' chunks, the LLM's tokens), then
+        ``.result``; a turn paused for a review has the pending review as its result."""
         refuse_unless_conversational(type(self), "stream_turn()")
+        from runner.flow.human_feedback import HumanFeedbackPending
 
         def run() -> Any:
             self._streaming = True
@@ -662,6 +904,8 @@ class ConversationalFlow:
                     intent_llm=intent_llm,
                     **kickoff_kwargs,
                 )
+            except HumanFeedbackPending as pending:
+                return pending
             finally:
                 self._streaming = False
 
@@ -681,17 +925,27 @@ class ConversationalFlow:
         **handle_turn_kwargs: Any,
     ) -> None:
         """A terminal chat over ``handle_turn``: ends on an exit command (any case), end of
-        input or Ctrl-C."""
+        input or Ctrl-C, then calls ``finalize_session_traces()`` (CrewAI's session end).
+        ``defer_trace_finalization`` sets the flow's flag of that name for the session and
+        restores it after."""
         refuse_unless_conversational(type(self), "chat()")
-        chat_loop(
-            lambda text: self.handle_turn(text, session_id=session_id, **handle_turn_kwargs),
-            prompt=prompt,
-            assistant_prefix=assistant_prefix,
-            exit_commands=exit_commands,
-            input_fn=input_fn,
-            output_fn=output_fn,
-            skip_empty=skip_empty,
-        )
+        previous = getattr(self, "defer_trace_finalization", False)
+        if defer_trace_finalization:
+            self.defer_trace_finalization = True
+        try:
+            chat_loop(
+                lambda text: self.handle_turn(text, session_id=session_id, **handle_turn_kwargs),
+                prompt=prompt,
+                assistant_prefix=assistant_prefix,
+                exit_commands=exit_commands,
+                input_fn=input_fn,
+                output_fn=output_fn,
+                skip_empty=skip_empty,
+            )
+        finally:
+            self.finalize_session_traces()
+            if defer_trace_finalization:
+                self.defer_trace_finalization = previous
 
     def finalize_session_traces(self) -> None:
         """CrewAI closes a deferred trace batch here; a run's events are sent per turn here,
@@ -788,13 +1042,18 @@ _BLOCK_KEYS = {
 _ROUTER_KEYS = {f.name for f in dataclass_fields(RouterConfig)} | {"response_format"}
 
 
-def config_from_block(block: Mapping[str, Any]) -> ConversationConfig | None:
+def config_from_block(block: Mapping[str, Any] | BaseModel) -> ConversationConfig | None:
     """The :class:`ConversationConfig` a definition's ``conversational`` block (CrewAI's
     ``FlowConversationalDefinition``) declares, ``None`` when it says ``enabled: false``.
-    LLMs are names (each process resolves them, :mod:`runner.flow.llm`); the built-in routes
+    LLMs are names or CrewAI's settings mappings (``{"model": ..., "max_tokens": ...}``),
+    each process resolving them when it calls (:mod:`runner.flow.llm`); anything else is
+    refused here, not at a turn's first call. The built-in routes
     are this runner's (``converse``, ``end``), so a block may only restate them. A key it
     does not know is a :class:`~runner.errors.DefinitionError` naming its path."""
     from runner.errors import DefinitionError
+
+    if isinstance(block, BaseModel):  # a loaded definition's FlowConversationalDefinition
+        block = block.model_dump(exclude_none=True)
 
     def bad(where: str, why: str) -> DefinitionError:
         return DefinitionError(f"conversational.{where}: {why}", field=f"conversational.{where}")
@@ -810,12 +1069,18 @@ def config_from_block(block: Mapping[str, Any]) -> ConversationConfig | None:
             raise bad(key, f"the built-in routes here are {list(builtin)}, not {list(given)}")
     router_block = block.get("router")
     router_config = None
+    for key in ("llm", "intent_llm", "answer_from_history_llm"):
+        if block.get(key) is not None and (problem := llm_problem(block[key])) is not None:
+            raise bad(key, problem)
     if router_block is not None:
         if not isinstance(router_block, Mapping):
             raise bad("router", "must be a mapping")
         for key in router_block:
             if key not in _ROUTER_KEYS:
                 raise bad(f"router.{key}", "unknown key")
+        given = router_block.get("llm")
+        if given is not None and (problem := llm_problem(given)) is not None:
+            raise bad("router.llm", problem)
         if router_block.get("response_format") is not None:
             # As CrewAI does for a declaration: no model class can be given in data.
             log.warning(

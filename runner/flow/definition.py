@@ -142,46 +142,6 @@ class HumanFeedbackDefinition(BaseModel):
     learn_strict: bool = False
 
 
-class ConversationalRouterDefinition(BaseModel):
-    """The router of a conversational block (CrewAI's ``FlowConversationalRouterDefinition``):
-    how a turn's intent is picked. LLMs are names."""
-
-    model_config = ConfigDict(extra="allow")
-    prompt: str | None = None
-    response_format: Any = None
-    llm: Any = None
-    routes: list[str] | None = None
-    route_descriptions: dict[str, str] | None = None
-    default_intent: str | None = "converse"
-    fallback_intent: str | None = "converse"
-    intent_field: str = "intent"
-
-
-class ConversationalDefinition(BaseModel):
-    """A flow's ``conversational`` block (CrewAI's ``FlowConversationalDefinition``):
-    declaring it is the opt-in (``enabled`` defaults to true; ``false`` keeps the settings
-    without chat). A key this runner does not know is kept here and refused, naming its
-    path, when a flow is made of it (``runner.flow.conversation.config_from_block``)."""
-
-    model_config = ConfigDict(extra="allow")
-    enabled: bool = True
-    system_prompt: str | None = None
-    llm: Any = None
-    router: ConversationalRouterDefinition | None = None
-    answer_from_history_prompt: str | None = None
-    default_intents: list[str] | None = None
-    intent_llm: Any = None
-    answer_from_history_llm: Any = None
-    visible_agent_outputs: list[str] | Literal["all"] | None = None
-    defer_trace_finalization: bool = True
-    builtin_routes: list[str] = Field(default_factory=lambda: ["converse", "end"])
-    internal_routes: list[str] = Field(default_factory=lambda: ["answer_from_history"])
-
-    def block(self) -> dict[str, Any]:
-        """The block as data (what was given and the defaults; unset values left out)."""
-        return self.model_dump(mode="json", exclude_none=True)
-
-
 # --- actions --------------------------------------------------------------------------------
 
 
@@ -425,6 +385,100 @@ class FlowMethodDefinition(BaseModel):
         return self.emit
 
 
+_LLM_FORMS = "A model name or a settings mapping with a `model` key, resolved where it runs."
+
+
+class FlowConversationalRouterDefinition(BaseModel):
+    """The LLM router of a conversational block (CrewAI's; the runtime shape is
+    ``runner.flow.conversation.RouterConfig``)."""
+
+    # A key it does not know is kept so that config_from_block refuses it in one line naming
+    # its path (conversational.router.<key>), as it does every other bad value of the block.
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str | None = Field(
+        default=None, description="The router's own instructions, before the route list."
+    )
+    response_format: Any = Field(
+        default=None,
+        description="Ignored in a definition (no model class is data); Python flows set it.",
+    )
+    llm: Any = Field(
+        default=None,
+        description=f"The router's model (else `intent_llm`, else `llm`). {_LLM_FORMS}",
+    )
+    routes: list[str] | None = Field(
+        default=None,
+        description="The routes it may pick besides the built-in ones (default: the labels "
+        "the flow's listeners wait for).",
+    )
+    route_descriptions: dict[str, str] | None = Field(
+        default=None,
+        description="What each route is for, as the router reads it (default: the handler's "
+        "description).",
+    )
+    default_intent: str | None = Field(
+        default="converse", description="The route taken when no router model is set."
+    )
+    fallback_intent: str | None = Field(
+        default="converse",
+        description="The route taken when the router fails or names no known route.",
+    )
+    intent_field: str = Field(
+        default="intent", description="The field of the router's answer that names the route."
+    )
+
+
+class FlowConversationalDefinition(BaseModel):
+    """A flow's conversational block (CrewAI's): declaring it is the opt-in (``enabled``
+    defaults to true)."""
+
+    model_config = ConfigDict(extra="allow")  # see FlowConversationalRouterDefinition
+
+    enabled: bool = Field(
+        default=True,
+        description="Chat on; declaring the block opts in, `false` keeps it with chat off.",
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        description="The `converse` route's system prompt (unset: a default one; `''`: none).",
+    )
+    llm: Any = Field(
+        default=None, description=f"The model of the built-in `converse` route. {_LLM_FORMS}"
+    )
+    router: FlowConversationalRouterDefinition | None = Field(
+        default=None,
+        description="The LLM router, see [Conversational Router (`conversational.router`)]"
+        "(#conversational-router-conversationalrouter); without one, a flow with routes of "
+        "its own gets a default router.",
+    )
+    answer_from_history_prompt: str | None = Field(
+        default=None, description="How to decide and answer from the history alone."
+    )
+    default_intents: list[str] | None = Field(
+        default=None, description="Intents each message is classified into (with `intent_llm`)."
+    )
+    intent_llm: Any = Field(default=None, description=f"The intent classifier. {_LLM_FORMS}")
+    answer_from_history_llm: Any = Field(
+        default=None,
+        description=f"Enables the `answer_from_history` route. {_LLM_FORMS}",
+    )
+    visible_agent_outputs: list[str] | Literal["all"] | None = Field(
+        default=None, description="Agents whose recorded results the user sees (or `all`)."
+    )
+    defer_trace_finalization: bool = Field(
+        default=True, description="CrewAI's session-long trace; kept, each turn's events are final."
+    )
+    builtin_routes: list[str] = Field(
+        default_factory=lambda: ["converse", "end"],
+        description="The built-in routes (only these here).",
+    )
+    internal_routes: list[str] = Field(
+        default_factory=lambda: ["answer_from_history"],
+        description="The internal routes (only these here).",
+    )
+
+
 class FlowDefinition(BaseModel):
     """A flow as data (CrewAI's ``FlowDefinition``)."""
 
@@ -437,7 +491,7 @@ class FlowDefinition(BaseModel):
     state: StateDefinition | None = None
     config: FlowConfigDefinition = Field(default_factory=FlowConfigDefinition)
     persist: PersistenceDefinition | None = None
-    conversational: ConversationalDefinition | None = None
+    conversational: FlowConversationalDefinition | None = None
     """CrewAI's conversational block: declaring it makes the flow conversational
     (``runner.flow.conversation.config_from_block`` reads it; ``enabled: false`` keeps it
     without chat); a conversational class's definition gives its config here
@@ -1003,6 +1057,4 @@ FlowExpressionActionDefinition = ExpressionAction
 FlowScriptActionDefinition = ScriptAction
 FlowEachActionDefinition = EachAction
 FlowEachStepDefinition = EachStep
-FlowConversationalDefinition = ConversationalDefinition
-FlowConversationalRouterDefinition = ConversationalRouterDefinition
 FlowDefinitionCondition = Condition

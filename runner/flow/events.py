@@ -46,6 +46,13 @@ FEEDBACK_REQUESTED = "human_feedback_requested"
 ``emit``)."""
 FEEDBACK_RECEIVED = "human_feedback_received"
 """The review was answered (``data``: ``feedback``, ``outcome``)."""
+TURN_STARTED = "conversation_turn_started"
+"""An in-process conversational turn began (``data``: ``session_id``), before its run."""
+TURN_COMPLETED = "conversation_turn_completed"
+"""The turn's run returned (``data``: ``session_id``)."""
+TURN_FAILED = "conversation_turn_failed"
+"""The turn's run raised (``data``: ``session_id``; ``error``); a turn paused for a review
+is neither completed nor failed."""
 
 __all__ = [
     "FEEDBACK_RECEIVED",
@@ -60,6 +67,9 @@ __all__ = [
     "METHOD_FINISHED",
     "METHOD_STARTED",
     "STATE_CONFLICT",
+    "TURN_COMPLETED",
+    "TURN_FAILED",
+    "TURN_STARTED",
     "EventListener",
     "FlowEvent",
     "emit",

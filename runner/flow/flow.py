@@ -40,10 +40,10 @@ from runner.flow import conversation, streaming, usage
 from runner.flow import human_feedback as reviewing
 from runner.flow import input_provider as asking
 from runner.flow import patches as patching
-from runner.flow.attempt import json_copy
+from runner.flow.attempt import json_copy, to_json
 from runner.flow.context import step_context, warn_unhonoured
 from runner.flow.conversation import ConversationalFlow, ConversationState
-from runner.flow.definition import ConversationalDefinition, FlowDefinition, class_definition
+from runner.flow.definition import FlowConversationalDefinition, FlowDefinition, class_definition
 from runner.flow.events import EventListener
 from runner.flow.executors import EXECUTORS
 from runner.flow.graph import (
@@ -53,7 +53,7 @@ from runner.flow.graph import (
     methods_definition,
     unknown_trigger,
 )
-from runner.flow.state import dump_state, with_id
+from runner.flow.state import dump_state, jsonable, with_id
 from runner.store.base import CheckpointStore
 from runner.store.models import UsageMetrics
 from runner.store.persistence import store_of
@@ -197,9 +197,8 @@ class Flow(ConversationalFlow, Generic[StateT]):
         found = class_definition(cls, methods_definition(cls))
         block = conversation.block_of(cls)
         if found.conversational is None and block is not None:
-            found = found.model_copy(
-                update={"conversational": ConversationalDefinition.model_validate(block)}
-            )
+            made = FlowConversationalDefinition.model_validate(block)
+            found = found.model_copy(update={"conversational": made})
         return found
 
     def plot(self, filename: str = "crewai_flow.html", show: bool = True) -> str:
@@ -305,6 +304,14 @@ class Flow(ConversationalFlow, Generic[StateT]):
         """``state`` as JSON; a value with no JSON form is an error (naming its field) only
         when the run keeps checkpoints, as in CrewAI, where only persisting needs JSON."""
         return dump_state(state, strict=not self._transient)
+
+    def _output_json(self, value: Any, method: str) -> Any:
+        """A method's output as JSON, by the rule of :meth:`_dump_state`: an output with no
+        JSON form is an error only when the run keeps checkpoints; a run that keeps none
+        (in process, nothing persisting) passes the object on as it is, as CrewAI does."""
+        if self._transient:
+            return jsonable(value, strict=False)
+        return to_json(value, method)
 
     def _sink(self) -> Sink:
         return type(self).checkpoint_sink(self._checkpoint, self._persistence)

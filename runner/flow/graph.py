@@ -19,7 +19,7 @@ import types
 import typing
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
@@ -31,7 +31,7 @@ from runner.errors import (
     UnknownStep,
     UnknownTrigger,
 )
-from runner.flow.conditions import Cond, describe, leaves
+from runner.flow.conditions import Cond, and_, describe, leaves
 from runner.flow.decorators import CONVERSATIONAL_ONLY, DEFAULT_MAX_CALLS, STEP_ATTR, StepDecl
 from runner.flow.definition import FlowDefinition, fingerprint, mermaid, method_definition
 from runner.flow.rates import Rate
@@ -294,8 +294,33 @@ def methods_definition(flow_cls: type) -> FlowDefinition:
     if isinstance(cached, FlowGraph):
         return cached.definition
     steps = _step_functions(flow_cls)
-    specs = {n: _spec(n, fn, decl, flow_cls) for n, (fn, decl) in steps.items()}
+    specs = _router_last(
+        flow_cls, {n: _spec(n, fn, decl, flow_cls) for n, (fn, decl) in steps.items()}
+    )
     return _definition(flow_cls, steps, specs)
+
+
+CONVERSATION_ROUTER = "route_conversation"
+"""The built-in start router of a conversational flow (:mod:`runner.flow.conversation`)."""
+
+
+def _router_last(flow_cls: type, specs: dict[str, MethodSpec]) -> dict[str, MethodSpec]:
+    """A conversational flow's start router runs after the flow's own kickoff starts (as
+    CrewAI orders them): it listens to all of them (on workers too, each a step), so a
+    start that prepares the turn (loads a profile, sets state) has finished when the turn
+    is routed. Without starts of its own the router is the kickoff step."""
+    router_spec = specs.get(CONVERSATION_ROUTER)
+    if router_spec is None or not getattr(flow_cls, "conversational", False):
+        return specs
+    own = [
+        n
+        for n, m in specs.items()
+        if n != CONVERSATION_ROUTER and m.is_start and (m.condition is None or m.at_kickoff)
+    ]
+    if not own:
+        return specs
+    condition: Cond = own[0] if len(own) == 1 else and_(*own)
+    return {**specs, CONVERSATION_ROUTER: replace(router_spec, condition=condition)}
 
 
 def _definition(
@@ -331,7 +356,9 @@ def _default_calls(owner: type) -> int:
 def _build(flow_cls: type) -> FlowGraph:
     name = flow_cls.__qualname__
     steps = _step_functions(flow_cls)
-    specs = {n: _spec(n, fn, decl, flow_cls) for n, (fn, decl) in steps.items()}
+    specs = _router_last(
+        flow_cls, {n: _spec(n, fn, decl, flow_cls) for n, (fn, decl) in steps.items()}
+    )
     unknown = _validate(name, specs)
     definition = _definition(flow_cls, steps, specs)
     index: dict[str, list[str]] = {}

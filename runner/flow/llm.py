@@ -30,7 +30,7 @@ import importlib
 import importlib.util
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from runner.errors import DefinitionError
@@ -51,8 +51,25 @@ def is_client(llm: Any) -> bool:
 
 
 def is_llm(llm: Any) -> bool:
-    """Whether :func:`call_llm` takes ``llm``: a client, or a name (resolved at the call)."""
-    return (isinstance(llm, str) and bool(llm.strip())) or is_client(llm)
+    """Whether :func:`call_llm` takes ``llm``: a client, a name, or a settings mapping with
+    a ``model`` name (both resolved at the call)."""
+    return (isinstance(llm, str) and bool(llm.strip())) or is_settings(llm) or is_client(llm)
+
+
+def is_settings(llm: Any) -> bool:
+    """Whether ``llm`` is CrewAI's LLM config mapping: ``{"model": name, ...settings}``."""
+    return isinstance(llm, Mapping) and isinstance(llm.get("model"), str) and bool(llm["model"])
+
+
+def llm_problem(llm: Any) -> str | None:
+    """Why ``llm`` (as a definition gives it) cannot be an LLM, ``None`` when it can: a name,
+    a mapping with a ``model`` name, or a client. Said when the definition is loaded, not
+    when a turn first calls it."""
+    if isinstance(llm, Mapping) and not is_settings(llm):
+        return "an LLM given as a mapping needs a 'model' key naming the model"
+    if not is_llm(llm):
+        return f"expected a model name, a mapping with a 'model' key, or an LLM client; got {llm!r}"
+    return None
 
 
 def register_llm(name: str, client: Any) -> None:
@@ -82,6 +99,8 @@ def resolve_llm(llm: Any) -> Any:
     CrewAI's ``LLM`` or litellm makes for the name (the first importable), else ``llm``
     itself when it is no name. A name none of these resolves is one
     :class:`~runner.errors.DefinitionError` saying both ways to fix it."""
+    if is_settings(llm):
+        return settings_client(llm)
     if not isinstance(llm, str):
         return llm
     client = _clients.get(llm)
@@ -104,6 +123,26 @@ def resolve_llm(llm: Any) -> Any:
     return client
 
 
+def settings_client(settings: Mapping[str, Any]) -> Any:
+    """The client an LLM config mapping (CrewAI's ``{"model": ..., "max_tokens": ...}``)
+    stands for: the client registered under its model name (a registered name always wins,
+    settings and all), else CrewAI's ``LLM(**settings)`` or a :class:`LiteLLMClient` passing
+    the settings to each completion; neither importable is the name's
+    :class:`~runner.errors.DefinitionError`."""
+    model = str(settings["model"])
+    extra = {k: v for k, v in settings.items() if k != "model"}
+    if model in _clients or not extra:
+        return resolve_llm(model)
+    for library in LIBRARIES:
+        if importlib.util.find_spec(library) is None:
+            continue
+        module = importlib.import_module(library)
+        if library == "crewai":
+            return module.LLM(model=model, **extra)
+        return LiteLLMClient(model, module, extra)
+    return resolve_llm(model)  # says both ways to fix it
+
+
 def library_client(name: str) -> Any | None:
     """A client for the model ``name`` from the first of :data:`LIBRARIES` importable here:
     CrewAI's ``LLM(model=name)``, or a :class:`LiteLLMClient`; ``None`` with neither."""
@@ -121,19 +160,20 @@ class LiteLLMClient:
     """A model name called through litellm's ``completion`` (one user message); its
     answer's token usage is recorded for the step running it."""
 
-    def __init__(self, model: str, litellm: Any) -> None:
+    def __init__(self, model: str, litellm: Any, settings: Mapping[str, Any] | None = None) -> None:
         self.model = model
         """The model name, as litellm takes it (``"provider/model"`` or a bare name)."""
+        self.settings = dict(settings or {})
+        """What each completion is also given (``max_tokens``, ``temperature``, ...)."""
         self._litellm = litellm
 
     def __repr__(self) -> str:
         return f"LiteLLMClient(model={self.model!r})"
 
-    def call(self, prompt: str) -> str:
-        """The model's answer to ``prompt``."""
-        response = self._litellm.completion(
-            model=self.model, messages=[{"role": "user", "content": prompt}]
-        )
+    def call(self, messages: str | list[dict[str, Any]]) -> str:
+        """The model's answer to a prompt, or to chat ``messages`` (role/content dicts)."""
+        chat = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
+        response = self._litellm.completion(model=self.model, messages=chat, **self.settings)
         usage.record(usage.usage_of(response))
         return str(response.choices[0].message.content or "")
 
@@ -180,6 +220,68 @@ def _stream_call(call: Callable[[str], Any], prompt: str) -> Any:
             streaming.stream_chunk(text, streaming.LLM, type=streaming.LLM_CHUNK)
     usage.record(spent)
     return "".join(parts) if parts or last is None else last
+
+
+def messages_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """Chat messages as one prompt: a ``role: content`` line each."""
+    return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in messages)
+
+
+def takes_messages(llm: Any) -> bool:
+    """Whether ``llm.call`` takes chat messages (CrewAI's ``BaseLLM.call(messages, ...)``):
+    it names a ``messages`` parameter, or takes any keyword and needs no other argument. A
+    ``.call(prompt)`` client is given one prompt string."""
+    params = _call_params(llm)
+    if params is None:
+        return False
+    if "messages" in params:
+        return True
+    required = [
+        p
+        for p in params.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return not required and any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _call_params(llm: Any) -> Mapping[str, inspect.Parameter] | None:
+    """The parameters of ``llm.call``, ``None`` without ``.call`` or a signature to read."""
+    bound = getattr(llm, "call", None)
+    if not callable(bound):
+        return None
+    try:
+        return inspect.signature(bound).parameters
+    except (TypeError, ValueError):
+        return None
+
+
+def call_chat(
+    llm: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    response_format: type[Any] | None = None,
+    stream: bool = False,
+) -> Any:
+    """Call ``llm`` (a client or a name) with chat ``messages``, as CrewAI's conversational
+    flows call theirs: a client whose ``.call`` takes them (:func:`takes_messages`) gets
+    ``call(messages=..., response_format=...)`` (``response_model=`` when that is what it
+    names) and its answer as it is (a structured answer stays an object); any other client
+    gets the messages as one prompt (:func:`messages_text`), through :func:`call_llm`."""
+    client = resolve_llm(llm)
+    if not takes_messages(client):
+        return call_llm(client, messages_text(messages) + "\nassistant:", stream=stream)
+    params = _call_params(client) or {}
+    extra: dict[str, Any] = {}
+    if response_format is not None:
+        if "response_format" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            extra["response_format"] = response_format
+        elif "response_model" in params:
+            extra["response_model"] = response_format
+    before = usage.counters(client)
+    answer = client.call(messages=[dict(m) for m in messages], **extra)
+    usage.record(usage.usage_of(answer) or usage.since(before, usage.counters(client)))
+    content = getattr(answer, "content", None)
+    return content if isinstance(content, str) else answer
 
 
 def call_llm(llm: Any, prompt: str, *, stream: bool = False) -> Any:

@@ -9,6 +9,7 @@ out (``skips``) are written here, with examples in YAML or JSON.
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 import yaml
@@ -20,7 +21,15 @@ from runner.flow.expressions import (
 )
 
 SKIPPABLE = frozenset(
-    {"each", "hitl", "persistence", "expression_action", "script_action", "tool_action"}
+    {
+        "each",
+        "hitl",
+        "persistence",
+        "conversational",
+        "expression_action",
+        "script_action",
+        "tool_action",
+    }
 )
 """Sections ``skips`` may leave out (other names are ignored)."""
 
@@ -120,7 +129,8 @@ def _fields(model: type[BaseModel]) -> list[str]:
         shown = info.alias or name
         kind = getattr(info.annotation, "__name__", None) or str(info.annotation)
         kind = kind.replace("typing.", "")
-        need = "required" if info.is_required() else f"optional; default `{info.default!r}`"
+        default = info.get_default(call_default_factory=True)
+        need = "required" if info.is_required() else f"optional; default `{default!r}`"
         doc = f": {info.description}" if info.description else ""
         lines.append(f"- `{shown}` ({need}): {kind}{doc}")
     return lines
@@ -163,6 +173,7 @@ def skill(
         "",
         *_fields(method_model),
         "",
+        *([] if "conversational" in skipped else _conversational(flow_model)),
         "## Actions",
         "",
     ]
@@ -191,3 +202,43 @@ def skill(
             "",
         ]
     return "\n".join(parts)
+
+
+def _model_in(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    """The model the field ``name`` of ``model`` holds (``X | None`` gives ``X``)."""
+    info = model.model_fields.get(name)
+    if info is None:
+        return None
+    for kind in (info.annotation, *typing.get_args(info.annotation)):
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return kind
+    return None
+
+
+def _conversational(flow_model: type[BaseModel]) -> list[str]:
+    """The sections of the flow's ``conversational`` block and of its router, each listing
+    its model's fields (the router in a section of its own, linked from the block's)."""
+    block = _model_in(flow_model, "conversational")
+    if block is None:
+        return []
+    parts = [
+        "### Conversational (`conversational`)",
+        "",
+        "Declaring it makes the flow a chat: each turn appends the user's message to "
+        "`state.messages`, the built-in router picks a route (a label the flow's listeners "
+        "wait for, `converse` or `end`) and the route's listener replies.",
+        "",
+        *_fields(block),
+        "",
+    ]
+    router = _model_in(block, "router")
+    if router is not None:
+        parts += [
+            "### Conversational Router (`conversational.router`)",
+            "",
+            "Which route a message takes, as asked of the router's model.",
+            "",
+            *_fields(router),
+            "",
+        ]
+    return parts

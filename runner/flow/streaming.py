@@ -535,6 +535,12 @@ class FlowStreamSession:
             if item is not _END:
                 yield item
 
+    @property
+    def events(self) -> Iterator[StreamFrame]:
+        """The frames in order (CrewAI's ``StreamSession.events``; iterating the session
+        is the same)."""
+        return iter(self)
+
     def __enter__(self) -> FlowStreamSession:
         return self
 
@@ -554,6 +560,11 @@ class FlowStreamSession:
 
 class AsyncFlowStreamSession(FlowStreamSession):
     """What ``await kickoff_async()`` of a ``stream = True`` flow returns: ``async for``."""
+
+    @property
+    def events(self) -> AsyncIterator[StreamFrame]:  # type: ignore[override]
+        """The frames in order, for ``async for`` (CrewAI's async ``events``)."""
+        return self.__aiter__()
 
     async def __aiter__(self) -> AsyncIterator[StreamFrame]:
         while not self.is_completed:

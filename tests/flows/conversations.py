@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import os
 
-from runner import ChatState, ConversationConfig, Flow, listen, register_llm, start
+from runner import (
+    ChatState,
+    ConversationConfig,
+    ConversationState,
+    Flow,
+    listen,
+    register_llm,
+    start,
+)
 
 ECHO = "conversations-echo"
 """The conversation LLM, by name."""
@@ -142,3 +150,32 @@ register_llm("conversations-recall", recall)
 @ConversationConfig(llm=ECHO, answer_from_history_llm="conversations-recall")
 class Recalling(Flow):
     """Answers from the history when the message asks for it (``answer_from_history``)."""
+
+
+class OnboardedState(ConversationState):
+    profile: str = ""
+    prepared: int = 0
+
+
+class Onboarded(Flow[OnboardedState]):
+    """Its own start prepares each turn (the profile loads on the first turn only, a
+    counter moves every turn); the router runs after it, so the reply sees both."""
+
+    conversational = True
+    conversational_config = ConversationConfig(llm=ECHO)
+
+    @start()
+    def load_profile(self) -> None:
+        if not self.state.session_ready:
+            self.state.profile = f"loaded in turn {self.state.prepared + 1}"
+            self.state.session_ready = True
+        self.state.prepared += 1
+
+    def route_turn(self, context: dict) -> str | None:
+        return "answer" if self.state.prepared else None
+
+    @listen("answer")
+    def give_answer(self) -> str:
+        reply = f"{self.state.profile}; prepared {self.state.prepared}"
+        self.append_assistant_message(reply)
+        return reply
