@@ -95,6 +95,7 @@ def test_a_worker_asked_for_an_exporter_that_is_not_installed_refuses_in_one_lin
         env={
             **env,
             "RUNNER_REDIS_URL": redis_url,
+            "RUNNER_FLOW_MODULES": "tests.flows.dist",  # else it refuses for want of flows
             "RUNNER_OTEL": "true",
             "OTEL_TRACES_EXPORTER": "otlp",
         },
