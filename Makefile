@@ -26,17 +26,17 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 # The whole suite, its files spread over TEST_JOBS processes (pytest-xdist): the tests mostly
-# wait (workers starting, leases lapsing, servers failing over), so 2 cores take 4. Whole
+# wait (workers starting, leases lapsing, servers failing over), so 2 cores take 5. Whole
 # files go to one process (--dist loadfile: module fixtures such as the cluster start once),
 # heaviest first (tests/conftest.py's HEAVY_FIRST; --no-loadscope-reorder keeps that order).
-# Each process has its own Redis database (RUNNER_TEST_DB + its index: 11-14), temporary
-# folder and session workers. TEST_JOBS=0 runs it in this process, as plain pytest does.
+# Each process has its own Redis database (RUNNER_TEST_DB, 10 here, + its index: 10-14;
+# the benchmarks use 15), temporary folder and session workers. TEST_JOBS=0 runs it in this process, as plain pytest does.
 # pytest exits non-zero (5) when it collects no tests, so an empty run fails rather than passes.
-TEST_JOBS ?= 4
+TEST_JOBS ?= 5
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 
 test: venv
-	$(BIN)/pytest -q $(XDIST) $(PYTEST_ARGS)
+	RUNNER_TEST_DB=$${RUNNER_TEST_DB:-10} $(BIN)/pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The fast tier, for the edit-test loop: no Celery workers, no other processes (servers, the
 # CLI in a subprocess, builds), nothing marked slow; real Redis still. Under 90 s on 2 cores.

@@ -44,6 +44,7 @@ def test_report_takes_connection_errors_and_leaves_the_rest_to_the_caller(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     outage.watch().back()  # an outage another test left open ends here, before the capture
+    outage.watch().back_at = -float("inf")  # and long ago: this one is a new outage
     caplog.set_level(logging.INFO, logger="runner.worker")
     caplog.clear()
     assert outage.report(ConnectionRefusedError(111, "Connection refused")) is True
@@ -53,3 +54,23 @@ def test_report_takes_connection_errors_and_leaves_the_rest_to_the_caller(
     outage.watch().back()
     levels = [r.levelname for r in caplog.records]
     assert levels == ["WARNING", "INFO"]
+
+
+def test_losing_it_again_while_it_settles_is_the_same_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Right after Redis answers again, connections opened before the outage fail one by
+    one ("the broker connection is closed"), and a restarted Redis may still be loading:
+    that is the same outage settling, not a new one to say."""
+    watch = outage.Watch("Redis at redis://127.0.0.1:1/0")
+    caplog.set_level(logging.INFO, logger="runner.worker")
+    watch.lost(DOWN)
+    watch.back()
+    for _ in range(3):  # stale sockets failing after the return
+        watch.lost("the broker connection is closed")
+        watch.back()
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
+    watch.back_at -= outage.SETTLE  # long after: a new outage is said again
+    watch.lost(DOWN)
+    watch.back()
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO", "WARNING", "INFO"]

@@ -32,6 +32,12 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 """What the store (and the standard library) raise for a server that does not answer."""
 
 
+SETTLE = 10.0
+"""Seconds after a connection came back during which losing it again is taken as the same
+outage settling (stale connections of the pool failing one by one, a restarted Redis
+loading its data): one WARNING and one INFO per outage, not one pair per stale socket."""
+
+
 class Watch:
     """One process's view of its connection: down since when, and back when."""
 
@@ -39,6 +45,10 @@ class Watch:
         self.what = what
         self.down_since: float | None = None
         self.back_at = -float("inf")
+        self.quiet = False
+        """The present outage began within :data:`SETTLE` seconds of the last one's end: the
+        same outage's aftermath (a connection opened before it failing once more, a server
+        still loading its data), not said again."""
         self.lock = threading.Lock()
 
     def lost(self, cause: object) -> None:
@@ -47,6 +57,9 @@ class Watch:
             if self.down_since is not None or not speaks():
                 return
             self.down_since = time.monotonic()
+            self.quiet = self.down_since - self.back_at < SETTLE
+            if self.quiet:
+                return
         log.warning(
             "lost the connection to %s (%s); the worker waits and reconnects",
             self.what,
@@ -57,9 +70,10 @@ class Watch:
         """Something that needs the connection worked: end the outage, if there was one."""
         with self.lock:
             since, self.down_since = self.down_since, None
+            quiet, self.quiet = self.quiet, False
             if since is not None:
                 self.back_at = time.monotonic()
-        if since is not None:
+        if since is not None and not quiet:
             log.info("connection to %s is back after %.1fs", self.what, time.monotonic() - since)
 
 
