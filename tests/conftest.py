@@ -3,12 +3,12 @@
 The Redis is chosen once per session: ``RUNNER_TEST_REDIS_URL`` if set, else the local server on
 127.0.0.1:6379 if it answers, else a private :class:`~runner.embedded.EmbeddedRedis`. Tests use
 database ``RUNNER_TEST_DB`` (default 11), never 0; under pytest-xdist worker ``gwN`` uses
-database ``RUNNER_TEST_DB + N`` (``make test``: 10-14, five processes from 10), so the workers' default
-prefixes, broker queues, Celery events and kombu's ``unacked`` hash never meet. A database is
-flushed when a session (or xdist worker) starts, unless another session is still using it
-(sessions register in :data:`SESSIONS_KEY` of that database). Code under test finds it through
-``RUNNER_REDIS_URL``; other ``RUNNER_*`` variables of the developer's shell are hidden, so tests
-see the documented defaults.
+database ``RUNNER_TEST_DB + N`` (``make test``: 10-14, five processes from 10), so the workers'
+default prefixes, broker queues, Celery events and kombu's ``unacked`` hash never meet. A
+database is flushed when a session (or xdist worker) starts, unless another session is still
+using it (sessions register in :data:`SESSIONS_KEY` of that database). Code under test finds it
+through ``RUNNER_REDIS_URL``; other ``RUNNER_*`` variables of the developer's shell are hidden,
+so tests see the documented defaults.
 
 Tiers (markers, README "Running the tests"): a test that uses the session's Celery workers
 (``worker_pool``, ``rt``, ``cli``, ``task_events``) is marked ``workers`` here; one that starts
