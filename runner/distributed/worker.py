@@ -149,21 +149,9 @@ def register_flow(app: Celery, rt: Runtime, flow_cls: Any) -> list[str]:
             spent: dict[str, Any] | None = None,
             version: str | None = None,
         ) -> dict[str, Any]:
-            with observe.Attempt(task, run_id, activation, epoch, attempt) as seen:
-                return seen.done(
-                    execute(
-                        rt,
-                        task,
-                        flow_cls,
-                        run_id,
-                        activation,
-                        epoch,
-                        attempt,
-                        deployment,
-                        spent,
-                        version,
-                    )
-                )
+            return _attempt(
+                rt, task, flow_cls, run_id, activation, epoch, attempt, deployment, spent, version
+            )
 
         body.__name__ = body.__qualname__ = f"{name}__{method}"
         app.task(name=task_name(name, method), **step_task_options(limit))(body)
@@ -183,6 +171,28 @@ def step_task_options(limit: float | None) -> dict[str, Any]:
         "time_limit": limit * 1.5 + 5 if limit else None,
         "max_retries": None,
     }
+
+
+def _attempt(
+    rt: Runtime,
+    task: Any,
+    flow_cls: Any,
+    run_id: str,
+    activation: str,
+    epoch: int,
+    attempt: int,
+    deployment: str | None,
+    spent: dict[str, Any] | None,
+    version: str | None,
+) -> dict[str, Any]:
+    """One attempt of a step, observed (span, metrics, log fields): what every step task,
+    a flow method's or a declared flow's, runs."""
+    with observe.Attempt(task, run_id, activation, epoch, attempt) as seen:
+        return seen.done(
+            execute(
+                rt, task, flow_cls, run_id, activation, epoch, attempt, deployment, spent, version
+            )
+        )
 
 
 def _register_declared(app: Celery, rt: Runtime, allowed: list[str]) -> None:
@@ -209,21 +219,9 @@ def _register_declared(app: Celery, rt: Runtime, allowed: list[str]) -> None:
         with refs_allowed_in(allowed):  # only while this step runs, only in this context
             flow_cls = load_flow(str(latest.flow))
             rt.flows.setdefault(flow_cls.flow_name(), flow_cls)
-            with observe.Attempt(task, run_id, activation, epoch, attempt) as seen:
-                return seen.done(
-                    execute(
-                        rt,
-                        task,
-                        flow_cls,
-                        run_id,
-                        activation,
-                        epoch,
-                        attempt,
-                        deployment,
-                        spent,
-                        version,
-                    )
-                )
+            return _attempt(
+                rt, task, flow_cls, run_id, activation, epoch, attempt, deployment, spent, version
+            )
 
 
 def _register_builtins(app: Celery, rt: Runtime) -> None:
