@@ -79,6 +79,9 @@ class Runtime:
     coord: Coordinator
     settings: RunnerSettings
     flows: dict[str, Any] = field(default_factory=dict)
+    allowed_modules: tuple[str, ...] | None = None
+    """A worker's allow-list (set when it installs its flows): the only modules a declared
+    flow's code references resolve in here; ``None`` (a producer): anywhere."""
     sends_in_commit: bool = False
     """The broker is the store's own Redis: a commit writes the messages of the steps it
     makes ready itself (see :mod:`runner.distributed.outbox`)."""
@@ -600,12 +603,12 @@ def _fail_parent(
 
 
 def load_declared(rt: Runtime, path: str) -> Any:
-    """The class of the declared flow ``path`` carries. On a worker (it registered flows),
-    what its definition names resolves only in the worker's allow-list while it is built
-    (its steps run under the same rule: the worker's declared task)."""
-    if not rt.flows:
+    """The class of the declared flow ``path`` carries. On a worker, what its definition
+    names resolves only in the worker's allow-list (:attr:`Runtime.allowed_modules`) while
+    it is built; its declared task runs its steps under the same rule."""
+    if rt.allowed_modules is None:
         return load_flow(path)
-    with refs_allowed_in(list(rt.settings.flow_modules)):
+    with refs_allowed_in(list(rt.allowed_modules)):
         return load_flow(path)
 
 

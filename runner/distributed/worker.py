@@ -78,12 +78,13 @@ def install(
     _register_builtins(app, rt)
     routing.serve(app, rt.store, settings)
     allowed = list(settings.flow_modules if modules is None else modules)
+    rt.allowed_modules = tuple(allowed)
     for name in allowed:
         for flow_cls in flows_in(name):
             register_flow(app, rt, flow_cls)
     # The version twins of its queues: steps handed to this worker's version reach it there.
     routing.consume_versions(app, routing.worker_versions(settings, rt.flows.values()))
-    _register_declared(app, rt, allowed)
+    _register_declared(app, rt)
     # After the flow modules: a tracer provider one of them set up is used as it is.
     observe.install(app, settings)
     watch = outage.speak_here(f"Redis at {mask_url(rt.store.url)}")
@@ -195,9 +196,11 @@ def _attempt(
         )
 
 
-def _register_declared(app: Celery, rt: Runtime, allowed: list[str]) -> None:
+def _register_declared(app: Celery, rt: Runtime) -> None:
     """The task of every declared flow's steps (:data:`DECLARED_TASK`): it runs the flow
-    the run's path carries; the flow's code references resolve in ``allowed`` only."""
+    the run's path carries; the flow's code references resolve only in the worker's
+    allow-list (:attr:`Runtime.allowed_modules`)."""
+    allowed = list(rt.allowed_modules or ())
     limit = rt.settings.step_time_limit
 
     @app.task(name=DECLARED_TASK, **step_task_options(limit))
