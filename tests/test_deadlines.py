@@ -4,10 +4,7 @@ finished, on workers or, when none was running, by any recovery pass."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,7 +20,7 @@ from runner.distributed.recovery import recover
 from runner.errors import InvalidInputs
 from runner.settings import RunnerSettings
 from runner.store.models import RunStatus
-from tests._dist_support import eventually, leases_lapsed, recovery_passes
+from tests._dist_support import eventually, leases_lapsed, recovery_passes, runner_cli
 from tests.console_support import serving
 from tests.flows.dist import executions
 from tests.flows.timing import GreetFlow, HastyFlow, SlowFlow
@@ -102,36 +99,24 @@ def test_a_deadline_that_is_not_positive_is_refused(rt: Any) -> None:
         GreetFlow.submit({}, deadline=0)
 
 
-def _runner(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``runner ARGS...`` in a subprocess on the test workers' deployment."""
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_submit_wait_status_and_the_console_say_a_run_was_cancelled_because_its_deadline_passed(
     rt: Any, worker_env: dict[str, str]
 ) -> None:
     args = ["submit", "tests.flows.timing:SlowFlow", "--input", "seconds=5", "--deadline", "1.5"]
-    waited = _runner(worker_env, *args, "--wait")
+    waited = runner_cli(worker_env, *args, "--wait")
     assert waited.returncode == 1, (waited.stdout, waited.stderr)
     run_id = waited.stdout.split()[0]
     line = f"error: run {run_id} was cancelled: its deadline passed ("
     assert line in waited.stderr, waited.stderr
-    as_json = _runner(worker_env, *args, "--wait", "--json")
+    as_json = runner_cli(worker_env, *args, "--wait", "--json")
     assert as_json.returncode == 1, (as_json.stdout, as_json.stderr)
     told = json.loads(as_json.stdout)
     assert told["status"] == "cancelled"
     assert told["cancel_reason"].startswith("its deadline passed (")
-    shown = _runner(worker_env, "status", run_id)
+    shown = runner_cli(worker_env, "status", run_id)
     assert shown.returncode == 0, shown.stderr
     assert re.search(r"cancelled\s+its deadline passed \(", shown.stdout), shown.stdout
-    shown = _runner(worker_env, "status", run_id, "--json")
+    shown = runner_cli(worker_env, "status", run_id, "--json")
     assert json.loads(shown.stdout)["cancel_reason"].startswith("its deadline passed (")
     with serving(rt) as url, httpx.Client(base_url=url) as http:
         detail = http.get(f"/api/runs/{run_id}").json()

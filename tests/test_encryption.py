@@ -9,7 +9,6 @@ import base64
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from runner.store.models import (
 from runner.store.redis import RedisProvider
 from runner.store.rekey import rekey
 from runner.store.schedules import make_schedule
+from tests._dist_support import runner_cli
 from tests.conftest import WorkerPool, _settings_kwargs, capture_events
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,18 +206,6 @@ def test_two_keys_a_rotation_stopped_half_way_and_resumed(
     assert rekey(only_new).values == 0  # nothing left to re-seal
 
 
-def runner_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        env={**os.environ, **env, "COLUMNS": "200"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 @pytest.mark.processes
 def test_the_cli_without_the_key_or_with_a_wrong_one_says_so_in_one_line(
     store: Store, redis_url: str, prefix: str, mark: str
@@ -226,7 +214,7 @@ def test_the_cli_without_the_key_or_with_a_wrong_one_says_so_in_one_line(
     store(K1).commit(full_checkpoint(run, mark))
     env = {"RUNNER_REDIS_URL": redis_url, "RUNNER_PREFIX": prefix}
 
-    shown = runner_cli({**env, "RUNNER_ENCRYPTION_KEYS": K1}, "show", run)
+    shown = wide_cli({**env, "RUNNER_ENCRYPTION_KEYS": K1}, "show", run)
     assert shown.returncode == 0, shown.stderr
     assert mark in shown.stdout
 
@@ -236,15 +224,13 @@ def test_the_cli_without_the_key_or_with_a_wrong_one_says_so_in_one_line(
         (K2, "is encrypted with key 'k1', which this process does not have"),
     ):
         for command in (["show", run], ["checkpoints", run], ["runs"]):
-            done = runner_cli(
-                {**env, **({"RUNNER_ENCRYPTION_KEYS": keys} if keys else {})}, *command
-            )
+            done = wide_cli({**env, **({"RUNNER_ENCRYPTION_KEYS": keys} if keys else {})}, *command)
             assert done.returncode == 1, (command, done.stdout, done.stderr)
             lines = done.stderr.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
             assert mark not in done.stdout + done.stderr
 
-    bad = runner_cli({**env, "RUNNER_ENCRYPTION_KEYS": "k1:not-base64!"}, "runs")
+    bad = wide_cli({**env, "RUNNER_ENCRYPTION_KEYS": "k1:not-base64!"}, "runs")
     assert bad.returncode == 2
     assert bad.stderr.strip() == (
         "error: bad setting RUNNER_ENCRYPTION_KEYS: Value error, the key of 'k1' is not base64"
@@ -261,10 +247,10 @@ def test_rekey_on_the_cli_stops_and_goes_on(store: Store, redis_url: str, prefix
         "RUNNER_PREFIX": prefix,
         "RUNNER_ENCRYPTION_KEYS": f"{K2},{K1}",
     }
-    first = runner_cli(env, "rekey", "--batch", "1", "--batches", "1")
+    first = wide_cli(env, "rekey", "--batch", "1", "--batches", "1")
     assert first.returncode == 0, first.stderr
     assert "1 run(s) gone through" in first.stdout and "run `runner rekey` again" in first.stdout
-    rest = runner_cli(env, "rekey", "--batch", "1", "--json")
+    rest = wide_cli(env, "rekey", "--batch", "1", "--json")
     assert rest.returncode == 0, rest.stderr
     assert json.loads(rest.stdout) | {"values": 0} == {
         "key_id": "k2",
@@ -458,3 +444,8 @@ def test_the_settings_keep_the_key_list_secret() -> None:
 
     settings = RunnerSettings(encryption_keys=f"{K2},{K1}")  # type: ignore[arg-type]
     assert K1.split(":")[1] not in repr(settings) + str(settings.model_dump())
+
+
+def wide_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``runner ARGS...`` wide enough that a table does not fold."""
+    return runner_cli(env, *args, COLUMNS="200")

@@ -10,8 +10,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +24,7 @@ from runner.distributed import broker
 from runner.distributed.client import RunHandle, submit
 from runner.distributed.engine import Runtime
 from runner.store.models import RunStatus
-from tests._dist_support import eventually, private_pool
+from tests._dist_support import eventually, private_pool, runner_cli
 from tests.conftest import WorkerPool
 from tests.console_support import serving
 from tests.flows.fleet_flows import DozeFlow, OvernightFlow
@@ -37,18 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "fleet-t0ken"
 AMQP = os.environ.get("RUNNER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-
-
-def runner_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``runner ARGS`` in a subprocess, as an operator types it."""
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def workers_json(env: dict[str, str]) -> dict[str, Any]:

@@ -9,10 +9,7 @@ the session's test worker.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import uuid
 from typing import Any
 
@@ -23,7 +20,7 @@ from runner.distributed import broker
 from runner.distributed.client import submit
 from runner.store.models import RunStatus
 from runner.store.schedules import ScheduleBook
-from tests._dist_support import eventually
+from tests._dist_support import eventually, runner_cli
 from tests.console_support import serving
 from tests.flows.flow_control import notes
 from tests.flows.priorities import PacedFlow
@@ -31,20 +28,8 @@ from tests.flows.priority_crews import triage_crew
 from tests.flows.timing import GreetFlow
 
 
-def runner(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``runner ARGS...`` in a subprocess on the test workers' deployment."""
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def ok(env: dict[str, str], *args: str) -> str:
-    done = runner(env, *args)
+    done = runner_cli(env, *args)
     assert done.returncode == 0, (done.stdout, done.stderr)
     return done.stdout
 
@@ -125,7 +110,7 @@ def test_a_bad_schedule_priority_is_refused_in_one_line_and_stores_nothing(
     rt: Any, worker_env: dict[str, str], value: str, message: str
 ) -> None:
     name = f"bad-{uuid.uuid4().hex[:6]}"
-    done = runner(
+    done = runner_cli(
         worker_env,
         *("schedule", "add", name, GreetFlow.flow_path(), "--every", "5s", "--priority", value),
     )

@@ -6,9 +6,7 @@ limit never leaves half a commit; ``runner store`` and the gauges show the memor
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ from runner.errors import StoreFull
 from runner.store.codec import Codec
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
+from tests._dist_support import runner_cli
 from tests.conftest import WorkerPool, _settings_kwargs
 from tests.redis_servers import redis_server
 
@@ -136,18 +135,6 @@ def test_commits_until_redis_is_out_of_memory_leave_no_half_commit(
 # --- a deployment on a Redis near its limit ---------------------------------------------------
 
 
-def runner_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        env={**os.environ, **env, "COLUMNS": "200"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def fill(client: redis.Redis, fraction: float) -> None:
     """Write filler keys until Redis uses ``fraction`` of its ``maxmemory``."""
     limit, n = int(client.info("memory")["maxmemory"]), 0
@@ -195,11 +182,11 @@ def test_a_full_store_refuses_submits_while_running_runs_finish(
                 submit(WaitingFlow, {"tag": tag}, rt=rt)
             cli_env = {"RUNNER_REDIS_URL": url, "RUNNER_PREFIX": settings.prefix}
             cli_env["RUNNER_QUEUE"] = settings.queue
-            refused = runner_cli(cli_env, "submit", "tests.flows.full:WaitingFlow")
+            refused = wide_cli(cli_env, "submit", "tests.flows.full:WaitingFlow")
             assert refused.returncode == 1, refused.stdout + refused.stderr
             lines = refused.stderr.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("error: the store is full: Redis at")
-            shown = runner_cli(cli_env, "store")
+            shown = wide_cli(cli_env, "store")
             assert shown.returncode == 1 and "FULL (submits refused)" in shown.stdout
             with serving(rt, token="t") as base:
                 answer = httpx.post(
@@ -238,15 +225,20 @@ def test_runner_store_shows_the_limit_and_warns_of_an_evicting_policy(tmp_path: 
     ) as server:
         env = {"RUNNER_REDIS_URL": f"redis://127.0.0.1:{server.port}/0", "RUNNER_PREFIX": "mem"}
         # RUNNER_STORE_MAX_BYTES lower than maxmemory is the limit.
-        shown = runner_cli({**env, "RUNNER_STORE_MAX_BYTES": str(32 * MB)}, "store", "--json")
+        shown = wide_cli({**env, "RUNNER_STORE_MAX_BYTES": str(32 * MB)}, "store", "--json")
         assert shown.returncode == 0, shown.stderr
         (found,) = json.loads(shown.stdout)
         assert (found["limit"], found["high_water"]) == (32 * MB, int(32 * MB * 0.9))
         assert found["free"] == 32 * MB - found["used"] and found["full"] is False
         assert found["policy"] == "allkeys-lru"
-        text = runner_cli({**env, "RUNNER_STORE_HIGH_WATER": "0.5"}, "store")
+        text = wide_cli({**env, "RUNNER_STORE_HIGH_WATER": "0.5"}, "store")
         assert text.returncode == 0, text.stderr
         lines = text.stdout.splitlines()
         assert lines[0].startswith(f"{env['RUNNER_REDIS_URL']}: used ")
         assert "limit 64.0 MB" in lines[0] and "high-water 32.0 MB" in lines[0]
         assert "maxmemory-policy is allkeys-lru, not noeviction" in text.stdout
+
+
+def wide_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``runner ARGS...`` wide enough that a table does not fold."""
+    return runner_cli(env, *args, COLUMNS="200")

@@ -10,9 +10,7 @@ The flows are :mod:`tests.flows.tokens`: ``Spender`` spends 120 (plan), 40 (writ
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -42,7 +40,7 @@ from runner.flow.usage import usage_of
 from runner.store.base import CheckpointStore
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.redis import RedisProvider
-from tests._dist_support import history
+from tests._dist_support import history, runner_cli
 from tests.console_support import serving
 from tests.flows.tokens import CREW_TOKENS, CrewHost, Retrying, Spender
 
@@ -74,15 +72,7 @@ def store(redis_url: str, prefix: str) -> Any:
 
 def _runner(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """``runner ARGS`` as a user runs it: a subprocess, wide enough not to fold the table."""
-    full = {**os.environ, **env, "COLUMNS": "200", "NO_COLOR": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    done = runner_cli(env, *args, COLUMNS="200", NO_COLOR="1")
     assert done.returncode == 0, done.stderr
     return done
 
