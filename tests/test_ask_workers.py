@@ -48,11 +48,13 @@ def asked(handle: RunHandle, message: str, timeout: float = 20) -> Any:
 
 def next_pause(handle: RunHandle, timeout: float = 20) -> Any:
     """The run's checkpoint once it is paused on a question (after an answer: the next), or
-    once it ended."""
+    once it ended. A question put while another step still runs is not a pause yet: the run
+    is running, with that question waiting, until the other step settles."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         latest = handle.latest()
-        if latest.status.finished or latest.meta.awaiting is not None:
+        paused = latest.status is RunStatus.PAUSED and latest.meta.awaiting is not None
+        if latest.status.finished or paused:
             return latest
         time.sleep(0.05)
     raise AssertionError(f"run {handle.run_id} did not pause: {handle.latest().event}")

@@ -54,11 +54,17 @@ from tests.flows.llm_names import (
 STEPS = ("draft", "review", "publish", "shelve")
 
 
-def unknown(name: str) -> str:
-    """The one line an unknown ``name`` fails with, in a process registering what the
-    test workers register (every module of their allow-list imported here too)."""
+def as_the_workers() -> None:
+    """Register here what the test workers register: every module of their allow-list
+    imported (once per process: a module registers its names when first imported)."""
     for module in flow_modules().split(","):
         importlib.import_module(module)
+
+
+def unknown(name: str) -> str:
+    """The one line an unknown ``name`` fails with, in a process registering what the
+    test workers register."""
+    as_the_workers()
     assert {EDITOR, WRITER, ECHO} <= set(registered_llms())
     known = ", ".join(repr(n) for n in registered_llms())
     return (
@@ -87,7 +93,10 @@ class Later:
 
 @pytest.fixture(autouse=True)
 def registry_and_reviewer() -> Iterator[None]:
-    """Each test leaves the registry as the flow module set it, and no reviewer set."""
+    """Each test leaves the registry as the flow modules set it, and no reviewer set. The
+    modules are imported before the registry is read, so what they register is never taken
+    for a test's own registration (and dropped after it)."""
+    as_the_workers()
     before = registered_llms()
     assert LATE not in before
     yield
