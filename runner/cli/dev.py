@@ -194,15 +194,18 @@ def dev(
         watch = Watch(names, Path.cwd(), env) if reload else None
         app_settings = settings.model_copy(update={"redis_url": url})
         pool = [_worker(env, home, i, concurrency, pool_kind) for i in range(workers)]
-        stack.callback(_stop_workers, pool, url)
+        services: list[Service] = []
+        stack.callback(_stop_children, pool, services, url)
         _wait_ready(pool, app_settings)
         if workers:
             _say(f"{workers} worker(s), queue {settings.queue}, allow-list: {', '.join(names)}")
         flower_port = flower_port or _flower_port(settings)
-        flower_url = _start_flower(stack, env, home, flower_port) if flower else None
+        flower_url = _start_flower(services, env, home, flower_port) if flower else None
         ui_port = ui_port or settings.ui_port
         console = (
-            _start_console(stack, env, home, ui_port, flower_url, settings.ui_token) if ui else None
+            _start_console(services, env, home, ui_port, flower_url, settings.ui_token)
+            if ui
+            else None
         )
         typer.echo(_export_line(settings, url))
         _say(f"ready; Ctrl-C stops it all (the data stays in {home}; remove it to start afresh)")
@@ -343,18 +346,21 @@ def _wait_ready(pool: list[WorkerProcess], settings: RunnerSettings) -> None:
         probe.close()
 
 
-def _stop_workers(pool: list[WorkerProcess], url: str) -> None:
-    """Stop the workers all at once: a warm shutdown (a running step finishes, up to
-    :data:`STOP_GRACE`), or, when their Redis (``url``) does not answer, within
-    :data:`STOP_IDLE`: no step could commit, and a warm shutdown would wait on the dead
-    connection all that time (recovery runs those steps again through their leases)."""
+def _stop_children(pool: list[WorkerProcess], services: list[Service], url: str) -> None:
+    """Stop the workers, Flower and the console all at once (each stop waits on its own
+    process, so together they take as long as the slowest). A worker gets a warm shutdown
+    (a running step finishes, up to :data:`STOP_GRACE`), or, when its Redis (``url``) does
+    not answer, :data:`STOP_IDLE`: no step could commit, and a warm shutdown would wait on
+    the dead connection all that time (recovery runs those steps again through their
+    leases)."""
     try:
         ping(url)
     except StoreUnavailable:
         for worker in pool:
             worker.stop_timeout = STOP_IDLE
-    with ThreadPoolExecutor() as stopping:
-        list(stopping.map(WorkerProcess.stop, pool))
+    stops = [*(service.stop for service in services), *(worker.stop for worker in pool)]
+    with ThreadPoolExecutor(max_workers=max(1, len(stops))) as stopping:
+        list(stopping.map(lambda stop: stop(), stops))
 
 
 @dataclass
@@ -509,9 +515,10 @@ def _flower_port(settings: RunnerSettings) -> int:
 
 
 def _start_flower(
-    stack: contextlib.ExitStack, env: dict[str, str], home: Path, port: int
+    services: list[Service], env: dict[str, str], home: Path, port: int
 ) -> str | None:
-    """Flower on loopback; its URL, or ``None`` if it did not start (saying why)."""
+    """Flower on loopback (added to ``services``, which ``runner dev`` stops on its way
+    out); its URL, or ``None`` if it did not start (saying why)."""
     if importlib.util.find_spec("flower") is None:
         _say("Flower is not installed (it comes with celery-flows: pip install celery-flows)")
         return None
@@ -521,7 +528,7 @@ def _start_flower(
     # Local only (bound to loopback): its HTTP API may answer without a login.
     env = {**env, "FLOWER_UNAUTHENTICATED_API": "true"}
     flower = Service(argv, env, home / "flower.log", port, "--flower-port")
-    stack.callback(flower.stop)
+    services.append(flower)
     if (why := flower.start()) is not None:
         _say(f"Flower did not start: {why}")
         return None
@@ -530,7 +537,7 @@ def _start_flower(
 
 
 def _start_console(
-    stack: contextlib.ExitStack,
+    services: list[Service],
     env: dict[str, str],
     home: Path,
     port: int,
@@ -538,7 +545,8 @@ def _start_console(
     token: str | None,
 ) -> Service | None:
     """The console on loopback, able to act: with ``token``, else one made now whose login
-    link is printed (as Jupyter does); ``None`` if it did not start (saying why)."""
+    link is printed (as Jupyter does), added to ``services``; ``None`` if it did not start
+    (saying why)."""
     made = not token
     token = token or secrets.token_urlsafe(24)
     argv = ["-m", "runner.cli", "ui", "--host", "127.0.0.1", "--port", str(port)]
@@ -547,7 +555,7 @@ def _start_console(
     console = Service(
         argv, {**env, "RUNNER_UI_TOKEN": token}, home / "console.log", port, "--ui-port"
     )
-    stack.callback(console.stop)
+    services.append(console)
     if (why := console.start()) is not None:
         _say(f"the console did not start: {why}")
         return None
