@@ -73,7 +73,7 @@ def renamed_meta(meta: RunMeta, renames: Mapping[str, str]) -> RunMeta:
         return meta
     update: dict[str, Any] = {}
     for field in ("sleeps", "answers", "reviews", "patches"):
-        notes = getattr(meta, field)
+        notes = meta.field(field)
         update[field] = {_act(a, renames): v for a, v in notes.items()}
     update["ready"] = [_act(a, renames) for a in meta.ready]
-    return meta.model_copy(update=update)
+    return meta.updated(**update)
