@@ -148,7 +148,7 @@ def _report(rt: Any, handle: Any, stages: list[str], counts_key: str) -> None:
     raw = rt.store.client.hgetall(counts_key)
     calls = {k.decode(): int(v) for k, v in raw.items()}
     rt.store.client.delete(counts_key)
-    children = history[-1].meta.children
+    children = history[-1].meta.links.children
     print(f"\n{'stage':<8} {'crew task':<18} {'LLM calls':>9} {'commits':>8}")
     for activation, link in sorted(children.items()):
         child = rt.store.history(link.run_id, limit=100)

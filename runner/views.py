@@ -39,7 +39,7 @@ def duration(seconds: float | None) -> str:
 def scheduled_until(latest: Checkpoint) -> float | None:
     """When a delayed run (``submit(countdown=...)``) starts, while it waits for that: it
     shows as ``scheduled``."""
-    not_before = latest.meta.not_before
+    not_before = latest.meta.scheduling.not_before
     if latest.status is RunStatus.RUNNING and not_before is not None and not_before > time.time():
         return not_before
     return None
@@ -48,7 +48,7 @@ def scheduled_until(latest: Checkpoint) -> float | None:
 def woken_at(latest: Checkpoint, activation_id: str) -> float | None:
     """When the latest durable sleep (``self.sleep``) of ``activation_id`` ends (or ended),
     if its method reached one."""
-    recorded = latest.meta.sleeps.get(activation_id)
+    recorded = latest.meta.replay.sleeps.get(activation_id)
     return recorded[-1] if recorded else None
 
 
@@ -157,7 +157,7 @@ def answers_given(history: list[Checkpoint]) -> dict[str, Answer]:
     given: dict[str, Answer] = {}
     seen: set[tuple[str, float]] = set()
     for ckpt in reversed(history):  # oldest first
-        kept = {(act, a.at): a for act, answers in ckpt.meta.answers.items() for a in answers}
+        kept = {(act, a.at): a for act, answers in ckpt.meta.human.answers.items() for a in answers}
         new = [a for key, a in kept.items() if key not in seen]
         if ckpt.event == FLOW_RESUMED and new:
             given[ckpt.id] = max(new, key=lambda a: a.at)

@@ -22,12 +22,12 @@ def test_a_run_waits_for_an_answer_then_goes_on_where_it_stopped(
 ) -> None:
     handle = SignOffFlow.submit({"topic": "otters"}, rt=rt)
     latest = paused(handle)
-    awaiting = latest.meta.awaiting
+    awaiting = latest.meta.human.awaiting
     assert awaiting is not None
     assert (awaiting.kind, awaiting.activation, awaiting.method) == ("ask", "approve#1", "approve")
     assert awaiting.message == "approve 'draft on otters'?"
     assert latest.state["verdict"] == "pending"  # the state so far is kept while it waits
-    assert latest.meta.pause_reason == awaiting.message
+    assert latest.meta.human.pause_reason == awaiting.message
 
     with pytest.raises(RunStateError, match="awaits an answer at approve"):
         control.resume(handle.run_id, rt=rt)
@@ -45,12 +45,12 @@ def test_a_run_waits_for_an_answer_then_goes_on_where_it_stopped(
     assert executions(redis_client, handle.run_id, "approve") == 2
     assert executions(redis_client, handle.run_id, "publish") == 1
     history = rt.store.history(handle.run_id, limit=50)
-    (answered,) = [c for c in history if c.meta.answers]
-    (given,) = answered.meta.answers["approve#1"]  # the checkpoint that resumed with it
+    (answered,) = [c for c in history if c.meta.human.answers]
+    (given,) = answered.meta.human.answers["approve#1"]  # the checkpoint that resumed with it
     assert (given.text, given.outcome, given.by) == ("looks good", "yes", "ana")
     assert given.awaited.message == awaiting.message
     # The step's answers went with its commit: later checkpoints do not carry them.
-    assert handle.latest().meta.answers == {} and handle.latest().meta.awaiting is None
+    assert handle.latest().meta.human.answers == {} and handle.latest().meta.human.awaiting is None
 
     with pytest.raises(RunStateError, match="awaits no answer"):
         control.answer(handle.run_id, "late", rt=rt)

@@ -39,7 +39,7 @@ def asked(handle: RunHandle, message: str, timeout: float = 20) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         latest = handle.latest()
-        waits = latest.meta.awaiting
+        waits = latest.meta.human.awaiting
         if latest.status is RunStatus.PAUSED and waits is not None and waits.message == message:
             return latest
         time.sleep(0.05)
@@ -53,7 +53,7 @@ def next_pause(handle: RunHandle, timeout: float = 20) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         latest = handle.latest()
-        paused = latest.status is RunStatus.PAUSED and latest.meta.awaiting is not None
+        paused = latest.status is RunStatus.PAUSED and latest.meta.human.awaiting is not None
         if latest.status.finished or paused:
             return latest
         time.sleep(0.05)
@@ -65,7 +65,7 @@ def recorded(handle: RunHandle) -> dict[str, list[Any]]:
     answers go with its commit, so the latest checkpoint of a finished run has none)."""
     found: dict[str, list[Any]] = {}
     for ckpt in reversed(handle.rt.store.history(handle.run_id, limit=200)):  # oldest first
-        found.update(ckpt.meta.answers)
+        found.update(ckpt.meta.human.answers)
     return found
 
 
@@ -84,7 +84,7 @@ def test_each_question_pauses_the_run_and_its_answer_goes_on_where_it_stopped(
 ) -> None:
     handle = InterviewFlow.submit({}, rt=rt)
     first = asked(handle, "your name?")
-    waits = first.meta.awaiting
+    waits = first.meta.human.awaiting
     assert (waits.kind, waits.activation, waits.method) == ("ask", "interview#1", "interview")
     assert waits.metadata == {"channel": "#ops"} and waits.deadline is None
     assert first.state["stage"] == "asked for a name"  # the state so far, kept while it waits
@@ -95,7 +95,7 @@ def test_each_question_pauses_the_run_and_its_answer_goes_on_where_it_stopped(
     handle.resume(feedback="Ana", by="lead")  # RunHandle.resume(feedback=) answers a question
     second = asked(handle, "favourite colour, Ana?")
     assert (second.state["name"], second.state["stage"]) == ("Ana", "asked for a colour")
-    assert second.meta.awaiting.activation == "interview#1"
+    assert second.meta.human.awaiting.activation == "interview#1"
 
     cli.ok("resume", handle.run_id, "--feedback", "teal", "--by", "ana")  # and the CLI
     assert handle.result(timeout=30) == "ANA LIKES TEAL"
@@ -114,9 +114,9 @@ def test_a_question_nobody_answers_in_time_goes_on_with_none(
 ) -> None:
     handle = DeadlineFlow.submit({"timeout": 1.0}, rt=rt)
     paused = asked(handle, "proceed?")
-    deadline = paused.meta.awaiting.deadline
+    deadline = paused.meta.human.awaiting.deadline
     assert deadline is not None
-    assert abs(deadline - (paused.meta.awaiting.asked_at + 1.0)) < 0.01
+    assert abs(deadline - (paused.meta.human.awaiting.asked_at + 1.0)) < 0.01
     assert Timers(rt.store, ANSWERS).when(handle.run_id) == deadline  # kept in the store
 
     answered(handle, "question#1")  # by nobody
@@ -132,7 +132,7 @@ def test_status_shows_when_an_unanswered_question_goes_on_with_none(
     rt: Any, worker_env: dict[str, str]
 ) -> None:
     handle = DeadlineFlow.submit({"timeout": 600.0}, rt=rt)
-    deadline = asked(handle, "proceed?").meta.awaiting.deadline
+    deadline = asked(handle, "proceed?").meta.human.awaiting.deadline
     shown = subprocess.run(
         [sys.executable, "-m", "runner", "status", handle.run_id],
         env={**os.environ, **worker_env, "COLUMNS": "120"},
@@ -153,7 +153,7 @@ def test_a_question_answered_before_its_deadline_is_not_answered_again(
     rt: Any, redis_client: redis.Redis
 ) -> None:
     handle = DeadlineFlow.submit({"timeout": 1.5}, rt=rt)
-    deadline = asked(handle, "proceed?").meta.awaiting.deadline
+    deadline = asked(handle, "proceed?").meta.human.awaiting.deadline
     control.answer(handle.run_id, "yes", by="ana", rt=rt)
     assert handle.result(timeout=20) == "yes"
     time.sleep(max(deadline - time.time(), 0))
@@ -193,7 +193,7 @@ def test_parallel_questions_are_each_asked_and_answered_in_turn_and_the_join_run
     handle = PanelFlow.submit({}, rt=rt)
     asked_of = set()
     while (latest := next_pause(handle)).status is RunStatus.PAUSED:
-        asked_of.add(latest.meta.awaiting.metadata["user"])
+        asked_of.add(latest.meta.human.awaiting.metadata["user"])
         try:
             control.answer(handle.run_id, "yes", rt=rt)
         except RunStateError:
@@ -217,7 +217,7 @@ def test_a_question_outlives_every_worker_and_its_timeout_is_kept_while_none_is_
     with private_pool(worker_env, str(tmp_path)) as (pool, rt, _):
         first = pool.start(concurrency=1)
         handle = RunHandle(DeadlineFlow.submit({"timeout": 1.0}, rt=rt).run_id, rt)
-        deadline = asked(handle, "proceed?").meta.awaiting.deadline
+        deadline = asked(handle, "proceed?").meta.human.awaiting.deadline
         pool.kill(first)  # no worker is up when the deadline passes
         time.sleep(max(deadline - time.time(), 0) + 0.2)  # past it, no worker up
         assert handle.status() is RunStatus.PAUSED and not recorded(handle)

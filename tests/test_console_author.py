@@ -69,7 +69,7 @@ def test_a_browser_logged_in_with_a_name_answers_a_question_as_that_name(rt: Any
         pytest.skip(f"{CHROMIUM} is absent (Debian's chromium: `apt-get install chromium`)")
     settings = rt.settings.model_copy(update={"ui_user": "ana"})
     asking = DeadlineFlow.submit({"timeout": 600.0}, rt=rt)
-    deadline = paused(asking).meta.awaiting.deadline
+    deadline = paused(asking).meta.human.awaiting.deadline
     with serving(rt, token=TOKEN, settings=settings) as url, sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM, args=["--no-sandbox", "--headless", "--disable-gpu"]

@@ -35,13 +35,13 @@ def test_a_child_run_is_linked_to_the_waiting_parent_activation(rt: Any) -> None
     child_id = child_run_id(parent.run_id, "stage#1")
     linked = next(c for c in history(rt, parent.run_id) if c.event == "child_run_started")
     assert linked.in_flight == ["stage#1"]
-    link = linked.meta.children["stage#1"]
+    link = linked.meta.links.children["stage#1"]
     assert (link.run_id, link.waiting) == (child_id, True)
     assert link.after == {"notes": "written before the crew"}
     assert linked.state["notes"] == ""  # applied when the activation commits
     child = rt.store.latest(child_id)
     assert child is not None
-    assert child.meta.parent == ParentLink(run_id=parent.run_id, activation="stage#1")
+    assert child.meta.links.parent == ParentLink(run_id=parent.run_id, activation="stage#1")
     assert child.state["inputs"]["topic"] == "bees"
 
 
@@ -54,7 +54,7 @@ def test_a_finished_child_commits_the_parent_activation_with_its_output(rt: Any)
     assert latest.state["notes"] == "written before the crew"
     assert [t["name"] for t in latest.outputs["stage"]["tasks_output"]] == ["a1", "a2", "a3"]
     assert counts(inputs["tag"]) == {"a1": 1, "a2": 1, "a3": 1}
-    assert latest.meta.children["stage#1"].waiting is False
+    assert latest.meta.links.children["stage#1"].waiting is False
 
 
 def test_reporting_a_finished_child_twice_commits_once(rt: Any) -> None:

@@ -126,6 +126,9 @@ def test_a_flow_of_four_crews_resumes_at_the_failed_task_on_workers(rt: Any) -> 
     tasks = ["a1", "a2", "a3", "b1", "b2", "b3", "c1", "c2", "c3", "d1", "d2", "d3"]
     assert out["raw"] == _chain(tasks)
     child = rt.store.latest(child_run_id(parent.run_id, "stage3#1"))
-    assert child.meta.parent is not None
-    assert (child.meta.parent.run_id, child.meta.parent.activation) == (parent.run_id, "stage3#1")
+    assert child.meta.links.parent is not None
+    assert (child.meta.links.parent.run_id, child.meta.links.parent.activation) == (
+        parent.run_id,
+        "stage3#1",
+    )
     assert child.status is RunStatus.SUCCEEDED

@@ -55,7 +55,7 @@ def test_a_flows_own_run_deadline_applies_and_a_run_that_finishes_in_time_is_kep
 ) -> None:
     late = HastyFlow.submit({"seconds": 4})
     assert late.wait(timeout=10) is RunStatus.CANCELLED
-    assert late.latest().meta.deadline is not None
+    assert late.latest().meta.scheduling.deadline is not None
     quick = GreetFlow.submit({"customer": "lu"}, deadline=2)
     due = time.time() + 2
     assert quick.result(timeout=10) == len("hello lu")

@@ -34,12 +34,15 @@ def test_a_delayed_run_is_stored_scheduled_and_starts_after_its_countdown(
     handle = GreetFlow.submit({"customer": "ida"}, countdown=3)
     latest = handle.latest()
     assert handle.status() is RunStatus.RUNNING
-    assert latest.meta.not_before is not None and latest.meta.not_before >= before + 3
+    assert (
+        latest.meta.scheduling.not_before is not None
+        and latest.meta.scheduling.not_before >= before + 3
+    )
     time.sleep(2)
     assert executions(redis_client, handle.run_id, "greet") == 0
     assert handle.result(timeout=20) == len("hello ida")
     started = min(c.created_at for c in handle.rt.store.history(handle.run_id) if c.step)
-    assert started >= latest.meta.not_before
+    assert started >= latest.meta.scheduling.not_before
 
 
 def test_a_delayed_run_survives_losing_the_brokers_messages(

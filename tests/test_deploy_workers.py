@@ -163,7 +163,7 @@ def test_runs_paused_on_v1_go_on_on_v2_with_patches_and_state_as_the_new_code_re
     # Before the question (passed on v1 without the patch): False; after it: True.
     assert ask.state["log"] == ["before=False", "after=True"]
     assert ask.state["count"] == [1]  # mapped by @state_upgrade("v1"), once
-    assert ask.meta.upgrades == ["v1 -> v2"]
+    assert ask.meta.versions.upgrades == ["v1 -> v2"]
     versions_written = [c.version for c in deploy.store.history(asked)]
     assert "v1" in versions_written and versions_written[0] == "v2"  # newest first
 
@@ -172,14 +172,14 @@ def test_runs_paused_on_v1_go_on_on_v2_with_patches_and_state_as_the_new_code_re
 def test_a_patch_decided_at_a_pause_is_recorded_and_decided_alike_on_the_next_run(
     deploy: Any,
 ) -> None:
-    """The patch decisions of a step that paused are in its checkpoint (``meta.patches``)."""
+    """The patch decisions of a step that paused are in its checkpoint (``meta.replay.patches``)."""
     deploy.worker("v2")
     asked = deploy.submit("v2", "AskFlow")
     paused = deploy.wait(asked, RunStatus.PAUSED)
-    (activation,) = paused.meta.patches
+    (activation,) = paused.meta.replay.patches
     # Reached first on v2: the patch before the question is True, and so recorded.
-    assert paused.meta.patches[activation] == {"check-stock": True}
+    assert paused.meta.replay.patches[activation] == {"check-stock": True}
     assert deploy.cli("v2", "resume", asked, "--feedback", "ok").returncode == 0
     done = deploy.wait(asked, RunStatus.SUCCEEDED)
     assert done.state["log"] == ["before=True", "after=True"]
-    assert done.meta.patches == {}  # the notes went with the activation's commit
+    assert done.meta.replay.patches == {}  # the notes went with the activation's commit

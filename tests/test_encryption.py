@@ -99,21 +99,26 @@ def full_checkpoint(run_id: str, mark: str, **fields: Any) -> Checkpoint:
     ckpt = Checkpoint(run_id=run_id, **given)
     ckpt.record.outputs["plan"] = f"output {mark}"
     ckpt.record.in_flight = ["write#1"]
-    meta = ckpt.meta
-    meta.name = "SecretFlow"
-    meta.trigger_payload = {"payload": mark}
-    meta.submitted = f"digest-{mark}"
-    meta.pause_reason = f"why {mark}"
-    meta.awaiting = Awaiting(kind="ask", message=f"q {mark}", method="plan", output=mark)
-    meta.reviews = {"plan#1": Awaiting(kind="feedback", message=mark, metadata={"m": mark})}
-    meta.answers = {
-        "plan#1": [Answer(text=f"a {mark}", by=mark, awaited=Awaiting(kind="ask", message=mark))]
-    }
-    meta.feedback = [{"feedback": mark}]
-    meta.usage = RunUsage(total=UsageMetrics(total_tokens=7))
-    meta.children = {
-        "plan#1": ChildLink(run_id="c", flow="f:F", name="F", before={"k": mark}, after={"k": 1})
-    }
+    ckpt.meta = ckpt.meta.updated(
+        name="SecretFlow",
+        trigger_payload={"payload": mark},
+        submitted=f"digest-{mark}",
+        pause_reason=f"why {mark}",
+        awaiting=Awaiting(kind="ask", message=f"q {mark}", method="plan", output=mark),
+        reviews={"plan#1": Awaiting(kind="feedback", message=mark, metadata={"m": mark})},
+        answers={
+            "plan#1": [
+                Answer(text=f"a {mark}", by=mark, awaited=Awaiting(kind="ask", message=mark))
+            ]
+        },
+        feedback=[{"feedback": mark}],
+        usage=RunUsage(total=UsageMetrics(total_tokens=7)),
+        children={
+            "plan#1": ChildLink(
+                run_id="c", flow="f:F", name="F", before={"k": mark}, after={"k": 1}
+            )
+        },
+    )
     return ckpt
 
 

@@ -13,6 +13,8 @@ from runner.flow import transition as tr
 from runner.flow.epochs import Carry, Opening
 from runner.flow.graph import compile_graph
 from runner.store.models import (
+    GROUP_OF,
+    META_GROUPS,
     Answer,
     Awaiting,
     ChildLink,
@@ -25,12 +27,34 @@ from tests.flows.results import PlainEnd
 
 
 def test_every_run_meta_field_states_how_it_carries_into_each_kind_of_new_epoch() -> None:
-    assert set(epochs.RULES) == set(RunMeta.model_fields)
+    """Each field of the top level and of every group has exactly one rule: its own, or
+    its group's (a group's key stands for all its fields), never both."""
+    top = {f for f in RunMeta.model_fields if f not in META_GROUPS}
+    grouped = {f"{GROUP_OF[f]}.{f}" for f in GROUP_OF}
+    assert set(epochs.paths()) == top | grouped
+    for key in epochs.RULES:
+        group, dot, field = key.partition(".")
+        if dot:
+            assert group in META_GROUPS and field in META_GROUPS[group].model_fields, key
+            assert group not in epochs.RULES, f"{key} and its group {group} both have a rule"
+        else:
+            assert key in top or key in META_GROUPS, key
+    for path in epochs.paths():
+        owners = [k for k in (path, path.partition(".")[0]) if k in epochs.RULES]
+        assert len(set(owners)) == 1, f"{path}: {owners or 'no rule'}"
     assert all(len(rules) == len(Opening) for rules in epochs.RULES.values())
 
 
+def test_a_group_rule_is_each_of_its_fields_rule_by_any_name() -> None:
+    for opening in Opening:
+        assert epochs.rule("links.parent", opening) is epochs.rule("links", opening)
+        assert epochs.rule("sleeps", opening) is epochs.rule("replay.sleeps", opening)
+        assert epochs.rule("answers", opening) is epochs.rule("human.answers", opening)
+
+
 def full_meta() -> RunMeta:
-    """Metadata with every field away from its default."""
+    """Metadata with every field (of the top level and of each group) away from its
+    default."""
     awaiting = Awaiting(kind="feedback", method="write", activation="write#1", message="ok?")
     values: dict[str, Any] = {
         "name": "PlainEnd",
@@ -60,21 +84,26 @@ def full_meta() -> RunMeta:
         "patches": {"write#1": {"new-prompt": False}},
         "pinned": "v1",
     }
-    meta = RunMeta(**values)
+    meta = RunMeta().updated(**values)
     default = RunMeta()
-    assert all(getattr(meta, f) != getattr(default, f) for f in RunMeta.model_fields)
+    assert all(value(meta, p) != value(default, p) for p in epochs.paths())
     return meta
+
+
+def value(meta: RunMeta, path: str) -> Any:
+    """The value of field ``path`` (``"name"``, ``"human.awaiting"``) of ``meta``."""
+    return meta.field(path.rpartition(".")[2])
 
 
 def carried_as_stated(before: RunMeta, after: RunMeta, opening: Opening) -> None:
     """Every field kept or reset as :data:`epochs.RULES` says (those set are the opening's)."""
     default = RunMeta()
-    for field in RunMeta.model_fields:
-        rule = epochs.rule(field, opening)
-        if rule is Carry.KEEP and field not in ("opener", "opened_at"):
-            assert getattr(after, field) == getattr(before, field), field
+    for path in epochs.paths():
+        rule = epochs.rule(path, opening)
+        if rule is Carry.KEEP and path not in ("opener", "opened_at"):
+            assert value(after, path) == value(before, path), path
         elif rule is Carry.RESET:
-            assert getattr(after, field) == getattr(default, field), field
+            assert value(after, path) == value(default, path), path
 
 
 @pytest.fixture
@@ -87,7 +116,7 @@ def paused() -> Any:
 
 def test_a_restart_a_resume_and_an_answer_carry_each_field_as_the_rules_state(paused) -> None:
     graph, ckpt = paused
-    answer = Answer(text="yes", awaited=ckpt.meta.awaiting)
+    answer = Answer(text="yes", awaited=ckpt.meta.human.awaiting)
 
     restarted = tr.restart(graph, ckpt, dict(ckpt.state)).checkpoint.meta
     resumed = tr.resumed(ckpt, ckpt, dict(ckpt.state)).checkpoint.meta
@@ -98,8 +127,8 @@ def test_a_restart_a_resume_and_an_answer_carry_each_field_as_the_rules_state(pa
     carried_as_stated(ckpt.meta, answered, Opening.ANSWER)
     assert (restarted.epoch, resumed.epoch, answered.epoch) == (4, 4, 4)
     assert resumed.resumed_from == answered.resumed_from == ckpt.id
-    assert answered.answers["write#1"][-1] == answer
-    assert restarted.answers == {} and restarted.sleeps == {}
+    assert answered.human.answers["write#1"][-1] == answer
+    assert restarted.human.answers == {} and restarted.replay.sleeps == {}
 
 
 def test_an_opening_must_give_what_it_sets_and_nothing_else() -> None:

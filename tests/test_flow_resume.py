@@ -600,7 +600,7 @@ def test_pause_returns_paused_and_records_the_reason(store):
     latest = store.latest(flow.flow_id)
     assert latest is not None
     assert latest.status == "paused" and latest.event == "flow_paused"
-    assert latest.meta.pause_reason == "approve 'hello'?"
+    assert latest.meta.human.pause_reason == "approve 'hello'?"
     assert store.run(flow.flow_id).status == "paused"
     assert dict(tally.counts) == {"draft_it": 1, "ask": 1}
 

@@ -50,9 +50,11 @@ def test_fork_map_continues_a_run_whose_method_was_renamed_on_the_new_code(
     assert forked.returncode == 0, forked.stderr
     new_run = json.loads(forked.stdout)["run_id"]
     paused = deploy.wait(new_run, RunStatus.PAUSED)
-    assert paused.meta.awaiting is not None and paused.meta.awaiting.method == "new_step"
+    assert (
+        paused.meta.human.awaiting is not None and paused.meta.human.awaiting.method == "new_step"
+    )
     assert paused.completed == ["a#1"]  # a is not run again
-    assert paused.meta.pinned == "v2" and paused.version == "v2"
+    assert paused.meta.versions.pinned == "v2" and paused.version == "v2"
 
     answered = deploy.cli("v2", "resume", new_run, "--feedback", "yes")
     assert answered.returncode == 0, answered.stderr
@@ -90,4 +92,6 @@ def test_the_api_forks_with_a_map_too(deploy: Deploy, monkeypatch: pytest.Monkey
     finally:
         rt.close()
     paused = deploy.wait(new_run, RunStatus.PAUSED)
-    assert paused.meta.awaiting is not None and paused.meta.awaiting.method == "new_step"
+    assert (
+        paused.meta.human.awaiting is not None and paused.meta.human.awaiting.method == "new_step"
+    )

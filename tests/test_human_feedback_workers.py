@@ -36,7 +36,7 @@ def test_a_review_in_the_middle_pauses_and_the_answer_routes_without_rerunning_a
 ) -> None:
     handle = ArticleFlow.submit({"topic": "otters"}, rt=rt)
     latest = paused(handle)
-    waiting = latest.meta.awaiting
+    waiting = latest.meta.human.awaiting
     assert waiting is not None
     assert (waiting.kind, waiting.method, waiting.activation) == ("feedback", "review", "review#1")
     assert waiting.output == {"title": "otters", "body": "draft from notes on otters"}
@@ -53,7 +53,7 @@ def test_a_review_in_the_middle_pauses_and_the_answer_routes_without_rerunning_a
     final = handle.latest()
     assert final.state["verdict"] == "published"
     assert final.state["heard"] == "ship it, lovely -> approved"  # self.last_human_feedback
-    (kept,) = final.meta.feedback
+    (kept,) = final.meta.human.feedback
     assert (kept["output"], kept["outcome"], kept["method_name"]) == (
         waiting.output,
         "approved",
@@ -61,8 +61,8 @@ def test_a_review_in_the_middle_pauses_and_the_answer_routes_without_rerunning_a
     )
     assert final.record.outputs["review"] == waiting.output  # the method's output, not the label
     assert final.record.routes["review"] == "approved"
-    answered = [c for c in rt.store.history(handle.run_id, limit=100) if c.meta.answers]
-    (given,) = answered[-1].meta.answers["review#1"]
+    answered = [c for c in rt.store.history(handle.run_id, limit=100) if c.meta.human.answers]
+    (given,) = answered[-1].meta.human.answers["review#1"]
     assert (given.text, given.by, given.awaited.method) == ("ship it, lovely", "ana", "review")
     with pytest.raises(RunStateError, match="awaits no answer"):
         control.answer(handle.run_id, "late", rt=rt)
@@ -82,7 +82,7 @@ def test_a_review_without_emit_hands_its_result_to_the_listener_on_another_worke
     rt: Any, redis_client: redis.Redis
 ) -> None:
     handle = NotesFlow.submit({"topic": "seals"}, rt=rt)
-    assert paused(handle).meta.awaiting.output == "outline of seals"  # type: ignore[union-attr]
+    assert paused(handle).meta.human.awaiting.output == "outline of seals"  # type: ignore[union-attr]
     control.answer(handle.run_id, "more detail", rt=rt)
     assert handle.result(timeout=30) == "expanded outline of seals with 'more detail'"
     assert ran(redis_client, handle.run_id, "outline", "expand") == [1, 1]
@@ -92,16 +92,16 @@ def test_two_reviews_paused_in_parallel_are_asked_in_turn_and_neither_method_run
     rt: Any, redis_client: redis.Redis
 ) -> None:
     handle = TwinReviewFlow.submit({"topic": "kelp"}, rt=rt)
-    first = paused(handle).meta.awaiting
+    first = paused(handle).meta.human.awaiting
     assert first is not None
     # The run has one question at a time: when both reviewed methods ran before the first
-    # pause, the other review waits with it (meta.reviews) and is asked next.
+    # pause, the other review waits with it (meta.human.reviews) and is asked next.
     handle.resume(feedback=f"fine {first.method}")
     deadline, second = time.monotonic() + 30, None
     while second is None or second.method == first.method:
         assert time.monotonic() < deadline, "the other review was never asked"
         latest = handle.latest()
-        second = latest.meta.awaiting if latest.status is RunStatus.PAUSED else None
+        second = latest.meta.human.awaiting if latest.status is RunStatus.PAUSED else None
         time.sleep(0.05)
     assert second.output == f"{second.method} on kelp"
     handle.resume(feedback=f"fine {second.method}")
@@ -157,7 +157,7 @@ def test_runner_resume_feedback_answers_from_the_shell(
     kept = [
         a
         for c in rt.store.history(handle.run_id, limit=100)
-        for a in c.meta.answers.get("review#1", [])
+        for a in c.meta.human.answers.get("review#1", [])
     ]
     assert {(a.text, a.by) for a in kept} == {("ship it", "cleo")}
 

@@ -288,5 +288,5 @@ def test_on_workers_an_unknown_name_fails_the_review_once_then_register_and_resu
         assert "published DRAFT ON BATS" in done.stdout
         assert ran(redis_client, handle.run_id) == [1, 1, 1, 0]  # review ran once, answer kept
         final = handle.latest()
-        (kept,) = final.meta.feedback
+        (kept,) = final.meta.human.feedback
         assert (kept["feedback"], kept["outcome"]) == ("ship it", "approved")

@@ -71,7 +71,7 @@ def queued_in_order(rt: Runtime, env: dict[str, str]) -> None:
     high = [RunHandle(shown.output.strip().split()[-1], rt)]
     high.append(submit(RankedFlow, {"group": group}, priority=9, rt=rt))
     resumed = resume(failed.run_id, inputs={"fail": False}, rt=rt)
-    assert rt.coord.read(failed.run_id).meta.priority == 9  # kept through the resume
+    assert rt.coord.read(failed.run_id).meta.scheduling.priority == 9  # kept through the resume
     assert len(notes(group, "starts")) == 1, "the blocker must still be running"
 
     names = {blocker.run_id: "blocker", normal.run_id: "normal", urgent.run_id: "urgent"}

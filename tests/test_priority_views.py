@@ -81,7 +81,7 @@ def test_a_schedules_ticks_start_runs_of_its_priority_on_a_worker(
     run_id = str(first["run"])
     assert run_id.startswith(f"{name}-")
     latest = rt.store.latest(run_id)
-    assert latest is not None and latest.meta.priority == 8
+    assert latest is not None and latest.meta.scheduling.priority == 8
     assert broker.wire_priority(rt.app, int(str(first["priority"]))) == 8
     assert re.search(r"^\s*priority\s+8 ", ok(worker_env, "status", run_id), re.M)
 

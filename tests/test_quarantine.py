@@ -47,7 +47,7 @@ def _missing(rt: Runtime, r: redis.Redis) -> str:
 def _nameless(rt: Runtime) -> str:
     first = first_checkpoint(Nap, {"seconds": 0.1}).checkpoint
     first.flow = None
-    first.meta.name = None
+    first.meta = first.meta.updated(name=None)
     return rt.store.commit(first, expected_seq=0).run_id
 
 

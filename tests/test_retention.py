@@ -75,10 +75,12 @@ def test_a_paused_run_is_never_expired(deploy: Runtime) -> None:
 def test_a_sleeping_run_on_workers_is_never_expired(rt: Any) -> None:
     napping = NapFlow.submit({"seconds": 30}, rt=rt)
     deadline = time.time() + 20
-    while time.time() < deadline and "nap" not in str(rt.store.latest(napping.run_id).meta.sleeps):
+    while time.time() < deadline and "nap" not in str(
+        rt.store.latest(napping.run_id).meta.replay.sleeps
+    ):
         time.sleep(0.1)
     latest = rt.store.latest(napping.run_id)
-    assert latest.meta.sleeps, "the run is asleep"
+    assert latest.meta.replay.sleeps, "the run is asleep"
     every = rt.settings.model_copy(update={"retention": "succeeded=0s,failed=0s,cancelled=0s"})
     done = collect(rt.store, every, now=time.time() + 1e9)
     assert napping.run_id not in done.expired

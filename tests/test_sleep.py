@@ -37,7 +37,7 @@ def test_a_sleeping_run_holds_no_worker_and_wakes_after_every_worker_was_killed(
         first = pool.start(concurrency=1)
         handle = RunHandle(NapFlow.submit({"seconds": 5}, rt=rt).run_id, rt)
         asleep = asleep_checkpoint(handle)
-        (wake_at,) = asleep.meta.sleeps["nap#1"]
+        (wake_at,) = asleep.meta.replay.sleeps["nap#1"]
         assert asleep.state["before"] == 1  # the state so far, committed with the sleep
         # The one worker (one process) is free: another run goes through meanwhile.
         other = GreetFlow.submit({"customer": "wes"}, rt=rt)
@@ -72,8 +72,8 @@ def test_an_async_step_sleeps_twice_on_workers_and_each_part_runs_once(
     assert executions(redis_client, handle.run_id, "half") == 2  # before the second sleep
     assert executions(redis_client, handle.run_id, "woke") == 1
     history = rt.store.history(handle.run_id, limit=50)
-    assert max(len(c.meta.sleeps.get("nap#1", [])) for c in history) == 2
-    assert handle.latest().meta.sleeps == {}  # a step's sleeps go with its commit
+    assert max(len(c.meta.replay.sleeps.get("nap#1", [])) for c in history) == 2
+    assert handle.latest().meta.replay.sleeps == {}  # a step's sleeps go with its commit
 
 
 def test_in_process_a_sleep_simply_sleeps() -> None:
@@ -93,7 +93,7 @@ def test_a_sleeping_run_cancelled_and_resumed_before_its_wake_up_wakes_then(
     from runner.distributed.control import resume
 
     handle = NapFlow.submit({"seconds": 4})
-    (wake_at,) = asleep_checkpoint(handle).meta.sleeps["nap#1"]
+    (wake_at,) = asleep_checkpoint(handle).meta.replay.sleeps["nap#1"]
     handle.cancel()
     resumed = resume(handle.run_id)
     assert resumed.result(timeout=30) == "rested after 1"

@@ -156,5 +156,5 @@ def test_a_state_upgrade_hook_maps_the_old_state_once_and_is_recorded(
     assert len(UPGRADES) == 1 and UPGRADES[0]["name"] == "Ada Lovelace"
     latest = store.latest(run_id)
     assert latest is not None
-    assert latest.meta.upgrades == ["v1 -> v2"]
+    assert latest.meta.versions.upgrades == ["v1 -> v2"]
     assert latest.state["first"] == "Ada" and latest.state["last"] == "Lovelace"

@@ -100,7 +100,9 @@ def test_settle_matches_the_decided_outcome_with_how_the_attempt_ended() -> None
     assert failed is not None and failed.transition.checkpoint.status is RunStatus.FAILED
     assert isinstance(failed.error, ValueError)
     paused = settled("pauses", Outcome.PAUSED)
-    assert paused is not None and paused.transition.checkpoint.meta.pause_reason == "wait for me"
+    assert (
+        paused is not None and paused.transition.checkpoint.meta.human.pause_reason == "wait for me"
+    )
     # An outcome the attempt did not end with is refused, naming both (not an assert).
     with pytest.raises(ValueError, match="not done for Raised"):
         settled("raises", Outcome.DONE)

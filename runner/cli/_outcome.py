@@ -65,7 +65,7 @@ def outcome(reader: History, run_id: str) -> dict[str, Any]:
         "step": why.step,
         "result": result_now(info, latest),
         "error": why.error.model_dump(mode="json") if why.error is not None else None,
-        "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
+        "pause_reason": latest.meta.human.pause_reason if info.status is RunStatus.PAUSED else None,
         "cancel_reason": cancel_reason(info, latest),
     }
 
@@ -162,7 +162,9 @@ def say(reader: History, run_id: str) -> None:
         result = result_now(info, latest)
         typer.echo(f"succeeded: {result if isinstance(result, str) else json.dumps(result)}")
     elif info.status is RunStatus.PAUSED:
-        typer.echo(f"paused at {latest.step}: {latest.meta.pause_reason or 'waiting for input'}")
+        typer.echo(
+            f"paused at {latest.step}: {latest.meta.human.pause_reason or 'waiting for input'}"
+        )
     elif info.status is RunStatus.CANCELLED:
         why = cancel_reason(info, latest)
         typer.echo(f"error: run {run_id} was cancelled{f': {why}' if why else ''}", err=True)

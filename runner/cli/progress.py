@@ -4,7 +4,7 @@
 Read from the checkpoint history alone: a step commit says which activation finished, on
 which worker, after how many attempts and how long; a failure or pause checkpoint names its
 step; the latest checkpoint's in-flight activations are what runs now; its
-``meta.children`` links the activations that started child runs (crews), whose steps are
+``meta.links.children`` links the activations that started child runs (crews), whose steps are
 listed under them.
 """
 
@@ -103,7 +103,7 @@ def step_rows(reader: Any, run_id: str, depth: int = 0) -> list[StepRow]:
             why = state.waits_for if state is not None else None
             rows.append(StepRow(run_id, depth, bare(act), outcome, waits_for=why))
     out: list[StepRow] = []
-    links = {bare(act): link.run_id for act, link in latest.meta.children.items()}
+    links = {bare(act): link.run_id for act, link in latest.meta.links.children.items()}
     for i, row in enumerate(rows):
         out.append(row)
         child = links.get(row.step)
@@ -141,7 +141,9 @@ def _row(run_id: str, depth: int, ckpt: Checkpoint) -> StepRow | None:
         text = f"{error.type}: {error.message}" if error else None
         return StepRow(run_id, depth, ckpt.step, FAILED, error=text, **common)
     if ckpt.event == FLOW_PAUSED and ckpt.step:
-        return StepRow(run_id, depth, ckpt.step, PAUSED, error=ckpt.meta.pause_reason, **common)
+        return StepRow(
+            run_id, depth, ckpt.step, PAUSED, error=ckpt.meta.human.pause_reason, **common
+        )
     return None
 
 
@@ -155,7 +157,7 @@ def total_steps(reader: Reader, run_id: str) -> int | None:
         total = len(load_flow(latest.flow).graph().methods)
     except DefinitionError:
         return None
-    for link in latest.meta.children.values():
+    for link in latest.meta.links.children.values():
         inner = total_steps(reader, link.run_id)
         if inner is None:
             return None

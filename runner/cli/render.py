@@ -228,18 +228,18 @@ def status_view(
     if info.parent_run_id:
         lineage = f"forked from run {info.parent_run_id} at checkpoint {info.parent_checkpoint_id}"
         grid.add_row("lineage", lineage + (f" (branch {info.branch})" if info.branch else ""))
-    if info.status is RunStatus.PAUSED and latest.meta.pause_reason:
-        grid.add_row("paused", latest.meta.pause_reason)
+    if info.status is RunStatus.PAUSED and latest.meta.human.pause_reason:
+        grid.add_row("paused", latest.meta.human.pause_reason)
     _awaiting_rows(grid, info, latest)
-    if latest.meta.deadline is not None:
-        grid.add_row("deadline", when(latest.meta.deadline))
-    if latest.meta.priority is not None:
-        grid.add_row("priority", priority_text(latest.meta.priority))
+    if latest.meta.scheduling.deadline is not None:
+        grid.add_row("deadline", when(latest.meta.scheduling.deadline))
+    if latest.meta.scheduling.priority is not None:
+        grid.add_row("priority", priority_text(latest.meta.scheduling.priority))
     if info.status is RunStatus.CANCELLED and latest.meta.cancel_reason:
         grid.add_row("cancelled", latest.meta.cancel_reason)
     if error is not None:
         grid.add_row("error", Text(error_line(error), style="red"))
-    parent = latest.meta.parent
+    parent = latest.meta.links.parent
     if parent is not None:
         grid.add_row("parent run", f"{parent.run_id} (step {parent.activation})")
     if children:
@@ -253,7 +253,7 @@ def status_view(
 
 def _awaiting_rows(grid: Table, info: RunInfo, latest: Checkpoint) -> None:
     """What a paused run waits for a person to answer, and how to answer it."""
-    waiting = latest.meta.awaiting
+    waiting = latest.meta.human.awaiting
     if info.status is not RunStatus.PAUSED or waiting is None:
         return
     what = "a review" if waiting.kind == "feedback" else "an answer"
@@ -295,8 +295,8 @@ def progress_view(
     else:
         grid.add_row("steps", f"{done} done")
     grid.add_row("elapsed", duration(max(elapsed, 0.0)))
-    if info.status is RunStatus.PAUSED and latest.meta.pause_reason:
-        grid.add_row("paused", latest.meta.pause_reason)
+    if info.status is RunStatus.PAUSED and latest.meta.human.pause_reason:
+        grid.add_row("paused", latest.meta.human.pause_reason)
     if error is not None:
         grid.add_row("last error", Text(error_line(error), style="red"))
     parts: list[RenderableType] = [grid]
@@ -371,8 +371,8 @@ def checkpoint_view(ckpt: Checkpoint) -> RenderableType:
         lin = ckpt.lineage
         text = f"forked from run {lin.parent_run_id} at checkpoint {lin.parent_checkpoint_id}"
         grid.add_row("lineage", text + (f" (branch {lin.branch})" if lin.branch else ""))
-    if ckpt.meta.pause_reason:
-        grid.add_row("paused", ckpt.meta.pause_reason)
+    if ckpt.meta.human.pause_reason:
+        grid.add_row("paused", ckpt.meta.human.pause_reason)
     parts: list[RenderableType] = [
         grid,
         Panel(JSON.from_data(ckpt.state), title="state", title_align="left", expand=False),

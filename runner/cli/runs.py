@@ -214,23 +214,25 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                 "in_flight": latest.in_flight,
                 "lineage": latest.lineage.model_dump(mode="json") if latest.lineage else None,
                 "last_error": error.model_dump(mode="json") if error else None,
-                "pause_reason": latest.meta.pause_reason
+                "pause_reason": latest.meta.human.pause_reason
                 if info.status is RunStatus.PAUSED
                 else None,
-                "awaiting": latest.meta.awaiting.model_dump(mode="json")
-                if info.status is RunStatus.PAUSED and latest.meta.awaiting is not None
+                "awaiting": latest.meta.human.awaiting.model_dump(mode="json")
+                if info.status is RunStatus.PAUSED and latest.meta.human.awaiting is not None
                 else None,
                 "scheduled_until": scheduled_until(latest),
                 "sleeping": {
                     act: woken_at(latest, act) for act in latest.in_flight if asleep(latest, act)
                 },
-                "deadline": latest.meta.deadline,
-                "priority": latest.meta.priority,
+                "deadline": latest.meta.scheduling.deadline,
+                "priority": latest.meta.scheduling.priority,
                 # The code version that wrote the latest checkpoint (runner.flow.versions).
                 "version": latest.version,
                 "fingerprint": latest.fingerprint,
                 "cancel_reason": cancel_reason(info, latest),
-                "parent": latest.meta.parent.model_dump() if latest.meta.parent else None,
+                "parent": latest.meta.links.parent.model_dump()
+                if latest.meta.links.parent
+                else None,
                 "children": children,
                 "waiting": waits,
                 # What RunHandle.result() and submit --wait give (runner.flow.results).
@@ -305,7 +307,7 @@ def _new_checkpoints(reader: Reader, run_id: str, seen: set[str]) -> list[Checkp
     ckpts = progress.history(reader, run_id)
     found = [ckpt for ckpt in ckpts if ckpt.id not in seen]
     seen.update(ckpt.id for ckpt in found)
-    for link in ckpts[-1].meta.children.values() if ckpts else ():
+    for link in ckpts[-1].meta.links.children.values() if ckpts else ():
         found += _new_checkpoints(reader, link.run_id, seen)
     return sorted(found, key=lambda c: c.id)
 
@@ -468,7 +470,7 @@ def cancel(
 def _children(reader: Reader, latest: Checkpoint) -> list[dict[str, Any]]:
     """The child runs (crews run by flow methods) of the run, with their current status."""
     found = []
-    for activation, link in latest.meta.children.items():
+    for activation, link in latest.meta.links.children.items():
         child = reader.store.run(link.run_id)
         found.append(
             {
@@ -508,7 +510,7 @@ class Latest:
 def _child_infos(reader: Reader, latest: Latest, run_id: str) -> list[RunInfo]:
     """The child runs the run's steps started, in the order they were started."""
     ckpt = latest(run_id)
-    links = ckpt.meta.children.values() if ckpt is not None else []
+    links = ckpt.meta.links.children.values() if ckpt is not None else []
     return [info for link in links if (info := reader.store.run(link.run_id)) is not None]
 
 

@@ -73,7 +73,7 @@ def run_row(info: RunInfo, latest: Checkpoint | None, now: float | None = None) 
     running = info.status in (RunStatus.RUNNING, RunStatus.PENDING)
     end = (now or time.time()) if running else info.updated_at
     current = _methods_of(latest.in_flight) if latest is not None and running else []
-    parent = latest.meta.parent if latest is not None else None
+    parent = latest.meta.links.parent if latest is not None else None
     return {
         "run_id": info.run_id,
         "flow": info.flow,
@@ -88,7 +88,7 @@ def run_row(info: RunInfo, latest: Checkpoint | None, now: float | None = None) 
         "parent_checkpoint_id": info.parent_checkpoint_id,
         "branch": info.branch,
         "child_of": parent.model_dump(mode="json") if parent is not None else None,
-        "children": len(latest.meta.children) if latest is not None else 0,
+        "children": len(latest.meta.links.children) if latest is not None else 0,
         "error": info.error,
     }
 
@@ -343,7 +343,7 @@ def timeline_row(ckpt: Checkpoint, flower_url: str | None) -> dict[str, Any]:
 
 def awaiting_of(status: RunStatus, latest: Checkpoint) -> dict[str, Any] | None:
     """What a paused run waits for a person to answer, as JSON, or ``None``."""
-    waiting = latest.meta.awaiting
+    waiting = latest.meta.human.awaiting
     if status is not RunStatus.PAUSED or waiting is None:
         return None
     return waiting.model_dump(mode="json")
@@ -366,7 +366,7 @@ def last_error(status: RunStatus, history: list[Checkpoint]) -> tuple[StepError,
 def children(store: DeploymentStore, latest: Checkpoint) -> list[dict[str, Any]]:
     """Child runs (e.g. crews) started by the run's methods, with their status."""
     found = []
-    for activation, link in latest.meta.children.items():
+    for activation, link in latest.meta.links.children.items():
         child = store.run(link.run_id)
         found.append(
             {
@@ -450,7 +450,7 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
     methods = method_states(
         graph, latest, failure[1] if failure else None, step_states(latest, waiting)
     )
-    parent = latest.meta.parent
+    parent = latest.meta.links.parent
     answers = {
         ckpt_id: {
             "text": a.text,
@@ -467,18 +467,18 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "in_flight": latest.in_flight,
         # In-flight step -> what it waits for (a limit, a queue no live worker consumes).
         "waiting": waiting,
-        "pause_reason": latest.meta.pause_reason if info.status is RunStatus.PAUSED else None,
+        "pause_reason": latest.meta.human.pause_reason if info.status is RunStatus.PAUSED else None,
         # A person's answer it waits for: a review of a step's output, or a question.
         "awaiting": awaiting_of(info.status, latest),
         # Time (README, Time and identity): a delayed start, durable sleeps, the deadline.
         "scheduled_until": scheduled_until(latest),
         "sleeping": {act: why for act in latest.in_flight if (why := asleep(latest, act))},
-        "deadline": latest.meta.deadline,
+        "deadline": latest.meta.scheduling.deadline,
         # The code version that wrote its latest checkpoint (runner.flow.versions).
         "version": latest.version,
         "fingerprint": latest.fingerprint,
         # Its steps' priority (submit(priority=...)); None: each method's, else the default.
-        "priority": latest.meta.priority,
+        "priority": latest.meta.scheduling.priority,
         "cancel_reason": latest.meta.cancel_reason if info.status is RunStatus.CANCELLED else None,
         "inputs": inputs_of(first_checkpoint(rt.store, run_id, history)),
         "result": result_of(info.status, latest, flow_cls),

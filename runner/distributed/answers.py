@@ -1,9 +1,9 @@
 """Giving a paused run the answer it awaits: the one delivery every way of answering uses.
 
-``@human_feedback``'s review and ``self.ask``'s question pause a run with ``meta.awaiting``
+``@human_feedback``'s review and ``self.ask``'s question pause a run with ``meta.human.awaiting``
 (see :mod:`runner.flow.human_feedback`, :mod:`runner.flow.input_provider`). :func:`deliver`
 records the answer (its text, a label chosen directly, who gave it, when) in the run's
-``meta.answers`` and sends the step that waited again, in a new epoch. The CLI's
+``meta.human.answers`` and sends the step that waited again, in a new epoch. The CLI's
 ``resume --feedback``, ``RunHandle.resume(feedback=)``, the console and its API,
 ``control.answer`` and an ``ask`` timeout all come here.
 """

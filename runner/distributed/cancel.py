@@ -70,7 +70,7 @@ def follow_parent(rt: Runtime, child_id: str, child: Checkpoint | None = None) -
     cancel checkpoint, or ``None`` when its parent is not cancelled or the child is not
     running."""
     child = child if child is not None else rt.store.latest(child_id)
-    link = None if child is None else child.meta.parent
+    link = None if child is None else child.meta.links.parent
     if child is None or link is None or child.status.finished:
         return None
     parent = rt.store.latest(link.run_id)
@@ -91,7 +91,7 @@ def waited_on(ckpt: Checkpoint) -> list[str]:
     the source run's child, which is not this run's)."""
     return [
         link.run_id
-        for act, link in ckpt.meta.children.items()
+        for act, link in ckpt.meta.links.children.items()
         if link.waiting and act in ckpt.in_flight and link.run_id == child_run_id(ckpt.run_id, act)
     ]
 

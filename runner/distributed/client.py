@@ -218,14 +218,16 @@ def submit(
     rt = rt or runtime()
     check_allowed(flow_cls, rt)
     first = first_checkpoint(flow_cls, inputs, message)
-    first.checkpoint.meta.trigger_payload = payload
     routing.learn(rt.app, flow_cls)
     submitted = inputs if message is None else {**inputs, conversation.USER_MESSAGE: message}
     digest = submission_digest(flow_cls.flow_path(), submitted, payload, priority)
-    first.checkpoint.meta.submitted = digest
-    first.checkpoint.meta.not_before = not_before
-    first.checkpoint.meta.deadline = None if seconds is None else now + seconds
-    first.checkpoint.meta.priority = priority
+    first.checkpoint.meta = first.checkpoint.meta.updated(
+        trigger_payload=payload,
+        submitted=digest,
+        not_before=not_before,
+        deadline=None if seconds is None else now + seconds,
+        priority=priority,
+    )
     run_id = first.checkpoint.run_id
     # A store past its high-water mark takes no new run (running ones keep the memory left).
     rt.store.check_room(len(first.checkpoint.model_dump_json()))
@@ -243,7 +245,11 @@ def submit(
         commit_and_send(rt, first.checkpoint, 0, first.ready if not_before is None else [])
     except CommitConflict:
         existing = rt.coord.read(run_id)
-        if if_exists == "return" and existing is not None and existing.meta.submitted == digest:
+        if (
+            if_exists == "return"
+            and existing is not None
+            and existing.meta.scheduling.submitted == digest
+        ):
             return RunHandle(run_id, rt)
         why = (
             "if_exists=reject"

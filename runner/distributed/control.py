@@ -121,7 +121,7 @@ def stopped_ancestor(rt: Runtime, run_id: str) -> str:
     current = run_id
     while True:
         latest = rt.store.latest(current)
-        parent = latest.meta.parent if latest is not None else None
+        parent = latest.meta.links.parent if latest is not None else None
         info = rt.store.run(parent.run_id) if parent is not None else None
         if info is None or info.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
             return current
@@ -200,7 +200,7 @@ def fork(
     first = rt.store.fork(source.id, new_run_id=new_id, branch=branch, state=state)
     meta = renamed_meta(first.meta, renames)
     if renames:  # moved on purpose: this code is the run's from now on
-        meta = meta.model_copy(update={"pinned": versions.of(graph)})
+        meta = meta.updated(pinned=versions.of(graph))
     start = tr.with_record(
         first,
         record,

@@ -160,7 +160,7 @@ def dispatch(
     force: bool = False,
 ) -> list[str]:
     """Send each activation once (``force`` re-sends) with its run's ``priority``
-    (``RunMeta.priority``); return the ids sent."""
+    (``RunMeta.scheduling.priority``); return the ids sent."""
     if not acts:
         return []
     keys = [tr.activation_key_in(epoch, a.id) for a in acts]
@@ -256,7 +256,7 @@ def dispatch_ready(
         ckpt.run_id,
         ckpt.meta.epoch,
         acts,
-        priority=ckpt.meta.priority,
+        priority=ckpt.meta.scheduling.priority,
     )
 
 
@@ -272,7 +272,7 @@ def dispatch_pending(rt: Runtime, latest: Checkpoint) -> list[str]:
         latest.run_id,
         latest.meta.epoch,
         pending,
-        priority=latest.meta.priority,
+        priority=latest.meta.scheduling.priority,
     )
 
 
@@ -337,7 +337,7 @@ def commit_on_latest(
             return None
         state_copy.keep_copy(rt.flows, rt.store, ckpt)  # @persist's copy, beyond Redis
         # A commit that stopped the run told its waiters itself (announce).
-        if ckpt.status.finished and ckpt.meta.parent is not None:
+        if ckpt.status.finished and ckpt.meta.links.parent is not None:
             on_child_finished(rt, ckpt)
         return ckpt, built
     raise CommitConflict(f"run {run_id}: too many concurrent commits", run_id=run_id)
@@ -368,7 +368,7 @@ def commit_and_send(
     epoch, run_id, name = checkpoint.meta.epoch, checkpoint.run_id, str(checkpoint.meta.name)
     if ready and checkpoint.status is RunStatus.RUNNING:
         marks = [tr.activation_key_in(epoch, a.id) for a in ready]
-    priority = checkpoint.meta.priority
+    priority = checkpoint.meta.scheduling.priority
     messages = (
         outbox_commands(rt, name, run_id, epoch, ready, priority=priority)
         if marks and rt.sends_in_commit
@@ -493,8 +493,10 @@ def start_child(
     existing = rt.store.latest(child_id)
     if existing is None:
         first = first_checkpoint(child_cls, {**child.inputs, "id": child_id})
-        first.checkpoint.meta.parent = ParentLink(run_id=parent_run_id, activation=act.id)
-        first.checkpoint.meta.priority = parent.meta.priority  # its steps go as its parent's
+        first.checkpoint.meta = first.checkpoint.meta.updated(
+            parent=ParentLink(run_id=parent_run_id, activation=act.id),
+            priority=parent.meta.scheduling.priority,  # its steps go as its parent's
+        )
         with contextlib.suppress(CommitConflict):  # an earlier attempt created it
             rt.store.commit(first.checkpoint, expected_seq=0)
     elif existing.status is RunStatus.SUCCEEDED:
@@ -505,7 +507,12 @@ def start_child(
         if resumed is not None:
             ckpt, step = resumed
             dispatch(
-                rt, child.name, child_id, ckpt.meta.epoch, step.ready, priority=ckpt.meta.priority
+                rt,
+                child.name,
+                child_id,
+                ckpt.meta.epoch,
+                step.ready,
+                priority=ckpt.meta.scheduling.priority,
             )
         return {**reply, "resumed": True}
     created = rt.store.latest(child_id)
@@ -519,7 +526,7 @@ def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
     Idempotent and safe to call for any checkpoint: it does nothing unless ``child``
     ended a child run whose parent is running and still waits on exactly this child.
     """
-    link = child.meta.parent
+    link = child.meta.links.parent
     if link is None or not child.status.finished:
         return []
     parent = rt.store.latest(link.run_id)
@@ -563,7 +570,7 @@ def waiting_children(rt: Runtime, latest: Checkpoint) -> set[str]:
     the parent's method, which creates it.
     """
     found = set()
-    for act_id in latest.meta.children:
+    for act_id in latest.meta.links.children:
         child_id = lifecycle.waiting_on(latest, act_id)
         if child_id is None:
             continue

@@ -175,7 +175,10 @@ def _recover_run(rt: Runtime, run_id: str, broker: BrokerView) -> list[str]:
         raise Unreadable(f"run {run_id} is running but its latest checkpoint is missing")
     if latest.status is not RunStatus.RUNNING:
         return []
-    if latest.meta.not_before is not None and latest.meta.not_before > time.time():
+    if (
+        latest.meta.scheduling.not_before is not None
+        and latest.meta.scheduling.not_before > time.time()
+    ):
         return []  # a delayed start, not due: its timer brings it back then
     if not latest.meta.name or not latest.flow:
         raise Unreadable(f"checkpoint {latest.id} of run {run_id} names no flow")
@@ -187,7 +190,7 @@ def _recover_run(rt: Runtime, run_id: str, broker: BrokerView) -> list[str]:
     except (KeyError, TypeError, ValueError) as exc:
         raise Unreadable(f"checkpoint {latest.id} of run {run_id}: bad record ({exc!r})") from None
     stale = _stale(rt, latest, pending, broker)
-    if stale and latest.meta.children:
+    if stale and latest.meta.links.children:
         waiting = waiting_children(rt, latest)
         stale = [act for act in stale if act.id not in waiting]
     if not stale:
@@ -198,7 +201,7 @@ def _recover_run(rt: Runtime, run_id: str, broker: BrokerView) -> list[str]:
         run_id,
         latest.meta.epoch,
         stale,
-        priority=latest.meta.priority,
+        priority=latest.meta.scheduling.priority,
         force=True,
     )
 
@@ -242,7 +245,9 @@ def _stale(
 
 def due_start(latest: Checkpoint, now: float) -> bool:
     """``latest``'s run was held back until a time that has passed (a delayed start)."""
-    return latest.meta.not_before is not None and latest.meta.not_before <= now
+    return (
+        latest.meta.scheduling.not_before is not None and latest.meta.scheduling.not_before <= now
+    )
 
 
 DEADLINE_PASSED = "its deadline passed"
@@ -260,7 +265,7 @@ def enforce_deadlines(rt: Runtime, now: float) -> list[str]:
     for run_id in rt.store.due_timers(DEADLINES, now):
         try:
             latest = rt.coord.read(run_id)
-            deadline = None if latest is None else latest.meta.deadline
+            deadline = None if latest is None else latest.meta.scheduling.deadline
             if latest is not None and deadline is not None and deadline > now:
                 # Set by a submit that lost the run to another.
                 rt.store.set_timer(DEADLINES, run_id, deadline)
@@ -290,7 +295,7 @@ def answer_overdue(rt: Runtime, now: float) -> list[str]:
             latest = rt.coord.read(run_id)
         except CorruptCheckpoint:
             latest = None  # nothing to answer: recovery quarantines what it cannot read
-        awaited = None if latest is None else latest.meta.awaiting
+        awaited = None if latest is None else latest.meta.human.awaiting
         if latest is not None and awaited is not None and awaited.deadline is not None:
             if allowed_flow(rt, latest) is None:
                 continue

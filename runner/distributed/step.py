@@ -253,7 +253,7 @@ def _hand_over(
         task_id=request.id,
         queue=queue,
         kwargsrepr=kwargs_repr(lease.run_id, str(kwargs.get("activation", ""))),
-        priority=message_priority(rt, task.name, latest.meta.priority),
+        priority=message_priority(rt, task.name, latest.meta.scheduling.priority),
         ignore_result=not rt.settings.task_results,
     )
     handoff.let_go(rt.coord, lease.run_id, [lease.key])
@@ -295,7 +295,7 @@ def _runnable(
         return _skipped(run_id, activation, f"the run is {latest.status.value}")
     # A canceller that died between its parent's cancel and this child's leaves the child
     # running: its next step finishes the cancel instead of spending more on a dead tree.
-    if latest.meta.parent is not None and follow_parent(rt, run_id, latest) is not None:
+    if latest.meta.links.parent is not None and follow_parent(rt, run_id, latest) is not None:
         return _skipped(run_id, activation, "its parent run was cancelled")
     if latest.flow != flow_cls.flow_path():
         detail = f"{flow_cls.flow_name()} here is {flow_cls.flow_path()}"
@@ -314,7 +314,7 @@ def _run(
     """Run ``act``'s method once on a copy of ``latest``'s state."""
     flow, graph = flow_cls(), flow_cls.graph()
     set_usage_metrics(flow, usage.last_of(latest))  # self.usage_metrics: the run's part so far
-    restore_history(flow, latest.meta.feedback)  # self.last_human_feedback: the run's so far
+    restore_history(flow, latest.meta.human.feedback)  # self.last_human_feedback: the run's so far
     if latest.meta.trigger_payload is not None:
         bind_trigger_payload(flow, {TRIGGER_PAYLOAD: latest.meta.trigger_payload})
     run_id, name, listeners = latest.run_id, str(latest.meta.name), listeners_of(flow)
@@ -330,13 +330,15 @@ def _run(
         act,
         WORKER,
         attempt,
-        Answers(list(meta.answers.get(act.id) or ()), review=meta.reviews.get(act.id)),
+        Answers(list(meta.human.answers.get(act.id) or ()), review=meta.human.reviews.get(act.id)),
         # The sleeps earlier attempts reached: ``self.sleep`` passes those whose time has come.
-        Sleeps(list(meta.sleeps.get(act.id, []))),
-        patches=Patches(dict(meta.patches.get(act.id, {}))),
+        Sleeps(list(meta.replay.sleeps.get(act.id, []))),
+        patches=Patches(dict(meta.replay.patches.get(act.id, {}))),
         version=latest.version,
         # A child run (a crew inside a flow) streams into its parent's stream.
-        stream_to=streaming.target(rt.store, run_id, meta.parent.run_id if meta.parent else None),
+        stream_to=streaming.target(
+            rt.store, run_id, meta.links.parent.run_id if meta.links.parent else None
+        ),
         # The run's committed outputs (what a declared flow's ``${outputs.step}`` reads).
         outputs=dict(tr.record_of(latest).outputs),
     )
@@ -365,7 +367,7 @@ def _settle(
         # looked for it too early: the child then goes with its parent.
         follow_parent(rt, started["child"])
         return started
-    recorded = latest.meta.sleeps.get(act.id, [])
+    recorded = latest.meta.replay.sleeps.get(act.id, [])
     if isinstance(end, Slept) and end.sleep.index < len(recorded):
         # Sent before the wake-up of a sleep already recorded (a resume, a duplicate):
         # nothing to commit; the recovery pass sends the step again once it is due.
@@ -631,7 +633,7 @@ def hard_time_limit(
                     countdown=delay,
                     kwargsrepr=kwargs_repr(run_id, activation, attempt + 1),
                     # A fresh message, not Celery's retry: the step's priority given anew.
-                    priority=message_priority(rt, name, latest.meta.priority),
+                    priority=message_priority(rt, name, latest.meta.scheduling.priority),
                 ),
             )
             return "retried"

@@ -43,7 +43,7 @@ WORKER: Executor = "worker"
 @dataclass
 class Sleeps:
     """The durable sleeps of a step: the wake-up times recorded by its earlier attempts
-    (``RunMeta.sleeps`` of its activation), and how many sleep calls this attempt made."""
+    (``RunMeta.replay.sleeps`` of its activation), and how many sleep calls this attempt made."""
 
     recorded: list[float] = field(default_factory=list)
     calls: int = 0
@@ -51,7 +51,7 @@ class Sleeps:
 
 @dataclass
 class Answers:
-    """The answers people gave to the step running now (``RunMeta.answers`` of its
+    """The answers people gave to the step running now (``RunMeta.human.answers`` of its
     activation, in order), and how many of them this attempt consumed so far: its N-th
     ``ask`` takes the N-th answer; ``@human_feedback`` takes the one to its review."""
 
@@ -60,7 +60,7 @@ class Answers:
     calls: int = 0
     review: Any = None
     """The :class:`runner.store.models.Awaiting` of the review the step's output went to
-    before (``RunMeta.reviews``), if it paused for one."""
+    before (``RunMeta.human.reviews``), if it paused for one."""
     reviewed: Any = None
     """The ``HumanFeedbackResult`` this attempt's review came to (set by ``@human_feedback``)."""
 
@@ -68,7 +68,7 @@ class Answers:
 @dataclass
 class Patches:
     """The step's patch decisions (:mod:`runner.flow.patches`): those an earlier attempt of
-    it recorded (``RunMeta.patches`` of its activation) and those this attempt made."""
+    it recorded (``RunMeta.replay.patches`` of its activation) and those this attempt made."""
 
     recorded: dict[str, bool] = field(default_factory=dict)
     decided: dict[str, bool] = field(default_factory=dict)

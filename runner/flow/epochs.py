@@ -5,8 +5,10 @@ each open a new epoch (a fork: the first of a new run). Each :class:`RunMeta` fi
 either carries over (``KEEP``), goes back to its default (``RESET``: it belonged to the epoch
 that ended), or is given by the transition that opens the epoch (``SET``: its number, its
 ready steps, what it resumed or forked from, its usage). :data:`RULES` states it for every
-field, and :func:`carry` applies it; ``tests/test_epochs.py`` checks that every field of
-``RunMeta`` has its rule, so a new field must say how it carries.
+field, of the top level and of each group (:data:`~runner.store.models.META_GROUPS`; a group
+whose fields all carry alike states it once), and :func:`carry` applies it;
+``tests/test_epochs.py`` checks that every field has exactly one rule, so a new field (or a
+group's new field) must say how it carries.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from runner.store.models import RunMeta
+from runner.store.models import GROUP_OF, META_GROUPS, RunMeta
 
 
 class Opening(StrEnum):
@@ -41,66 +43,81 @@ class Carry(StrEnum):
 KEEP, RESET, SET = Carry.KEEP, Carry.RESET, Carry.SET
 
 RULES: dict[str, tuple[Carry, Carry, Carry, Carry]] = {
-    # field:            (restart, resume, answer, fork)
+    # field or group:   (restart, resume, answer, fork)
     "name": (KEEP, KEEP, KEEP, KEEP),
     "epoch": (SET, SET, SET, SET),
     "ready": (SET, SET, SET, SET),
-    "parent": (KEEP, KEEP, KEEP, KEEP),
-    "children": (KEEP, KEEP, KEEP, KEEP),
     "resumed_from": (KEEP, SET, SET, RESET),
     "forked_from": (KEEP, KEEP, KEEP, SET),
-    # A pause ends with the epoch it paused (a restart's first step may pause again).
-    "pause_reason": (KEEP, RESET, RESET, RESET),
     # The source run's merge conflicts are not the fork's.
     "conflicts": (KEEP, KEEP, KEEP, RESET),
     "trigger_payload": (KEEP, KEEP, KEEP, KEEP),
-    "submitted": (KEEP, KEEP, KEEP, KEEP),
-    "not_before": (KEEP, KEEP, KEEP, KEEP),
-    "deadline": (KEEP, KEEP, KEEP, KEEP),
-    "priority": (KEEP, KEEP, KEEP, KEEP),
     "cancel_reason": (KEEP, KEEP, KEEP, KEEP),
-    # A restart's activations begin again at #1: what earlier ones slept, were answered or
-    # reviewed is not theirs. A resume's re-run steps replay them.
-    "sleeps": (RESET, KEEP, KEEP, KEEP),
-    "awaiting": (RESET, RESET, RESET, RESET),
-    "answers": (RESET, KEEP, SET, KEEP),
-    "feedback": (RESET, KEEP, KEEP, KEEP),
-    "reviews": (RESET, KEEP, KEEP, KEEP),
-    # The version a run started on pins it (RUNNER_VERSION_POLICY=pinned); a restart starts
-    # it again on the code restarting it. A fork keeps it; moving a run to new code on
-    # purpose (fork --map) sets it (runner.flow.versions).
-    "pinned": (SET, KEEP, KEEP, KEEP),
-    # Patch decisions are the activation's, as its sleeps (runner.flow.patches).
-    "patches": (RESET, KEEP, KEEP, KEEP),
     "usage": (SET, SET, SET, SET),
     # Set on every epoch's opening checkpoint by ``transition.with_record``, from ``ready``.
     "opener": (KEEP, KEEP, KEEP, KEEP),
     "opened_at": (KEEP, KEEP, KEEP, KEEP),
+    # What submit asked (its digest, delayed start, deadline, priority) holds for the run.
+    "scheduling": (KEEP, KEEP, KEEP, KEEP),
+    # A child stays its parent's, and a parent keeps its children, whatever reopens either.
+    "links": (KEEP, KEEP, KEEP, KEEP),
+    # A pause ends with the epoch it paused (a restart's first step may pause again).
+    "human.pause_reason": (KEEP, RESET, RESET, RESET),
+    # A restart's activations begin again at #1: what earlier ones were answered or
+    # reviewed is not theirs. A resume's re-run steps replay them.
+    "human.awaiting": (RESET, RESET, RESET, RESET),
+    "human.answers": (RESET, KEEP, SET, KEEP),
+    "human.feedback": (RESET, KEEP, KEEP, KEEP),
+    "human.reviews": (RESET, KEEP, KEEP, KEEP),
+    # An activation's sleeps and patch decisions (runner.flow.patches) are its own: a
+    # restart's activations begin again at #1; a resume's re-run steps replay them.
+    "replay": (RESET, KEEP, KEEP, KEEP),
+    # The version a run started on pins it (RUNNER_VERSION_POLICY=pinned); a restart starts
+    # it again on the code restarting it. A fork keeps it; moving a run to new code on
+    # purpose (fork --map) sets it (runner.flow.versions).
+    "versions.pinned": (SET, KEEP, KEEP, KEEP),
     # The state's own history: whoever continues it, the upgrades it went through stay told
     # (the opening that upgrades it adds its entry; runner.flow.versions).
-    "upgrades": (KEEP, KEEP, KEEP, KEEP),
+    "versions.upgrades": (KEEP, KEEP, KEEP, KEEP),
 }
-"""Field -> its rule for each :class:`Opening`, in the order the enum lists them."""
+"""Each :class:`RunMeta` top-level field, each group whose fields all carry alike
+(``"links"``), and each field of the other groups (``"human.awaiting"``) -> its rule for
+each :class:`Opening`, in the order the enum lists them. Every field has exactly one."""
+
+
+def paths() -> list[str]:
+    """Every field of :class:`RunMeta` as :func:`rule` names it: ``"name"`` at the top
+    level, ``"group.field"`` in a group."""
+    top = [f for f in RunMeta.model_fields if f not in META_GROUPS]
+    return [*top, *(f"{GROUP_OF[f]}.{f}" for f in GROUP_OF)]
 
 
 def rule(field: str, opening: Opening) -> Carry:
-    """How ``field`` carries into an epoch ``opening`` opens."""
-    return RULES[field][list(Opening).index(opening)]
+    """How ``field`` (a top-level field, ``"group.field"`` or a grouped field's plain name)
+    carries into an epoch ``opening`` opens: its own rule, else its group's."""
+    group = GROUP_OF.get(field)
+    if group is not None:
+        field = f"{group}.{field}"
+    rules = RULES.get(field) or RULES[field.partition(".")[0]]
+    return rules[list(Opening).index(opening)]
 
 
 def carry(meta: RunMeta, opening: Opening, **values: Any) -> RunMeta:
     """``meta`` as the first checkpoint of an epoch ``opening`` opens has it: ``values`` for
-    the fields the opening sets (each of them given, no other), the defaults for those it
-    resets, the rest kept. A ``TypeError`` names a field missing or given wrongly."""
+    the fields the opening sets (each of them given by its plain name, no other), the
+    defaults for those it resets, the rest kept. A ``TypeError`` names a field missing or
+    given wrongly."""
     update: dict[str, Any] = {}
-    for field in RULES:
-        found = rule(field, opening)
+    for path in paths():
+        group, _, field = path.rpartition(".")
+        found = rule(path, opening)
         if found is SET:
             if field not in values:
                 raise TypeError(f"a {opening} sets {field}: give it")
             update[field] = values.pop(field)
         elif found is RESET:
-            update[field] = RunMeta.model_fields[field].get_default(call_default_factory=True)
+            model = META_GROUPS[group] if group else RunMeta
+            update[field] = model.model_fields[field].get_default(call_default_factory=True)
     if values:
         raise TypeError(f"a {opening} does not set {', '.join(sorted(values))}")
-    return meta.model_copy(update=update)
+    return meta.updated(**update)

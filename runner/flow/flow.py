@@ -491,7 +491,7 @@ class Flow(ConversationalFlow, Generic[StateT]):
 
     def _answer_review(self, feedback: str) -> Any:
         paused = self._feedback_checkpoint
-        if paused is None or paused.meta.awaiting is None:
+        if paused is None or paused.meta.human.awaiting is None:
             raise reviewing.NoPendingFeedback(
                 "No pending feedback context: this flow waits for no review "
                 "(use Flow.from_pending(flow_id, persistence))"
@@ -504,7 +504,7 @@ class Flow(ConversationalFlow, Generic[StateT]):
         self._method_outputs = []
         self._usage = UsageMetrics()
         self._transient = not self._sink().persists
-        given = reviewing.Answer(text=feedback, awaited=paused.meta.awaiting)
+        given = reviewing.Answer(text=feedback, awaited=paused.meta.human.awaiting)
         assert EXECUTORS.answer_in_process is not None, "runner/__init__.py plugs it in"
         try:
             return EXECUTORS.answer_in_process(self, paused, given)

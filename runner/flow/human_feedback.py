@@ -14,11 +14,11 @@ empty needs no ``llm`` call, so a name needs registering only where text is coll
 
 **Durable waiting.** A provider raising :class:`HumanFeedbackPending`, or on workers a
 review nobody answers at once (no provider), pauses the run: the method's state changes and
-its output under review are committed with the pause (``meta.awaiting``), and no process
+its output under review are committed with the pause (``meta.human.awaiting``), and no process
 waits. The answer comes back through ``Flow.from_pending(...).resume(feedback)`` in process,
 or ``runner resume RUN --feedback``, ``RunHandle.resume(feedback=)``, the console or the API
 (:func:`runner.distributed.control.answer`); the step is then sent again and finds the
-answer recorded for it (``meta.answers``): the method does **not** run again, its output
+answer recorded for it (``meta.human.answers``): the method does **not** run again, its output
 under review is taken from the pause.
 """
 
@@ -360,7 +360,7 @@ def finalize(
     flow.human_feedback_history.append(result)
     flow.last_human_feedback = result
     ctx = step_context()
-    if ctx is not None:  # kept with the step's commit (meta.feedback)
+    if ctx is not None:  # kept with the step's commit (meta.human.feedback)
         ctx.answers.reviewed = result
     _tell(flow, ev.FEEDBACK_RECEIVED, method, {"feedback": feedback, "outcome": outcome})
     return result
@@ -504,6 +504,6 @@ def check_still_pending(store: CheckpointStore | None, paused: Checkpoint) -> No
 
 def restore_history(flow: Any, kept: list[dict[str, Any]]) -> None:
     """Give a flow object made for one step on a worker the run's reviews so far
-    (``meta.feedback``) as its ``human_feedback_history`` and ``last_human_feedback``."""
+    (``meta.human.feedback``) as its ``human_feedback_history`` and ``last_human_feedback``."""
     flow.human_feedback_history = [HumanFeedbackResult.from_json(r) for r in kept]
     flow.last_human_feedback = flow.human_feedback_history[-1] if kept else None

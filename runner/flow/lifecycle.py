@@ -300,7 +300,7 @@ def announce(
     run_id, flow = ckpt.run_id, str(ckpt.meta.name)
     error = None if settled.error is None else described(settled.error)
     if settled.outcome is Outcome.PAUSED:
-        data: dict[str, Any] = {"reason": ckpt.meta.pause_reason}
+        data: dict[str, Any] = {"reason": ckpt.meta.human.pause_reason}
         took = None
         if settled.pauses_run:  # the part of the run this pause ends, as for the run's end
             opened = ckpt.meta.opened_at
@@ -367,7 +367,7 @@ def child_linked(
     if there is nothing to write (already linked, not running, or a stale ``epoch``)."""
     if latest.status is not RunStatus.RUNNING or not in_flight(latest, epoch, activation_id):
         return None
-    if latest.meta.children.get(activation_id) == link:
+    if latest.meta.links.children.get(activation_id) == link:
         return None
     act = orch.pending_activation(tr.record_of(latest), activation_id)
     assert act is not None
@@ -376,8 +376,8 @@ def child_linked(
         tr.record_of(latest),
         event=CHILD_STARTED,
         step=act.method,
-        meta=latest.meta.model_copy(
-            update={"ready": [], "children": {**latest.meta.children, activation_id: link}}
+        meta=latest.meta.updated(
+            ready=[], children={**latest.meta.links.children, activation_id: link}
         ),
     )
     return tr.Transition(ckpt)
@@ -390,7 +390,7 @@ def waiting_on(latest: Checkpoint | None, activation_id: str) -> str | None:
     """
     if latest is None or latest.status is not RunStatus.RUNNING:
         return None
-    link = latest.meta.children.get(activation_id)
+    link = latest.meta.links.children.get(activation_id)
     child_id = child_run_id(latest.run_id, activation_id)
     if link is None or not link.waiting or link.run_id != child_id:
         return None
@@ -414,7 +414,7 @@ def child_finished(
         return None
     act = orch.pending_activation(tr.record_of(latest), activation_id)
     assert act is not None
-    link = latest.meta.children[activation_id]
+    link = latest.meta.links.children[activation_id]
     step = tr.step_done(
         graph,
         latest,
@@ -427,7 +427,8 @@ def child_finished(
         attempt=f"child:{child_id}",
     )
     done = link.model_copy(update={"waiting": False, "before": {}, "after": {}})
-    step.checkpoint.meta.children = {**latest.meta.children, activation_id: done}
+    children = {**latest.meta.links.children, activation_id: done}
+    step.checkpoint.meta = step.checkpoint.meta.updated(children=children)
     step.closing = tr.closing_of(latest, step.checkpoint)  # with the link as it is now
     usage.charge(step.checkpoint, step.closing, usage.joined(link.usage, spent), act.method)
     return Settled(Outcome.DONE, step)
@@ -450,7 +451,7 @@ def child_failed(
     if child_id is not None and waiting_on(latest, activation_id) != child_id:
         return None
     failed = _failed(latest, act, error, 1, None)
-    link = latest.meta.children.get(activation_id)
+    link = latest.meta.links.children.get(activation_id)
     before = link.usage if link is not None and link.run_id == child_id else None
     step = failed.transition
     usage.charge(step.checkpoint, step.closing, usage.joined(before, spent), None)

@@ -266,8 +266,11 @@ class LocalRun:
                 act,
                 PROCESS,
                 attempt,
-                Answers(list(meta.answers.get(act.id) or ()), review=meta.reviews.get(act.id)),
-                patches=Patches(dict(meta.patches.get(act.id, {}))),
+                Answers(
+                    list(meta.human.answers.get(act.id) or ()),
+                    review=meta.human.reviews.get(act.id),
+                ),
+                patches=Patches(dict(meta.replay.patches.get(act.id, {}))),
                 version=base.version,
                 stream_to=self.stream_to,
                 outputs=outputs,

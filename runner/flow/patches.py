@@ -8,7 +8,7 @@ change, as Temporal's ``workflow.patched()`` and DBOS's ``DBOS.patch()`` do:
   it now replays, or the sleep whose wake-up it reached) finds no decision recorded there:
   the code that passed it had no patch, so ``patched`` is ``False``;
 * past that point, and in a step reached first on code that has the patch, it is ``True``;
-* a decision, once made, is recorded in the run (``RunMeta.patches``, per activation, with
+* a decision, once made, is recorded in the run (``RunMeta.replay.patches``, per activation, with
   the checkpoint the step commits when it pauses or sleeps), so every later re-run, on
   whichever code, a resume and a replay decide the same.
 
@@ -60,8 +60,8 @@ def recorded_in(meta: RunMeta, activation_id: str, decided: dict[str, bool]) -> 
     """``meta`` with ``decided`` added to ``activation_id``'s recorded patch decisions."""
     if not decided:
         return meta
-    mine = {**meta.patches.get(activation_id, {}), **decided}
-    return meta.model_copy(update={"patches": {**meta.patches, activation_id: mine}})
+    mine = {**meta.replay.patches.get(activation_id, {}), **decided}
+    return meta.updated(patches={**meta.replay.patches, activation_id: mine})
 
 
 def _check(change_id: str) -> None:

@@ -100,7 +100,7 @@ class ResumePlan:
     """The code version resuming it (recorded on the resume's checkpoint)."""
     upgrade: str | None = None
     """The state upgrade (``@state_upgrade``) loading ``source``'s state ran, if any
-    (recorded in ``RunMeta.upgrades``)."""
+    (recorded in ``RunMeta.versions.upgrades``)."""
     done: bool = False
     """Nothing is left to run at ``source`` and the caller asked for the run's result then
     (``kickoff(from_checkpoint=...)``, as CrewAI's): :attr:`result` is what it returns."""
@@ -120,10 +120,10 @@ class ResumePlan:
 
 
 def upgrade_recorded(opened: tr.Transition, upgrade: str | None) -> tr.Transition:
-    """``opened`` with ``upgrade`` (if any) added to its run's ``RunMeta.upgrades``."""
+    """``opened`` with ``upgrade`` (if any) added to its run's ``RunMeta.versions.upgrades``."""
     if upgrade is not None:
         meta = opened.checkpoint.meta
-        opened.checkpoint.meta = meta.model_copy(update={"upgrades": [*meta.upgrades, upgrade]})
+        opened.checkpoint.meta = meta.updated(upgrades=[*meta.versions.upgrades, upgrade])
     return opened
 
 
@@ -174,7 +174,7 @@ def plan_resume(
     ):
         # Even from an older checkpoint: steps still running would commit into the rewound run.
         raise RunStateError(f"run {run_id} is running; cancel it first", run_id=run_id)
-    awaiting = (latest or source).meta.awaiting if at_latest else None
+    awaiting = (latest or source).meta.human.awaiting if at_latest else None
     if awaiting is not None:
         raise RunStateError(
             f"run {run_id} awaits an answer at {awaiting.method}: "
@@ -249,7 +249,7 @@ def plan_answer(
     answerer read another question), an ``outcome`` that is not one of its labels, a state
     ``flow_cls`` (the code answering, if given) cannot load (:mod:`runner.flow.versions`)."""
     run_id = latest.run_id
-    awaited = latest.meta.awaiting
+    awaited = latest.meta.human.awaiting
     if awaited is None or latest.status is not RunStatus.PAUSED:
         raise RunStateError(
             f"run {run_id} awaits no answer (it is {latest.status.value})", run_id=run_id
@@ -347,8 +347,8 @@ def plan_turn(flow: Any, latest: Checkpoint, message: Any) -> TurnPlan:
             f"run {run_id} is still running its turn; wait for its reply before the next",
             run_id=run_id,
         )
-    if latest.meta.awaiting is not None:
-        awaiting = latest.meta.awaiting
+    if latest.meta.human.awaiting is not None:
+        awaiting = latest.meta.human.awaiting
         raise RunStateError(
             f"run {run_id} awaits an answer at {awaiting.method}: {awaiting.message!r}; "
             f"give it (runner resume {run_id} --feedback TEXT)",

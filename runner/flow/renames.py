@@ -9,6 +9,7 @@ from typing import Any
 
 from runner.errors import InvalidInputs
 from runner.flow.graph import FlowGraph
+from runner.flow.transition import ACTIVATION_NOTES
 from runner.store.models import ExecutionRecord, RunMeta
 
 
@@ -72,8 +73,8 @@ def renamed_meta(meta: RunMeta, renames: Mapping[str, str]) -> RunMeta:
     if not renames:
         return meta
     update: dict[str, Any] = {}
-    for field in ("sleeps", "answers", "reviews", "patches"):
-        notes = getattr(meta, field)
+    for field in ACTIVATION_NOTES:
+        notes = meta.field(field)
         update[field] = {_act(a, renames): v for a, v in notes.items()}
     update["ready"] = [_act(a, renames) for a in meta.ready]
-    return meta.model_copy(update=update)
+    return meta.updated(**update)

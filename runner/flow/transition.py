@@ -32,6 +32,7 @@ from runner.store.models import (
     RunMeta,
     RunStatus,
     StepError,
+    Versions,
 )
 from runner.store.pending import FEEDBACK
 
@@ -83,9 +84,7 @@ def with_record(ckpt: Checkpoint, record: ExecutionRecord, **update: Any) -> Che
     meta = fields.setdefault("meta", ckpt.meta.model_copy())
     if fields.get("event", ckpt.event) in OPENING:  # the epoch's first ready step tells its start
         opener = meta.ready[0] if meta.ready else None
-        fields["meta"] = meta.model_copy(
-            update={"opener": opener, "opened_at": fields["created_at"]}
-        )
+        fields["meta"] = meta.updated(opener=opener, opened_at=fields["created_at"])
     return ckpt.model_copy(update=fields)
 
 
@@ -101,7 +100,9 @@ def start(
         flow=flow,
         fingerprint=graph.fingerprint,
         version=versions.of(graph),
-        meta=RunMeta(name=name, ready=[a.id for a in ready], pinned=versions.of(graph)),
+        meta=RunMeta(
+            name=name, ready=[a.id for a in ready], versions=Versions(pinned=versions.of(graph))
+        ),
         **extra,
     )
     return Transition(with_record(base, record, status=RunStatus.RUNNING), ready, record=record)
@@ -148,7 +149,7 @@ def step_done(
     """Apply a finished step's state changes and output onto ``latest``.
 
     ``record`` is ``latest``'s record if the caller has it; ``review`` the JSON of the
-    ``HumanFeedbackResult`` a reviewed step came to (kept in ``meta.feedback``). A run that
+    ``HumanFeedbackResult`` a reviewed step came to (kept in ``meta.human.feedback``). A run that
     already failed keeps its status and error: a parallel step finishing later does not
     hide the failure.
     """
@@ -160,8 +161,8 @@ def step_done(
     update: dict[str, Any] = {"ready": [a.id for a in ready], "conflicts": conflicts}
     update.update(notes_without(latest.meta, activation.id))
     if review is not None:
-        update["feedback"] = [*latest.meta.feedback, review]
-    meta = latest.meta.model_copy(update=update)
+        update["feedback"] = [*latest.meta.human.feedback, review]
+    meta = latest.meta.updated(**update)
     ckpt = with_record(
         latest,
         record,
@@ -189,7 +190,7 @@ def notes_without(meta: RunMeta, activation_id: str) -> dict[str, Any]:
     return {
         name: {key: note for key, note in notes.items() if key != activation_id}
         for name in ACTIVATION_NOTES
-        if activation_id in (notes := getattr(meta, name))
+        if activation_id in (notes := meta.field(name))
     }
 
 
@@ -231,7 +232,7 @@ def closing_of(latest: Checkpoint, ckpt: Checkpoint) -> Checkpoint | None:
         event, step = FLOW_FAILED, ckpt.step
     else:
         return None
-    meta = ckpt.meta.model_copy(update={"ready": []})
+    meta = ckpt.meta.updated(ready=[])
     return with_record(ckpt, record_of(ckpt), event=event, step=step, error=ckpt.error, meta=meta)
 
 
@@ -252,14 +253,14 @@ def step_sleeping(
     sleep is recorded already (another attempt got there first). Committed under an
     idempotency key of its own (:func:`sleep_key`), so the attempt after the wake-up can
     commit the step."""
-    recorded = latest.meta.sleeps.get(activation.id, [])
+    recorded = latest.meta.replay.sleeps.get(activation.id, [])
     if len(recorded) != index:
         return None
     merged, conflicts = apply_changes(
         latest.state, base_state, diff(base_state, new_state), reducers
     )
     record = record_of(latest) if record is None else record
-    sleeps = {**latest.meta.sleeps, activation.id: [*recorded, wake_at]}
+    sleeps = {**latest.meta.replay.sleeps, activation.id: [*recorded, wake_at]}
     ckpt = with_record(
         latest,
         record,
@@ -268,7 +269,7 @@ def step_sleeping(
         activation=sleep_key(activation_key(latest, activation.id), index),
         attempt=attempt,
         state=merged,
-        meta=latest.meta.model_copy(update={"ready": [], "conflicts": conflicts, "sleeps": sleeps}),
+        meta=latest.meta.updated(ready=[], conflicts=conflicts, sleeps=sleeps),
     )
     return Transition(ckpt, [], conflicts, record)
 
@@ -308,7 +309,7 @@ def step_awaiting(
     record: ExecutionRecord | None = None,
 ) -> Transition:
     """The step waits for a person's answer: its state so far applied onto ``latest``,
-    what it awaits recorded (``meta.awaiting``), the run paused, the step in flight until
+    what it awaits recorded (``meta.human.awaiting``), the run paused, the step in flight until
     :func:`answered` sends it again."""
     merged, conflicts = apply_changes(
         latest.state, base_state, diff(base_state, new_state), reducers
@@ -316,17 +317,15 @@ def step_awaiting(
     record = record_of(latest) if record is None else record
     where = {"activation": activation.id, "method": activation.method}
     awaiting = awaiting.model_copy(update=where)
-    reviews = latest.meta.reviews
+    reviews = latest.meta.human.reviews
     if awaiting.kind == FEEDBACK:  # the output under review outlives this pause
         reviews = {**reviews, activation.id: awaiting}
-    meta = latest.meta.model_copy(
-        update={
-            "ready": [],
-            "conflicts": conflicts,
-            "awaiting": awaiting,
-            "pause_reason": awaiting.message,
-            "reviews": reviews,
-        }
+    meta = latest.meta.updated(
+        ready=[],
+        conflicts=conflicts,
+        awaiting=awaiting,
+        pause_reason=awaiting.message,
+        reviews=reviews,
     )
     ckpt = with_record(
         latest,
@@ -345,7 +344,7 @@ def answered(latest: Checkpoint, answer: Answer) -> Transition:
     """``latest`` (paused, awaiting ``answer.awaited``) goes on in a new epoch with the
     answer recorded for the activation that waited, which is sent again with the rest."""
     act = answer.awaited.activation
-    answers = {**latest.meta.answers, act: [*latest.meta.answers.get(act, []), answer]}
+    answers = {**latest.meta.human.answers, act: [*latest.meta.human.answers.get(act, []), answer]}
     return resumed(latest, latest, latest.state, epochs.Opening.ANSWER, answers=answers)
 
 
@@ -368,7 +367,7 @@ def _step_stopped(
         step=activation.method,
         status=status,
         error=error,
-        meta=latest.meta.model_copy(update={"ready": [], "pause_reason": pause_reason}),
+        meta=latest.meta.updated(ready=[], pause_reason=pause_reason),
     )
     return Transition(ckpt, record=record)
 
@@ -426,5 +425,5 @@ def status_change(
         event=event,
         step=None,
         status=status,
-        meta=latest.meta.model_copy(update={**meta, "ready": []}),
+        meta=latest.meta.updated(**{**meta, "ready": []}),
     )

@@ -249,7 +249,7 @@ def charge(
     )
     for target in (ckpt, closing):
         if target is not None:
-            target.meta = target.meta.model_copy(update={"usage": summed})
+            target.meta = target.meta.updated(usage=summed)
 
 
 def resumed(

@@ -66,7 +66,7 @@ def state_upgrade(*from_versions: str) -> Callable[[Hook], Any]:
 
     It runs once per run: when code of another version first loads a state one of those
     versions wrote (a resume, an answer, a step of a run in flight), and the run records it
-    (``RunMeta.upgrades``); what it returns is the state from then on. Without a hook, a
+    (``RunMeta.versions.upgrades``); what it returns is the state from then on. Without a hook, a
     stored state is read through the model as it is now: a new field takes its default, a
     dropped one is ignored, anything else is refused naming the field and the run.
     """
@@ -181,14 +181,14 @@ def hand_to(
     it runs here (code of version ``mine``). ``carried``: the version the step's message
     names (a hand-back's), which a worker of that version never hands on.
 
-    ``pinned``: the run's steps run on the version that started it (``RunMeta.pinned``).
+    ``pinned``: the run's steps run on the version that started it (``RunMeta.versions.pinned``).
     ``compatible``: here, unless this code cannot continue the run (:func:`cannot_continue`)
     and the version that wrote its latest checkpoint is another, which can.
     """
     if carried is not None and carried == mine:
         return None
     if policy == "pinned":
-        wanted = ckpt.meta.pinned
+        wanted = ckpt.meta.versions.pinned
         return wanted if wanted and wanted != mine else None
     wrote = ckpt.version
     if wrote is None or wrote == mine or not cannot_continue(flow_cls, ckpt):
@@ -199,7 +199,7 @@ def hand_to(
 def waiting_for(ckpt: Checkpoint, policy: str) -> list[str]:
     """The versions a step of the run at ``ckpt`` may have been handed to, most likely
     first (the pinned one, else the one that wrote ``ckpt``)."""
-    found = [ckpt.meta.pinned] if policy == "pinned" else []
+    found = [ckpt.meta.versions.pinned] if policy == "pinned" else []
     found.append(ckpt.version)
     return list(dict.fromkeys(v for v in found if v))
 
@@ -229,7 +229,7 @@ def deploy_problems(flow_cls: Any, ckpt: Checkpoint) -> list[str]:
                     f"{method}: its pending step was triggered by {trigger!r}, which it "
                     "no longer listens to (its condition changed)"
                 )
-        for change, decided in ckpt.meta.patches.get(act, {}).items():
+        for change, decided in ckpt.meta.replay.patches.get(act, {}).items():
             now = patch_calls(flow_cls, method).get(change)
             if decided is False and now != "patched":
                 what = "deprecates it" if now == "deprecated" else "no longer has it"
@@ -237,7 +237,7 @@ def deploy_problems(flow_cls: Any, ckpt: Checkpoint) -> list[str]:
                     f"{method}: its waiting step took the old branch of patch {change!r}; "
                     f"the new code {what} (keep `if self.patched({change!r})` until it ends)"
                 )
-    waiting = ckpt.meta.awaiting
+    waiting = ckpt.meta.human.awaiting
     spec = graph.methods.get(waiting.method) if waiting is not None else None
     if waiting is not None and waiting.emit and spec is not None and spec.labels is not None:
         gone = [label for label in waiting.emit if label not in spec.labels]

@@ -44,17 +44,21 @@ PAYLOAD: dict[str, Any] = {
     "record": {"outputs": True},
     "meta": {
         "trigger_payload": True,
-        "submitted": True,
-        "pause_reason": True,
         "usage": True,
-        "feedback": True,
-        "awaiting": _AWAITING,
-        "reviews": {"__all__": _AWAITING},
-        "answers": {"__all__": {"__all__": {"text": True, "by": True, "awaited": _AWAITING}}},
-        "children": {"__all__": {"before": True, "after": True, "usage": True}},
+        "scheduling": {"submitted": True},
+        "human": {
+            "pause_reason": True,
+            "feedback": True,
+            "awaiting": _AWAITING,
+            "reviews": {"__all__": _AWAITING},
+            "answers": {"__all__": {"__all__": {"text": True, "by": True, "awaited": _AWAITING}}},
+        },
+        "links": {"children": {"__all__": {"before": True, "after": True, "usage": True}}},
     },
 }
-"""The parts of a checkpoint that are sealed (pydantic's include/exclude shape)."""
+"""The parts of a checkpoint that are sealed (pydantic's include/exclude shape). A record
+sealed before the metadata was grouped (these fields at its top level) opens as it was
+written: the clear and sealed parts are merged, then read as any flat metadata."""
 PAYLOAD_BY_FIELD = {k: v for k, v in PAYLOAD.items() if k != "state"}
 """... of a checkpoint whose state is stored by field (each value sealed on its own)."""
 CLEAR_EXCLUDE: dict[str, Any] = {**PAYLOAD, "seq": True}

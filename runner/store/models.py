@@ -285,32 +285,12 @@ class Answer(BaseModel):
     """What this answers."""
 
 
-class RunMeta(BaseModel):
-    """What the engine keeps about a run beside its state and record, in every checkpoint."""
+class Scheduling(BaseModel):
+    """What ``submit`` asked of the run's steps: when they may go, by when the run must end,
+    how urgently they are sent, and the submission they came from."""
 
     model_config = ConfigDict(extra="ignore", defer_build=True)
 
-    name: str | None = None
-    """The flow's display name: the prefix of its Celery task names, the workers' registry key."""
-    epoch: int = 0
-    """Bumped by every resume and restart: an attempt from an earlier epoch commits nothing."""
-    ready: list[str] = Field(default_factory=list)
-    """Activations this checkpoint made ready (to dispatch after the commit)."""
-    parent: ParentLink | None = None
-    """Set on a child run."""
-    children: dict[str, ChildLink] = Field(default_factory=dict)
-    """Activation id -> the child run it started."""
-    resumed_from: str | None = None
-    """The checkpoint a resume continued from."""
-    forked_from: str | None = None
-    """The checkpoint a fork started from."""
-    pause_reason: str | None = None
-    """Why the run waits for a human."""
-    conflicts: list[str] = Field(default_factory=list)
-    """State fields this commit overwrote that a parallel step had also written."""
-    trigger_payload: Any = None
-    """CrewAI's ``crewai_trigger_payload`` input of a run on workers (not state): handed to
-    every attempt of a method declaring that parameter."""
     submitted: str | None = None
     """The hash of the flow and inputs the run was submitted with: a second submit of its id
     with the same hands back this run (``submit(id=...)``)."""
@@ -323,16 +303,20 @@ class RunMeta(BaseModel):
     """The run's priority (``submit(priority=...)``, 0 lowest to 9 highest), kept by every
     checkpoint so its steps keep it through recovery, retries and resumes; ``None``: each
     step takes its method's ``priority=`` or the default."""
-    cancel_reason: str | None = None
-    """Why the run was cancelled: its deadline passed, its parent was cancelled, or who
-    cancelled it from the console; ``None``: by hand otherwise (``runner cancel``)."""
-    sleeps: dict[str, list[float]] = Field(default_factory=dict)
-    """Activation id -> the wake-up times of the durable sleeps (``self.sleep``) its method
-    reached, in order; a step re-run after its wake-up passes the sleeps already recorded."""
+
+
+class Human(BaseModel):
+    """What the run asked of people and what they said: its pause, the question or review
+    it waits on, the answers and reviews given."""
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    pause_reason: str | None = None
+    """Why the run waits for a human."""
     awaiting: Awaiting | None = None
     """Set while the run is paused for a person's answer (``control.answer`` gives it)."""
     answers: dict[str, list[Answer]] = Field(default_factory=dict)
-    """Activation id -> the answers given to it, in order (as ``sleeps`` are kept)."""
+    """Activation id -> the answers given to it, in order (as ``replay.sleeps`` are kept)."""
     feedback: list[dict[str, Any]] = Field(default_factory=list)
     """The reviews (``@human_feedback``) the run's committed steps came to, in commit order,
     each a ``HumanFeedbackResult`` as JSON: a step on workers sees them as the flow's
@@ -341,8 +325,95 @@ class RunMeta(BaseModel):
     """Activation id -> the review (``@human_feedback``) its method's output went to, from
     its first pause on: sent again before it is answered (another step's pause took the
     run's ``awaiting``), the step asks again without running its method."""
-    usage: RunUsage | None = None
-    """Tokens the run spent (``None`` until a step records some)."""
+
+
+class Links(BaseModel):
+    """The run's place among runs: the parent activation waiting on it, the children its
+    activations started."""
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    parent: ParentLink | None = None
+    """Set on a child run."""
+    children: dict[str, ChildLink] = Field(default_factory=dict)
+    """Activation id -> the child run it started."""
+
+
+class Replay(BaseModel):
+    """What an activation's method reached before it stopped (a sleep, a pause), so that its
+    later attempts, on whichever code, replay it alike; kept until the activation commits."""
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    sleeps: dict[str, list[float]] = Field(default_factory=dict)
+    """Activation id -> the wake-up times of the durable sleeps (``self.sleep``) its method
+    reached, in order; a step re-run after its wake-up passes the sleeps already recorded."""
+    patches: dict[str, dict[str, bool]] = Field(default_factory=dict)
+    """Activation id -> the patch decisions (``self.patched("change-id")``) its method made,
+    recorded when it paused or slept: its later attempts, on whichever code, decide alike
+    (kept, as ``sleeps``, until the activation commits)."""
+
+
+class Versions(BaseModel):
+    """The code versions the run and its state belong to (:mod:`runner.flow.versions`)."""
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    pinned: str | None = None
+    """The code version that started the run (its latest start or restart, or its fork):
+    with ``RUNNER_VERSION_POLICY=pinned`` its steps run only on workers of that version."""
+    upgrades: list[str] = Field(default_factory=list)
+    """The state upgrades (``@state_upgrade``) the run's state went through, in order, each
+    ``"<from version> -> <to version>"``: each ran once, when code of the second version
+    first loaded a state the first wrote (:mod:`runner.flow.versions`)."""
+
+
+META_GROUPS: dict[str, type[BaseModel]] = {
+    "scheduling": Scheduling,
+    "human": Human,
+    "links": Links,
+    "replay": Replay,
+    "versions": Versions,
+}
+""":class:`RunMeta`'s groups: its field name -> the model of the group. How each group (or
+each of its fields) carries into a new epoch is :data:`runner.flow.epochs.RULES`'s."""
+
+GROUP_OF: dict[str, str] = {
+    field: group for group, model in META_GROUPS.items() for field in model.model_fields
+}
+"""A grouped field's plain name (``priority``) -> its group (``scheduling``); a field's
+name is unique across the groups and the top level."""
+
+
+class RunMeta(BaseModel):
+    """What the engine keeps about a run beside its state and record, in every checkpoint:
+    a few fields of its own and the groups of :data:`META_GROUPS`.
+
+    Changed only by :meth:`updated` (a new model: checkpoints are replaced, never changed in
+    place). Metadata stored before it was grouped (every field at the top level) is read
+    into the groups.
+    """
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    name: str | None = None
+    """The flow's display name: the prefix of its Celery task names, the workers' registry key."""
+    epoch: int = 0
+    """Bumped by every resume and restart: an attempt from an earlier epoch commits nothing."""
+    ready: list[str] = Field(default_factory=list)
+    """Activations this checkpoint made ready (to dispatch after the commit)."""
+    resumed_from: str | None = None
+    """The checkpoint a resume continued from."""
+    forked_from: str | None = None
+    """The checkpoint a fork started from."""
+    conflicts: list[str] = Field(default_factory=list)
+    """State fields this commit overwrote that a parallel step had also written."""
+    trigger_payload: Any = None
+    """CrewAI's ``crewai_trigger_payload`` input of a run on workers (not state): handed to
+    every attempt of a method declaring that parameter."""
+    cancel_reason: str | None = None
+    """Why the run was cancelled: its deadline passed, its parent was cancelled, or who
+    cancelled it from the console; ``None``: by hand otherwise (``runner cancel``)."""
     opener: str | None = None
     """The activation whose first attempt tells listeners the run started (``flow_started``,
     on workers): the first one made ready by the checkpoint that started, restarted,
@@ -350,17 +421,58 @@ class RunMeta(BaseModel):
     opened_at: float | None = None
     """When that checkpoint was made (what ``flow_finished`` and ``flow_failed`` measure
     the run's duration from)."""
-    pinned: str | None = None
-    """The code version that started the run (its latest start or restart, or its fork):
-    with ``RUNNER_VERSION_POLICY=pinned`` its steps run only on workers of that version."""
-    patches: dict[str, dict[str, bool]] = Field(default_factory=dict)
-    """Activation id -> the patch decisions (``self.patched("change-id")``) its method made,
-    recorded when it paused or slept: its later attempts, on whichever code, decide alike
-    (kept, as ``sleeps``, until the activation commits)."""
-    upgrades: list[str] = Field(default_factory=list)
-    """The state upgrades (``@state_upgrade``) the run's state went through, in order, each
-    ``"<from version> -> <to version>"``: each ran once, when code of the second version
-    first loaded a state the first wrote (:mod:`runner.flow.versions`)."""
+    usage: RunUsage | None = None
+    """Tokens the run spent (``None`` until a step records some)."""
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    human: Human = Field(default_factory=Human)
+    links: Links = Field(default_factory=Links)
+    replay: Replay = Field(default_factory=Replay)
+    versions: Versions = Field(default_factory=Versions)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lift(cls, data: Any) -> Any:
+        # Metadata written before it was grouped has the groups' fields at the top level
+        # (a group's own value, if both are there, wins).
+        if not isinstance(data, dict) or GROUP_OF.keys().isdisjoint(data):
+            return data
+        data = dict(data)
+        lifted: dict[str, dict[str, Any]] = {}
+        for name in [k for k in data if k in GROUP_OF]:
+            lifted.setdefault(GROUP_OF[name], {})[name] = data.pop(name)
+        for group, values in lifted.items():
+            held = data.get(group)
+            if held is None:
+                data[group] = values
+            elif isinstance(held, dict):
+                data[group] = {**values, **held}
+        return data
+
+    def field(self, name: str) -> Any:
+        """The value of field ``name``: a top-level one or a group's, by its plain name."""
+        group = GROUP_OF.get(name)
+        return getattr(self if group is None else getattr(self, group), name)
+
+    def updated(self, **changes: Any) -> RunMeta:
+        """A copy with ``changes``: top-level fields, the groups' fields by their plain
+        names (``priority=``, ``awaiting=``), or whole groups (``human=Human()``, a group's
+        fields given beside it applied onto it). The one way metadata changes; a
+        ``TypeError`` names a field it does not have. Values are taken as given (as
+        ``model_copy`` takes them): the callers give models, not JSON."""
+        top: dict[str, Any] = {}
+        grouped: dict[str, dict[str, Any]] = {}
+        for name, value in changes.items():
+            if name in GROUP_OF:
+                grouped.setdefault(GROUP_OF[name], {})[name] = value
+            elif name in META_GROUPS and isinstance(value, dict):
+                top[name] = META_GROUPS[name].model_validate(value)
+            elif name in type(self).model_fields:
+                top[name] = value
+            else:
+                raise TypeError(f"run metadata has no field {name!r}")
+        for group, values in grouped.items():
+            top[group] = top.get(group, getattr(self, group)).model_copy(update=values)
+        return self.model_copy(update=top)
 
 
 def _split(activation_id: str) -> tuple[str, int]:

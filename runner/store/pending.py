@@ -1,7 +1,7 @@
 """Pending human feedback in a store: CrewAI's ``save/load/clear_pending_feedback``.
 
 A run waiting for a person's review of a method's output is simply its latest checkpoint
-paused with ``meta.awaiting`` of kind ``feedback`` (written by the step that paused, in
+paused with ``meta.human.awaiting`` of kind ``feedback`` (written by the step that paused, in
 process or on a worker): nothing else is kept. :class:`PendingFeedbackContext` is CrewAI's
 view of that checkpoint; saving one (what CrewAI's providers may do themselves) writes such
 a checkpoint, loading reads it back, clearing turns it into a plain pause.
@@ -117,7 +117,7 @@ class PendingFeedbackContext:
     @classmethod
     def of(cls, ckpt: Checkpoint) -> PendingFeedbackContext | None:
         """The review ``ckpt`` waits on, or ``None`` if it does not wait on one."""
-        waiting = ckpt.meta.awaiting
+        waiting = ckpt.meta.human.awaiting
         if ckpt.status is not RunStatus.PAUSED or waiting is None or waiting.kind != FEEDBACK:
             return None
         return cls(
@@ -164,13 +164,9 @@ def pending_checkpoint(
         record.dispatched[method] = n
         record.in_flight.append(activation)
         record.triggers[activation] = None
-    meta = latest.meta.model_copy() if latest is not None else RunMeta(name=context.flow_class)
-    meta = meta.model_copy(
-        update={
-            "ready": [],
-            "awaiting": context.awaiting(activation),
-            "pause_reason": context.message,
-        }
+    meta = latest.meta if latest is not None else RunMeta(name=context.flow_class)
+    meta = meta.updated(
+        ready=[], awaiting=context.awaiting(activation), pause_reason=context.message
     )
     base = latest if latest is not None else Checkpoint(run_id=context.flow_id, event=FLOW_PAUSED)
     return base.model_copy(
@@ -238,7 +234,7 @@ def clear_pending(store: CheckpointStore, flow_uuid: str) -> None:
     latest = store.latest(flow_uuid)
     if latest is None or PendingFeedbackContext.of(latest) is None:
         return
-    meta = latest.meta.model_copy(update={"ready": [], "awaiting": None})
+    meta = latest.meta.updated(ready=[], awaiting=None)
     store.commit(
         latest.model_copy(
             update={

@@ -188,7 +188,7 @@ def _by_latest(
         ckpt = latest[info.run_id] if info.run_id in latest else _latest_or_none(store, info)
         if versions and (ckpt is None or ckpt.version not in versions):
             continue
-        if top_level and ckpt is not None and ckpt.meta.parent is not None:
+        if top_level and ckpt is not None and ckpt.meta.links.parent is not None:
             continue
         out.append(info)
     return out

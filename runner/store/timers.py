@@ -2,12 +2,12 @@
 delayed start), however busy it is (a deadline) or however long it has been paused (an
 unanswered ``ask``'s timeout).
 
-A timer is a hint: the run's checkpoint says what is due (``RunMeta.not_before``,
-``RunMeta.deadline``, ``RunMeta.awaiting.deadline``), and the pass acts only on what the
-checkpoint says. So a timer set for a run that then was not created, or one left behind by
-a process killed before it dropped it, changes nothing; and one is dropped only after the
-run was dealt with, so a pass killed midway (a worker's SIGKILL) leaves it for the next one,
-on any worker.
+A timer is a hint: the run's checkpoint says what is due (``RunMeta.scheduling.not_before``,
+``RunMeta.scheduling.deadline``, ``RunMeta.human.awaiting.deadline``), and the pass acts
+only on what the checkpoint says. So a timer set for a run that then was not created, or one
+left behind by a process killed before it dropped it, changes nothing; and one is dropped
+only after the run was dealt with, so a pass killed midway (a worker's SIGKILL) leaves it for
+the next one, on any worker.
 """
 
 from __future__ import annotations
