@@ -3,24 +3,79 @@
 Every field can be overridden by an environment variable named ``RUNNER_<FIELD>``
 (for example ``RUNNER_REDIS_URL``), or by a dotenv file named by
 ``RUNNER_ENV_FILE`` (``config/runner.env`` documents every field).
+
+The settings are a plain pydantic model that reads its own sources, as pydantic-settings'
+``BaseSettings`` did for it (``env_prefix="RUNNER_"``, names case-insensitive, values as
+given): keywords first, then ``RUNNER_*`` variables, then the dotenv file. pydantic-settings
+was most of a cold CLI command's cost beyond its libraries (it imports every source it has:
+the CLI parser, cloud secret stores, dotenv); python-dotenv is imported only when a file is
+named. ``tests/test_settings_sources.py`` holds them to pydantic-settings' results.
+
+No ``from __future__ import annotations``: pydantic would evaluate each field's annotation
+from its string when the model is built (the model is built on every cold command).
 """
 
-from __future__ import annotations
-
 import os
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from runner.errors import InvalidSettings
 from runner.store.policy import Policy, parse_policy
 
+ENV_PREFIX = "RUNNER_"
+"""Every field's variable is this and its name (``RUNNER_REDIS_URL``), in any case."""
 
-class RunnerSettings(BaseSettings):
+
+class _FromEnvironment(BaseModel):
+    """A model whose unset fields come from ``RUNNER_*`` variables, then from the dotenv file
+    ``_env_file`` (if given and a file): what pydantic-settings' ``BaseSettings`` with
+    ``env_prefix`` did for these flat fields (keywords > variables > dotenv > defaults)."""
+
+    def __init__(self, _env_file: str | os.PathLike[str] | None = None, **values: Any) -> None:
+        fields = type(self).model_fields
+        found = _env_file_values(_env_file, fields) if _env_file is not None else {}
+        found.update(_prefixed(os.environ, fields))
+        found.update(values)
+        super().__init__(**found)
+
+
+def _prefixed(variables: Any, fields: dict[str, Any]) -> dict[str, str]:
+    """``{field: value}`` of the ``RUNNER_<FIELD>`` among ``variables`` (names compared
+    lowercased, the last of two spellings wins; a value of ``None``, a dotenv name without
+    ``=``, is no value)."""
+    found: dict[str, str] = {}
+    for key, value in variables.items():
+        name = key.lower()
+        if name.startswith("runner_") and name[7:] in fields and value is not None:
+            found[name[7:]] = value
+    return found
+
+
+def _env_file_values(env_file: str | os.PathLike[str], fields: dict[str, Any]) -> dict[str, str]:
+    """The fields set by the dotenv file ``env_file`` (none if it is no file)."""
+    path = Path(env_file).expanduser()
+    if not (path.is_file() or path.is_fifo()):
+        return {}
+    from dotenv import dotenv_values  # only when a file is named
+
+    return _prefixed(dotenv_values(path, encoding="utf-8"), fields)
+
+
+class RunnerSettings(_FromEnvironment):
     """Runner configuration; see ``config/runner.env`` for the documented defaults."""
 
-    model_config = SettingsConfigDict(env_prefix="RUNNER_", extra="ignore")
+    # As BaseSettings: unknown names ignored, defaults validated too.
+    model_config = ConfigDict(extra="ignore", validate_default=True)
 
     redis_url: str | None = Field(
         default=None,
@@ -83,7 +138,7 @@ class RunnerSettings(BaseSettings):
         ge=0,
         description="Milliseconds a step's stream writer waits to batch chunks into one write.",
     )
-    flow_modules: Annotated[list[str], NoDecode] = Field(
+    flow_modules: list[str] = Field(
         default_factory=list,
         description="Comma-separated modules the workers import; nothing else is ever imported.",
     )
@@ -105,7 +160,7 @@ class RunnerSettings(BaseSettings):
         default="",
         description="Celery queue of the steps; unset = `runner.<prefix>`, one per deployment.",
     )
-    worker_queues: Annotated[list[str], NoDecode] = Field(
+    worker_queues: list[str] = Field(
         default_factory=lambda: ["default"],
         description="Comma-separated queues a worker consumes, by name (`default`: the "
         'deployment\'s queue; `gpu`: the queue of steps with queue="gpu").',
@@ -243,7 +298,7 @@ class RunnerSettings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _queue_of_prefix(self) -> RunnerSettings:
+    def _queue_of_prefix(self) -> "RunnerSettings":
         # One queue per deployment: workers of another prefix never see (and drop) our steps.
         if not self.queue:
             self.queue = default_queue(self.prefix)

@@ -57,6 +57,8 @@ HEAVY = [
     "runner.observe",
     "runner.store.archive",
     "runner.store.rekey",
+    "pydantic_settings",  # the settings read their sources themselves (runner/settings.py)
+    "dotenv",  # only when RUNNER_ENV_FILE names a file
 ]
 """Libraries (and runner's modules over them) of features a reading command does not use, in
 a deployment that does not enable them (no encryption keys here)."""

@@ -1,7 +1,5 @@
 """The ``runner`` command group: global options and the one place errors become exit codes."""
 
-from __future__ import annotations
-
 import importlib
 from typing import Annotated, Any, Final
 

@@ -1,7 +1,5 @@
 """Starting and following runs: ``submit``, ``status``, ``watch``, ``runs``, ``cancel``."""
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import time
@@ -367,12 +365,17 @@ def list_runs(
     """
     reader = session(ctx).reader
     chosen = _where(where, status, flow, version)
+    # Nesting child runs reads each run's latest checkpoint: those the selection read to
+    # leave child runs out are kept, the page's others are read in one trip.
+    latest = Latest(reader.store)
     page = selection.page_of(
-        reader.store, chosen, limit=None if every else limit, top_level=not every
+        reader.store,
+        chosen,
+        limit=None if every else limit,
+        top_level=not every,
+        latest=latest.known,
     )
     found = page.runs
-    # Nesting child runs reads each run's latest checkpoint: those of the page in one trip.
-    latest = Latest(reader.store)
     latest.read_ahead([info.run_id for info in found])
     if as_json:
         listed = (

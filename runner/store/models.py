@@ -4,8 +4,6 @@ Everything here is JSON: state and outputs are dumped with ``mode="json"`` befor
 they reach a record, so a store never sees a Python object it cannot write.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Mapping
 from enum import StrEnum
@@ -69,7 +67,7 @@ class StepError(BaseModel):
     """How many attempts of the step were made."""
 
     @classmethod
-    def from_exception(cls, exc: BaseException, attempts: int = 1) -> StepError:
+    def from_exception(cls, exc: BaseException, attempts: int = 1) -> "StepError":
         """Describe ``exc`` with its formatted traceback."""
         import traceback as tb
 
@@ -116,23 +114,23 @@ class UsageMetrics(BaseModel):
     cache_creation_tokens: int = 0
     successful_requests: int = 0
 
-    def add_usage_metrics(self, usage_metrics: UsageMetrics) -> None:
+    def add_usage_metrics(self, usage_metrics: "UsageMetrics") -> None:
         """Add ``usage_metrics`` to these counts in place (as CrewAI's does)."""
         for name, value in usage_metrics:
             setattr(self, name, getattr(self, name) + value)
 
-    def __add__(self, other: UsageMetrics) -> UsageMetrics:
+    def __add__(self, other: "UsageMetrics") -> "UsageMetrics":
         both = self.model_copy()
         both.add_usage_metrics(other)
         return both
 
-    def delta_since(self, baseline: UsageMetrics) -> UsageMetrics:
+    def delta_since(self, baseline: "UsageMetrics") -> "UsageMetrics":
         """What these counts (a client's lifetime counters) grew by since ``baseline`` was
         read from them, never below 0 (as CrewAI's)."""
         return UsageMetrics(**{k: max(v - getattr(baseline, k), 0) for k, v in self})
 
     @classmethod
-    def from_provider_dict(cls, usage_data: Mapping[str, Any] | None) -> UsageMetrics | None:
+    def from_provider_dict(cls, usage_data: Mapping[str, Any] | None) -> "UsageMetrics | None":
         """One request's usage from a provider's usage dict, read as CrewAI reads it
         (``None`` for none): ``prompt_tokens`` / ``prompt_token_count`` (Gemini) /
         ``input_tokens`` (Anthropic, LangChain; with Anthropic's cache counters beside it the

@@ -154,18 +154,25 @@ def _bad(term: str, why: str) -> BadSelection:
 
 
 def matching(
-    store: CheckpointStore, where: Where, *, page: int = PAGE, top_level: bool = False
+    store: CheckpointStore,
+    where: Where,
+    *,
+    page: int = PAGE,
+    top_level: bool = False,
+    latest: dict[str, Any] | None = None,
 ) -> Iterator[RunInfo]:
     """The runs ``where`` keeps, newest update first; with ``top_level``, not child runs (a
     crew a flow step started). Reads the index a page at a time, and stops at the first run
-    updated before ``where.since``."""
+    updated before ``where.since``. The latest checkpoints read to choose (``--version``,
+    ``top_level``) go into ``latest`` (run id -> checkpoint or ``None``), if given, so a caller
+    that shows them does not read them again."""
     status = where.statuses[0] if len(where.statuses) == 1 else None
     offset = 0
     while True:
         batch = store.runs(limit=page, offset=offset, status=status)
         kept = [info for info in batch if where.keeps(info)]
         if where.versions or top_level:
-            kept = _by_latest(store, kept, where.versions, top_level)
+            kept = _by_latest(store, kept, where.versions, top_level, latest)
         yield from kept
         old = where.since is not None and batch and batch[-1].updated_at < where.since
         if len(batch) < page or old:
@@ -174,7 +181,11 @@ def matching(
 
 
 def _by_latest(
-    store: Any, infos: list[RunInfo], versions: Sequence[str], top_level: bool
+    store: Any,
+    infos: list[RunInfo],
+    versions: Sequence[str],
+    top_level: bool,
+    seen: dict[str, Any] | None = None,
 ) -> list[RunInfo]:
     """``infos`` whose latest checkpoint ``versions`` wrote, and (``top_level``) that have
     no parent run; latest checkpoints read in one round trip where the store can."""
@@ -186,6 +197,8 @@ def _by_latest(
     out = []
     for info in infos:
         ckpt = latest[info.run_id] if info.run_id in latest else _latest_or_none(store, info)
+        if seen is not None:
+            seen[info.run_id] = ckpt
         if versions and (ckpt is None or ckpt.version not in versions):
             continue
         if top_level and ckpt is not None and ckpt.meta.links.parent is not None:
@@ -223,12 +236,13 @@ def page_of(
     limit: int | None = 50,
     top_level: bool = False,
     page: int = PAGE,
+    latest: dict[str, Any] | None = None,
 ) -> Page:
     """The runs ``where`` keeps from ``offset`` (at most ``limit``; ``None``: all of them),
     and the selection's count (the console's "1-50 of 312", the CLI's "N more")."""
     runs: list[RunInfo] = []
     total = 0
-    for info in matching(store, where, top_level=top_level, page=page):
+    for info in matching(store, where, top_level=top_level, page=page, latest=latest):
         if total >= offset and (limit is None or len(runs) < limit):
             runs.append(info)
         total += 1
