@@ -451,7 +451,7 @@ class RunMeta(BaseModel):
         group = GROUP_OF.get(name)
         return getattr(self if group is None else getattr(self, group), name)
 
-    def updated(self, **changes: Any) -> RunMeta:
+    def updated(self, **changes: Any) -> "RunMeta":
         """A copy with ``changes``: top-level fields, the groups' fields by their plain
         names (``priority=``, ``awaiting=``), or whole groups (``human=Human()``, a group's
         fields given beside it applied onto it). The one way metadata changes; a
