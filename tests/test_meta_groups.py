@@ -8,10 +8,9 @@ test's own, dropped after it)."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,9 @@ from runner.store.models import (
 )
 from runner.store.redis import RedisProvider
 from runner.store.sqlite import SqliteProvider
+from tests.test_archive import pg_database  # noqa: F401 (a fixture)
 from tests.test_epochs import full_meta
 
-PG = os.environ.get("RUNNER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432")
 SEALED = Codec([("test", bytes(range(32)))])
 
 _OLD_AWAITING: dict[str, Any] = {"message": True, "output": True, "metadata": True}
@@ -187,23 +186,6 @@ def test_field_reads_a_top_level_or_a_grouped_field_by_its_plain_name() -> None:
 # -- every store provider reads a record written flat --------------------------------------
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A PostgreSQL database of this test's own (dropped after it); its URL."""
-    psycopg = pytest.importorskip("psycopg", reason="the archive extra (psycopg) is missing")
-    try:
-        admin = psycopg.connect(f"{PG}/postgres", autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {PG} (.ci/run starts one): {exc}")
-    name = f"runner_t_{uuid.uuid4().hex[:12]}"
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield f"{PG}/{name}"
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 Rewrite = Callable[[Checkpoint, Codec | None], Any]
 """Writes ``checkpoint`` through a provider, rewrites its stored record raw in the old flat
 format, and returns a fresh provider to read it back with."""
@@ -264,7 +246,7 @@ def _jsondir(request: pytest.FixtureRequest, tmp_path: Path) -> Rewrite:
 
 
 def _postgres(request: pytest.FixtureRequest, tmp_path: Path) -> Rewrite:
-    url = request.getfixturevalue("pg_url")
+    url = request.getfixturevalue("pg_database")
     import psycopg
 
     from runner.store.postgres import PostgresProvider
