@@ -36,6 +36,20 @@ def duration(seconds: float | None) -> str:
     return f"{hours}h {minutes:02d}m"
 
 
+def pause_reason(status: RunStatus, latest: Checkpoint) -> str | None:
+    """Why a paused run waits (its latest checkpoint's reason), or ``None`` for a run not
+    paused (a reason left from an earlier pause is not shown)."""
+    return latest.meta.human.pause_reason if status is RunStatus.PAUSED else None
+
+
+def awaiting_of(status: RunStatus, latest: Checkpoint) -> dict[str, Any] | None:
+    """What a paused run waits for a person to answer, as JSON, or ``None``."""
+    waiting = latest.meta.human.awaiting
+    if status is not RunStatus.PAUSED or waiting is None:
+        return None
+    return waiting.model_dump(mode="json")
+
+
 def scheduled_until(latest: Checkpoint) -> float | None:
     """When a delayed run (``submit(countdown=...)``) starts, while it waits for that: it
     shows as ``scheduled``."""

@@ -16,7 +16,7 @@ import typer
 
 from runner.errors import RunNotFound, RunTimeout
 from runner.store.models import Checkpoint, RunInfo, RunStatus
-from runner.views import short_ids
+from runner.views import pause_reason, short_ids
 
 from . import progress, refs
 from ._session import FAILED, OK, History, Reader, console, print_json
@@ -65,7 +65,7 @@ def outcome(reader: History, run_id: str) -> dict[str, Any]:
         "step": why.step,
         "result": result_now(info, latest),
         "error": why.error.model_dump(mode="json") if why.error is not None else None,
-        "pause_reason": latest.meta.human.pause_reason if info.status is RunStatus.PAUSED else None,
+        "pause_reason": pause_reason(info.status, latest),
         "cancel_reason": cancel_reason(info, latest),
     }
 

@@ -15,7 +15,14 @@ from runner.flow.rates import PRIORITIES
 from runner.store import selection
 from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus
-from runner.views import asleep, scheduled_until, step_states, woken_at
+from runner.views import (
+    asleep,
+    awaiting_of,
+    pause_reason,
+    scheduled_until,
+    step_states,
+    woken_at,
+)
 
 from . import bulk, progress, refs, sources, streams
 from ._app import commands
@@ -212,12 +219,8 @@ def status(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
                 "in_flight": latest.in_flight,
                 "lineage": latest.lineage.model_dump(mode="json") if latest.lineage else None,
                 "last_error": error.model_dump(mode="json") if error else None,
-                "pause_reason": latest.meta.human.pause_reason
-                if info.status is RunStatus.PAUSED
-                else None,
-                "awaiting": latest.meta.human.awaiting.model_dump(mode="json")
-                if info.status is RunStatus.PAUSED and latest.meta.human.awaiting is not None
-                else None,
+                "pause_reason": pause_reason(info.status, latest),
+                "awaiting": awaiting_of(info.status, latest),
                 "scheduled_until": scheduled_until(latest),
                 "sleeping": {
                     act: woken_at(latest, act) for act in latest.in_flight if asleep(latest, act)

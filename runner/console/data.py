@@ -29,8 +29,10 @@ from runner.views import (
     StepState,
     answers_given,
     asleep,
+    awaiting_of,
     checkpoint_diff,
     method_state,
+    pause_reason,
     scheduled_until,
     short_runs,
     step_states,
@@ -341,14 +343,6 @@ def timeline_row(ckpt: Checkpoint, flower_url: str | None) -> dict[str, Any]:
     }
 
 
-def awaiting_of(status: RunStatus, latest: Checkpoint) -> dict[str, Any] | None:
-    """What a paused run waits for a person to answer, as JSON, or ``None``."""
-    waiting = latest.meta.human.awaiting
-    if status is not RunStatus.PAUSED or waiting is None:
-        return None
-    return waiting.model_dump(mode="json")
-
-
 def last_error(status: RunStatus, history: list[Checkpoint]) -> tuple[StepError, str] | None:
     """The error that failed the run and its step: the newest failure in its history.
 
@@ -467,7 +461,7 @@ def run_detail(rt: Runtime, run_id: str, flower_url: str | None) -> dict[str, An
         "in_flight": latest.in_flight,
         # In-flight step -> what it waits for (a limit, a queue no live worker consumes).
         "waiting": waiting,
-        "pause_reason": latest.meta.human.pause_reason if info.status is RunStatus.PAUSED else None,
+        "pause_reason": pause_reason(info.status, latest),
         # A person's answer it waits for: a review of a step's output, or a question.
         "awaiting": awaiting_of(info.status, latest),
         # Time (README, Time and identity): a delayed start, durable sleeps, the deadline.
