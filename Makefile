@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $@
 
-# The whole suite, its files spread over TEST_JOBS processes (pytest-xdist): the tests mostly
-# wait (workers starting, leases lapsing, servers failing over), so 2 cores take 5. Whole
+# The whole suite, its files spread over TEST_JOBS processes (pytest-xdist): 2 cores take 5,
+# since while a test waits (a lease lapsing, a server failing over) others use the CPU. Whole
 # files go to one process (--dist loadfile: module fixtures such as the cluster start once),
 # heaviest first (tests/conftest.py's HEAVY_FIRST; --no-loadscope-reorder keeps that order).
 # Each process has its own Redis database (RUNNER_TEST_DB, 10 here, + its index: 10-14;
@@ -35,15 +35,20 @@ $(STAMP): pyproject.toml
 TEST_JOBS ?= 5
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 
+# The suite starts hundreds of Python processes (workers, `runner` commands, servers) that each
+# import runner and the test flows: unless they may cache bytecode, as an installed package
+# has, each compiles them again (0.2 s of CPU a worker start, in a suite bound by CPU).
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
+
 test: venv
-	RUNNER_TEST_DB=$${RUNNER_TEST_DB:-10} $(BIN)/pytest -q $(XDIST) $(PYTEST_ARGS)
+	RUNNER_TEST_DB=$${RUNNER_TEST_DB:-10} $(PYTEST) -q $(XDIST) $(PYTEST_ARGS)
 
 # The fast tier, for the edit-test loop: no Celery workers, no other processes (servers, the
 # CLI in a subprocess, builds), nothing marked slow; real Redis still. Under 90 s on 2 cores.
 CHECK_MARKS := not workers and not processes and not slow and not chaos
 
 check: venv
-	$(BIN)/pytest -q -m "$(CHECK_MARKS)" $(PYTEST_ARGS)
+	$(PYTEST) -q -m "$(CHECK_MARKS)" $(PYTEST_ARGS)
 
 # The broker conformance suite (pytest -m broker) on the newest kombu and Celery, and the
 # tests of redis-py's pool internals (pytest -m redis_internals) on the newest redis-py, past
