@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -189,11 +190,18 @@ def target(
     outer = step_context()
     if outer is not None and outer.stream_to is not None:
         return outer.stream_to.child(run_id)
-    streams = store if isinstance(store, StreamStore) else None
+    streams = store if _keeps_streams(type(store)) else None
     tap = _taps.get(flow) if flow is not None else None
     if parent_run:
         return StreamTarget(streams, parent_run, run_id, tap)
     return StreamTarget(streams, run_id, "", tap)
+
+
+@functools.cache
+def _keeps_streams(store_type: type) -> bool:
+    """Whether stores of ``store_type`` keep streams: once per type, since every step asks
+    and a check against the protocol looks up each of its methods."""
+    return issubclass(store_type, StreamStore)
 
 
 _taps: weakref.WeakKeyDictionary[Any, Callable[[StreamFrame], None]] = weakref.WeakKeyDictionary()

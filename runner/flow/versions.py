@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -82,13 +83,20 @@ def state_upgrade(*from_versions: str) -> Callable[[Hook], Any]:
 
 def upgrade_hooks(flow_cls: type) -> dict[str, Hook]:
     """Version -> the ``@state_upgrade`` hook of ``flow_cls`` (its bases' too) mapping it."""
-    found: dict[str, Hook] = {}
-    for klass in reversed(flow_cls.__mro__):
-        for value in vars(klass).values():
-            fn = value.__func__ if isinstance(value, staticmethod) else value
-            for version in getattr(fn, UPGRADE_ATTR, ()):
-                found[version] = fn
+    found = _hooks.get(flow_cls)
+    if found is None:
+        # Once per class: every step reads its state through them, and the scan of each
+        # class's namespace cost a worker more than the rest of reading it.
+        found = _hooks[flow_cls] = {}
+        for klass in reversed(flow_cls.__mro__):
+            for value in vars(klass).values():
+                fn = value.__func__ if isinstance(value, staticmethod) else value
+                for version in getattr(fn, UPGRADE_ATTR, ()):
+                    found[version] = fn
     return found
+
+
+_hooks: weakref.WeakKeyDictionary[type, dict[str, Hook]] = weakref.WeakKeyDictionary()
 
 
 def upgraded(
@@ -97,9 +105,9 @@ def upgraded(
     """``state`` (JSON) that ``written_by`` wrote, as this code's hook for that version maps
     it, and the entry the run records (``"<from> -> <to>"``); unchanged and ``None`` when
     this code wrote it or has no hook for it."""
-    now = of(flow_cls.graph())
-    hook = upgrade_hooks(flow_cls).get(written_by) if written_by not in (None, now) else None
-    if hook is None:
+    hook = upgrade_hooks(flow_cls).get(written_by) if written_by is not None else None
+    now = of(flow_cls.graph()) if hook is not None else None
+    if hook is None or written_by == now:
         return state, None
     mapped = hook(copy.deepcopy(state))
     if not isinstance(mapped, dict):
