@@ -50,13 +50,21 @@ def awaiting_of(status: RunStatus, latest: Checkpoint) -> dict[str, Any] | None:
     return waiting.model_dump(mode="json")
 
 
-def scheduled_until(latest: Checkpoint) -> float | None:
-    """When a delayed run (``submit(countdown=...)``) starts, while it waits for that: it
-    shows as ``scheduled``."""
+def scheduled_until(latest: Checkpoint, now: float | None = None) -> float | None:
+    """When a delayed run (``submit(countdown=...)``) starts, while it waits for that (at
+    ``now``, default the time): it shows as ``scheduled``, and recovery leaves it alone."""
     not_before = latest.meta.scheduling.not_before
-    if latest.status is RunStatus.RUNNING and not_before is not None and not_before > time.time():
+    now = time.time() if now is None else now
+    if latest.status is RunStatus.RUNNING and not_before is not None and not_before > now:
         return not_before
     return None
+
+
+def start_came_due(latest: Checkpoint, now: float) -> bool:
+    """Whether ``latest``'s run was held back until a time that has passed by ``now`` (a
+    delayed start, no longer :func:`scheduled_until`)."""
+    held = latest.meta.scheduling.not_before is not None
+    return held and scheduled_until(latest, now) is None
 
 
 def woken_at(latest: Checkpoint, activation_id: str) -> float | None:

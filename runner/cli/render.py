@@ -21,7 +21,15 @@ from rich.text import Text
 
 from runner.flow.rates import priority_text
 from runner.store.models import Answer, Checkpoint, RunInfo, RunStatus, StepError
-from runner.views import WAITING, StepState, duration, scheduled_until, step_states, when
+from runner.views import (
+    WAITING,
+    StepState,
+    duration,
+    pause_reason,
+    scheduled_until,
+    step_states,
+    when,
+)
 
 STATUS_STYLE = {
     RunStatus.PENDING: "dim",
@@ -228,8 +236,8 @@ def status_view(
     if info.parent_run_id:
         lineage = f"forked from run {info.parent_run_id} at checkpoint {info.parent_checkpoint_id}"
         grid.add_row("lineage", lineage + (f" (branch {info.branch})" if info.branch else ""))
-    if info.status is RunStatus.PAUSED and latest.meta.human.pause_reason:
-        grid.add_row("paused", latest.meta.human.pause_reason)
+    if reason := pause_reason(info.status, latest):
+        grid.add_row("paused", reason)
     _awaiting_rows(grid, info, latest)
     if latest.meta.scheduling.deadline is not None:
         grid.add_row("deadline", when(latest.meta.scheduling.deadline))
@@ -295,8 +303,8 @@ def progress_view(
     else:
         grid.add_row("steps", f"{done} done")
     grid.add_row("elapsed", duration(max(elapsed, 0.0)))
-    if info.status is RunStatus.PAUSED and latest.meta.human.pause_reason:
-        grid.add_row("paused", latest.meta.human.pause_reason)
+    if reason := pause_reason(info.status, latest):
+        grid.add_row("paused", reason)
     if error is not None:
         grid.add_row("last error", Text(error_line(error), style="red"))
     parts: list[RenderableType] = [grid]

@@ -66,7 +66,7 @@ from runner.flow.orchestrator import Activation
 from runner.observe import metrics
 from runner.store.models import Checkpoint, RunStatus
 from runner.store.timers import ANSWERS, DEADLINES, STARTS
-from runner.views import woken_at
+from runner.views import scheduled_until, start_came_due, woken_at
 
 from .answers import deliver
 from .cancel import cancel_run
@@ -175,10 +175,7 @@ def _recover_run(rt: Runtime, run_id: str, broker: BrokerView) -> list[str]:
         raise Unreadable(f"run {run_id} is running but its latest checkpoint is missing")
     if latest.status is not RunStatus.RUNNING:
         return []
-    if (
-        latest.meta.scheduling.not_before is not None
-        and latest.meta.scheduling.not_before > time.time()
-    ):
+    if scheduled_until(latest) is not None:
         return []  # a delayed start, not due: its timer brings it back then
     if not latest.meta.name or not latest.flow:
         raise Unreadable(f"checkpoint {latest.id} of run {run_id} names no flow")
@@ -228,7 +225,7 @@ def _stale(
             if expiry <= now:
                 stale.append(act)  # lost: its holder died
         elif key not in marked:
-            if now - latest.created_at >= rt.settings.lease_seconds or due_start(latest, now):
+            if now - latest.created_at >= rt.settings.lease_seconds or start_came_due(latest, now):
                 stale.append(act)  # never sent (or held back until now)
         elif marked[key] <= broker.taken_long_ago().get(task, 0.0):
             # Taken off the queue by a worker that died before recording it, and not
@@ -241,13 +238,6 @@ def _stale(
         ):
             stale.append(act)  # sent a lease ago and in nobody's hands: lost in the hand-off
     return stale
-
-
-def due_start(latest: Checkpoint, now: float) -> bool:
-    """``latest``'s run was held back until a time that has passed (a delayed start)."""
-    return (
-        latest.meta.scheduling.not_before is not None and latest.meta.scheduling.not_before <= now
-    )
 
 
 DEADLINE_PASSED = "its deadline passed"
