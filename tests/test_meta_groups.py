@@ -211,38 +211,45 @@ def _redis(request: pytest.FixtureRequest, tmp_path: Path) -> Rewrite:
     return write
 
 
-def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> Rewrite:
-    path = tmp_path / "store.db"
+def _reopened(
+    request: pytest.FixtureRequest,
+    make: Callable[[Codec | None], Any],
+    rewrite: Callable[[Checkpoint, Callable[[Any], str]], None],
+) -> Rewrite:
+    """A :data:`Rewrite` for a store kept in files: written through ``make(codec)``'s
+    provider and closed, its record rewritten by ``rewrite(ckpt, to_old)``, opened anew."""
 
     def write(ckpt: Checkpoint, codec: Codec | None) -> Any:
-        store = SqliteProvider(path, codec=codec)
+        store = make(codec)
         store.commit(ckpt, expected_seq=0)
         store.close()
-        with sqlite3.connect(path) as db:
-            (raw,) = db.execute("SELECT data FROM checkpoints WHERE id = ?", (ckpt.id,)).fetchone()
-            old = old_format(raw, ckpt.run_id, ckpt.id, codec)
-            db.execute("UPDATE checkpoints SET data = ? WHERE id = ?", (old, ckpt.id))
-        fresh = SqliteProvider(path, codec=codec)
+        rewrite(ckpt, lambda raw: old_format(raw, ckpt.run_id, ckpt.id, codec))
+        fresh = make(codec)
         request.addfinalizer(fresh.close)
         return fresh
 
     return write
+
+
+def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> Rewrite:
+    path = tmp_path / "store.db"
+
+    def rewrite(ckpt: Checkpoint, to_old: Callable[[Any], str]) -> None:
+        with sqlite3.connect(path) as db:
+            (raw,) = db.execute("SELECT data FROM checkpoints WHERE id = ?", (ckpt.id,)).fetchone()
+            db.execute("UPDATE checkpoints SET data = ? WHERE id = ?", (to_old(raw), ckpt.id))
+
+    return _reopened(request, lambda codec: SqliteProvider(path, codec=codec), rewrite)
 
 
 def _jsondir(request: pytest.FixtureRequest, tmp_path: Path) -> Rewrite:
     root = tmp_path / "store"
 
-    def write(ckpt: Checkpoint, codec: Codec | None) -> Any:
-        store = JsonProvider(root, codec=codec)
-        store.commit(ckpt, expected_seq=0)
-        store.close()
+    def rewrite(ckpt: Checkpoint, to_old: Callable[[Any], str]) -> None:
         (path,) = [p for p in root.rglob("*.json") if ckpt.id in p.name]
-        path.write_text(old_format(path.read_text(), ckpt.run_id, ckpt.id, codec))
-        fresh = JsonProvider(root, codec=codec)
-        request.addfinalizer(fresh.close)
-        return fresh
+        path.write_text(to_old(path.read_text()))
 
-    return write
+    return _reopened(request, lambda codec: JsonProvider(root, codec=codec), rewrite)
 
 
 def _postgres(request: pytest.FixtureRequest, tmp_path: Path) -> Rewrite:
