@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import queue
@@ -197,11 +196,16 @@ def target(
     return StreamTarget(streams, run_id, "", tap)
 
 
-@functools.cache
 def _keeps_streams(store_type: type) -> bool:
     """Whether stores of ``store_type`` keep streams: once per type, since every step asks
     and a check against the protocol looks up each of its methods."""
-    return issubclass(store_type, StreamStore)
+    known = _streaming_types.get(store_type)
+    if known is None:
+        known = _streaming_types[store_type] = issubclass(store_type, StreamStore)
+    return known
+
+
+_streaming_types: dict[type, bool] = {}
 
 
 _taps: weakref.WeakKeyDictionary[Any, Callable[[StreamFrame], None]] = weakref.WeakKeyDictionary()
