@@ -438,6 +438,7 @@ def _commit_settled(
     this way. ``None`` when another attempt committed the step; :class:`CancelledMeanwhile`
     when the run was cancelled in this epoch (nothing is committed)."""
     graph, reducers = flow_cls.graph(), reducers_for(flow_cls.state_type())
+    version = versions.of(graph, rt.settings)
 
     def build(latest: Checkpoint) -> lifecycle.Settled | None:
         if latest.status is RunStatus.CANCELLED and latest.meta.epoch == epoch:
@@ -453,6 +454,7 @@ def _commit_settled(
             reducers=reducers,
             token=token,
             worker=worker,
+            version=version,
         )
 
     return commit_on_latest(rt, run_id, build, first=first, send_ready=True)

@@ -148,6 +148,7 @@ def settle(
     token: str | None = None,
     worker: str | None = None,
     record: ExecutionRecord | None = None,
+    version: str | None = None,
 ) -> Settled | None:
     """The checkpoint that settles ``result`` (decided as ``outcome``) onto ``latest``.
 
@@ -156,6 +157,8 @@ def settle(
     ``token`` is the attempt's fencing token; ``record`` is ``latest``'s record if the
     caller has it. ``outcome`` is ``DONE``, ``PAUSED``, ``SLEEPING`` or ``FAILED`` (a retry
     and a child start commit nothing here); a sleep already recorded also gives ``None``.
+    ``version`` is this code's (:func:`~runner.flow.versions.of`), which the checkpoints
+    record; an executor that holds its settings passes it, saving a read of them a step.
     """
     act = result.activation
     if not in_flight(latest, epoch, act.id, record):
@@ -207,7 +210,7 @@ def settle(
             )
     ckpt = settled.transition.checkpoint
     ckpt.worker, ckpt.duration, ckpt.attempts = worker, result.duration, result.attempts
-    stamp(graph, ckpt, settled.transition.closing)
+    stamp(version or versions.of(graph), ckpt, settled.transition.closing)
     if isinstance(result.end, Asked | Slept):  # the step runs again: it decides the same
         ckpt.meta = patches.recorded_in(ckpt.meta, act.id, result.patches)
     # What a resume will not spend again: a completed step's, and a reviewed method's (its
@@ -218,9 +221,8 @@ def settle(
     return settled
 
 
-def stamp(graph: FlowGraph, *ckpts: Checkpoint | None) -> None:
-    """Record on ``ckpts`` (being built) that this code wrote them: its version."""
-    version = versions.of(graph)
+def stamp(version: str, *ckpts: Checkpoint | None) -> None:
+    """Record on ``ckpts`` (being built) that this code wrote them: its ``version``."""
     for ckpt in ckpts:
         if ckpt is not None:
             ckpt.version = version

@@ -28,7 +28,7 @@ from runner.checkpointing import (
     restore_sink,
 )
 from runner.errors import CommitConflict, RunNotFound, RunStateError
-from runner.flow import conversation, lifecycle, plans, results, streaming, usage
+from runner.flow import conversation, lifecycle, plans, results, streaming, usage, versions
 from runner.flow import events as ev
 from runner.flow import human_feedback as reviewing
 from runner.flow import orchestrator as orch
@@ -297,6 +297,7 @@ class LocalRun:
             reducers=self.reducers,
             worker=self.here,
             record=self.record,
+            version=versions.of(self.graph, self.settings),
         )
         assert settled is not None  # this thread is the run's only committer
         self._advance(settled.transition)
