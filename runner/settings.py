@@ -56,8 +56,9 @@ def _prefixed(variables: Any, fields: dict[str, Any]) -> dict[str, str]:
     found: dict[str, str] = {}
     for key, value in variables.items():
         name = key.lower()
-        if name.startswith("runner_") and name[7:] in fields and value is not None:
-            found[name[7:]] = value
+        field = name[len(ENV_PREFIX) :]
+        if name.startswith(ENV_PREFIX.lower()) and field in fields and value is not None:
+            found[field] = value
     return found
 
 
@@ -317,10 +318,11 @@ def get_settings() -> RunnerSettings:
     A value they reject is one :class:`InvalidSettings` naming the variable, here for every
     process (CLI, worker, console), rather than pydantic's report of the whole model.
     """
-    # The names first, the values of ours only: a worker calls this for every step, and
-    # reading every variable's value (os.environ decodes each) cost more than the rest.
+    # The names first, the values of ours only: reading every variable's value (os.environ
+    # decodes each) cost more than the rest of a call, and callers read the settings often.
+    n = len(ENV_PREFIX)
     environment = tuple(
-        sorted((k, os.environ[k]) for k in list(os.environ) if k[:7].upper() == "RUNNER_")
+        sorted((k, os.environ[k]) for k in list(os.environ) if k[:n].upper() == ENV_PREFIX)
     )
     cached = _cache.get(environment)
     if cached is not None:
@@ -330,7 +332,7 @@ def get_settings() -> RunnerSettings:
         settings = RunnerSettings(_env_file=env_file) if env_file else RunnerSettings()
     except ValidationError as exc:
         err = exc.errors()[0]
-        name = "RUNNER_" + "_".join(str(p) for p in err["loc"]).upper()
+        name = ENV_PREFIX + "_".join(str(p) for p in err["loc"]).upper()
         raise InvalidSettings(f"bad setting {name}: {err['msg']}") from None
     _cache.clear()
     _cache[environment] = settings
