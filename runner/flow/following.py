@@ -13,8 +13,7 @@ from typing import Any
 
 from runner.errors import RunNotFound
 from runner.flow import results
-from runner.flow.streaming import ATTEMPT, ENDINGS, FLOW, StreamFrame, frame_of
-from runner.store.base import StreamStore
+from runner.flow.streaming import ATTEMPT, ENDINGS, FLOW, StreamFrame, frame_of, keeps_streams
 from runner.store.models import RunStatus
 
 TRIMMED = "stream_trimmed"
@@ -54,7 +53,7 @@ def _follow(
 ) -> Iterator[StreamFrame]:
     wanted = None if channels is None else set(channels)
     after, seq = from_id or "0", 0
-    streams = store if isinstance(store, StreamStore) else None
+    streams = store if keeps_streams(store) else None
     first, quiet, checked = True, True, 0.0
     info: Any = None
     while stop is None or not stop.is_set():

@@ -189,19 +189,21 @@ def target(
     outer = step_context()
     if outer is not None and outer.stream_to is not None:
         return outer.stream_to.child(run_id)
-    streams = store if _keeps_streams(type(store)) else None
+    streams = store if keeps_streams(store) else None
     tap = _taps.get(flow) if flow is not None else None
     if parent_run:
         return StreamTarget(streams, parent_run, run_id, tap)
     return StreamTarget(streams, run_id, "", tap)
 
 
-def _keeps_streams(store_type: type) -> bool:
-    """Whether stores of ``store_type`` keep streams: once per type, since every step asks
-    and a check against the protocol looks up each of its methods."""
-    known = _streaming_types.get(store_type)
+def keeps_streams(store: Any) -> bool:
+    """Whether ``store`` keeps runs' streams (:class:`StreamStore`): decided once per store
+    type, since every step asks and a check against the protocol looks up each of its
+    methods."""
+    kind = type(store)
+    known = _streaming_types.get(kind)
     if known is None:
-        known = _streaming_types[store_type] = issubclass(store_type, StreamStore)
+        known = _streaming_types[kind] = issubclass(kind, StreamStore)
     return known
 
 
