@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from runner.store.models import FLOW_RESUMED, Answer, Checkpoint, RunStatus
+from runner.store.models import FLOW_RESUMED, Answer, Awaiting, Checkpoint, RunStatus
 
 
 def when(ts: float | None) -> str:
@@ -42,12 +42,16 @@ def pause_reason(status: RunStatus, latest: Checkpoint) -> str | None:
     return latest.meta.human.pause_reason if status is RunStatus.PAUSED else None
 
 
+def awaited(status: RunStatus, latest: Checkpoint) -> Awaiting | None:
+    """What a paused run waits for a person to answer, or ``None`` for a run not paused
+    (what an earlier pause awaited is not shown)."""
+    return latest.meta.human.awaiting if status is RunStatus.PAUSED else None
+
+
 def awaiting_of(status: RunStatus, latest: Checkpoint) -> dict[str, Any] | None:
-    """What a paused run waits for a person to answer, as JSON, or ``None``."""
-    waiting = latest.meta.human.awaiting
-    if status is not RunStatus.PAUSED or waiting is None:
-        return None
-    return waiting.model_dump(mode="json")
+    """:func:`awaited`, as JSON."""
+    waiting = awaited(status, latest)
+    return None if waiting is None else waiting.model_dump(mode="json")
 
 
 def scheduled_until(latest: Checkpoint, now: float | None = None) -> float | None:

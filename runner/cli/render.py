@@ -24,6 +24,7 @@ from runner.store.models import Answer, Checkpoint, RunInfo, RunStatus, StepErro
 from runner.views import (
     WAITING,
     StepState,
+    awaited,
     duration,
     pause_reason,
     scheduled_until,
@@ -261,8 +262,8 @@ def status_view(
 
 def _awaiting_rows(grid: Table, info: RunInfo, latest: Checkpoint) -> None:
     """What a paused run waits for a person to answer, and how to answer it."""
-    waiting = latest.meta.human.awaiting
-    if info.status is not RunStatus.PAUSED or waiting is None:
+    waiting = awaited(info.status, latest)
+    if waiting is None:
         return
     what = "a review" if waiting.kind == "feedback" else "an answer"
     grid.add_row("awaits", f"{what} at {waiting.method}: {waiting.message}")
