@@ -162,9 +162,8 @@ def say(reader: History, run_id: str) -> None:
         result = result_now(info, latest)
         typer.echo(f"succeeded: {result if isinstance(result, str) else json.dumps(result)}")
     elif info.status is RunStatus.PAUSED:
-        typer.echo(
-            f"paused at {latest.step}: {latest.meta.human.pause_reason or 'waiting for input'}"
-        )
+        reason = pause_reason(info.status, latest) or "waiting for input"
+        typer.echo(f"paused at {latest.step}: {reason}")
     elif info.status is RunStatus.CANCELLED:
         why = cancel_reason(info, latest)
         typer.echo(f"error: run {run_id} was cancelled{f': {why}' if why else ''}", err=True)
