@@ -118,8 +118,10 @@ def test_steps_a_rate_limit_deferred_survive_the_worker_holding_them_being_kille
         group = uuid.uuid4().hex[:8]
         runs = [submit(RatedFlow, {"group": group}, rt=rt) for _ in range(25)]
         eventually(lambda: len(notes(group, "starts")) >= 5, timeout=20)  # the rest wait
-        killed_at = time.time()
+        # Taken once the killed processes are gone: a step one of its pool children began
+        # while the kill was being sent (listing the children, signalling each) began before it.
         pool.workers[0].kill()
+        killed_at = time.time()
         pool.start()
         for run in runs:
             assert RunHandle(run.run_id, rt).wait(timeout=90) is RunStatus.SUCCEEDED
