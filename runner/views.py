@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from runner.store.models import FLOW_RESUMED, Answer, Awaiting, Checkpoint, RunStatus
+from runner.store.models import FLOW_RESUMED, Answer, Awaiting, Checkpoint, RunInfo, RunStatus
 
 
 def when(ts: float | None) -> str:
@@ -54,10 +54,15 @@ def awaiting_of(status: RunStatus, latest: Checkpoint) -> dict[str, Any] | None:
     return None if waiting is None else waiting.model_dump(mode="json")
 
 
-def scheduled_until(latest: Checkpoint, now: float | None = None) -> float | None:
+def scheduled_until(latest: Checkpoint | RunInfo, now: float | None = None) -> float | None:
     """When a delayed run (``submit(countdown=...)``) starts, while it waits for that (at
-    ``now``, default the time): it shows as ``scheduled``, and recovery leaves it alone."""
-    not_before = latest.meta.scheduling.not_before
+    ``now``, default the time): it shows as ``scheduled``, and recovery leaves it alone.
+    ``latest`` is the run's newest checkpoint, or its record (a listing of runs reads no
+    checkpoint), which mirrors it."""
+    if isinstance(latest, RunInfo):
+        not_before = latest.not_before
+    else:
+        not_before = latest.meta.scheduling.not_before
     now = time.time() if now is None else now
     if latest.status is RunStatus.RUNNING and not_before is not None and not_before > now:
         return not_before

@@ -9,11 +9,20 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
+import redis
 
-from runner.store.models import Checkpoint, RunStatus
+from runner.store.models import (
+    Checkpoint,
+    ChildLink,
+    Links,
+    ParentLink,
+    RunMeta,
+    RunStatus,
+    Scheduling,
+)
 from runner.store.redis import RedisProvider
 from runner.store.selection import BadSelection, Where, page_of, parse
-from runner.views import short_runs
+from runner.views import scheduled_until, short_runs
 
 NOW = 1_800_000_000.0
 
@@ -102,3 +111,80 @@ def test_short_ids_are_unique_prefixes_and_keep_the_tail_that_tells_runs_apart()
     assert shown["83fc81fc-1111"] == "83fc81fc"
     assert shown["83fc81fc-1111-research-1"] == "83fc81fc-research-1"
     assert shown["9a000000-2222"] == "9a000000"
+
+
+def _family(store: RedisProvider, tag: str) -> tuple[str, str]:
+    """A parent run at version v2 waiting on a child run (a crew one of its steps started),
+    and a delayed run at v1; the parent's and child's ids."""
+    parent, child = f"{tag}-parent", f"{tag}-child"
+    link = ChildLink(run_id=child, flow="tests.m:Crew", name="Crew")
+    store.commit(
+        Checkpoint(
+            run_id=parent,
+            event="flow_started",
+            status=RunStatus.RUNNING,
+            flow="tests.m:GateFlow",
+            version="v2",
+            meta=RunMeta(links=Links(children={"stage#1": link})),
+        )
+    )
+    store.commit(
+        Checkpoint(
+            run_id=child,
+            event="flow_started",
+            status=RunStatus.RUNNING,
+            flow="tests.m:Crew",
+            version="v2",
+            meta=RunMeta(links=Links(parent=ParentLink(run_id=parent, activation="stage#1"))),
+        )
+    )
+    later = Scheduling(not_before=time.time() + 3600)
+    store.commit(
+        Checkpoint(
+            run_id=f"{tag}-later",
+            event="flow_started",
+            status=RunStatus.RUNNING,
+            flow="tests.m:GateFlow",
+            version="v1",
+            meta=RunMeta(scheduling=later),
+        )
+    )
+    return parent, child
+
+
+def test_a_listing_reads_the_runs_records_and_no_checkpoint(
+    store: RedisProvider, redis_client: redis.Redis
+) -> None:
+    """Parent, children, version and a delayed start come from each run's record, which
+    mirrors its latest checkpoint: with every snapshot gone, the listing is the same."""
+    tag = uuid.uuid4().hex[:6]
+    parent, child = _family(store, tag)
+    for run_id in (parent, child, f"{tag}-later"):
+        redis_client.delete(store.keys.snapshots(run_id))
+
+    top = page_of(store, Where(id_text=tag), top_level=True).runs
+    assert sorted(info.run_id for info in top) == [f"{tag}-later", parent]
+    (info,) = [info for info in top if info.run_id == parent]
+    assert (info.child_runs, info.version, info.child_of) == ([child], "v2", None)
+    assert store.run(child).child_of == parent  # type: ignore[union-attr]
+    v1 = page_of(store, parse(f"version=v1 id~{tag}", time.time())).runs
+    assert [info.run_id for info in v1] == [f"{tag}-later"]
+    waiting = [info.run_id for info in top if scheduled_until(info) is not None]
+    assert waiting == [f"{tag}-later"]
+
+
+def test_upgrade_gives_an_earlier_versions_records_what_a_listing_reads(
+    store: RedisProvider, redis_client: redis.Redis
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    parent, child = _family(store, tag)
+    for run_id in (parent, child, f"{tag}-later"):  # as an earlier version wrote them
+        redis_client.hdel(store.keys.meta(run_id), "version", "child_of", "child_runs")
+    top = page_of(store, Where(id_text=tag), top_level=True).runs
+    assert child in [info.run_id for info in top]  # not known to be a child yet
+
+    store.upgrade()
+    top = page_of(store, Where(id_text=tag), top_level=True).runs
+    assert sorted(info.run_id for info in top) == [f"{tag}-later", parent]
+    assert store.run(parent).child_runs == [child]  # type: ignore[union-attr]
+    assert store.run(f"{tag}-later").version == "v1"  # type: ignore[union-attr]

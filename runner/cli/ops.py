@@ -386,8 +386,9 @@ def prune(
 def upgrade(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Convert what an earlier version stored in Redis to this version's layout.
 
-    Snapshots kept one key each are moved into their run's snapshot hash. Safe to run
-    again, and while workers run; until it is run, such runs show no history.
+    Snapshots kept one key each are moved into their run's snapshot hash, and run records
+    get the parent, children and version `runs` lists them by. Safe to run again, and while
+    workers run; until it is run, such runs show no history and list as top-level runs.
     """
     moved = session(ctx).rt.store.upgrade()
     if as_json:

@@ -3,17 +3,15 @@
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from runner.errors import CorruptCheckpoint, InvalidInputs, RunTimeout
+from runner.errors import InvalidInputs, RunTimeout
 from runner.flow.rates import PRIORITIES
 from runner.store import selection
-from runner.store.base import DeploymentStore
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.views import (
     asleep,
@@ -368,23 +366,15 @@ def list_runs(
     """
     reader = session(ctx).reader
     chosen = _where(where, status, flow, version)
-    # Nesting child runs reads each run's latest checkpoint: those the selection read to
-    # leave child runs out are kept, the page's others are read in one trip.
-    latest = Latest(reader.store)
+    # The runs' records say all a listing shows (parent, children, version, delayed start):
+    # no checkpoint is read, however many runs the selection counts.
     page = selection.page_of(
-        reader.store,
-        chosen,
-        limit=None if every else limit,
-        top_level=not every,
-        latest=latest.known,
+        reader.store, chosen, limit=None if every else limit, top_level=not every
     )
     found = page.runs
-    latest.read_ahead([info.run_id for info in found])
     if as_json:
         listed = (
-            [_listed(latest, info) for info in found]
-            if every
-            else [_tree(reader, latest, info) for info in found]
+            [_listed(info) for info in found] if every else [_tree(reader, info) for info in found]
         )
         print_json(_with_expiry(reader.store, listed))
         if page.more:
@@ -395,9 +385,9 @@ def list_runs(
         return
     from . import render  # rich: a view only (see render)
 
-    nested = [(info, 0) for info in found] if every else _nest(reader, latest, found)
+    nested = [(info, 0) for info in found] if every else _nest(reader, found)
     shown = refs.short_runs(reader, [info.run_id for info, _depth in nested])
-    waiting = {info.run_id for info, _depth in nested if _starts_at(latest, info) is not None}
+    waiting = {info.run_id for info, _depth in nested if scheduled_until(info) is not None}
     from .expiry_view import expiry_texts
 
     expires = expiry_texts(reader.store, [info for info, _depth in nested])
@@ -489,60 +479,28 @@ def _children(reader: Reader, latest: Checkpoint) -> list[dict[str, Any]]:
     return found
 
 
-class Latest:
-    """A run id -> its latest checkpoint (see :func:`_readable_latest`), read once per listing;
-    :meth:`read_ahead` reads those of many runs in one round trip."""
-
-    def __init__(self, store: DeploymentStore) -> None:
-        self.store = store
-        self.known: dict[str, Checkpoint | None] = {}
-
-    def __call__(self, run_id: str) -> Checkpoint | None:
-        if run_id not in self.known:
-            self.known[run_id] = _readable_latest(self.store, run_id)
-        return self.known[run_id]
-
-    def read_ahead(self, run_ids: Sequence[str]) -> None:
-        """Read the latest checkpoints of ``run_ids`` not read yet, together."""
-        wanted = [run_id for run_id in dict.fromkeys(run_ids) if run_id not in self.known]
-        if len(wanted) < 2:
-            return  # one is read when asked for
-        try:
-            self.known.update(self.store.latest_each(wanted))
-        except CorruptCheckpoint:
-            return  # each is read when asked for, so the others (and that run) still list
-
-
-def _child_infos(reader: Reader, latest: Latest, run_id: str) -> list[RunInfo]:
+def _child_infos(reader: Reader, info: RunInfo) -> list[RunInfo]:
     """The child runs the run's steps started, in the order they were started."""
-    ckpt = latest(run_id)
-    links = ckpt.meta.links.children.values() if ckpt is not None else []
-    return [info for link in links if (info := reader.store.run(link.run_id)) is not None]
+    return [child for run_id in info.child_runs if (child := reader.store.run(run_id)) is not None]
 
 
-def _nest(
-    reader: Reader, latest: Latest, infos: list[RunInfo], depth: int = 0
-) -> list[tuple[RunInfo, int]]:
+def _nest(reader: Reader, infos: list[RunInfo], depth: int = 0) -> list[tuple[RunInfo, int]]:
     out: list[tuple[RunInfo, int]] = []
     for info in infos:
         out.append((info, depth))
-        out += _nest(reader, latest, _child_infos(reader, latest, info.run_id), depth + 1)
+        out += _nest(reader, _child_infos(reader, info), depth + 1)
     return out
 
 
-def _tree(reader: Reader, latest: Latest, info: RunInfo) -> dict[str, Any]:
-    children = [_tree(reader, latest, child) for child in _child_infos(reader, latest, info.run_id)]
-    return {**_listed(latest, info), "children": children}
+def _tree(reader: Reader, info: RunInfo) -> dict[str, Any]:
+    children = [_tree(reader, child) for child in _child_infos(reader, info)]
+    return {**_listed(info), "children": children}
 
 
-def _listed(latest: Latest, info: RunInfo) -> dict[str, Any]:
-    """A run as ``runs --json`` lists it: its metadata, and when it starts if it is a
-    delayed run still waiting (``scheduled_until``, as ``status --json`` has it)."""
-    return {
-        **info.model_dump(mode="json"),
-        "scheduled_until": _starts_at(latest, info),
-        "version": _version_of(latest, info),
-    }
+def _listed(info: RunInfo) -> dict[str, Any]:
+    """A run as ``runs --json`` lists it: its record, and when it starts if it is a delayed
+    run still waiting (``scheduled_until``, as ``status --json`` has it)."""
+    return {**info.model_dump(mode="json"), "scheduled_until": scheduled_until(info)}
 
 
 def _with_expiry(store: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -561,21 +519,3 @@ def _with_expiry(store: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any
     for entry in every:
         entry.update(found.get(entry["run_id"], {}))
     return listed
-
-
-def _starts_at(latest: Latest, info: RunInfo) -> float | None:
-    ckpt = latest(info.run_id)
-    return scheduled_until(ckpt) if ckpt is not None else None
-
-
-def _readable_latest(store: DeploymentStore, run_id: str) -> Checkpoint | None:
-    """The run's latest checkpoint; ``None`` if it cannot be read (a corrupt run still lists)."""
-    try:
-        return store.latest(run_id)
-    except CorruptCheckpoint:
-        return None
-
-
-def _version_of(latest: Latest, info: RunInfo) -> str | None:
-    ckpt = latest(info.run_id)
-    return ckpt.version if ckpt is not None else None

@@ -173,6 +173,11 @@ def run_info_after(
     info.flow = checkpoint.flow or info.flow
     error = checkpoint.error
     info.error = f"{error.type}: {error.message}" if error is not None else None
+    info.version = checkpoint.version
+    links = checkpoint.meta.links
+    info.child_of = links.parent.run_id if links.parent is not None else None
+    info.child_runs = [link.run_id for link in links.children.values()]
+    info.not_before = checkpoint.meta.scheduling.not_before
     return info
 
 

@@ -4,12 +4,13 @@ Everything here is JSON: state and outputs are dumped with ``mode="json"`` befor
 they reach a record, so a store never sees a Python object it cannot write.
 """
 
+import json
 import time
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runner import ids
 
@@ -767,3 +768,19 @@ class RunInfo(BaseModel):
     branch: str | None = None
     error: str | None = None
     """``Type: message`` of the last failure."""
+    # What a listing of runs shows and selects by, kept here so that it reads no checkpoint
+    # (``runner runs``, the console's list): each mirrors the newest checkpoint.
+    version: str | None = None
+    """The code version that wrote the newest checkpoint (``runner runs --version``)."""
+    child_of: str | None = None
+    """The run one of whose steps started this one (a crew's run), if any."""
+    child_runs: list[str] = Field(default_factory=list)
+    """The child runs its steps started, in the order they started."""
+    not_before: float | None = None
+    """When a delayed start (``submit(countdown=...)``) may begin."""
+
+    @field_validator("child_runs", mode="before")
+    @classmethod
+    def _children_from_json(cls, value: Any) -> Any:
+        # A store that keeps fields as text (Redis' metadata hash) holds the list as JSON.
+        return json.loads(value) if isinstance(value, str | bytes) else value

@@ -98,7 +98,10 @@ checkpoint (no activation, so no lease)."""
 _BASES_KEPT = 1024
 """Runs whose latest field digests a provider remembers (least recently used go first)."""
 _INFO_FIELDS = frozenset(RunInfo.model_fields)
-_EVERY_COMMIT = ("event", "step", "error", "flow")
+_LISTED = ("version", "child_of", "child_runs", "not_before")
+"""Metadata a listing of runs selects and shows by, which each commit copies from its
+checkpoint (an earlier version's records lack it: :meth:`RedisProvider.upgrade`)."""
+_EVERY_COMMIT = ("event", "step", "error", "flow", *_LISTED)
 """Metadata set by every commit besides what the script sets (seq, latest, status, updated_at)."""
 _NEW_RUN = ("name", "parent_run_id", "parent_checkpoint_id", "branch")
 """Metadata set when a commit creates the run besides the script's (run_id, created_at)."""
@@ -380,7 +383,35 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
                 moved += int(self._call(self._upgrade, keys, chunk))
         for start in range(0, len(every), 500):
             self.index_ended(every[start : start + 500])
+        self._record_listing(every)
         return moved
+
+    def _record_listing(self, run_ids: list[str]) -> None:
+        """Give the records of runs an earlier version wrote what a listing reads from them
+        (:data:`_LISTED`, from each run's latest checkpoint). HSETNX: a commit since then
+        wrote newer values, which stay."""
+        for start in range(0, len(run_ids), 500):
+            chunk = run_ids[start : start + 500]
+            has = self._pipelined([("hexists", self.keys.meta(r), _LISTED[0]) for r in chunk])
+            older = [run_id for run_id, there in zip(chunk, has, strict=True) if not there]
+            writes = []
+            for run_id, latest in self.latest_each(older).items():
+                if latest is not None:
+                    info = run_info_after(latest, None).model_dump()
+                    key = self.keys.meta(run_id)
+                    writes += [("hsetnx", key, name, _field(info[name])) for name in _LISTED]
+            self._pipelined(writes)
+
+    def _pipelined(self, commands: list[tuple[str, ...]]) -> list[Any]:
+        """The replies of ``commands`` (name, args...), sent in one round trip."""
+
+        def send() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for name, *args in commands:
+                getattr(pipe, name)(*args)
+            return pipe.execute()
+
+        return self._guard(send) if commands else []
 
     def fork(
         self,
@@ -916,10 +947,12 @@ def _connect(url: str) -> Any:
 
 
 def _field(value: Any) -> str:
-    if value is None:
+    if value is None or value == []:
         return ""
     if isinstance(value, RunStatus):
         return value.value
+    if isinstance(value, list):
+        return json.dumps(value)
     return str(value)
 
 

@@ -20,12 +20,12 @@ Runs come newest update first, read page by page through the store's run index
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from runner.errors import CorruptCheckpoint, InvalidInputs
+from runner.errors import InvalidInputs
 from runner.store.base import CheckpointStore
 from runner.store.models import RunInfo, RunStatus
 
@@ -64,9 +64,10 @@ class Where:
         return self == Where()
 
     def keeps(self, info: RunInfo) -> bool:
-        """Whether the run's metadata passes every filter but ``version`` (which needs its
-        latest checkpoint; :func:`matching` applies it)."""
+        """Whether the run's record passes every filter."""
         if self.statuses and info.status not in self.statuses:
+            return False
+        if self.versions and info.version not in self.versions:
             return False
         if self.flows and not any(flow_matches(info, flow) for flow in self.flows):
             return False
@@ -154,64 +155,21 @@ def _bad(term: str, why: str) -> BadSelection:
 
 
 def matching(
-    store: CheckpointStore,
-    where: Where,
-    *,
-    page: int = PAGE,
-    top_level: bool = False,
-    latest: dict[str, Any] | None = None,
+    store: CheckpointStore, where: Where, *, page: int = PAGE, top_level: bool = False
 ) -> Iterator[RunInfo]:
     """The runs ``where`` keeps, newest update first; with ``top_level``, not child runs (a
     crew a flow step started). Reads the index a page at a time, and stops at the first run
-    updated before ``where.since``. The latest checkpoints read to choose (``--version``,
-    ``top_level``) go into ``latest`` (run id -> checkpoint or ``None``), if given, so a caller
-    that shows them does not read them again."""
+    updated before ``where.since``. Only the runs' records are read: each mirrors its latest
+    checkpoint's version and parent run (:func:`~runner.store._common.run_info_after`)."""
     status = where.statuses[0] if len(where.statuses) == 1 else None
     offset = 0
     while True:
         batch = store.runs(limit=page, offset=offset, status=status)
-        kept = [info for info in batch if where.keeps(info)]
-        if where.versions or top_level:
-            kept = _by_latest(store, kept, where.versions, top_level, latest)
-        yield from kept
+        yield from (i for i in batch if where.keeps(i) and not (top_level and i.child_of))
         old = where.since is not None and batch and batch[-1].updated_at < where.since
         if len(batch) < page or old:
             return
         offset += page
-
-
-def _by_latest(
-    store: Any,
-    infos: list[RunInfo],
-    versions: Sequence[str],
-    top_level: bool,
-    seen: dict[str, Any] | None = None,
-) -> list[RunInfo]:
-    """``infos`` whose latest checkpoint ``versions`` wrote, and (``top_level``) that have
-    no parent run; latest checkpoints read in one round trip where the store can."""
-    ids = [info.run_id for info in infos]
-    try:
-        latest = store.latest_each(ids) if hasattr(store, "latest_each") else {}
-    except CorruptCheckpoint:
-        latest = {}  # read one by one below, so one corrupt run does not hide the others
-    out = []
-    for info in infos:
-        ckpt = latest[info.run_id] if info.run_id in latest else _latest_or_none(store, info)
-        if seen is not None:
-            seen[info.run_id] = ckpt
-        if versions and (ckpt is None or ckpt.version not in versions):
-            continue
-        if top_level and ckpt is not None and ckpt.meta.links.parent is not None:
-            continue
-        out.append(info)
-    return out
-
-
-def _latest_or_none(store: CheckpointStore, info: RunInfo) -> Any:
-    try:
-        return store.latest(info.run_id)
-    except CorruptCheckpoint:
-        return None
 
 
 @dataclass(frozen=True)
@@ -236,13 +194,12 @@ def page_of(
     limit: int | None = 50,
     top_level: bool = False,
     page: int = PAGE,
-    latest: dict[str, Any] | None = None,
 ) -> Page:
     """The runs ``where`` keeps from ``offset`` (at most ``limit``; ``None``: all of them),
     and the selection's count (the console's "1-50 of 312", the CLI's "N more")."""
     runs: list[RunInfo] = []
     total = 0
-    for info in matching(store, where, top_level=top_level, page=page, latest=latest):
+    for info in matching(store, where, top_level=top_level, page=page):
         if total >= offset and (limit is None or len(runs) < limit):
             runs.append(info)
         total += 1
