@@ -17,12 +17,19 @@ LINT_PATHS := $(wildcard runner workers tests bench examples)
 
 venv: $(STAMP)
 
+# The venv's packages are installed by uv (itself installed into the venv by pip), which does
+# in 9-16 s what pip does in 26-70 s here: a clean clone's `make test` pays it once. Bytecode is
+# compiled at install, as pip does. Where uv cannot be had, pip installs them.
+INSTALL = if $(BIN)/python -m pip install -q uv >/dev/null 2>&1; then \
+		$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(1); \
+	else echo "uv not installable: installing with pip"; $(BIN)/python -m pip install -q $(1); fi
+
 $(STAMP): pyproject.toml
 	@if [ ! -x $(BIN)/python ]; then \
 		if [ -z "$(BASE_PYTHON)" ]; then echo "make venv: no python >= 3.11 on PATH" >&2; exit 1; fi; \
 		echo "creating $(VENV) with $(BASE_PYTHON)"; $(BASE_PYTHON) -m venv $(VENV); \
 	fi
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	@$(call INSTALL,-e '.[dev]')
 	@touch $@
 
 # The whole suite, its files spread over TEST_JOBS processes (pytest-xdist): 2 cores take 5,
@@ -80,7 +87,7 @@ lint: venv
 BENCH_STAMP := $(VENV)/.bench.stamp
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	@$(call INSTALL,-e '.[dev,bench]')
 	@touch $@
 
 bench: $(BENCH_STAMP)
