@@ -136,7 +136,7 @@ def private_pool(
     try:
         yield pool, rt, env
     finally:
-        pool.stop_all()
+        pool.discard()
         rt.close()
 
 

@@ -146,4 +146,4 @@ def test_workers_producers_and_a_read_only_console_run_with_least_privilege(
             assert {entry["username"] for entry in denied} == {"console"}, denied
             assert worker.poll() is None
         finally:
-            pool.stop_all()
+            pool.discard()

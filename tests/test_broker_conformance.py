@@ -420,7 +420,7 @@ def test_rabbitmq_gives_back_what_a_killed_worker_took_and_the_adapter_reads_not
             assert logged_warnings(Path(pool.workers[-1].log or "")) == []
             assert handoff.flush(5.0)  # the sender's leases of the steps sent after commits
         finally:
-            pool.stop_all()
+            pool.discard()
             with Connection(AMQP) as conn:
                 conn.default_channel.queue_delete(rt.settings.queue)
     assert adapter_warnings(caplog) == []

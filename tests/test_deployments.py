@@ -41,7 +41,7 @@ def deployment(
     try:
         yield pool, rt, env
     finally:
-        pool.stop_all()
+        pool.discard()
         rt.app.close()
         rt.store.close()
 

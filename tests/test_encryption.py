@@ -295,7 +295,7 @@ def sealed_rt(sealed_env: dict[str, str], tmp_path_factory: pytest.TempPathFacto
     runtime = Runtime.create(make_app(settings), settings)
     yield runtime
     runtime.close()
-    pool.stop_all()
+    pool.discard()
 
 
 def broker_messages(client: redis.Redis, queue: str, run_id: str) -> list[dict[str, Any]]:

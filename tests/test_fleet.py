@@ -294,7 +294,7 @@ def test_on_rabbitmq_depth_is_the_broker_count_and_age_is_not_measured(
             shown = runner_cli(env, "workers")
             assert "oldest: not measured on RabbitMQ" in shown.stdout
         finally:
-            pool.stop_all()
+            pool.discard()
             with Connection(AMQP) as conn:
                 for name in (queue, f"{queue}.overnight"):
                     conn.default_channel.queue_delete(name)

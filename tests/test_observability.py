@@ -165,6 +165,7 @@ def test_a_worker_serves_exact_step_counts_over_http_across_its_pool_processes(
         assert _value(console, "runner_runs", status="running") == 0
         assert _value(console, "runner_queue_depth", queue=env["RUNNER_QUEUE"]) == 0
         directory = _metrics_dir(worker)
+        pool.stop_all()  # a warm shutdown, as an operator's
     assert not directory.exists()  # the worker removed it when it stopped
 
 
@@ -438,6 +439,7 @@ def test_otel_traces_exporter_console_prints_a_runs_spans_in_the_worker_log(
         log = Path(tmp_path) / "worker-0.log"
         trace_id = _hex(trace_id_of(handle.run_id), 32)
         printed = eventually(lambda: log.read_text().count(f'"trace_id": "{trace_id}"') >= 4)
+        pool.stop_all()  # a warm shutdown flushes the spans still batched
     assert printed
     text = log.read_text()
     assert '"name": "run LinearFlow"' in text

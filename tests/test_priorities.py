@@ -100,7 +100,7 @@ def test_a_busy_worker_on_rabbitmq_takes_higher_priorities_first(
         try:
             queued_in_order(rt, env)
         finally:
-            pool.stop_all()
+            pool.discard()
             with Connection(BROKER) as conn:
                 conn.default_channel.queue_delete(rt.settings.queue)
 

@@ -53,7 +53,7 @@ def amqp_pool(
         try:
             yield pool, rt
         finally:
-            pool.stop_all()
+            pool.discard()
             with Connection(BROKER) as conn:
                 conn.default_channel.queue_delete(rt.settings.queue)
 

@@ -215,7 +215,7 @@ def test_a_full_store_refuses_submits_while_running_runs_finish(
         finally:
             client.close()
             rt.close()
-            pool.stop_all()
+            pool.discard()
 
 
 @pytest.mark.processes
