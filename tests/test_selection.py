@@ -114,41 +114,18 @@ def test_short_ids_are_unique_prefixes_and_keep_the_tail_that_tells_runs_apart()
 
 
 def _family(store: RedisProvider, tag: str) -> tuple[str, str]:
-    """A parent run at version v2 waiting on a child run (a crew one of its steps started),
-    and a delayed run at v1; the parent's and child's ids."""
+    """Running runs: a parent at version v2 waiting on a child run (a crew one of its steps
+    started), and a delayed run at v1; the parent's and child's ids."""
     parent, child = f"{tag}-parent", f"{tag}-child"
     link = ChildLink(run_id=child, flow="tests.m:Crew", name="Crew")
-    store.commit(
-        Checkpoint(
-            run_id=parent,
-            event="flow_started",
-            status=RunStatus.RUNNING,
-            flow="tests.m:GateFlow",
-            version="v2",
-            meta=RunMeta(links=Links(children={"stage#1": link})),
-        )
-    )
-    store.commit(
-        Checkpoint(
-            run_id=child,
-            event="flow_started",
-            status=RunStatus.RUNNING,
-            flow="tests.m:Crew",
-            version="v2",
-            meta=RunMeta(links=Links(parent=ParentLink(run_id=parent, activation="stage#1"))),
-        )
-    )
+    up = ParentLink(run_id=parent, activation="stage#1")
     later = Scheduling(not_before=time.time() + 3600)
-    store.commit(
-        Checkpoint(
-            run_id=f"{tag}-later",
-            event="flow_started",
-            status=RunStatus.RUNNING,
-            flow="tests.m:GateFlow",
-            version="v1",
-            meta=RunMeta(scheduling=later),
-        )
-    )
+    for run_id, version, meta in (
+        (parent, "v2", RunMeta(links=Links(children={"stage#1": link}))),
+        (child, "v2", RunMeta(links=Links(parent=up))),
+        (f"{tag}-later", "v1", RunMeta(scheduling=later)),
+    ):
+        store.commit(Checkpoint(run_id=run_id, event="flow_started", version=version, meta=meta))
     return parent, child
 
 
