@@ -233,12 +233,16 @@ def serve(app: Celery, store: DeploymentStore, settings: RunnerSettings) -> list
         about = about_this_worker(app)
         store.announce_queues(mine, worker, ttl, about)
         store.forget_dead_workers()
-        threading.Thread(
+        thread = threading.Thread(
             target=announcing, args=(worker, mine, about), name="queues", daemon=True
-        ).start()
+        )
+        thread.start()
 
         def shutdown(**_: Any) -> None:
             stop.set()
+            # An announcement under way would land after the retirement and list a stopped
+            # worker as live until it lapsed: let it finish first (a Redis away: not for long).
+            thread.join(timeout=5.0)
             store.retire_queues(mine, worker)
 
         signals.worker_shutdown.connect(shutdown, weak=False)
