@@ -769,7 +769,7 @@ class RunInfo(BaseModel):
     error: str | None = None
     """``Type: message`` of the last failure."""
     # What a listing of runs shows and selects by, kept here so that it reads no checkpoint
-    # (``runner runs``, the console's list): each mirrors the newest checkpoint.
+    # (``runner runs``, every selection): each mirrors the newest checkpoint.
     version: str | None = None
     """The code version that wrote the newest checkpoint (``runner runs --version``)."""
     child_of: str | None = None
