@@ -394,7 +394,7 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
             chunk = run_ids[start : start + 500]
             has = self._pipelined([("hexists", self.keys.meta(r), _LISTED[0]) for r in chunk])
             older = [run_id for run_id, there in zip(chunk, has, strict=True) if not there]
-            writes = []
+            writes: list[tuple[str, ...]] = []
             for run_id, latest in self._latest_readable(older).items():
                 if latest is not None:
                     info = run_info_after(latest, None).model_dump()
