@@ -17,10 +17,10 @@ from runner.distributed.client import load_flow
 from runner.distributed.control import find_checkpoint
 from runner.distributed.engine import Runtime, task_id
 from runner.distributed.waiting import waits_of
-from runner.errors import CorruptCheckpoint, RunnerError, RunNotFound
+from runner.errors import RunnerError, RunNotFound
 from runner.flow import conversation, results, usage
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
-from runner.store.base import DeploymentStore
+from runner.store.base import DeploymentStore, latest_readable
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
 from runner.store.schedules import schedule_json
 from runner.store.selection import Where, page_of
@@ -122,7 +122,7 @@ def runs_page(
     unambiguous short id), and the count of the whole selection (``total``)."""
     page = page_of(store, where, offset=offset, limit=limit)
     now = time.time()
-    latest = _latest_of(store, [info.run_id for info in page.runs])
+    latest = latest_readable(store, [info.run_id for info in page.runs])
     rows = nested([run_row(info, latest.get(info.run_id), now) for info in page.runs])
     ids = [row["run_id"] for row in rows] + [
         str(r)
@@ -144,23 +144,6 @@ def runs_page(
         "more": page.more,
         "where": where.source,
     }
-
-
-def _latest_of(store: DeploymentStore, run_ids: list[str]) -> dict[str, Checkpoint | None]:
-    """The latest checkpoints of a page of runs, in one round trip (one by one if one of
-    them is corrupt, so the others still show)."""
-    try:
-        return store.latest_each(run_ids) if run_ids else {}
-    except CorruptCheckpoint:
-        return {run_id: _readable_latest(store, run_id) for run_id in run_ids}
-
-
-def _readable_latest(store: Any, run_id: str) -> Checkpoint | None:
-    """The run's latest checkpoint; ``None`` if it cannot be read (a corrupt run still lists)."""
-    try:
-        return store.latest(run_id)
-    except CorruptCheckpoint:
-        return None
 
 
 def nested(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+from runner.errors import CorruptCheckpoint
 from runner.store.models import Checkpoint, RunInfo, RunStatus
 from runner.store.roster import FORGET_AFTER, WorkerFacts, WorkerRecord
 
@@ -499,3 +500,19 @@ class DeploymentStore(CoordinatedStore, StreamStore, Protocol):
         """:class:`~runner.errors.StoreFull` if ``incoming`` more bytes take the store past
         its high-water mark (``RUNNER_STORE_HIGH_WATER``)."""
         ...
+
+
+def latest_readable(store: DeploymentStore, run_ids: list[str]) -> dict[str, Checkpoint | None]:
+    """:meth:`~DeploymentStore.latest_each` of ``run_ids``, ``None`` for a run whose latest
+    checkpoint cannot be read: they are then read one by one, so one corrupt run does not
+    hide the others (the console's list, ``runner upgrade``)."""
+    try:
+        return store.latest_each(run_ids) if run_ids else {}
+    except CorruptCheckpoint:
+        found: dict[str, Checkpoint | None] = {}
+        for run_id in run_ids:
+            try:
+                found[run_id] = store.latest(run_id)
+            except CorruptCheckpoint:
+                found[run_id] = None
+        return found

@@ -73,6 +73,7 @@ from runner.store.base import (
     CommitRequest,
     Coordination,
     OutboxCommand,
+    latest_readable,
 )
 from runner.store.deployment import DeploymentRecords
 from runner.store.expiry import RetentionRecords
@@ -395,26 +396,12 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
             has = self._pipelined([("hexists", self.keys.meta(r), _LISTED[0]) for r in chunk])
             older = [run_id for run_id, there in zip(chunk, has, strict=True) if not there]
             writes: list[tuple[str, ...]] = []
-            for run_id, latest in self._latest_readable(older).items():
+            for run_id, latest in latest_readable(self, older).items():
                 if latest is not None:
-                    info = run_info_after(latest, None).model_dump()
+                    always = _meta_fields(latest, time.time())[0]  # as a commit writes them
                     key = self.keys.meta(run_id)
-                    writes += [("hsetnx", key, name, _field(info[name])) for name in _LISTED]
+                    writes += [("hsetnx", key, name, always[name]) for name in _LISTED]
             self._pipelined(writes)
-
-    def _latest_readable(self, run_ids: list[str]) -> dict[str, Checkpoint | None]:
-        """:meth:`latest_each`, with ``None`` for a run whose latest checkpoint is corrupt
-        (read one by one then, so the others are still read)."""
-        try:
-            return self.latest_each(run_ids)
-        except CorruptCheckpoint:
-            found: dict[str, Checkpoint | None] = {}
-            for run_id in run_ids:
-                try:
-                    found[run_id] = self.latest(run_id)
-                except CorruptCheckpoint:
-                    found[run_id] = None
-            return found
 
     def _pipelined(self, commands: list[tuple[str, ...]]) -> list[Any]:
         """The replies of ``commands`` (name, args...), sent in one round trip."""
