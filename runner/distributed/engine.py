@@ -216,8 +216,15 @@ def _send_task(
     act: Activation,
     producer: Any,
     run_priority: int | None,
+    *,
+    recorded: bool = False,
 ) -> None:
+    """Send ``act``'s task through ``producer``; ``recorded``: the producer records the
+    publish for the outbox (nothing reaches Redis while it does, so kombu's retry wrapper
+    has nothing to retry and a queue declaration nothing to declare: both skipped, as in
+    :func:`.broker.outbox_ready`'s probe; the consuming worker declares its queues)."""
     name = task_name(flow_name, act.method)
+    quiet: dict[str, Any] = {"retry": False, "declare": []} if recorded else {}
     rt.app.send_task(
         name,
         kwargs={
@@ -233,6 +240,7 @@ def _send_task(
         # Without results (the default) the sender has nothing to wait for: no subscription
         # to the step's result channel, which Celery otherwise opens on every send.
         ignore_result=not rt.settings.task_results,
+        **quiet,
     )
 
 
@@ -405,7 +413,7 @@ def outbox_commands(
 
     def publish(producer: Any) -> None:
         for act in acts:
-            _send_task(rt, flow_name, run_id, epoch, act, producer, priority)
+            _send_task(rt, flow_name, run_id, epoch, act, producer, priority, recorded=True)
 
     return outbox.recorded(rt.app, publish)
 
