@@ -217,17 +217,6 @@ class NotRecordable(Exception):
     """kombu did not hand a publish to the recording session as expected (nothing was sent)."""
 
 
-class ConnectionRevived(Exception):
-    """The producer's connection was lost and made anew during a recording (kombu's publish
-    retry on a connection from before a Redis restart): nothing was sent, and a recording
-    on the revived connection works."""
-
-
-CHANNEL_CHANGED = "Producer channel changed while a publish batch was active"
-"""kombu 5.7's ``RuntimeError`` when a publish inside ``Producer.batch()`` retried on a new
-channel (its connection was revived): the batch's session belongs to the old one."""
-
-
 class _Session:
     """kombu's publish-batch session, keeping the commands rather than running them.
 
@@ -277,8 +266,11 @@ def recording(producer: Any) -> Iterator[list[OutboxCommand] | None]:
     Yields the list they are added to, or ``None`` when this configuration cannot be
     recorded (:func:`unrecordable`; the caller sends the usual way). The producer must be
     the caller's alone for the block (as one from Celery's producer pool is), and the block
-    must publish. ``NotRecordable`` if kombu asked for an unexpected command or did not
-    hand the publishes to the session: kombu's own batch is then discarded, nothing sent.
+    must publish, with ``retry=False`` and ``declare=[]``: then kombu needs nothing of the
+    producer's connection (a recording works on one from before a Redis restart, whose
+    commands the commit runs on the store's client). ``NotRecordable`` if kombu asked for
+    an unexpected command or did not hand the publishes to the session: kombu's own batch
+    is then discarded, nothing sent.
     """
     if unrecordable(producer) is not None:
         yield None
@@ -293,10 +285,6 @@ def recording(producer: Any) -> Iterator[list[OutboxCommand] | None]:
             if not session.commands:
                 # Raised inside the batch, so a session kombu made itself is discarded.
                 raise NotRecordable("kombu did not hand the publish to the recording session")
-    except RuntimeError as exc:
-        if CHANNEL_CHANGED not in str(exc):
-            raise
-        raise ConnectionRevived(str(exc)) from None
     finally:
         del channel.create_publish_batch
 

@@ -22,7 +22,6 @@ and recorded again) sends nothing.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -36,10 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runner.broker")
 
-REVIVED_TRIES = 3
-"""Recordings tried when each finds its producer's connection revived mid-way (a pool's
-producers each hold a connection from before a Redis restart; one try revives one)."""
-
 SAID = "outbox.said"
 """The key, in the process's services, of why the outbox is off as this process said it."""
 
@@ -52,17 +47,6 @@ def recorded(app: Celery, publish: Callable[[Any], None]) -> list[Command] | Non
 
     if not broker.outbox_ready(app):
         return None
-    for _ in range(REVIVED_TRIES - 1):
-        with contextlib.suppress(broker.ConnectionRevived):
-            # A producer whose connection died in a Redis restart: kombu revived it in the
-            # middle of the recording. Nothing was sent; record again on the live connection.
-            return _record(app, publish)
-    return _record(app, publish)
-
-
-def _record(app: Celery, publish: Callable[[Any], None]) -> list[Command] | None:
-    from . import broker
-
     try:
         with app.producer_or_acquire() as producer, broker.recording(producer) as commands:
             if commands is None:
