@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from runner import Flow, FlowState, start
-from runner.flow import lifecycle
+from runner.flow import lifecycle, versions
 from runner.flow import transition as tr
 from runner.flow.attempt import Asked, Halted, Raised, Returned, Slept, StepResult, run_step
 from runner.flow.context import WORKER, StepContext
@@ -91,7 +91,9 @@ def test_settle_matches_the_decided_outcome_with_how_the_attempt_ended() -> None
 
     def settled(method: str, outcome: Outcome, n: int = 1) -> lifecycle.Settled | None:
         result = attempt(method, n)[0]
-        return lifecycle.settle(graph, latest, result, outcome, epoch=0, reducers={})
+        return lifecycle.settle(
+            graph, latest, result, outcome, epoch=0, reducers={}, version=versions.of(graph)
+        )
 
     done = settled("returns", Outcome.DONE)
     assert done is not None and done.outcome is Outcome.DONE

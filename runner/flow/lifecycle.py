@@ -35,7 +35,7 @@ from typing import Any
 from runner.errors import CycleLimitExceeded, DefinitionError, RunnerError
 from runner.flow import events as ev
 from runner.flow import orchestrator as orch
-from runner.flow import patches, usage, versions
+from runner.flow import patches, usage
 from runner.flow import transition as tr
 from runner.flow.attempt import Asked, Halted, Raised, Returned, Slept, StepResult
 from runner.flow.children import ChildRun, child_run_id
@@ -145,10 +145,10 @@ def settle(
     *,
     epoch: int,
     reducers: dict[str, Reducer],
+    version: str,
     token: str | None = None,
     worker: str | None = None,
     record: ExecutionRecord | None = None,
-    version: str | None = None,
 ) -> Settled | None:
     """The checkpoint that settles ``result`` (decided as ``outcome``) onto ``latest``.
 
@@ -157,8 +157,8 @@ def settle(
     ``token`` is the attempt's fencing token; ``record`` is ``latest``'s record if the
     caller has it. ``outcome`` is ``DONE``, ``PAUSED``, ``SLEEPING`` or ``FAILED`` (a retry
     and a child start commit nothing here); a sleep already recorded also gives ``None``.
-    ``version`` is this code's (:func:`~runner.flow.versions.of`), which the checkpoints
-    record; an executor that holds its settings passes it, saving a read of them a step.
+    ``version`` is this code's (:func:`~runner.flow.versions.of` with the executor's
+    settings), which the checkpoints record.
     """
     act = result.activation
     if not in_flight(latest, epoch, act.id, record):
@@ -210,7 +210,7 @@ def settle(
             )
     ckpt = settled.transition.checkpoint
     ckpt.worker, ckpt.duration, ckpt.attempts = worker, result.duration, result.attempts
-    stamp(version or versions.of(graph), ckpt, settled.transition.closing)
+    stamp(version, ckpt, settled.transition.closing)
     if isinstance(result.end, Asked | Slept):  # the step runs again: it decides the same
         ckpt.meta = patches.recorded_in(ckpt.meta, act.id, result.patches)
     # What a resume will not spend again: a completed step's, and a reviewed method's (its
