@@ -50,6 +50,25 @@ def test_make_check_leaves_out_the_markers_the_guard_lets_start_processes() -> N
     assert set(conftest.OUT_OF_CHECK) <= names
 
 
+@pytest.mark.processes
+def test_the_venvs_are_installed_with_the_extras_pyproject_defines() -> None:
+    # A dry run of both installs (the dev venv, the benchmarks' extra): each names whole
+    # extras that exist (a comma inside make's $(call ...) once split `.[dev,bench]` in two).
+    shown = subprocess.run(
+        ["make", "-n", "-B", ".venv/.installed.stamp", ".venv/.bench.stamp"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    installed = re.findall(r"uv pip install .*? -e '\.\[([^\]]*)\]'", shown)
+    assert installed == ["dev", "dev,bench"], shown
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert {"dev", "bench"} <= set(extras)
+
+
 def test_a_fast_tier_test_that_starts_a_process_fails_and_says_how_to_mark_it(
     request: pytest.FixtureRequest,
 ) -> None:
