@@ -259,6 +259,13 @@ def unrecordable(producer: Any) -> str | None:
     return None
 
 
+def recorded_send() -> dict[str, Any]:
+    """The options of a ``send_task`` whose publish :func:`recording` records: no kombu
+    retry wrapper and no queue declaration, so kombu needs nothing of the producer's
+    connection (a fresh dict a call: Celery is handed its own ``declare`` list)."""
+    return {"retry": False, "declare": []}
+
+
 @contextmanager
 def recording(producer: Any) -> Iterator[list[OutboxCommand] | None]:
     """Catch the commands of what ``producer`` publishes inside the block.
@@ -266,8 +273,8 @@ def recording(producer: Any) -> Iterator[list[OutboxCommand] | None]:
     Yields the list they are added to, or ``None`` when this configuration cannot be
     recorded (:func:`unrecordable`; the caller sends the usual way). The producer must be
     the caller's alone for the block (as one from Celery's producer pool is), and the block
-    must publish, with ``retry=False`` and ``declare=[]``: then kombu needs nothing of the
-    producer's connection (a recording works on one from before a Redis restart, whose
+    must publish, a task with :func:`recorded_send`'s options: then kombu needs nothing of
+    the producer's connection (a recording works on one from before a Redis restart, whose
     commands the commit runs on the store's client). ``NotRecordable`` if kombu asked for
     an unexpected command or did not hand the publishes to the session: kombu's own batch
     is then discarded, nothing sent.
@@ -361,9 +368,8 @@ def _record_probe(app: Celery, queue: str) -> str | None:
                     task_id=queue,
                     producer=producer,
                     queue=Queue(queue, Exchange(queue), routing_key=queue),
-                    declare=[],
                     ignore_result=True,
-                    retry=False,
+                    **recorded_send(),
                 )
         except _DirectWrite as exc:
             return f"kombu ran {exc} on Redis itself instead of handing it to the publish batch"

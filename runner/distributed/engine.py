@@ -220,11 +220,12 @@ def _send_task(
     recorded: bool = False,
 ) -> None:
     """Send ``act``'s task through ``producer``; ``recorded``: the producer records the
-    publish for the outbox (nothing reaches Redis while it does, so kombu's retry wrapper
-    has nothing to retry and a queue declaration nothing to declare: both skipped, as in
-    :func:`.broker.outbox_ready`'s probe; the consuming worker declares its queues)."""
+    publish for the outbox, with :func:`.broker.recorded_send`'s options (nothing reaches
+    Redis while it records; the consuming worker declares its queues)."""
+    from .broker import recorded_send  # loaded with the app that sends
+
     name = task_name(flow_name, act.method)
-    quiet: dict[str, Any] = {"retry": False, "declare": []} if recorded else {}
+    quiet = recorded_send() if recorded else {}
     rt.app.send_task(
         name,
         kwargs={
