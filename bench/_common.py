@@ -251,9 +251,8 @@ def delete_prefix(client: redis.Redis, prefix: str, batch: int = 500) -> int:
 def delete_queues(client: redis.Redis, queue_keys: Sequence[str], token: str) -> None:
     """Delete a benchmark's broker keys: ``queue_keys`` (each queue's lists, from
     :meth:`~runner.distributed.broker.Layout.queue_keys`), their version twins, their kombu
-    bindings, and the
-    entries of kombu's shared ``_kombu.binding_deadlines`` that name ``token`` (its pidbox
-    exchanges); nobody else's."""
+    bindings, and the entries of kombu's shared ``_kombu.binding_deadlines`` that name
+    ``token`` (its pidbox exchanges); nobody else's."""
     queues = [key for key in queue_keys if key]
     # A flow worker also consumes each queue's version twins ``<queue>@<version>``
     # (:func:`runner.distributed.routing.version_queue`): their lists and bindings go too.

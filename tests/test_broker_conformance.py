@@ -137,33 +137,40 @@ def pushes(commands: list[tuple[str, str]], rt: Runtime, queue: str) -> list[tup
     for origin, command in commands:
         name, _, rest = command.partition(" ")
         words = rest.split(" ")
-        if name.upper() in ("HSETNX", "HSET") and words[0].endswith(":dispatched"):
-            run = words[0][words[0].index("{") + 1 : words[0].index("}")]
-            marked.update((run, field) for field in words[1::2])
+        if (written := markers_written(command)) is not None:
+            marked.update(written[1])
         elif name.upper() == "LPUSH" and words[0] in lists:
             raw = rest[len(words[0]) + 1 :]
             task = broker.task_id_of(raw) or re.search(r'"id": "([^"]+)"', raw).group(1)  # type: ignore[union-attr]
-            run, epoch, act = task.rsplit(":", 2)
-            found.append((origin, task, (run, activation_key_in(int(epoch), act)) in marked))
+            found.append((origin, task, step_of(task) in marked))
     return found
 
 
-def _step(task: str) -> tuple[str, str]:
+def markers_written(command: str) -> tuple[str, list[tuple[str, str]]] | None:
+    """For a command writing a run's dispatch markers: its verb (``HSETNX``, the commit that
+    makes a step ready; ``HSET``, a re-send re-dating it) and the (run id, activation key)
+    of each marker; ``None`` for any other command."""
+    name, _, rest = command.partition(" ")
+    words = rest.split(" ")
+    if name.upper() not in ("HSETNX", "HSET") or not words[0].endswith(":dispatched"):
+        return None
+    run = words[0][words[0].index("{") + 1 : words[0].index("}")]
+    return name.upper(), [(run, field) for field in words[1::2]]
+
+
+def step_of(task: str) -> tuple[str, str]:
     """A step message's task id as (run id, activation key)."""
     run, epoch, act = task.rsplit(":", 2)
     return run, activation_key_in(int(epoch), act)
 
 
 def restamped(commands: list[tuple[str, str]]) -> Counter[tuple[str, str]]:
-    """(run id, activation key) -> how many times its dispatch marker was re-dated (``HSET``,
-    a re-send; the commit that makes a step ready writes it with ``HSETNX``)."""
+    """(run id, activation key) -> how many times its dispatch marker was re-dated."""
     found: Counter[tuple[str, str]] = Counter()
     for _origin, command in commands:
-        name, _, rest = command.partition(" ")
-        words = rest.split(" ")
-        if name.upper() == "HSET" and words[0].endswith(":dispatched"):
-            run = words[0][words[0].index("{") + 1 : words[0].index("}")]
-            found.update((run, field) for field in words[1::2])
+        written = markers_written(command)
+        if written is not None and written[0] == "HSET":
+            found.update(written[1])
     return found
 
 
@@ -267,9 +274,8 @@ def test_with_the_batch_factory_looked_up_on_the_class_runs_finish_and_none_is_s
         # go a lease without a commit, and a message between a worker's pop and its record
         # looks lost): a re-send re-dates the step's marker first, so it is counted.
         again = restamped(commands)
-        assert Counter(_step(task) for _, task, _ in queued) == Counter(
-            {_step(task): 1 + again[_step(task)] for _, task, _ in queued}
-        )
+        pushed = Counter(step_of(task) for _, task, _ in queued)
+        assert pushed == Counter({step: 1 + again[step] for step in pushed})
         # Sent by kombu itself (the outbox is off), each after its commit.
         assert {(origin, after) for origin, _, after in queued} == {("tcp", True)}
         for log in (logged_warnings(Path(worker.log or "")), adapter_warnings(caplog)):
