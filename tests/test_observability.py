@@ -56,6 +56,13 @@ def _value(samples: dict[tuple[str, frozenset[Any]], float], name: str, **labels
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
+def _settled(samples: dict[tuple[str, frozenset[Any]], float], steps: int) -> Any:
+    """``samples`` once ``steps`` attempts are counted and none is running, else ``None``."""
+    counted = sum(v for (name, _), v in samples.items() if name == "runner_steps_total")
+    running = sum(v for (name, _), v in samples.items() if name == "runner_steps_running")
+    return samples if counted >= steps and running == 0 else None
+
+
 def _pool_pids(worker: WorkerProcess) -> set[int]:
     return set(worker.children())
 
@@ -122,11 +129,11 @@ def test_a_worker_serves_exact_step_counts_over_http_across_its_pool_processes(
 ) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    with private_pool(worker_env, str(tmp_path), RUNNER_METRICS_PORT=str(port)) as (
-        pool,
-        rt,
-        env,
-    ):
+    # A lease long enough that no step is re-sent while the replaced pool processes start on
+    # a loaded machine: the test counts recovery's re-sends as none.
+    with private_pool(
+        worker_env, str(tmp_path), RUNNER_METRICS_PORT=str(port), RUNNER_LEASE_SECONDS="30"
+    ) as (pool, rt, env):
         pool.start(concurrency=2)
         worker = pool.workers[0]
         assert submit(FanoutFlow, {}, rt=rt).result(timeout=30) == "10 notes"
@@ -138,7 +145,8 @@ def test_a_worker_serves_exact_step_counts_over_http_across_its_pool_processes(
         eventually(lambda: len(_pool_pids(worker) - killed) == 2, timeout=30)
         assert submit(FanoutFlow, {}, rt=rt).result(timeout=30) == "10 notes"
 
-        samples = _scrape(url)
+        # The result is out when the last step commits; its attempt is counted just after.
+        samples = eventually(lambda: _settled(_scrape(url), 2 * len(FANOUT_STEPS) + 4))
         for method in FANOUT_STEPS:
             labels = {"flow": "FanoutFlow", "method": method}
             assert _value(samples, "runner_steps_total", **labels, outcome="done") == 2, method

@@ -51,6 +51,26 @@ def test_a_rate_s_use_is_read_with_the_interval_its_admission_recorded(
     assert [(run, step) for run, step, _ in use.waiting] == [("r3", "call#1")]
 
 
+def test_steps_back_late_from_their_reserved_turns_start_no_faster_than_the_rate(
+    store: DeploymentStore,
+) -> None:
+    """Deferred steps a killed worker held come back together, after their turns: one may
+    start, the others keep their places and wait an interval each, not all start at once."""
+    rate = RateLimit("Flow.call", interval=0.05, burst=1, text="20/s")
+    assert store.admit([rate], [], "t0", "r0|call#1", 30, 0.25) is None
+    turns = [store.admit([rate], [], f"t{n}", f"r{n}|call#1", 30, 0.25) for n in range(1, 5)]
+    assert all(t is not None for t in turns)
+    time.sleep(max(t.seconds for t in turns if t is not None) + 0.1)  # every turn has passed
+    back = [store.admit([rate], [], f"t{n}", f"r{n}|call#1", 30, 0.25) for n in range(1, 5)]
+    assert back[0] is None
+    assert all(r is not None and r.kind == "rate" and 0 < r.seconds <= 0.05 for r in back[1:])
+    (use,) = store.limit_uses()
+    assert sorted(run for run, _, _ in use.waiting) == ["r2", "r3", "r4"]  # still reserved
+    time.sleep(0.05)
+    assert store.admit([rate], [], "t2", "r2|call#1", 30, 0.25) is None
+    assert store.admit([rate], [], "t3", "r3|call#1", 30, 0.25) is not None
+
+
 def test_a_spec_an_older_release_wrote_reads_as_its_text_until_rewritten(
     store: RedisProvider,
 ) -> None:

@@ -17,6 +17,9 @@ A step a limit holds back is **deferred**: the attempt hands its step to a messa
 countdown (when the limit will let it start; a short poll for a concurrency slot) and frees
 its pool slot at once, under the same lease rules as a retry (see ``docs/delivery.md``).
 It is noted in the limit's waiting set, which ``runner limits`` and the console show.
+Its turn is reserved; if it comes back late (the worker holding its message was killed, and
+the messages came back together), it keeps the turn but starts only as the rate's starts
+allow, so the bound above holds for what actually starts.
 """
 
 from __future__ import annotations

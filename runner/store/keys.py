@@ -36,6 +36,7 @@ key                        type    holds
 ``P:rekey``                hash    ``runner rekey``'s progress: key id, index shard, cursor
 ``P:{flow}:rates``         hash    named limit -> its rate (``runner.set_limit``)
 ``P:{flow}:rate:<L>``      string  limit ``L``'s theoretical arrival time (GCRA), in ms
+``P:{flow}:started:<L>``   string  the same clock over ``L``'s starts alone (late turns)
 ``P:{flow}:slots:<L>``     zset    attempt tokens holding a slot of ``L`` by lease expiry
 ``P:{flow}:limited``       zset    every limit ``<kind>:L`` in use, scored by when last used
 ``P:{flow}:limit-specs``   hash    ``<kind>:L`` -> JSON ``[its rate or slots, interval ms]``
@@ -189,6 +190,11 @@ class Keys:
     def rate(self, limit: str) -> str:
         """A rate limit's theoretical arrival time (GCRA)."""
         return f"{self.prefix}:{{flow}}:rate:{limit}"
+
+    def rate_starts(self, limit: str) -> str:
+        """A rate limit's theoretical arrival time counted over its starts alone: turns a
+        deferred step reserved but began late do not let late steps start together."""
+        return f"{self.prefix}:{{flow}}:started:{limit}"
 
     def slots(self, limit: str) -> str:
         """A concurrency limit's slots: attempt tokens scored by lease expiry."""

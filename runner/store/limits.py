@@ -11,6 +11,7 @@ key                        type    holds
 =========================  ======  ==============================================================
 ``P:{flow}:rates``         hash    named limit -> JSON ``[rate, burst]`` (``runner.set_limit``)
 ``P:{flow}:rate:<L>``      string  ``L``'s theoretical arrival time (GCRA), in Redis's ms
+``P:{flow}:started:<L>``   string  the same clock over ``L``'s starts alone, not its reserved turns
 ``P:{flow}:slots:<L>``     zset    attempt tokens holding a slot of ``L``, by lease expiry (ms)
 ``P:{flow}:limited``       zset    ``<kind>:<L>`` of every limit in use, by when last used (ms)
 ``P:{flow}:limit-specs``   hash    ``<kind>:<L>`` -> JSON ``[text, interval ms, burst, period]``
@@ -178,6 +179,7 @@ class LimitBook:
             *(self.keys.slots(s.name) for s in slots),
             *(self.keys.waiting(f"{RATE}:{r.name}") for r in rates),
             *(self.keys.waiting(f"{CONCURRENCY}:{s.name}") for s in slots),
+            *(self.keys.rate_starts(r.name) for r in rates),
             self.keys.limit_specs(),
         ]
         admitted, wait_ms, limit = self._admit(keys=keys, args=[json.dumps(header)])

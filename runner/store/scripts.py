@@ -352,12 +352,17 @@ ADMIT = """
 -- lapsed ones trimmed first, so a killed worker's slot comes back with its lease).
 -- A step over a rate reserves its turn: the rate advances and the step is noted in the
 -- limit's waiting set, scored by its turn; back at its turn it passes that limit without
--- advancing it again (so deferred steps come back one at a time, not all at once). A step
--- that finds the slots taken is noted there to poll again. Admitted, it takes its slots,
--- advances the rates it had not reserved, and leaves the waiting sets.
+-- advancing it again (so deferred steps come back one at a time, not all at once). A second
+-- GCRA clock counts the starts themselves: a reserved turn is a plan, and steps that come
+-- back late together (a killed worker's deferred messages, restored at once) would start
+-- together; the starts clock holds them to the burst, then one an interval, each keeping
+-- its reservation and moved to when the starts allow it. A step that finds the slots taken
+-- is noted there to poll again. Admitted, it takes its slots, advances the rates it had not
+-- reserved and every starts clock, and leaves the waiting sets.
 -- Limits are named "rate:<name>" or "concurrency:<name>".
 -- KEYS[1] limited zset (limit -> last used)   KEYS[2..1+R] rate keys
 -- KEYS[2+R..1+R+C] slot zsets                 KEYS[2+R+C..1+2R+2C] waiting zsets (rates, slots)
+-- KEYS[2+2R+2C..1+3R+2C] rates' starts clocks
 -- KEYS[#KEYS] limit-specs hash (limit -> its spec record, see runner.store.limits)
 -- ARGV[1] JSON {token, member, lease_ms, poll_ms, rates: [[interval_ms, burst, name, spec]],
 --               slots: [[count, name, spec]]}
@@ -366,20 +371,26 @@ local h = cjson.decode(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local R, C = #h.rates, #h.slots
-local wait, holder, fresh = 0, '', {}
+local wait, holder, fresh, started = 0, '', {}, {}
 for i = 1, R do
   local interval, burst, name = h.rates[i][1], h.rates[i][2], h.rates[i][3]
   local waiting = KEYS[1 + R + C + i]
   redis.call('ZREMRANGEBYSCORE', waiting, '-inf', now - 60000)
   redis.call('HSET', KEYS[#KEYS], name, h.rates[i][4])
   redis.call('ZADD', KEYS[1], now, name)
+  started[i] = math.max(tonumber(redis.call('GET', KEYS[1 + 2 * R + 2 * C + i]) or '0'), now)
+  local early = started[i] - now - (burst - 1) * interval
   local turn = redis.call('ZSCORE', waiting, h.member)
   local over = 0
   if turn then
     over = tonumber(turn) - now
+    if over <= 0 and early > 0 then
+      over = early
+      redis.call('ZADD', waiting, now + over, h.member)
+    end
   else
     local tat = math.max(tonumber(redis.call('GET', KEYS[1 + i]) or '0'), now)
-    over = tat - now - (burst - 1) * interval
+    over = math.max(tat - now - (burst - 1) * interval, early)
     if over > 0 then
       redis.call('SET', KEYS[1 + i], tat + interval, 'PX', math.ceil(tat + interval - now) + 1000)
       redis.call('ZADD', waiting, now + over, h.member)
@@ -408,6 +419,8 @@ for i = 1, R do
     local tat = fresh[i] + h.rates[i][1]
     redis.call('SET', KEYS[1 + i], tat, 'PX', math.ceil(tat - now) + 1000)
   end
+  local starts = started[i] + h.rates[i][1]
+  redis.call('SET', KEYS[1 + 2 * R + 2 * C + i], starts, 'PX', math.ceil(starts - now) + 1000)
   redis.call('ZREM', KEYS[1 + R + C + i], h.member)
 end
 for j = 1, C do
