@@ -11,6 +11,7 @@ from typing import Any
 
 from runner.distributed import control, engine
 from runner.distributed.client import submit
+from runner.flow import plans
 from runner.flow import transition as tr
 from runner.flow.attempt import Returned, StepResult
 from runner.flow.children import ChildRun, child_run_id
@@ -93,3 +94,29 @@ def test_an_attempt_from_an_earlier_epoch_does_not_relink(rt: Any) -> None:
     reply = engine.start_child(rt, parent.run_id, 7, marker, result)
     assert reply["skipped"] == "the activation is no longer waiting"
     assert parent.latest().seq == seq
+
+
+def test_a_child_stopped_with_its_parent_does_not_end_the_resumed_activation(rt: Any) -> None:
+    """Between a resume and the re-run of the activation that started the child, the child
+    is still the one that stopped: its end (as recovery reports a child it finds ended) is
+    not the new epoch's, and the re-run resumes it."""
+    inputs = _inputs(fail_once="a2")
+    parent = engine_submit(rt, inputs)
+    assert parent.wait(timeout=30) is RunStatus.FAILED
+    child = rt.store.latest(child_run_id(parent.run_id, "stage#1"))
+    assert child is not None and child.status is RunStatus.FAILED
+    # control.resume's commit, its steps not yet sent (as if the worker had not got them).
+    latest = parent.latest()
+    plan = plans.plan_resume(HostFlow(), latest, None, run_id=parent.run_id, latest=latest)
+    done = engine.commit_on_latest(rt, parent.run_id, plan.opening)
+    assert done is not None
+    resumed, step = done
+    assert engine.on_child_finished(rt, child) == []
+    assert parent.latest().seq == resumed.seq  # the parent was not failed again
+    assert parent.status() is RunStatus.RUNNING
+    engine.dispatch_ready(rt, HostFlow, resumed, step.ready)
+    assert parent.wait(timeout=30) is RunStatus.SUCCEEDED
+    assert parent.latest().state["summary"] == "a3(a2(a1(bees)))"
+    assert counts(inputs["tag"]) == {"a1": 1, "a2": 2, "a3": 1}
+    linked = parent.latest().meta.links.children["stage#1"]
+    assert (linked.epoch, linked.waiting) == (resumed.meta.epoch, False)

@@ -369,6 +369,7 @@ def child_linked(
     if there is nothing to write (already linked, not running, or a stale ``epoch``)."""
     if latest.status is not RunStatus.RUNNING or not in_flight(latest, epoch, activation_id):
         return None
+    link = link.model_copy(update={"epoch": epoch})
     if latest.meta.links.children.get(activation_id) == link:
         return None
     act = orch.pending_activation(tr.record_of(latest), activation_id)
@@ -388,13 +389,18 @@ def child_linked(
 def waiting_on(latest: Checkpoint | None, activation_id: str) -> str | None:
     """The child run id ``activation_id`` waits on, if it is in flight in a running run.
 
-    A link copied into a fork names the source run's child, not this run's: not waiting.
+    A link copied into a fork names the source run's child, not this run's: not waiting. A
+    link made in an earlier epoch is not waiting either: the new epoch runs the activation
+    again, which links (and, if it stopped with the run, resumes) the child; a child that
+    ended before that, stopped with its parent, does not end the activation.
     """
     if latest is None or latest.status is not RunStatus.RUNNING:
         return None
     link = latest.meta.links.children.get(activation_id)
     child_id = child_run_id(latest.run_id, activation_id)
     if link is None or not link.waiting or link.run_id != child_id:
+        return None
+    if link.epoch is not None and link.epoch != latest.meta.epoch:
         return None
     pending = orch.pending_activation(tr.record_of(latest), activation_id)
     return child_id if pending is not None else None

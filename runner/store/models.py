@@ -242,6 +242,11 @@ class ChildLink(BaseModel):
     """... and their new values (applied when the activation commits)."""
     usage: UsageMetrics | None = None
     """What the method spent before it started the child (added to the child's own)."""
+    epoch: int | None = None
+    """The parent's epoch the link was made in: it waits in that epoch only. A resume (or
+    any new epoch) runs the activation again, which links the child again (resuming it if it
+    stopped with its parent); until then its end is not the activation's. ``None``: a link
+    of an older release, waiting in any epoch."""
 
 
 class Awaiting(BaseModel):
