@@ -138,7 +138,9 @@ def test_a_worker_serves_exact_step_counts_over_http_across_its_pool_processes(
         worker = pool.workers[0]
         assert submit(FanoutFlow, {}, rt=rt).result(timeout=30) == "10 notes"
         assert submit(DistFlaky, {}, rt=rt).result(timeout=30) == "after 3 attempts"
-        # Every pool process is killed and replaced: the counts they made stay.
+        # Every pool process is killed and replaced: the counts they made stay. Killed idle:
+        # a result is out when its step commits, before the attempt ends and acks its message.
+        eventually(lambda: _settled(_scrape(url), len(FANOUT_STEPS) + 3))
         killed = _pool_pids(worker)
         for pid in killed:
             os.kill(pid, signal.SIGKILL)
