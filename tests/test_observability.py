@@ -56,7 +56,9 @@ def _value(samples: dict[tuple[str, frozenset[Any]], float], name: str, **labels
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
-def _settled(samples: dict[tuple[str, frozenset[Any]], float], steps: int) -> Any:
+def _settled(
+    samples: dict[tuple[str, frozenset[Any]], float], steps: int
+) -> dict[tuple[str, frozenset[Any]], float] | None:
     """``samples`` once ``steps`` attempts are counted and none is running, else ``None``."""
     counted = sum(v for (name, _), v in samples.items() if name == "runner_steps_total")
     running = sum(v for (name, _), v in samples.items() if name == "runner_steps_running")

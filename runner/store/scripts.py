@@ -371,6 +371,10 @@ local h = cjson.decode(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local R, C = #h.rates, #h.slots
+-- A GCRA clock is kept until a second after the time it holds: then it is 'now' again.
+local function set_clock(key, at)
+  redis.call('SET', key, at, 'PX', math.ceil(at - now) + 1000)
+end
 local wait, holder, fresh, started = 0, '', {}, {}
 for i = 1, R do
   local interval, burst, name = h.rates[i][1], h.rates[i][2], h.rates[i][3]
@@ -392,7 +396,7 @@ for i = 1, R do
     local tat = math.max(tonumber(redis.call('GET', KEYS[1 + i]) or '0'), now)
     over = math.max(tat - now - (burst - 1) * interval, early)
     if over > 0 then
-      redis.call('SET', KEYS[1 + i], tat + interval, 'PX', math.ceil(tat + interval - now) + 1000)
+      set_clock(KEYS[1 + i], tat + interval)
       redis.call('ZADD', waiting, now + over, h.member)
     else
       fresh[i] = tat
@@ -415,12 +419,8 @@ for j = 1, C do
 end
 if wait > 0 then return {0, math.ceil(wait), holder} end
 for i = 1, R do
-  if fresh[i] then
-    local tat = fresh[i] + h.rates[i][1]
-    redis.call('SET', KEYS[1 + i], tat, 'PX', math.ceil(tat - now) + 1000)
-  end
-  local starts = started[i] + h.rates[i][1]
-  redis.call('SET', KEYS[1 + 2 * R + 2 * C + i], starts, 'PX', math.ceil(starts - now) + 1000)
+  if fresh[i] then set_clock(KEYS[1 + i], fresh[i] + h.rates[i][1]) end
+  set_clock(KEYS[1 + 2 * R + 2 * C + i], started[i] + h.rates[i][1])
   redis.call('ZREM', KEYS[1 + R + C + i], h.member)
 end
 for j = 1, C do
