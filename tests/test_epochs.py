@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from runner.flow import epochs
+from runner.flow import epochs, lifecycle
+from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
 from runner.flow.epochs import Carry, Opening
 from runner.flow.graph import compile_graph
@@ -24,6 +25,7 @@ from runner.store.models import (
     RunUsage,
 )
 from tests.flows.results import PlainEnd
+from tests.flows.reviews import TwinReviewFlow
 
 
 def test_every_run_meta_field_states_how_it_carries_into_each_kind_of_new_epoch() -> None:
@@ -83,6 +85,7 @@ def full_meta() -> RunMeta:
         "upgrades": ["v1 -> v2"],
         "patches": {"write#1": {"new-prompt": False}},
         "pinned": "v1",
+        "carried": {"write#1": 2},
     }
     meta = RunMeta().updated(**values)
     default = RunMeta()
@@ -138,3 +141,48 @@ def test_an_opening_must_give_what_it_sets_and_nothing_else() -> None:
         epochs.carry(
             RunMeta(), Opening.RESUME, ready=[], epoch=1, resumed_from="c", usage=None, answers={}
         )
+
+
+def twins_paused_on_left() -> Any:
+    """A TwinReviewFlow run paused by ``left``'s review while ``right`` still runs, in
+    epoch 2."""
+    graph = compile_graph(TwinReviewFlow)
+    ckpt = tr.start(graph, "run-2", {"id": "run-2"}, flow="x:T", name="T").checkpoint
+    ckpt = ckpt.model_copy(update={"meta": ckpt.meta.updated(epoch=2)})
+    (begin,) = orch.pending(tr.record_of(ckpt))
+    ckpt = tr.step_done(
+        graph, ckpt, begin, base_state={}, new_state={}, output="kelp", label=None, reducers={}
+    ).checkpoint
+    left = next(a for a in orch.pending(tr.record_of(ckpt)) if a.method == "left")
+    asked = Awaiting(kind="feedback", method="left", activation=left.id, message="Left ok?")
+    paused = tr.step_awaiting(ckpt, left, asked, base_state={}, new_state={}, reducers={})
+    return graph, paused.checkpoint
+
+
+def test_an_answer_carries_a_step_still_running_instead_of_running_it_again() -> None:
+    """Two reviewed steps in parallel: ``left`` paused the run while ``right``'s attempt
+    still runs. The answer sends ``left`` again in epoch 3, not ``right``: its attempt of
+    epoch 2 commits into epoch 3 (under its own key), and a stray attempt of epoch 3 does not;
+    its commit drops the note. A resume carries nothing: it runs every step again."""
+    graph, paused = twins_paused_on_left()
+    answer = Answer(text="fine", awaited=paused.meta.human.awaiting)
+
+    opened = tr.answered(paused, answer, running={"right#1", "left#1"})
+    ckpt = opened.checkpoint
+    assert [a.id for a in opened.ready] == ckpt.meta.ready == ["left#1"]
+    assert (ckpt.meta.epoch, ckpt.meta.carried) == (3, {"right#1": 2})
+    assert tr.epoch_of(ckpt, "right#1") == 2 and tr.epoch_of(ckpt, "left#1") == 3
+    assert lifecycle.in_flight(ckpt, 2, "right#1") and not lifecycle.in_flight(ckpt, 3, "right#1")
+    assert not lifecycle.in_flight(ckpt, 2, "left#1")
+    assert tr.activation_key(ckpt, "right#1") == "2/right#1"
+
+    right = next(a for a in orch.pending(tr.record_of(ckpt)) if a.method == "right")
+    done = tr.step_done(
+        graph, ckpt, right, base_state={}, new_state={}, output="r", label=None, reducers={}
+    ).checkpoint
+    assert done.activation == "2/right#1" and done.meta.carried == {}
+
+    assert tr.answered(paused, answer).checkpoint.meta.ready == ["left#1", "right#1"]
+    again = tr.answered(ckpt, answer, running={"right#1"}).checkpoint.meta
+    assert again.carried == {"right#1": 2}  # still its first attempt's epoch
+    assert tr.resumed(ckpt, ckpt, dict(ckpt.state)).checkpoint.meta.carried == {}

@@ -20,8 +20,8 @@ from runner.errors import InvalidInputs, RunStateError
 from runner.store.models import RunStatus
 from tests._dist_support import paused
 from tests.console_support import serving
-from tests.flows.dist import executions
-from tests.flows.reviews import ArticleFlow, NotesFlow, TwinReviewFlow
+from tests.flows.dist import executions, key
+from tests.flows.reviews import ArticleFlow, HeldTwinReviewFlow, NotesFlow, TwinReviewFlow
 
 
 def ran(r: redis.Redis, run_id: str, *methods: str) -> list[int]:
@@ -105,6 +105,31 @@ def test_two_reviews_paused_in_parallel_are_asked_in_turn_and_neither_method_run
         time.sleep(0.05)
     assert second.output == f"{second.method} on kelp"
     handle.resume(feedback=f"fine {second.method}")
+    assert handle.result(timeout=30) == "joined"
+    assert ran(redis_client, handle.run_id, "begin", "left", "right", "join") == [1, 1, 1, 1]
+
+
+def test_a_review_answered_while_a_parallel_reviewed_step_still_runs_does_not_run_it_again(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    """``left``'s review pauses the run while ``right`` still runs (it waits on a gate). The
+    answer sends ``left`` again, not ``right``: its running attempt goes on, commits its own
+    review into the answered run, and is asked next."""
+    handle = HeldTwinReviewFlow.submit({"topic": "kelp"}, rt=rt)
+    first = paused(handle).meta.human.awaiting
+    assert first is not None and first.method == "left"
+    assert ran(redis_client, handle.run_id, "right") == [1]  # running, held by its gate
+    answered = handle.resume(feedback="fine left").latest()
+    assert answered.meta.carried == {"right#1": 0}  # its attempt of epoch 0 goes on
+    redis_client.set(key(handle.run_id, "gate", "right"), 1)
+    deadline = time.monotonic() + 30
+    while (latest := handle.latest()).meta.human.awaiting is None or (
+        latest.meta.human.awaiting.method != "right"
+    ):
+        assert time.monotonic() < deadline, f"right's review was never asked ({latest.status})"
+        time.sleep(0.05)
+    assert latest.meta.human.awaiting.output == "right on kelp"
+    handle.resume(feedback="fine right")
     assert handle.result(timeout=30) == "joined"
     assert ran(redis_client, handle.run_id, "begin", "left", "right", "join") == [1, 1, 1, 1]
 

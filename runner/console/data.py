@@ -19,6 +19,7 @@ from runner.distributed.engine import Runtime, task_id
 from runner.distributed.waiting import waits_of
 from runner.errors import RunnerError, RunNotFound
 from runner.flow import conversation, results, usage
+from runner.flow import transition as tr
 from runner.flow.graph import TRIGGER_PAYLOAD, FlowGraph
 from runner.store.base import DeploymentStore, latest_readable
 from runner.store.models import Checkpoint, RunInfo, RunStatus, StepError
@@ -322,7 +323,11 @@ def timeline_row(ckpt: Checkpoint, flower_url: str | None) -> dict[str, Any]:
         "created_at": ckpt.created_at,
         "error": f"{ckpt.error.type}: {ckpt.error.message}" if ckpt.error else None,
         "usage": ckpt.usage.model_dump() if ckpt.usage is not None else None,
-        "flower": flower_link(flower_url, ckpt.run_id, ckpt.meta.epoch, task) if task else None,
+        "flower": (
+            flower_link(flower_url, ckpt.run_id, tr.attempt_epoch(ckpt, task), task)
+            if task
+            else None
+        ),
     }
 
 

@@ -3,7 +3,8 @@
 ``@human_feedback``'s review and ``self.ask``'s question pause a run with ``meta.human.awaiting``
 (see :mod:`runner.flow.human_feedback`, :mod:`runner.flow.input_provider`). :func:`deliver`
 records the answer (its text, a label chosen directly, who gave it, when) in the run's
-``meta.human.answers`` and sends the step that waited again, in a new epoch. The CLI's
+``meta.human.answers`` and sends the step that waited again, in a new epoch. A parallel step
+still running when its run paused is not sent again: its attempt goes on into that epoch. The CLI's
 ``resume --feedback``, ``RunHandle.resume(feedback=)``, the console and its API,
 ``control.answer`` and an ``ask`` timeout all come here.
 """
@@ -15,7 +16,7 @@ from runner.flow import plans
 from runner.flow.loading import load_flow
 from runner.store.models import Checkpoint
 
-from .engine import Runtime, commit_on_latest, dispatch_ready
+from .engine import Runtime, commit_on_latest, dispatch_ready, running_steps
 
 
 def deliver(
@@ -42,7 +43,14 @@ def deliver(
         raise RunNotFound(f"no run {run_id}", run_id=run_id)
     flow_cls = load_flow(str(latest.flow))
     plan = plans.plan_answer(
-        flow_cls.graph(), latest, text, by=by, outcome=outcome, step=step, flow_cls=flow_cls
+        flow_cls.graph(),
+        latest,
+        text,
+        by=by,
+        outcome=outcome,
+        step=step,
+        flow_cls=flow_cls,
+        running=running_steps(rt, latest),
     )
     done = commit_on_latest(rt, run_id, plan.opening)
     assert done is not None

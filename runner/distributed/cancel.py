@@ -123,7 +123,7 @@ def _commit_cancels(rt: Runtime, run_id: str, reason: str | None) -> list[Checkp
 def stop_attempts(rt: Runtime, ckpt: Checkpoint) -> list[str]:
     """Ask the workers to stop the attempts of the steps in flight at ``ckpt``; the task ids
     revoked (none if the broadcast failed: the attempts then finish and commit nothing)."""
-    ids = [task_id(ckpt.run_id, ckpt.meta.epoch, act) for act in ckpt.in_flight]
+    ids = [task_id(ckpt.run_id, tr.epoch_of(ckpt, act), act) for act in ckpt.in_flight]
     if not ids:
         return []
     try:

@@ -274,15 +274,37 @@ def dispatch_pending(rt: Runtime, latest: Checkpoint) -> list[str]:
     redelivery, what the first commit made ready; for a new child run, its starts."""
     if latest.status is not RunStatus.RUNNING:
         return []
-    pending = orch.pending(tr.record_of(latest))
-    return dispatch(
-        rt,
-        str(latest.meta.name),
-        latest.run_id,
-        latest.meta.epoch,
-        pending,
-        priority=latest.meta.scheduling.priority,
-    )
+    return dispatch_in_epochs(rt, latest, orch.pending(tr.record_of(latest)))
+
+
+def dispatch_in_epochs(
+    rt: Runtime, latest: Checkpoint, acts: list[Activation], *, force: bool = False
+) -> list[str]:
+    """:func:`dispatch` ``acts`` of ``latest``'s run, each in the epoch whose attempts may
+    commit it (:func:`~runner.flow.transition.epoch_of`: the run's, or the one an answer
+    carried it from)."""
+    by_epoch: dict[int, list[Activation]] = {}
+    for act in acts:
+        by_epoch.setdefault(tr.epoch_of(latest, act.id), []).append(act)
+    sent: list[str] = []
+    for epoch, group in sorted(by_epoch.items()):
+        sent += dispatch(
+            rt,
+            str(latest.meta.name),
+            latest.run_id,
+            epoch,
+            group,
+            priority=latest.meta.scheduling.priority,
+            force=force,
+        )
+    return sent
+
+
+def running_steps(rt: Runtime, latest: Checkpoint) -> set[str]:
+    """The activations in flight at ``latest`` that an attempt holds a live lease on (running,
+    or held by the worker that received it): what an answer carries into its epoch."""
+    leases, now = rt.coord.coordination(latest.run_id).leases, time.time()
+    return {a for a in latest.in_flight if leases.get(tr.activation_key(latest, a), 0.0) > now}
 
 
 def first_checkpoint(flow_cls: Any, inputs: dict[str, Any], message: Any = None) -> tr.Transition:
@@ -393,6 +415,7 @@ def commit_and_send(
             sender_lease=rt.settings.lease_seconds,
             outbox=messages or (),
             announce=announce,
+            carried=[tr.activation_key(checkpoint, a) for a in checkpoint.meta.carried],
         )
     )
     if marks and messages is None:
@@ -497,7 +520,11 @@ def start_child(
         rt, parent_run_id, lambda latest: lifecycle.child_linked(latest, epoch, act.id, link)
     )
     parent = rt.store.latest(parent_run_id)
-    if parent is None or parent.meta.epoch != epoch or lifecycle.waiting_on(parent, act.id) is None:
+    if (
+        parent is None
+        or tr.epoch_of(parent, act.id) != epoch
+        or lifecycle.waiting_on(parent, act.id) is None
+    ):
         return {**reply, "skipped": "the activation is no longer waiting"}
     existing = rt.store.latest(child_id)
     if existing is None:

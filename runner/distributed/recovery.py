@@ -73,7 +73,7 @@ from .cancel import cancel_run
 from .engine import (
     Runtime,
     allowed_flow,
-    dispatch,
+    dispatch_in_epochs,
     run_of_task,
     task_id,
     task_name,
@@ -192,15 +192,7 @@ def _recover_run(rt: Runtime, run_id: str, broker: BrokerView) -> list[str]:
         stale = [act for act in stale if act.id not in waiting]
     if not stale:
         return []
-    return dispatch(
-        rt,
-        flow_cls.flow_name(),
-        run_id,
-        latest.meta.epoch,
-        stale,
-        priority=latest.meta.scheduling.priority,
-        force=True,
-    )
+    return dispatch_in_epochs(rt, latest, stale, force=True)
 
 
 def _stale(
@@ -210,8 +202,9 @@ def _stale(
     now = time.time()
     found = rt.coord.coordination(latest.run_id)
     leases, marked = found.leases, found.markers
-    epoch, stale = latest.meta.epoch, []
+    stale = []
     for act in pending:
+        epoch = tr.epoch_of(latest, act.id)
         key, task = tr.activation_key_in(epoch, act.id), task_id(latest.run_id, epoch, act.id)
         expiry = leases.get(key)
         wake = woken_at(latest, act.id)

@@ -284,8 +284,8 @@ def _runnable(
     """The activation to run, or the reply of a step that is not to run."""
     if latest is None:
         return _skipped(run_id, activation, "its run is unknown here")
-    if latest.meta.epoch != epoch:
-        why = f"it was sent in epoch {epoch} and the run is in epoch {latest.meta.epoch}"
+    if (runs_in := tr.epoch_of(latest, activation)) != epoch:
+        why = f"it was sent in epoch {epoch} and the run runs it in epoch {runs_in}"
         return _skipped(run_id, activation, why)
     act = orch.pending_activation(tr.record_of(latest), activation)
     if act is None or found == DONE:
@@ -355,8 +355,8 @@ def _settle(
     lease: Lease,
 ) -> dict[str, Any]:
     """Commit what the attempt came to, then tell Celery (see the module docstring)."""
-    run_id, act, epoch = latest.run_id, result.activation, latest.meta.epoch
-    graph = flow_cls.graph()
+    run_id, act = latest.run_id, result.activation
+    epoch, graph = tr.epoch_of(latest, act.id), flow_cls.graph()
     outcome = lifecycle.decide(result, graph.methods[act.method], rt.settings)
     end = result.end
     if outcome is Outcome.RETRY and isinstance(end, Raised):
@@ -441,7 +441,8 @@ def _commit_settled(
     version = versions.of(graph, rt.settings)
 
     def build(latest: Checkpoint) -> lifecycle.Settled | None:
-        if latest.status is RunStatus.CANCELLED and latest.meta.epoch == epoch:
+        cancelled = latest.status is RunStatus.CANCELLED
+        if cancelled and tr.epoch_of(latest, result.activation.id) == epoch:
             # Checked inside the compare-and-set loop: a cancel committed first wins, and
             # the step stays in flight for a resume (a pool that could not stop the attempt).
             raise CancelledMeanwhile(run_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner.errors import RunnerError
+from runner.flow import transition as tr
 from runner.flow import versions
 from runner.flow.loading import load_flow
 from runner.settings import RunnerSettings
@@ -79,7 +80,7 @@ def _version_waits(
             if app is not None:
                 from .broker import holds
 
-                there = holds(app, twin, task_id(latest.run_id, latest.meta.epoch, step))
+                there = holds(app, twin, task_id(latest.run_id, tr.epoch_of(latest, step), step))
             if there or (there is None and pinned):
                 found[step] = f"waiting for a worker of version {version}"
                 break

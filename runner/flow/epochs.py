@@ -47,6 +47,9 @@ RULES: dict[str, tuple[Carry, Carry, Carry, Carry]] = {
     "name": (KEEP, KEEP, KEEP, KEEP),
     "epoch": (SET, SET, SET, SET),
     "ready": (SET, SET, SET, SET),
+    # An answer lets a parallel step still running from the paused epoch go on (its lease
+    # is live); a restart, resume or fork runs every step again in the new epoch.
+    "carried": (RESET, RESET, SET, RESET),
     "resumed_from": (KEEP, SET, SET, RESET),
     "forked_from": (KEEP, KEEP, KEEP, SET),
     # The source run's merge conflicts are not the fork's.

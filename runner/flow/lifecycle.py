@@ -128,10 +128,11 @@ def in_flight(
     """The epoch rule: whether ``activation_id`` is still to be committed in ``epoch``.
 
     A resume or restart starts a new epoch: an attempt from an earlier one commits
-    nothing (the resumed run re-runs the step under a new key), and an activation that
-    is no longer in flight was committed by another attempt.
+    nothing (the resumed run re-runs the step under a new key), except one an answer
+    carried into the new epoch (it was running; :func:`~runner.flow.transition.epoch_of`),
+    and an activation that is no longer in flight was committed by another attempt.
     """
-    if latest.meta.epoch != epoch:
+    if tr.epoch_of(latest, activation_id) != epoch:
         return False
     record = tr.record_of(latest) if record is None else record
     return orch.pending_activation(record, activation_id) is not None
@@ -400,7 +401,7 @@ def waiting_on(latest: Checkpoint | None, activation_id: str) -> str | None:
     child_id = child_run_id(latest.run_id, activation_id)
     if link is None or not link.waiting or link.run_id != child_id:
         return None
-    if link.epoch is not None and link.epoch != latest.meta.epoch:
+    if link.epoch is not None and link.epoch != tr.epoch_of(latest, activation_id):
         return None
     pending = orch.pending_activation(tr.record_of(latest), activation_id)
     return child_id if pending is not None else None

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,6 +217,9 @@ class AnswerPlan:
     version: str | None = None
     """The code version that mapped it (the answer's checkpoint then records it: its state
     is that version's, and no later load maps it again)."""
+    running: frozenset[str] = frozenset()
+    """Activations still running at ``paused`` (a parallel step's attempt): they go on into
+    the answered epoch rather than run again (``RunMeta.carried``)."""
 
     def opening(self, latest: Checkpoint | None) -> tr.Transition:
         """The checkpoint that records the answer on ``latest`` (the run's latest as the
@@ -227,7 +230,7 @@ class AnswerPlan:
                 f"run {self.run_id} changed while answering (now at seq {latest.seq}); try again",
                 run_id=self.run_id,
             )
-        opened = tr.answered(latest or self.paused, self.answer)
+        opened = tr.answered(latest or self.paused, self.answer, self.running)
         if self.state is not None:
             opened.checkpoint.state = dict(self.state)
             opened.checkpoint.version = self.version
@@ -243,11 +246,13 @@ def plan_answer(
     outcome: str | None = None,
     step: str | None = None,
     flow_cls: Any = None,
+    running: Collection[str] = (),
 ) -> AnswerPlan:
     """The plan to give run ``latest.run_id`` (at ``latest``) the answer it awaits, or the
     refusal: a run that awaits nothing, a ``step`` that is not the one it awaits now (the
     answerer read another question), an ``outcome`` that is not one of its labels, a state
-    ``flow_cls`` (the code answering, if given) cannot load (:mod:`runner.flow.versions`)."""
+    ``flow_cls`` (the code answering, if given) cannot load (:mod:`runner.flow.versions`).
+    ``running``: the activations an attempt still runs (on workers, a live lease)."""
     run_id = latest.run_id
     awaited = latest.meta.human.awaiting
     if awaited is None or latest.status is not RunStatus.PAUSED:
@@ -268,12 +273,14 @@ def plan_answer(
         )
     check_graph(graph, latest)
     answer = Answer(text=text, outcome=outcome, by=by, awaited=awaited)
+    still = frozenset(running)
     if flow_cls is None:
-        return AnswerPlan(run_id, latest, answer)
+        return AnswerPlan(run_id, latest, answer, running=still)
     loaded, upgrade = versions.read_state(flow_cls, latest.state, latest.version, run_id)
     if upgrade is None:
-        return AnswerPlan(run_id, latest, answer)
-    return AnswerPlan(run_id, latest, answer, loaded, upgrade, versions.of(flow_cls.graph()))
+        return AnswerPlan(run_id, latest, answer, running=still)
+    version = versions.of(flow_cls.graph())
+    return AnswerPlan(run_id, latest, answer, loaded, upgrade, version, running=still)
 
 
 def check_graph(graph: FlowGraph, ckpt: Checkpoint) -> None:

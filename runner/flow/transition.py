@@ -9,6 +9,7 @@ caller reads the latest checkpoint, calls one of these, and commits the result
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,7 +179,7 @@ def step_done(
     return Transition(ckpt, ready, conflicts, record, closing_of(latest, ckpt))
 
 
-ACTIVATION_NOTES = ("sleeps", "answers", "reviews", "patches")
+ACTIVATION_NOTES = ("sleeps", "answers", "reviews", "patches", "carried")
 """The :class:`RunMeta` fields that keep notes per activation for its later attempts."""
 
 
@@ -194,15 +195,30 @@ def notes_without(meta: RunMeta, activation_id: str) -> dict[str, Any]:
     }
 
 
+def epoch_of(latest: Checkpoint, activation_id: str) -> int:
+    """The epoch whose attempts may commit ``activation_id`` onto ``latest``: the run's, or
+    the earlier one its attempt still runs in (``RunMeta.carried``, after an answer)."""
+    return latest.meta.carried.get(activation_id, latest.meta.epoch)
+
+
 def activation_key(latest: Checkpoint, activation_id: str) -> str:
     """The store's idempotency key of an activation: unique across restarts of a run id."""
-    return activation_key_in(latest.meta.epoch, activation_id)
+    return activation_key_in(epoch_of(latest, activation_id), activation_id)
 
 
 def activation_key_in(epoch: int, activation_id: str) -> str:
     """The idempotency key (also the lease and dispatch-marker key) of an activation in
     ``epoch``: epoch 0 keeps the bare id, so runs that were never resumed read naturally."""
     return f"{epoch}/{activation_id}" if epoch else activation_id
+
+
+def attempt_epoch(ckpt: Checkpoint, activation_id: str) -> int:
+    """The epoch of the attempt whose commit ``ckpt`` is (read off its idempotency key), else
+    the one that may commit ``activation_id`` there (:func:`epoch_of`)."""
+    if ckpt.activation:
+        epoch, slash, _ = ckpt.activation.partition("/")
+        return int(epoch) if slash and epoch.isdigit() else 0
+    return epoch_of(ckpt, activation_id)
 
 
 def step_failed(
@@ -340,12 +356,23 @@ def step_awaiting(
     return Transition(ckpt, [], conflicts, record)
 
 
-def answered(latest: Checkpoint, answer: Answer) -> Transition:
+def answered(latest: Checkpoint, answer: Answer, running: Collection[str] = ()) -> Transition:
     """``latest`` (paused, awaiting ``answer.awaited``) goes on in a new epoch with the
-    answer recorded for the activation that waited, which is sent again with the rest."""
+    answer recorded for the activation that waited, which is sent again with the rest.
+
+    ``running``: activations an attempt still runs (a live lease), as a parallel step may
+    while another pauses. Sending one again would run its method twice, so it is not
+    sent: its attempt commits into the new epoch (``RunMeta.carried``)."""
     act = answer.awaited.activation
     answers = {**latest.meta.human.answers, act: [*latest.meta.human.answers.get(act, []), answer]}
-    return resumed(latest, latest, latest.state, epochs.Opening.ANSWER, answers=answers)
+    carried = {
+        a.id: epoch_of(latest, a.id)
+        for a in orch.pending(record_of(latest))
+        if a.id in running and a.id != act
+    }
+    return resumed(
+        latest, latest, latest.state, epochs.Opening.ANSWER, answers=answers, carried=carried
+    )
 
 
 def _step_stopped(
@@ -385,10 +412,12 @@ def resumed(
 
     A new epoch gives the re-dispatched steps fresh idempotency keys and task ids,
     so their earlier attempts (also from later history) can neither block nor
-    duplicate them.
+    duplicate them; the activations an answer carries (``carried=``) keep theirs and
+    are not sent again.
     """
     record = record_of(source)
-    pending = orch.pending(record)
+    still = meta.get("carried", {})  # running on from the epoch before: not sent again
+    pending = [a for a in orch.pending(record) if a.id not in still]
     ckpt = with_record(
         source,
         record,

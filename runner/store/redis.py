@@ -1083,6 +1083,7 @@ def _commit_args(
         "sender_until": repr(now + request.sender_lease),
         "outbox": [[command, target] for command, target, _ in request.outbox],
         "closing": "",
+        "carried": list(request.carried),
     }
     if request.closing is not None:
         closing_always = _meta_fields(request.closing, now)[0]

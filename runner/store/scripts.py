@@ -154,6 +154,8 @@ COMMIT = (
 --                             ready steps' messages published in the same atomic write
 --                             ('lpush'/'pexpire' a key, the next of KEYS[16...]; 'publish')
 --   closing                   '' or {id, always}: the run's closing checkpoint, next in seq
+--   carried                   activation keys whose lease, owner and marker outlive a new
+--                             epoch (steps an answer lets run on from the epoch before)
 -- ARGV[2] snapshot JSON without its opening '{', without seq (and state, when by field)
 -- ARGV[3] the closing checkpoint's snapshot, likewise ('' = none)
 -- ARGV[4...] the changed fields' values (JSON), then the outbox commands' values
@@ -201,12 +203,23 @@ if activation ~= '' then
     redis.call('HDEL', KEYS[8], activation)
   end
 end
--- Markers and leases serve a running run in one epoch: a run that stops, or a resume
--- into a new epoch, leaves none behind (old-epoch messages and attempts are skipped,
--- and a resume dispatches every pending step again).
+-- Markers and leases serve a run in one epoch: a run that ends, or a resume into a new
+-- epoch, leaves none behind (old-epoch messages and attempts are skipped, and a resume
+-- dispatches every pending step again), except those of the steps an answer carries on
+-- (still running when it came). A pause keeps them: its epoch's steps may still run.
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if status ~= 'running' or (epoch and epoch ~= h.epoch) then
+if (status ~= 'running' and status ~= 'paused') or (epoch and epoch ~= h.epoch) then
+  local kept = {}
+  for i, key in ipairs(h.carried or {}) do
+    kept[i] = {redis.call('ZSCORE', KEYS[7], key), redis.call('HGET', KEYS[8], key),
+               redis.call('HGET', KEYS[9], key)}
+  end
   redis.call('DEL', KEYS[7], KEYS[8], KEYS[9])
+  for i, key in ipairs(h.carried or {}) do
+    if kept[i][1] then redis.call('ZADD', KEYS[7], kept[i][1], key) end
+    if kept[i][2] then redis.call('HSET', KEYS[8], key, kept[i][2]) end
+    if kept[i][3] then redis.call('HSET', KEYS[9], key, kept[i][3]) end
+  end
 end
 local fields = {'seq', seq, 'latest', h.id, 'updated_at', now, 'status', status, 'epoch', h.epoch}
 for _, item in ipairs(h.always) do fields[#fields + 1] = item end

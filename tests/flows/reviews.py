@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from runner import Flow, FlowState, and_, human_feedback, listen, start
 
-from .dist import executed
+from .dist import barrier, executed, wait_gate
 
 
 def editor(prompt: str) -> str:
@@ -112,3 +112,24 @@ class TwinReviewFlow(Flow[Twins]):
     def join(self) -> str:
         executed(self.state.id, "join")
         return "joined"
+
+
+class HeldTwinReviewFlow(TwinReviewFlow):
+    """As TwinReviewFlow, but ``left`` and ``right`` both start before ``left`` pauses, and
+    ``right`` runs on until a test opens its gate ``right``: still running when ``left``'s
+    review pauses the run, and when that review is answered."""
+
+    @listen("begin")
+    @human_feedback(message="Left draft ok?")
+    def left(self, topic: str) -> str:
+        executed(self.state.id, "left")
+        barrier(self.state.id, "started", 2)
+        return f"left on {topic}"
+
+    @listen("begin")
+    @human_feedback(message="Right draft ok?")
+    def right(self, topic: str) -> str:
+        executed(self.state.id, "right")
+        barrier(self.state.id, "started", 2)
+        wait_gate(self.state.id, "right")
+        return f"right on {topic}"
