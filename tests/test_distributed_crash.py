@@ -16,9 +16,10 @@ import redis
 
 from runner.distributed.client import submit
 from runner.distributed.processes import children
-from tests._dist_support import eventually, finished, private_pool
+from tests._dist_support import eventually, finished, paused, private_pool
 from tests.flows import dist
 from tests.flows.dist import DistSleeper, executions
+from tests.flows.reviews import HeldTwinReviewFlow
 
 pytestmark = pytest.mark.slow
 
@@ -82,3 +83,31 @@ def test_killed_pool_child_is_redelivered_and_taken_over(
         assert _pids(redis_client, run, "nap")[0] == child
         assert len(finished(rt, run, "nap")) == 1
         assert rt.coord.leases(run) == {}
+
+
+def test_a_step_an_answer_carried_on_is_recovered_in_its_own_epoch_when_its_worker_dies(
+    worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    """``right`` still runs when ``left``'s review is answered, so the answer carries it on
+    (its attempt of epoch 0 commits into epoch 1). Its worker then dies: recovery finds its
+    lapsed lease under epoch 0's key and sends it again in that epoch, and the run ends."""
+    with private_pool(worker_env, str(tmp_path)) as (pool, rt, _):
+        worker = pool.start()
+        handle = HeldTwinReviewFlow.submit({"topic": "kelp"}, rt=rt)
+        run = handle.run_id
+        assert paused(handle).meta.human.awaiting.method == "left"  # type: ignore[union-attr]
+        assert executions(redis_client, run, "right") == 1  # held at its gate
+        assert handle.resume(feedback="fine left").latest().meta.carried == {"right#1": 0}
+        pool.kill(worker)  # right's attempt dies with it
+        redis_client.set(dist.key(run, "gate", "right"), 1)
+
+        pool.start()  # its recovery pass finds right's lapsed lease
+        asked = eventually(
+            lambda: (a := handle.latest().meta.human.awaiting) and a.method == "right" and a,
+            timeout=30,
+        )
+        assert asked.output == "right on kelp"
+        handle.resume(feedback="fine right")
+        assert handle.result(timeout=30) == "joined"
+        ran = [executions(redis_client, run, m) for m in ("begin", "left", "right", "join")]
+        assert ran == [1, 1, 2, 1]  # right again only because its attempt died
