@@ -139,7 +139,14 @@ def test_an_opening_must_give_what_it_sets_and_nothing_else() -> None:
         epochs.carry(RunMeta(), Opening.FORK, ready=[], forked_from="c", usage=None)
     with pytest.raises(TypeError, match="does not set answers"):
         epochs.carry(
-            RunMeta(), Opening.RESUME, ready=[], epoch=1, resumed_from="c", usage=None, answers={}
+            RunMeta(),
+            Opening.RESUME,
+            ready=[],
+            epoch=1,
+            resumed_from="c",
+            usage=None,
+            carried={},
+            answers={},
         )
 
 
@@ -183,6 +190,21 @@ def test_an_answer_carries_a_step_still_running_instead_of_running_it_again() ->
     assert done.activation == "2/right#1" and done.meta.carried == {}
 
     assert tr.answered(paused, answer).checkpoint.meta.ready == ["left#1", "right#1"]
-    again = tr.answered(ckpt, answer, running={"right#1"}).checkpoint.meta
+    paused_again = ckpt.model_copy(update={"status": RunStatus.PAUSED})
+    again = tr.answered(paused_again, answer, running={"right#1"}).checkpoint.meta
     assert again.carried == {"right#1": 2}  # still its first attempt's epoch
-    assert tr.resumed(ckpt, ckpt, dict(ckpt.state)).checkpoint.meta.carried == {}
+
+
+def test_a_resume_of_a_paused_run_where_it_stands_carries_its_running_steps_on() -> None:
+    """A resume of a paused run's latest checkpoint goes on from where it stands, as an
+    answer does: a step still running goes on. One from an older checkpoint rewinds the
+    run, and one of a run that is not paused has nothing running to carry."""
+    _, paused = twins_paused_on_left()
+    state = dict(paused.state)
+    opened = tr.resumed(paused, paused, state, running={"right#1"}).checkpoint.meta
+    assert (opened.carried, opened.ready) == ({"right#1": 2}, ["left#1"])
+    older = paused.model_copy(update={"id": "older"})
+    rewound = tr.resumed(paused, older, state, running={"right#1"}).checkpoint.meta
+    assert (rewound.carried, rewound.ready) == ({}, ["left#1", "right#1"])
+    failed = paused.model_copy(update={"status": RunStatus.FAILED})
+    assert tr.resumed(failed, failed, state, running={"right#1"}).checkpoint.meta.carried == {}

@@ -21,7 +21,13 @@ from runner.store.models import RunStatus
 from tests._dist_support import paused
 from tests.console_support import serving
 from tests.flows.dist import executions, key
-from tests.flows.reviews import ArticleFlow, HeldTwinReviewFlow, NotesFlow, TwinReviewFlow
+from tests.flows.reviews import (
+    ArticleFlow,
+    HeldTwinPauseFlow,
+    HeldTwinReviewFlow,
+    NotesFlow,
+    TwinReviewFlow,
+)
 
 
 def ran(r: redis.Redis, run_id: str, *methods: str) -> list[int]:
@@ -132,6 +138,21 @@ def test_a_review_answered_while_a_parallel_reviewed_step_still_runs_does_not_ru
     handle.resume(feedback="fine right")
     assert handle.result(timeout=30) == "joined"
     assert ran(redis_client, handle.run_id, "begin", "left", "right", "join") == [1, 1, 1, 1]
+
+
+def test_a_paused_run_resumed_while_a_parallel_step_still_runs_does_not_run_it_again(
+    rt: Any, redis_client: redis.Redis
+) -> None:
+    """The same for ``self.pause``: a resume of the paused run (its latest checkpoint) sends
+    ``left`` again, which re-runs by design, and lets ``right``'s running attempt go on."""
+    handle = HeldTwinPauseFlow.submit({"topic": "kelp"}, rt=rt)
+    assert paused(handle).meta.human.pause_reason == "approve left?"
+    assert ran(redis_client, handle.run_id, "right") == [1]  # running, held by its gate
+    resumed = control.resume(handle.run_id, inputs={"approved": True}, rt=rt).latest()
+    assert resumed.meta.carried == {"right#1": 0}
+    redis_client.set(key(handle.run_id, "gate", "right"), 1)
+    assert handle.result(timeout=30) == "joined"
+    assert ran(redis_client, handle.run_id, "begin", "left", "right", "join") == [1, 2, 1, 1]
 
 
 # --- every way of answering: Python, the CLI, the API ----------------------------------------

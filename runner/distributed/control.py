@@ -33,7 +33,7 @@ from runner.store.models import Checkpoint, RunStatus
 
 from .answers import deliver
 from .client import RunHandle, load_flow, runtime
-from .engine import Runtime, commit_on_latest, dispatch_ready
+from .engine import Runtime, commit_on_latest, dispatch_ready, running_steps
 
 
 class ForkChangesNothing(InvalidInputs):
@@ -103,7 +103,15 @@ def resume(
     if source is None:
         raise RunNotFound(f"no run {run_id}", run_id=run_id)
     flow_cls = load_flow(str(source.flow))
-    plan = plans.plan_resume(flow_cls(), source, inputs, run_id=run_id, info=info, latest=latest)
+    plan = plans.plan_resume(
+        flow_cls(),
+        source,
+        inputs,
+        run_id=run_id,
+        info=info,
+        latest=latest,
+        running=running_steps(rt, latest) if latest is not None else (),
+    )
     done = commit_on_latest(rt, run_id, plan.opening)
     assert done is not None
     ckpt, step = done

@@ -101,6 +101,9 @@ class ResumePlan:
     upgrade: str | None = None
     """The state upgrade (``@state_upgrade``) loading ``source``'s state ran, if any
     (recorded in ``RunMeta.versions.upgrades``)."""
+    running: frozenset[str] = frozenset()
+    """Activations still running in the paused run (a parallel step's attempt): when it
+    goes on from where it stands, they go on into the new epoch (``RunMeta.carried``)."""
     done: bool = False
     """Nothing is left to run at ``source`` and the caller asked for the run's result then
     (``kickoff(from_checkpoint=...)``, as CrewAI's): :attr:`result` is what it returns."""
@@ -113,7 +116,7 @@ class ResumePlan:
         now = latest.id if latest is not None else None
         if self.latest_id is not None and now != self.latest_id:
             raise changed_while_resuming(self.run_id, latest)
-        opened = tr.resumed(latest or self.source, self.source, self.state)
+        opened = tr.resumed(latest or self.source, self.source, self.state, running=self.running)
         if self.version is not None:
             opened.checkpoint.version = self.version
         return upgrade_recorded(opened, self.upgrade)
@@ -145,6 +148,7 @@ def plan_resume(
     latest: Checkpoint | None = None,
     here: Here | None = None,
     done_is_result: bool = False,
+    running: Collection[str] = (),
 ) -> ResumePlan:
     """The plan to continue run ``run_id`` (default: ``source``'s) from ``source`` with
     ``inputs``, or the refusal.
@@ -157,7 +161,8 @@ def plan_resume(
     from an older checkpoint, never from where it stands. ``done_is_result``: a source
     with nothing left to run (a succeeded run's latest included) gives a plan that is
     :attr:`ResumePlan.done` with the run's result there (``kickoff(from_checkpoint=)``, as
-    CrewAI's), not a refusal (``resume``: fork it to run it again).
+    CrewAI's), not a refusal (``resume``: fork it to run it again). ``running``: the
+    activations an attempt still runs (on workers, a live lease).
     """
     run_id = run_id or source.run_id
     if source.run_id != run_id:
@@ -201,7 +206,9 @@ def plan_resume(
                 run_id, source, state, latest_id, version, upgrade, done=True, result=result
             )
         raise RunStateError(f"checkpoint {source.id} has no step left to run", run_id=run_id)
-    return ResumePlan(run_id, source, state, latest_id, version, upgrade)
+    return ResumePlan(
+        run_id, source, state, latest_id, version, upgrade, running=frozenset(running)
+    )
 
 
 @dataclass(frozen=True)

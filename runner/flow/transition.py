@@ -361,17 +361,12 @@ def answered(latest: Checkpoint, answer: Answer, running: Collection[str] = ()) 
     answer recorded for the activation that waited, which is sent again with the rest.
 
     ``running``: activations an attempt still runs (a live lease), as a parallel step may
-    while another pauses. Sending one again would run its method twice, so it is not
-    sent: its attempt commits into the new epoch (``RunMeta.carried``)."""
+    while another pauses: carried on, not sent again (see :func:`resumed`)."""
     act = answer.awaited.activation
     answers = {**latest.meta.human.answers, act: [*latest.meta.human.answers.get(act, []), answer]}
-    carried = {
-        a.id: epoch_of(latest, a.id)
-        for a in orch.pending(record_of(latest))
-        if a.id in running and a.id != act
-    }
+    still = set(running) - {act}
     return resumed(
-        latest, latest, latest.state, epochs.Opening.ANSWER, answers=answers, carried=carried
+        latest, latest, latest.state, epochs.Opening.ANSWER, running=still, answers=answers
     )
 
 
@@ -404,6 +399,7 @@ def resumed(
     source: Checkpoint,
     state: dict[str, Any],
     opening: epochs.Opening = epochs.Opening.RESUME,
+    running: Collection[str] = (),
     **meta: Any,
 ) -> Transition:
     """Continue from ``source`` (the latest or an older checkpoint) in a new epoch that
@@ -412,12 +408,15 @@ def resumed(
 
     A new epoch gives the re-dispatched steps fresh idempotency keys and task ids,
     so their earlier attempts (also from later history) can neither block nor
-    duplicate them; the activations an answer carries (``carried=``) keep theirs and
-    are not sent again.
+    duplicate them. Except for ``running``, the activations an attempt still runs (a
+    live lease) when a paused run goes on from where it stands (an answer, or a resume of
+    its latest checkpoint): sending one again would run its method twice, so its attempt
+    goes on and commits into the new epoch under its own key (``RunMeta.carried``).
     """
     record = record_of(source)
-    still = meta.get("carried", {})  # running on from the epoch before: not sent again
-    pending = [a for a in orch.pending(record) if a.id not in still]
+    continuing = source.id == latest.id and latest.status is RunStatus.PAUSED
+    carried = {a: epoch_of(latest, a) for a in record.in_flight if continuing and a in running}
+    pending = [a for a in orch.pending(record) if a.id not in carried]
     ckpt = with_record(
         source,
         record,
@@ -432,6 +431,7 @@ def resumed(
             epoch=max(latest.meta.epoch, source.meta.epoch) + 1,
             resumed_from=source.id,
             usage=usage.resumed(latest.meta.usage, source.meta.usage),
+            carried=carried,
             **meta,
         ),
     )

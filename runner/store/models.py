@@ -406,9 +406,10 @@ class RunMeta(BaseModel):
     """Bumped by every resume and restart: an attempt from an earlier epoch commits nothing,
     unless :attr:`carried` names its activation with that epoch."""
     carried: dict[str, int] = Field(default_factory=dict)
-    """Activations whose attempt from an earlier epoch goes on in this one -> that epoch: an
-    answer does not stop a parallel step still running when the run paused (it commits
-    into the answered run instead of running again). Dropped when the activation commits."""
+    """Activations whose attempt from an earlier epoch goes on in this one -> that epoch: a
+    paused run that goes on from where it stands (an answer, a resume of its latest
+    checkpoint) does not stop a parallel step still running (it commits into the new epoch
+    instead of running again). Dropped when the activation commits."""
     ready: list[str] = Field(default_factory=list)
     """Activations this checkpoint made ready (to dispatch after the commit)."""
     resumed_from: str | None = None

@@ -133,3 +133,37 @@ class HeldTwinReviewFlow(TwinReviewFlow):
         barrier(self.state.id, "started", 2)
         wait_gate(self.state.id, "right")
         return f"right on {topic}"
+
+
+class Approval(Twins):
+    approved: bool = False
+
+
+class HeldTwinPauseFlow(Flow[Approval]):
+    """begin -> (left: pauses the run until resumed with ``approved``; right: runs until a
+    test opens its gate ``right``) -> join, after both. Both start before left pauses."""
+
+    @start()
+    def begin(self) -> str:
+        executed(self.state.id, "begin")
+        return self.state.topic
+
+    @listen(begin)
+    def left(self, topic: str) -> str:
+        executed(self.state.id, "left")
+        barrier(self.state.id, "started", 2)
+        if not self.state.approved:
+            self.pause("approve left?")
+        return f"left on {topic}"
+
+    @listen(begin)
+    def right(self, topic: str) -> str:
+        executed(self.state.id, "right")
+        barrier(self.state.id, "started", 2)
+        wait_gate(self.state.id, "right")
+        return f"right on {topic}"
+
+    @listen(and_(left, right))
+    def join(self) -> str:
+        executed(self.state.id, "join")
+        return "joined"
