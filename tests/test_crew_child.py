@@ -83,6 +83,28 @@ def test_a_failed_child_fails_the_parent_and_resuming_it_resumes_the_child(rt: A
     assert parent.latest().state["summary"] == "a3(a2(a1(bees)))"
 
 
+def test_a_resumed_parent_links_the_child_it_stopped_with_only_once_the_child_runs_again(
+    rt: Any,
+) -> None:
+    """The re-run of the step that started the child resumes the child before it commits the
+    link of the new epoch: no link ever waits on a child still stopped (a recovery pass
+    reading one would report the child ended and fail the parent again)."""
+    inputs = _inputs(fail_once="a2")
+    parent = engine_submit(rt, inputs)
+    assert parent.wait(timeout=30) is RunStatus.FAILED
+    control.resume(parent.run_id, rt=rt).result(timeout=30)
+    epoch = parent.latest().meta.epoch
+    (link,) = [
+        c
+        for c in history(rt, parent.run_id)
+        if c.event == "child_run_started" and c.meta.epoch == epoch
+    ]
+    child_id = child_run_id(parent.run_id, "stage#1")
+    (again,) = [c for c in history(rt, child_id) if c.event == "flow_resumed"]
+    assert again.created_at <= link.created_at
+    assert counts(inputs["tag"]) == {"a1": 1, "a2": 2, "a3": 1}
+
+
 def test_an_attempt_from_an_earlier_epoch_does_not_relink(rt: Any) -> None:
     parent = engine_submit(rt, _inputs())
     parent.result(timeout=30)

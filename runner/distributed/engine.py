@@ -504,8 +504,8 @@ def start_child(
     the child's steps are sent once (dispatch markers). A child that already exists is
     not started again: if it succeeded the parent's activation commits now; if it failed
     or was cancelled (the parent is being resumed) it is resumed at its first unfinished
-    task. ``epoch`` is the parent's epoch the attempt ran in (a stale attempt changes
-    nothing).
+    task, before the link is committed. ``epoch`` is the parent's epoch the attempt ran
+    in (a stale attempt changes nothing).
     """
     act = result.activation
     child_id = child_run_id(parent_run_id, act.id)
@@ -516,6 +516,16 @@ def start_child(
         _fail_parent(rt, parent_run_id, act.id, exc, None)
         return {**reply, "failed": type(exc).__name__}
     link = lifecycle.child_link(child, child_id, result)
+    parent = rt.store.latest(parent_run_id)
+    if parent is None or parent.status is not RunStatus.RUNNING:
+        return {**reply, "skipped": "the activation is no longer waiting"}
+    if not lifecycle.in_flight(parent, epoch, act.id):
+        return {**reply, "skipped": "the activation is no longer waiting"}
+    existing = rt.store.latest(child_id)
+    # The parent is being resumed: so is its child, at its first unfinished task, and
+    # before the parent's link of this epoch is committed. A link that waited on a child
+    # still stopped would tell a recovery pass the child ended, and fail the parent.
+    resumed = existing is not None and _resume_child(rt, child, existing)
     commit_on_latest(
         rt, parent_run_id, lambda latest: lifecycle.child_linked(latest, epoch, act.id, link)
     )
@@ -535,24 +545,32 @@ def start_child(
         )
         with contextlib.suppress(CommitConflict):  # an earlier attempt created it
             rt.store.commit(first.checkpoint, expected_seq=0)
-    elif existing.status is RunStatus.SUCCEEDED:
+    elif existing.status.finished:  # it succeeded, or ended again since it was resumed
         return {**reply, "dispatched": on_child_finished(rt, existing)}
-    elif existing.status in (RunStatus.FAILED, RunStatus.CANCELLED):
-        # The parent is being resumed: so is its child, at its first unfinished task.
-        resumed = commit_on_latest(rt, child_id, _resume_stopped)
-        if resumed is not None:
-            ckpt, step = resumed
-            dispatch(
-                rt,
-                child.name,
-                child_id,
-                ckpt.meta.epoch,
-                step.ready,
-                priority=ckpt.meta.scheduling.priority,
-            )
+    elif resumed:
         return {**reply, "resumed": True}
     created = rt.store.latest(child_id)
     return {**reply, "dispatched": dispatch_pending(rt, created) if created else []}
+
+
+def _resume_child(rt: Runtime, child: ChildRun, existing: Checkpoint) -> bool:
+    """Resume a child run that failed or was cancelled (with its parent) and send its
+    steps; whether this call resumed it."""
+    if existing.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+        return False
+    resumed = commit_on_latest(rt, existing.run_id, _resume_stopped)
+    if resumed is None:
+        return False
+    ckpt, step = resumed
+    dispatch(
+        rt,
+        child.name,
+        existing.run_id,
+        ckpt.meta.epoch,
+        step.ready,
+        priority=ckpt.meta.scheduling.priority,
+    )
+    return True
 
 
 def on_child_finished(rt: Runtime, child: Checkpoint) -> list[str]:
