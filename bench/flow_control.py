@@ -33,11 +33,13 @@ from bench._bench_limited import RATE, FreeFlow, LimitedFlow, starts_key  # noqa
 from bench._common import (  # noqa: E402
     bench_redis,
     delete_prefix,
+    delete_queues,
     durability,
     print_table,
     raw_client,
 )
 from runner.distributed.app import make_app  # noqa: E402
+from runner.distributed.broker import Layout  # noqa: E402
 from runner.distributed.client import submit  # noqa: E402
 from runner.distributed.engine import Runtime  # noqa: E402
 from runner.distributed.processes import WorkerProcess  # noqa: E402
@@ -91,7 +93,7 @@ def run(url: str, args: argparse.Namespace) -> None:
         with contextlib.closing(raw_client(rt)) as client:
             delete_prefix(client, prefix)
             delete_prefix(client, f"bench-limits:{batch}:")
-            client.delete(queue, f"_kombu.binding.{queue}")
+            delete_queues(client, Layout.of(rt.app).queue_keys(queue), token)
         rt.app.close()
     rate = parse_rate(RATE)
     after_burst = starts[rate.burst - 1 :]

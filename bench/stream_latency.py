@@ -50,9 +50,16 @@ if str(ROOT) not in sys.path:
 import httpx  # noqa: E402
 import redis  # noqa: E402
 
-from bench._common import bench_redis, delete_prefix, percentile, print_table  # noqa: E402
+from bench._common import (  # noqa: E402
+    bench_redis,
+    delete_prefix,
+    delete_queues,
+    percentile,
+    print_table,
+)
 from runner import Flow, FlowState, start  # noqa: E402
 from runner.distributed.app import make_app  # noqa: E402
+from runner.distributed.broker import Layout  # noqa: E402
 from runner.distributed.client import RunHandle, submit  # noqa: E402
 from runner.distributed.engine import Runtime  # noqa: E402
 from runner.distributed.processes import WorkerProcess  # noqa: E402
@@ -295,6 +302,7 @@ def run(url: str, args: argparse.Namespace) -> None:
         batching = batching_case(url, prefix)
     finally:
         delete_prefix(client, prefix)
+        delete_queues(client, Layout.of(rt.app).queue_keys(queue), token)
         client.close()
         rt.close()
 
