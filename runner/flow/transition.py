@@ -197,7 +197,8 @@ def notes_without(meta: RunMeta, activation_id: str) -> dict[str, Any]:
 
 def epoch_of(latest: Checkpoint, activation_id: str) -> int:
     """The epoch whose attempts may commit ``activation_id`` onto ``latest``: the run's, or
-    the earlier one its attempt still runs in (``RunMeta.carried``, after an answer)."""
+    the earlier one its attempt still runs in (``RunMeta.carried``: a paused run went on
+    from where it stood, by an answer or a resume, while the step ran)."""
     return latest.meta.carried.get(activation_id, latest.meta.epoch)
 
 
