@@ -28,7 +28,7 @@ from runner.errors import (
 from runner.store.base import BeginOutcome, CheckpointStore, CommitRequest, CoordinatedStore
 from runner.store.codec import Codec
 from runner.store.jsondir import JsonProvider
-from runner.store.models import Checkpoint, Lineage, RunStatus, StepError
+from runner.store.models import Checkpoint, Lineage, RunMeta, RunStatus, StepError
 from runner.store.redis import RedisProvider
 from runner.store.sqlite import SqliteProvider
 
@@ -482,6 +482,28 @@ def test_a_commit_drops_only_its_own_activations_lease(coord_store):
     coordination = coord_store.coordination(run)
     assert set(coordination.leases) == {"right#1"}
     assert coordination.markers == coord_store.markers(run)
+
+
+def test_a_pause_keeps_the_leases_and_a_new_epoch_only_those_it_carries(coord_store):
+    """A paused run's steps may still run: its leases and markers stay. The next epoch drops
+    them, but for the steps it carries on (``CommitRequest.carried``: still running when a
+    paused run went on); a run's end drops them all."""
+    run = ids.run_id()
+    coord_store.commit(ckpt(run))
+    coord_store.mark_dispatched(run, ["left#1", "right#1"])
+    coord_store.begin_attempt(run, "left#1", "t-left", 30)
+    coord_store.begin_attempt(run, "right#1", "t-right", 30)
+    coord_store.commit(ckpt(run, status=RunStatus.PAUSED))  # left's question
+    assert set(coord_store.leases(run)) == set(coord_store.markers(run)) == {"left#1", "right#1"}
+    assert coord_store.release(run, "left#1", "t-left") is True
+
+    opened = ckpt(run, meta=RunMeta(epoch=1, carried={"right#1": 0}))
+    coord_store.commit_request(CommitRequest(opened, carried=["right#1"]))
+    assert set(coord_store.leases(run)) == set(coord_store.markers(run)) == {"right#1"}
+    assert coord_store.renew(run, "right#1", "t-right", 30) is True  # its attempt holds it still
+
+    coord_store.commit(ckpt(run, status=RunStatus.FAILED, meta=RunMeta(epoch=1)))
+    assert coord_store.leases(run) == {} and coord_store.markers(run) == {}
 
 
 def test_an_expired_lease_is_taken_by_the_next_attempt(coord_store):
