@@ -281,8 +281,8 @@ def dispatch_in_epochs(
     rt: Runtime, latest: Checkpoint, acts: list[Activation], *, force: bool = False
 ) -> list[str]:
     """:func:`dispatch` ``acts`` of ``latest``'s run, each in the epoch whose attempts may
-    commit it (:func:`~runner.flow.transition.epoch_of`: the run's, or the one an answer
-    carried it from)."""
+    commit it (:func:`~runner.flow.transition.epoch_of`: the run's, or the one a paused
+    run's answer or resume carried it from)."""
     by_epoch: dict[int, list[Activation]] = {}
     for act in acts:
         by_epoch.setdefault(tr.epoch_of(latest, act.id), []).append(act)
@@ -302,8 +302,9 @@ def dispatch_in_epochs(
 
 def running_steps(rt: Runtime, latest: Checkpoint) -> set[str]:
     """The activations in flight at ``latest`` that an attempt holds a live lease on (running,
-    or held by the worker that received it): what an answer carries into its epoch."""
-    leases, now = rt.coord.coordination(latest.run_id).leases, time.time()
+    or held by the worker that received it): what a paused run going on carries into its
+    next epoch."""
+    leases, now = rt.coord.leases(latest.run_id), time.time()
     return {a for a in latest.in_flight if leases.get(tr.activation_key(latest, a), 0.0) > now}
 
 
@@ -517,9 +518,11 @@ def start_child(
         return {**reply, "failed": type(exc).__name__}
     link = lifecycle.child_link(child, child_id, result)
     parent = rt.store.latest(parent_run_id)
-    if parent is None or parent.status is not RunStatus.RUNNING:
-        return {**reply, "skipped": "the activation is no longer waiting"}
-    if not lifecycle.in_flight(parent, epoch, act.id):
+    if (
+        parent is None
+        or parent.status is not RunStatus.RUNNING
+        or not lifecycle.in_flight(parent, epoch, act.id)
+    ):
         return {**reply, "skipped": "the activation is no longer waiting"}
     existing = rt.store.latest(child_id)
     # The parent is being resumed: so is its child, at its first unfinished task, and
@@ -555,10 +558,8 @@ def start_child(
 
 def _resume_child(rt: Runtime, child: ChildRun, existing: Checkpoint) -> bool:
     """Resume a child run that failed or was cancelled (with its parent) and send its
-    steps; whether this call resumed it."""
-    if existing.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
-        return False
-    resumed = commit_on_latest(rt, existing.run_id, _resume_stopped)
+    steps; whether this call resumed it (``_resume_stopped`` declines any other status)."""
+    resumed = commit_on_latest(rt, existing.run_id, _resume_stopped, first=existing)
     if resumed is None:
         return False
     ckpt, step = resumed

@@ -416,7 +416,9 @@ def resumed(
     """
     record = record_of(source)
     continuing = source.id == latest.id and latest.status is RunStatus.PAUSED
-    carried = {a: epoch_of(latest, a) for a in record.in_flight if continuing and a in running}
+    carried = (
+        {a: epoch_of(latest, a) for a in record.in_flight if a in running} if continuing else {}
+    )
     pending = [a for a in orch.pending(record) if a.id not in carried]
     ckpt = with_record(
         source,

@@ -175,8 +175,8 @@ class CommitRequest:
     nor when the attempt's commit is a duplicate or stale."""
     carried: Sequence[str] = ()
     """Activation keys whose lease, owner and dispatch marker outlive the new epoch this
-    checkpoint opens (an answer's: steps still running on from the epoch before); a new
-    epoch or a run's end drops every other's."""
+    checkpoint opens (steps still running on from the epoch before, when a paused run goes
+    on by an answer or a resume); a new epoch or a run's end drops every other's."""
     announce: bool = False
     """When the commit stops the run (its last checkpoint's status is not running), tell
     :meth:`CoordinatedStore.stop_notices` subscribers, as :meth:`CoordinatedStore.notify_stopped`

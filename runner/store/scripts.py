@@ -155,7 +155,7 @@ COMMIT = (
 --                             ('lpush'/'pexpire' a key, the next of KEYS[16...]; 'publish')
 --   closing                   '' or {id, always}: the run's closing checkpoint, next in seq
 --   carried                   activation keys whose lease, owner and marker outlive a new
---                             epoch (steps an answer lets run on from the epoch before)
+--                             epoch (steps still running when a paused run went on)
 -- ARGV[2] snapshot JSON without its opening '{', without seq (and state, when by field)
 -- ARGV[3] the closing checkpoint's snapshot, likewise ('' = none)
 -- ARGV[4...] the changed fields' values (JSON), then the outbox commands' values
@@ -205,8 +205,8 @@ if activation ~= '' then
 end
 -- Markers and leases serve a run in one epoch: a run that ends, or a resume into a new
 -- epoch, leaves none behind (old-epoch messages and attempts are skipped, and a resume
--- dispatches every pending step again), except those of the steps an answer carries on
--- (still running when it came). A pause keeps them: its epoch's steps may still run.
+-- dispatches every pending step again), except those of the steps carried on (still
+-- running when a paused run went on). A pause keeps them: its epoch's steps may still run.
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if (status ~= 'running' and status ~= 'paused') or (epoch and epoch ~= h.epoch) then
   local kept = {}
