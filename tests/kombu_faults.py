@@ -67,6 +67,15 @@ def _put_with_rpush(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
     _put(self, queue, message, **kwargs)
 
 
+def _create_client_with_options(
+    self: Any, asynchronous: bool = False, *, single_connection: bool = False
+) -> Any:
+    """kombu 5.7's Redis ``Channel._create_client`` with an option more: a release that builds
+    its clients differently (one connection of their own, say)."""
+    pool = self.async_pool if asynchronous else self.pool
+    return self.Client(connection_pool=pool, single_connection_client=single_connection)
+
+
 FAULTS: dict[str, tuple[Any, str, Any]] = {
     "batch-factory-on-class": (
         kombu.messaging._ProducerBatchState,
@@ -75,6 +84,11 @@ FAULTS: dict[str, tuple[Any, str, Any]] = {
     ),
     "unacked-as-object": (kombu.transport.redis.QoS, "append", _append_as_object),
     "rpush": (kombu.transport.redis.Channel, "_put", _put_with_rpush),
+    "client-with-options": (
+        kombu.transport.redis.Channel,
+        "_create_client",
+        _create_client_with_options,
+    ),
 }
 """Fault name -> (kombu object, attribute, replacement)."""
 

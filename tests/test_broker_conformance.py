@@ -30,6 +30,7 @@ import pytest
 import redis
 from celery.worker import state as worker_state
 from kombu import Connection
+from kombu.transport.redis import Channel as RedisChannel
 
 from runner.distributed import broker, handoff
 from runner.distributed.client import submit
@@ -216,6 +217,78 @@ def test_kombu_writes_the_queues_and_unacked_hash_the_view_reads(
     assert not list(redis_client.scan_iter(f"{broker.PROBE_PREFIX}*"))
     entries = redis_client.hvals("unacked")
     assert not [e for e in entries if broker.PROBE_PREFIX.encode() in e]
+
+
+def kombus_own_create_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kombu's ``Channel._create_client`` as released, for this test (put back after it)."""
+    current = RedisChannel._create_client
+    monkeypatch.setattr(
+        RedisChannel, "_create_client", getattr(current, "runner_original", current)
+    )
+
+
+def test_a_redis_channel_keeps_the_one_client_it_built_for_its_commands(
+    worker_env: dict[str, str],
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    kombus_own_create_client(monkeypatch)
+    rt = runtime_for(worker_env)
+    queue = f"conformance-{uuid.uuid4().hex}"
+    try:
+        with rt.app.connection_for_write() as conn:
+            channel = conn.default_channel
+            # As released, kombu builds a client for each command it runs.
+            assert channel._create_client() is not channel._create_client()
+            assert broker.one_client_per_channel()
+            kept = channel._create_client()
+            assert kept is channel._create_client()
+            assert kept.connection_pool is channel.pool
+            for n in range(3):  # publishes and acknowledgements go through it
+                rt.app.send_task(
+                    "conformance.task", task_id=f"{queue}-{n}", queue=queue, declare=[]
+                )
+            assert redis_client.llen(queue) == 3
+            message = channel.basic_get(queue, no_ack=False)
+            assert message is not None
+            message.ack()
+            assert redis_client.llen(queue) == 2
+            assert channel._create_client() is kept
+            # Another factory (the outbox check's refusing one) gets a client of its own.
+            channel.Client = broker._refusing(channel.Client)
+            assert channel._create_client() is not kept
+        # The outbox check, which replaces a channel's factory, still finds kombu as expected.
+        assert broker.outbox_ready(rt.app)
+    finally:
+        redis_client.delete(queue)
+        rt.app.close()
+        rt.store.close()
+    assert adapter_warnings(caplog) == []
+
+
+def test_a_kombu_that_builds_its_clients_otherwise_keeps_its_own_way_with_one_warning(
+    worker_env: dict[str, str],
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(*kombu_faults.FAULTS["client-with-options"])
+    rt = runtime_for(worker_env)
+    queue = f"conformance-{uuid.uuid4().hex}"
+    try:
+        assert not broker.one_client_per_channel()
+        assert not broker.one_client_per_channel()  # checked once, said once
+        assert RedisChannel._create_client is kombu_faults.FAULTS["client-with-options"][2]
+        rt.app.send_task("conformance.task", task_id=queue, queue=queue, declare=[])
+        assert redis_client.llen(queue) == 1
+    finally:
+        redis_client.delete(queue)
+        rt.app.close()
+        rt.store.close()
+    [warning] = adapter_warnings(caplog)
+    assert f"kombu {kombu.__version__}" in warning and "_create_client" in warning
+    assert "kombu builds a Redis client for each command" in warning
 
 
 def test_celerys_worker_state_has_what_the_adapter_reads(

@@ -49,6 +49,9 @@ What the runner takes from them that is not their public API, and what it expect
   A retry or a deferral (Celery's ``Task.retry``) republishes the message with the priority
   it came with (Celery 5.7 copies ``delivery_info['priority']``); ``pytest -m broker`` checks
   both orders on real brokers.
+* **One client per channel** (:func:`one_client_per_channel`): kombu's Redis ``Channel``
+  builds the clients it runs commands on with ``_create_client(asynchronous=False)``, from
+  its ``Client`` factory on its ``pool``; a worker's channels keep the one they built.
 * **A lost connection's second close** (:func:`guard_closed_channels`): a worker survives
   Celery closing a dead connection twice, where kombu's Redis channel would read a client
   the first close dropped.
@@ -76,6 +79,7 @@ delivery model this serves.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import threading
@@ -113,12 +117,15 @@ minor versions)."""
 OUTBOX = "outbox"
 UNACKED_VIEW = "unacked view"
 WORKER_STATE = "worker state"
+ONE_CLIENT = "one client per channel"
 FALLBACKS = {
     OUTBOX: "steps are sent after their commit, under the sender's lease",
     UNACKED_VIEW: "recovery goes by leases only (a message a worker took and died with "
     "comes back after kombu's visibility timeout)",
     WORKER_STATE: "messages a worker holds without running them get no receiving worker's "
     "lease (should it die, RabbitMQ requeues them and recovery reads a Redis broker for them)",
+    ONE_CLIENT: "kombu builds a Redis client for each command it runs (the same commands, "
+    "more CPU)",
 }
 """What the process does for its life when a capability is not as this module expects."""
 
@@ -867,6 +874,56 @@ def guard_closed_channels() -> None:
 
         connparams.runner_guarded = True  # type: ignore[attr-defined]
         RedisChannel._connparams = connparams  # type: ignore[method-assign]
+
+
+# --- one Redis client per channel ------------------------------------------------------------
+
+_KEPT = "_runner_client"
+"""The channel instance's attribute holding its kept client: (factory, pool, client)."""
+
+
+def one_client_per_channel() -> bool:
+    """Have kombu's Redis channels keep one client instead of building one per command.
+
+    kombu 5.7's Redis ``Channel`` runs every command outside its consumer's own connection
+    (a publish, a fanout event, an acknowledgement, the ``unacked`` bookkeeping of a
+    message taken) through ``conn_or_acquire``, which builds a new ``redis.Redis`` on the
+    channel's pool each time; with redis-py 8 that costs about as much as the command
+    (its response-callback table is built anew), a fifth of a worker's main process.
+    A ``redis.Redis`` on a pool is safe to share between threads, so each channel keeps
+    the one its ``_create_client`` built, for as long as the channel's client factory
+    (``Channel.Client``, which the outbox check replaces on a channel of its own) and pool
+    are the same: after a reconnect kombu makes a new pool, and so a new client.
+    Installed once per process, for every Redis channel (a worker calls it before its
+    consumer connects; its pool processes inherit it). ``False`` (one WARNING) when
+    ``_create_client`` is not the method this expects: kombu's own behaviour stays."""
+    return checks.ready(ONE_CLIENT, _keep_one_client)
+
+
+def _keep_one_client() -> str | None:
+    original = getattr(RedisChannel, "_create_client", None)
+    if original is None:
+        return "kombu's Redis Channel has no _create_client"
+    if getattr(original, "runner_kept", False):
+        return None
+    params = list(inspect.signature(original).parameters)
+    if params != ["self", "asynchronous"]:
+        return f"kombu's Redis Channel._create_client takes {params}, not (self, asynchronous)"
+
+    def create_client(self: Any, asynchronous: bool = False) -> Any:
+        if asynchronous:  # kombu keeps its one asynchronous client itself
+            return original(self, asynchronous=True)
+        factory, pool = self.Client, self.pool
+        kept = self.__dict__.get(_KEPT)
+        if kept is None or kept[0] is not factory or kept[1] is not pool:
+            kept = (factory, pool, original(self))
+            self.__dict__[_KEPT] = kept  # two threads racing each build one: either serves
+        return kept[2]
+
+    create_client.runner_kept = True  # type: ignore[attr-defined]
+    create_client.runner_original = original  # type: ignore[attr-defined]
+    RedisChannel._create_client = create_client  # type: ignore[method-assign]
+    return None
 
 
 # --- the consumer's reconnects --------------------------------------------------------------

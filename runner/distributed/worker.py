@@ -246,6 +246,7 @@ def _check_broker_at_start(app: Celery, rt: Runtime) -> None:
         if rt.sends_in_commit:
             broker.outbox_ready(app)
         if broker.redis_broker(app):
+            broker.one_client_per_channel()
             broker.unacked_view_ready(app)
 
     signals.celeryd_after_setup.connect(on_setup, weak=False)
