@@ -26,10 +26,15 @@ own. Then, with both idle but for the case being timed:
   no task results (the default), so the chains keep only their last task's, the one a caller
   waits on; a second pair has both keep every task's result (the ``RUNNER_TASK_RESULTS=true``
   worker against chains storing all five). For reference, ``--tasks`` single no-op tasks sent
-  one by one. ``--rounds`` rounds, the cases' order rotating each round; median and spread
-  shown. Beside each, the CPU it cost per task (Linux): the serving worker's pool processes and
-  its main process (``/proc``), and the Redis server (``INFO cpu``: the whole server, so another
-  client's load on a shared Redis counts too); median of the rounds.
+  one by one. A runner worker's kombu keeps one Redis client per channel (the broker
+  adapter's :func:`~runner.distributed.broker.one_client_per_channel`); the raw worker's
+  kombu is as released, what a Celery user runs. So that the gain from that is not taken
+  for the flows' own, one more row runs the same chains on a raw worker that keeps its
+  clients too (``BENCH_ONE_CLIENT=true``). ``--rounds`` rounds, the cases' order rotating
+  each round; median and spread shown. Beside each, the CPU it cost per task (Linux): the
+  serving worker's pool processes and its main process (``/proc``), and the Redis server
+  (``INFO cpu``: the whole server, so another client's load on a shared Redis counts too);
+  median of the rounds.
 
 Both sides use the same Redis as broker, result backend and (the runner's) store, so the same
 durability; the table states it. ``--fsync`` starts a private ``redis-server`` of that
@@ -268,6 +273,8 @@ def run(url: str, args: argparse.Namespace) -> None:
     flow_env = {**base, "RUNNER_QUEUE": flow_q, "RUNNER_FLOW_MODULES": FLOW_MODULES}
     kept_env = {**flow_env, "RUNNER_QUEUE": kept_q, "RUNNER_TASK_RESULTS": "true"}
     raw_env = {**base, "RUNNER_QUEUE": raw_q, "RUNNER_TASK_RESULTS": "true"}
+    one_q = f"bench-one-{token}"
+    one_env = {**raw_env, "RUNNER_QUEUE": one_q, "BENCH_ONE_CLIENT": "true"}
     flow_settings = RunnerSettings(redis_url=url, prefix=prefix, queue=flow_q)
     rt = Runtime.create(make_app(flow_settings), flow_settings)
     kept_settings = RunnerSettings(redis_url=url, prefix=prefix, queue=kept_q, task_results=True)
@@ -275,6 +282,8 @@ def run(url: str, args: argparse.Namespace) -> None:
     # Raw Celery needs its results: the chain, the chord and the throughput count wait on them.
     raw = make_app(RunnerSettings(redis_url=url, prefix=prefix, queue=raw_q, task_results=True))
     noop = raw.signature("bench.noop", immutable=True)
+    one = make_app(RunnerSettings(redis_url=url, prefix=prefix, queue=one_q, task_results=True))
+    one_noop = one.signature("bench.noop", immutable=True)
     ids = Ids(f"{prefix}-t")
     logs = Path(tempfile.mkdtemp(prefix="bench-workers-"))
     kept_runs = Ids(f"{prefix}-kept")
@@ -285,10 +294,12 @@ def run(url: str, args: argparse.Namespace) -> None:
             _worker("workers", flow_env, logs / "flows.log") as flows,
             _worker("workers", kept_env, logs / "kept.log") as kept_worker,
             _worker("bench._bench_tasks", raw_env, logs / "raw.log") as raw_worker,
+            _worker("bench._bench_tasks", one_env, logs / "one.log") as one_worker,
         ):
             flows.wait_ready(rt.app, timeout=60)
             kept_worker.wait_ready(kept.app, timeout=60)
             raw_worker.wait_ready(raw, timeout=60)
+            one_worker.wait_ready(one, timeout=60)
             latency = interleave(
                 {
                     "linear": lambda i: _flow_case(rt, "examples.linear:LinearFlow"),
@@ -315,6 +326,12 @@ def run(url: str, args: argparse.Namespace) -> None:
                     "flow": meter.wrap("flow", flows, steps, lambda: flow_throughput(rt, n)),
                     "chains": meter.wrap(
                         "chains", raw_worker, steps, lambda: chain_throughput(noop, n, ids, "last")
+                    ),
+                    "chains_one": meter.wrap(
+                        "chains_one",
+                        one_worker,
+                        steps,
+                        lambda: chain_throughput(one_noop, n, ids, "last"),
                     ),
                     "flow_kept": meter.wrap(
                         "flow_kept", kept_worker, steps, lambda: flow_throughput(kept, n, kept_runs)
@@ -346,11 +363,14 @@ def run(url: str, args: argparse.Namespace) -> None:
                 client.delete(
                     *(f"celery-taskset-meta-{gid}{end}" for end in ("", ".j", ".t", ".c"))
                 )
-            queues = [k for q in (flow_q, kept_q, raw_q) for k in Layout.of(raw).queue_keys(q)]
+            queues = [
+                k for q in (flow_q, kept_q, raw_q, one_q) for k in Layout.of(raw).queue_keys(q)
+            ]
             delete_queues(client, queues, token)
         rt.app.close()
         kept.app.close()
         raw.close()
+        one.close()
 
     lin, chn = summarize(latency["linear"]), summarize(latency["chain"])
     fan, crd = summarize(latency["fanout"]), summarize(latency["chord"])
@@ -399,6 +419,13 @@ def run(url: str, args: argparse.Namespace) -> None:
         f"target: throughput >= {THROUGHPUT_TARGET:.0%} of raw chains (same results kept as "
         f"needed; median of the rounds' ratios): {verdict} ({ratio:.1%})"
     )
+    alike = statistics.median(
+        a / b for a, b in zip(rates["flow"], rates["chains_one"], strict=True)
+    )
+    print(
+        f"(the same against chains on a raw worker keeping one kombu client per channel, as "
+        f"runner's workers do: {alike:.1%})"
+    )
     print(f"load average at the end: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
@@ -424,6 +451,13 @@ def throughput_rows(rates: dict[str, list[float]], args: argparse.Namespace) -> 
             cell("flow"),
             cell("chains"),
             ratio("flow", "chains"),
+        ],
+        [
+            f"the same, the raw worker keeping one kombu client per channel as runner's do "
+            f"(tasks/s, median (min-max) of {rounds})",
+            cell("flow"),
+            cell("chains_one"),
+            ratio("flow", "chains_one"),
         ],
         [
             f"throughput: the same, every task's result stored on both sides (tasks/s, "
