@@ -413,20 +413,25 @@ def run(url: str, args: argparse.Namespace) -> None:
     )
     verdict = "PASS" if lin.p50 <= TARGET * chn.p50 else "FAIL"
     print(f"target: linear p50 <= {TARGET}x raw chain p50: {verdict} ({lin.p50 / chn.p50:.2f}x)")
-    ratio = statistics.median(a / b for a, b in zip(rates["flow"], rates["chains"], strict=True))
+    ratio = paired_ratio(rates, "flow", "chains")
     verdict = "PASS" if ratio >= THROUGHPUT_TARGET else "FAIL"
     print(
         f"target: throughput >= {THROUGHPUT_TARGET:.0%} of raw chains (same results kept as "
         f"needed; median of the rounds' ratios): {verdict} ({ratio:.1%})"
     )
-    alike = statistics.median(
-        a / b for a, b in zip(rates["flow"], rates["chains_one"], strict=True)
-    )
+    alike = paired_ratio(rates, "flow", "chains_one")
     print(
         f"(the same against chains on a raw worker keeping one kombu client per channel, as "
         f"runner's workers do: {alike:.1%})"
     )
     print(f"load average at the end: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def paired_ratio(rates: dict[str, list[float]], a: str, b: str) -> float:
+    """The median of the rounds' ratios of case ``a`` to case ``b``: each round's pair ran
+    back to back, so their ratio drifts less with the machine's load than the medians taken
+    apart do."""
+    return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
 
 
 def throughput_rows(rates: dict[str, list[float]], args: argparse.Namespace) -> list[list[str]]:
@@ -437,9 +442,7 @@ def throughput_rows(rates: dict[str, list[float]], args: argparse.Namespace) -> 
         return f"{statistics.median(rs):.0f} ({min(rs):.0f}-{max(rs):.0f})"
 
     def ratio(a: str, b: str) -> str:
-        # Each round's pair ran back to back: their ratio drifts less with the machine's
-        # load than the medians taken apart do.
-        paired = statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+        paired = paired_ratio(rates, a, b)
         whole = statistics.median(rates[a]) / statistics.median(rates[b])
         return f"{paired:.1%} of raw (ratio of medians {whole:.1%})"
 
