@@ -67,3 +67,33 @@ def test_the_commit_that_stops_the_run_tells_waiters_in_its_round_trip(
         unasked = _step(RunStatus.FAILED, "three")
         store.commit_request(CommitRequest(unasked))
         assert notices.next(0.3) is None  # without announce, as before: the caller tells
+
+
+def test_a_wait_on_a_run_that_already_stopped_reads_it_once_and_subscribes_to_nothing(
+    stores: tuple[RedisProvider, Wire, RedisProvider], redis_url: str, prefix: str
+) -> None:
+    from runner.distributed.app import make_app
+    from runner.distributed.client import RunHandle
+    from runner.distributed.coord import Coordinator
+    from runner.distributed.engine import Runtime
+    from runner.errors import RunTimeout
+    from runner.settings import RunnerSettings
+
+    store, wire, _ = stores
+    first = store.commit(Checkpoint(run_id="r", event="flow_started", state={"id": "r"}))
+    settings = RunnerSettings(redis_url=redis_url, prefix=prefix)
+    rt = Runtime(make_app(settings), store, Coordinator(store, settings.lease_seconds), settings)
+    try:
+        running = RunHandle("r", rt)
+        with pytest.raises(RunTimeout, match="still running"):
+            running.wait(timeout=0.2)  # a run still going: it subscribes and waits
+
+        store.commit(_step(RunStatus.SUCCEEDED, "one").model_copy(update={"seq": first.seq}))
+        wire.reset()
+        assert RunHandle("r", rt).wait(timeout=5) is RunStatus.SUCCEEDED
+        # One read, no SUBSCRIBE (nor the connection a subscription takes) for a run that
+        # had stopped: a producer waiting on many runs in turn pays for one only while a
+        # run still goes.
+        assert wire.sends == 1
+    finally:
+        rt.app.close()

@@ -340,9 +340,14 @@ class RunHandle:
         """Block until the run stops (succeeded, failed, cancelled or paused).
 
         Woken by the run's stop notice (pub/sub), and re-reads the status at least
-        every ``interval`` seconds in case a notice was missed.
+        every ``interval`` seconds in case a notice was missed. A run that has already
+        stopped answers from one read, without a subscription (a connection of its own):
+        waiting on many handles in turn pays for one only while a run is still going.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        status = self.status()
+        if status.finished or status is RunStatus.PAUSED:
+            return status
         with self.rt.coord.watch_stopped(self.run_id) as notices:
             while True:
                 status = self.status()
