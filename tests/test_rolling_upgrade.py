@@ -14,7 +14,11 @@ from typing import Any
 import pytest
 import redis
 
+from runner.distributed.app import make_app
+from runner.distributed.processes import WorkerProcess
+from runner.settings import RunnerSettings
 from runner.store.models import RunStatus
+from tests._dist_support import eventually
 from tests.flows.dist import executions
 from tests.test_deploy_workers import Deploy
 
@@ -83,7 +87,11 @@ def test_a_pinned_run_waits_for_a_worker_of_its_version_then_finishes_there(
     deploy: Deploy, redis_client: redis.Redis
 ) -> None:
     deploy.env["RUNNER_VERSION_POLICY"] = "pinned"
-    deploy.worker("v2")
+    v2_worker = deploy.worker("v2")
+    queue = deploy.env["RUNNER_QUEUE"]
+    # On Redis a worker does not fetch from its empty version twin (one BRPOP list per
+    # priority less on every fetch): it consumes its queue alone until a step is handed there.
+    assert consumed(deploy, v2_worker) == [queue]
     (run_id,) = submit_many(deploy, "v1", 1)
 
     deadline = time.monotonic() + 30
@@ -103,7 +111,6 @@ def test_a_pinned_run_waits_for_a_worker_of_its_version_then_finishes_there(
 
     # runner workers: the v2 worker's code version beside its queue, the queue's twins
     # listed under it (not as queues nobody consumes).
-    queue = deploy.env["RUNNER_QUEUE"]
     fleet = workers_json(deploy, "v2")
     ((v2,),) = [[w["name"] for w in fleet["workers"]]]
     assert [(w["queues"], w["versions"]) for w in fleet["workers"]] == [([queue], ["v2"])]
@@ -116,16 +123,36 @@ def test_a_pinned_run_waits_for_a_worker_of_its_version_then_finishes_there(
     assert "default" in row.split() and "v2" in row.split()
     assert "none: no live worker consumes it" not in shown.stdout
 
-    deploy.worker("v1")
+    v1_worker = deploy.worker("v1")
     done = deploy.wait(run_id, RunStatus.SUCCEEDED)
     assert done.record.outputs == {"a": "a on v1", "b": "b on v1", "c": "c on v1"}
     assert {m: executions(redis_client, run_id, m) for m in "abc"} == dict.fromkeys("abc", 1)
+    # The v1 worker took the handed step from its twin, which it leaves again once empty.
+    assert v1_worker.log is not None
+    assert f"Started consuming from {queue}@v1" in v1_worker.log.read_text()
+    eventually(lambda: consumed(deploy, v1_worker) == [queue], timeout=15)
     fleet = workers_json(deploy, "v1")
     assert sorted(w["versions"] for w in fleet["workers"]) == [["v1"], ["v2"]]
     by_version = {w["versions"][0]: w["name"] for w in fleet["workers"]}
     assert [q["queue"] for q in fleet["queues"]] == [queue]
     twins = [(t["version"], t["depth"], t["consumers"]) for t in fleet["queues"][0]["versions"]]
     assert twins == [("v1", 0, [by_version["v1"]]), ("v2", 0, [by_version["v2"]])]
+
+
+def consumed(deploy: Deploy, worker: WorkerProcess) -> list[str]:
+    """The queues ``worker`` consumes now, as Celery's remote control reports them."""
+    app = make_app(
+        RunnerSettings(
+            redis_url=deploy.env["RUNNER_REDIS_URL"],
+            prefix=deploy.env["RUNNER_PREFIX"],
+            queue=deploy.env["RUNNER_QUEUE"],
+        )
+    )
+    try:
+        replies = app.control.inspect([worker.name], timeout=5).active_queues() or {}
+    finally:
+        app.close()
+    return sorted(q["name"] for q in replies.get(worker.name, []))
 
 
 def workers_json(deploy: Deploy, version: str) -> dict[str, Any]:

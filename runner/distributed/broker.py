@@ -25,8 +25,9 @@ What the runner takes from them that is not their public API, and what it expect
   requests the pool runs (``active_requests``), prefetched ones (``reserved_requests``) and
   ones waiting for an ETA or a countdown (``scheduled_requests``).
 * **Routing** (:func:`queue_of`): ``app.amqp.router.route`` names the queue of a task;
-  ``app.amqp.queues.select`` and ``consume_from`` choose and list the queues a worker
-  consumes (:func:`consume_only`, :func:`consuming`).
+  ``app.amqp.queues.select``, ``deselect`` and ``consume_from`` choose and list the queues a
+  worker consumes (:func:`consume_only`, :func:`set_aside`, :func:`consuming`); Celery's
+  remote control changes them in a running worker (:func:`consume_now`).
 * **Sending** (:func:`publish_batch`): kombu's ``Producer.batch()`` and its
   ``BatchPublishError``; :func:`queue_depths` reads a queue's length by kombu's passive
   ``queue_declare`` (``ChannelError`` for one that does not exist); :data:`CONNECTION_ERRORS`
@@ -679,6 +680,31 @@ def consume_only(app: Celery, queues: Collection[str]) -> None:
 def consuming(app: Celery) -> list[str]:
     """The queues a started worker of ``app`` consumes, by name."""
     return sorted(str(q) for q in app.amqp.queues.consume_from)
+
+
+def set_aside(app: Celery, queues: Collection[str]) -> None:
+    """Have a worker of ``app`` start without consuming ``queues``, which stay declared
+    (Celery's ``Queues.deselect``): :func:`consume_now` takes one up by name."""
+    app.amqp.queues.deselect(list(queues))
+
+
+def consume_now(app: Celery, worker: str, queue: str) -> None:
+    """Tell the running worker ``worker`` (its node name) to consume ``queue`` too: Celery's
+    remote control (``add_consumer``), which its event loop carries out; nothing if it already
+    does."""
+    app.control.add_consumer(queue, destination=[worker], reply=False)
+
+
+def stop_consuming_now(app: Celery, worker: str, queue: str) -> None:
+    """Tell the running worker ``worker`` to stop consuming ``queue`` (``cancel_consumer``);
+    a message it already took is still run and acknowledged."""
+    app.control.cancel_consumer(queue, destination=[worker], reply=False)
+
+
+def remote_control(app: Celery) -> bool:
+    """Whether a worker of ``app`` takes remote control commands (Celery's
+    ``worker_enable_remote_control``, on unless configured off)."""
+    return bool(app.conf.worker_enable_remote_control)
 
 
 def publish_batch(app: Celery, publish: Callable[[Any], None]) -> None:

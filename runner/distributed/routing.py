@@ -114,7 +114,8 @@ def step_priority(app: Celery, task: str, run_priority: int | None) -> int:
 # cannot run a step it received (its flow or method unknown here, its state unreadable, or
 # pinned to another version: :func:`runner.flow.versions.hand_to`) hands it to the queue of
 # the version that can (:func:`version_queue`), never failing the run; with no live worker of
-# that version the step waits there, shown as ``waiting for a worker of version V``.
+# that version the step waits there, shown as ``waiting for a worker of version V``. On a
+# Redis broker a worker takes from a twin only while it holds steps (:class:`WaitingTwins`).
 
 VERSION_MARK = "@"
 
@@ -133,15 +134,76 @@ def worker_versions(settings: RunnerSettings, flows: Any) -> list[str]:
     return sorted({versions.of(flow_cls.graph(), settings) for flow_cls in flows})
 
 
+TWINS = "runner_version_twins"
+"""The app setting where :func:`consume_versions` leaves a worker's twins for :func:`serve`."""
+
+
 def consume_versions(app: Celery, versions: list[str]) -> list[str]:
-    """In a worker, before it starts: consume the version twins of the queues it consumes;
-    returns them."""
-    from .broker import consume_only, consuming
+    """In a worker, before it starts: consume the version twins of the queues it consumes
+    (on a Redis broker, set aside until they hold steps: :class:`WaitingTwins`); returns
+    them."""
+    from .broker import consume_only, consuming, set_aside
 
     base = [q for q in consuming(app) if VERSION_MARK not in q]
     twins = [version_queue(q, v) for q in base for v in versions]
     consume_only(app, [*base, *twins])
+    if WaitingTwins.apply(app):
+        set_aside(app, twins)
+    app.conf[TWINS] = twins
     return twins
+
+
+class WaitingTwins:
+    """The version twins a worker on a Redis broker takes from only while they hold steps.
+
+    kombu's Redis transport fetches with one ``BRPOP`` naming every queue the worker
+    consumes, once per priority list: a worker of three code versions that consumed its
+    queue's three twins named 40 lists in every fetch instead of 10, and both the worker and
+    Redis paid for them on every step (about 6% of its steps per second, ``bench/workers.py``).
+    A twin holds only steps handed to its version (a rolling deploy, a pinned run), so at
+    each :meth:`check` (every recovery interval) the worker reads its twins' depths in one
+    round trip and consumes a twin holding steps (Celery's remote control, to itself) until
+    it has been empty for :attr:`IDLE` checks. A step handed to a live worker's version
+    waits at most one recovery interval more than it would in the worker's own queue.
+
+    On RabbitMQ, which pushes messages to consumers, or with Celery's remote control off, a
+    worker consumes its twins from the start (:meth:`apply`).
+    """
+
+    IDLE = 3
+    """Empty checks in a row after which a worker stops consuming a twin."""
+
+    def __init__(self, app: Celery, worker: str, twins: list[str]) -> None:
+        self.app, self.worker = app, worker
+        self.idle: dict[str, int | None] = dict.fromkeys(twins)
+        """Each twin's empty checks in a row while the worker consumes it; ``None``: it
+        does not."""
+
+    @staticmethod
+    def apply(app: Celery) -> bool:
+        """Whether a worker of ``app`` takes from its twins only while they hold steps."""
+        from .broker import redis_broker, remote_control
+
+        return redis_broker(app) and remote_control(app)
+
+    def check(self) -> None:
+        """Consume the twins that hold steps; stop consuming those empty for a while."""
+        from .broker import consume_now, redis_backlog, stop_consuming_now
+
+        if not self.idle:
+            return
+        for twin, backlog in redis_backlog(self.app, list(self.idle)).items():
+            if backlog.depth:
+                # Said again at each check while steps wait: a command the worker missed
+                # (its broker connection was down) is made good; one more changes nothing.
+                consume_now(self.app, self.worker, twin)
+                self.idle[twin] = 0
+            elif (idle := self.idle[twin]) is not None:
+                if idle + 1 < self.IDLE:
+                    self.idle[twin] = idle + 1
+                else:
+                    stop_consuming_now(self.app, self.worker, twin)
+                    self.idle[twin] = None
 
 
 def version_waits(
@@ -171,24 +233,22 @@ def version_queue_base(queue: str) -> str:
     return version_of_queue(queue)[0]
 
 
-def about_this_worker(app: Celery) -> WorkerFacts:
+def about_this_worker(app: Celery, twins: list[str]) -> WorkerFacts:
     """What a worker says of itself in the roster beside its queues: the queues its flows
     route to (so a queue no worker consumes is still known), its pid, host, the runner's and
-    Celery's versions, and the code versions of the app it runs (those whose queue twins it
-    consumes: :func:`consume_versions`)."""
+    Celery's versions, and the code versions of the app it runs (those of its queue
+    ``twins``: :func:`consume_versions`)."""
     import os
     import socket
 
-    from .broker import consuming
-
-    twins = (version_of_queue(q)[1] for q in consuming(app))
+    versions = (version_of_queue(q)[1] for q in twins)
     return WorkerFacts(
         routes=tuple(sorted(set(routes_of(app).queues.values()))),
         pid=os.getpid(),
         host=socket.gethostname(),
         runner=_version("celery-flows"),
         celery=_version("celery"),
-        app=tuple(sorted({v for v in twins if v})),
+        app=tuple(sorted({v for v in versions if v})),
     )
 
 
@@ -220,8 +280,14 @@ def serve(app: Celery, store: DeploymentStore, settings: RunnerSettings) -> list
     stop = threading.Event()
     ttl = max(3 * settings.recovery_interval, 2.0)
 
-    def announcing(worker: str, mine: list[str], about: WorkerFacts) -> None:
-        while not stop.wait(settings.recovery_interval):
+    def announcing(worker: str, mine: list[str], about: WorkerFacts, waiting: WaitingTwins) -> None:
+        while True:
+            try:
+                waiting.check()
+            except Exception as exc:  # the broker away: checked again at the next round
+                log.debug("could not look into the version queues of %s: %s", worker, exc)
+            if stop.wait(settings.recovery_interval):
+                return
             try:
                 store.announce_queues(mine, worker, ttl, about)
             except Exception as exc:  # Redis away: the word lapses, said again on return
@@ -229,12 +295,22 @@ def serve(app: Celery, store: DeploymentStore, settings: RunnerSettings) -> list
 
     def ready(sender: Any = None, **_: Any) -> None:
         worker = str(getattr(sender, "hostname", "") or "worker")
-        mine = consuming(app)
-        about = about_this_worker(app)
+        now = consuming(app)
+        # Its twins: those set aside, of the queues it consumes (``-Q`` may have chosen
+        # others), are taken from as they fill, so it announces them with the others.
+        aside = WaitingTwins.apply(app)
+        twins = [
+            q
+            for q in app.conf.get(TWINS) or ()
+            if q in now or (aside and version_queue_base(q) in now)
+        ]
+        mine = sorted({*now, *twins})
+        about = about_this_worker(app, twins)
         store.announce_queues(mine, worker, ttl, about)
         store.forget_dead_workers()
+        waiting = WaitingTwins(app, worker, [q for q in twins if q not in now])
         thread = threading.Thread(
-            target=announcing, args=(worker, mine, about), name="queues", daemon=True
+            target=announcing, args=(worker, mine, about, waiting), name="queues", daemon=True
         )
         thread.start()
 
