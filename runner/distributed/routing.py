@@ -164,7 +164,8 @@ class WaitingTwins:
     each :meth:`check` (every recovery interval) the worker reads its twins' depths in one
     round trip and consumes a twin holding steps (Celery's remote control, to itself) until
     it has been empty for :attr:`IDLE` checks. A step handed to a live worker's version
-    waits at most one recovery interval more than it would in the worker's own queue.
+    waits about one recovery interval more than it would in the worker's own queue (and up
+    to a second more, until kombu's blocking fetch under way returns).
 
     On RabbitMQ, which pushes messages to consumers, or with Celery's remote control off, a
     worker consumes its twins from the start (:meth:`apply`).
