@@ -38,4 +38,6 @@ def counted_client(url: str) -> tuple[redis.Redis, Wire]:
     wire = Wire()
     pool = redis.ConnectionPool.from_url(url, connection_class=CountingConnection)
     pool.connection_kwargs["wire"] = wire
-    return redis.Redis(connection_pool=pool), wire
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # closed with the client, as from_url's is
+    return client, wire

@@ -301,6 +301,11 @@ def submission_digest(
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _stopped(status: RunStatus) -> bool:
+    """Whether a run of ``status`` is one :meth:`RunHandle.wait` stops waiting for."""
+    return status.finished or status is RunStatus.PAUSED
+
+
 class RunHandle:
     """A submitted run: poll its status, wait for it, read its result, cancel it."""
 
@@ -346,12 +351,12 @@ class RunHandle:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         status = self.status()
-        if status.finished or status is RunStatus.PAUSED:
+        if _stopped(status):
             return status
         with self.rt.coord.watch_stopped(self.run_id) as notices:
             while True:
                 status = self.status()
-                if status.finished or status is RunStatus.PAUSED:
+                if _stopped(status):
                     return status
                 left = interval if deadline is None else deadline - time.monotonic()
                 if left <= 0:
