@@ -1,4 +1,4 @@
-"""Time-sortable identifiers for checkpoints and runs.
+"""Time-sortable identifiers for checkpoints and runs, and the activation keys of steps.
 
 An id is 12 hex digits of milliseconds since the epoch followed by 16 hex digits
 that are random per process and incremented within one millisecond, so ids made
@@ -46,3 +46,27 @@ def after_fork() -> None:
 def run_id() -> str:
     """Return a fresh run id (a UUID4 string, as CrewAI's flow state ids)."""
     return str(uuid.uuid4())
+
+
+# --- activation keys ------------------------------------------------------------------------
+
+EPOCH_MARK = "/"
+"""Between an activation key's epoch and its activation id (``2/write#1``)."""
+
+
+def activation_key_in(epoch: int, activation_id: str) -> str:
+    """The idempotency key (also the lease and dispatch-marker key) of an activation in
+    ``epoch``: epoch 0 keeps the bare id, so runs that were never resumed read naturally."""
+    return f"{epoch}{EPOCH_MARK}{activation_id}" if epoch else activation_id
+
+
+def activation_of_key(key: str) -> str:
+    """The activation id of an activation key, its epoch dropped (``2/write#1`` ->
+    ``write#1``; a bare id is itself)."""
+    return key.rpartition(EPOCH_MARK)[2]
+
+
+def epoch_of_key(key: str) -> int:
+    """The epoch of an activation key (0 for a bare id)."""
+    epoch, mark, _ = key.partition(EPOCH_MARK)
+    return int(epoch) if mark and epoch.isdigit() else 0

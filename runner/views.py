@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from runner.ids import activation_of_key
 from runner.store.models import FLOW_RESUMED, Answer, Awaiting, Checkpoint, RunInfo, RunStatus
 
 
@@ -127,7 +128,7 @@ def step_states(latest: Checkpoint, waits: dict[str, str]) -> dict[str, StepStat
     starts = scheduled_until(latest)
     found = {}
     for act in latest.in_flight:
-        step = act.rpartition("/")[2]
+        step = activation_of_key(act)
         why = (
             (f"starts at {when(starts)}" if starts is not None else None)
             or waits.get(step)

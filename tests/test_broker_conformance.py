@@ -36,7 +36,7 @@ from runner.distributed import broker, handoff
 from runner.distributed.client import submit
 from runner.distributed.engine import Runtime, task_id
 from runner.distributed.processes import WorkerProcess
-from runner.flow.transition import activation_key_in
+from runner.ids import activation_key_in
 from runner.store.models import RunStatus
 from tests import kombu_faults
 from tests._dist_support import eventually, finished, private_pool, runtime_for

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from runner import ids
 from runner.flow import epochs, lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
@@ -208,3 +209,11 @@ def test_a_resume_of_a_paused_run_where_it_stands_carries_its_running_steps_on()
     assert (rewound.carried, rewound.ready) == ({}, ["left#1", "right#1"])
     failed = paused.model_copy(update={"status": RunStatus.FAILED})
     assert tr.resumed(failed, failed, state, running={"right#1"}).checkpoint.meta.carried == {}
+
+
+@pytest.mark.parametrize("epoch", [0, 1, 12])
+def test_an_activation_key_gives_back_its_activation_and_its_epoch(epoch: int) -> None:
+    key = ids.activation_key_in(epoch, "write#3")
+    assert key == ("write#3" if epoch == 0 else f"{epoch}/write#3")  # epoch 0: the bare id
+    assert ids.activation_of_key(key) == "write#3"
+    assert ids.epoch_of_key(key) == epoch

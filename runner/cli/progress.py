@@ -15,6 +15,7 @@ from typing import Any
 
 from runner.errors import DefinitionError
 from runner.flow.loading import load_flow
+from runner.ids import activation_of_key
 from runner.settings import get_settings
 from runner.store.base import DeploymentStore
 from runner.store.models import (
@@ -71,11 +72,6 @@ def history(reader: History, run_id: str) -> list[Checkpoint]:
     return list(reversed(reader.store.history(run_id, limit=HISTORY_LIMIT)))
 
 
-def bare(activation: str) -> str:
-    """An activation key without its epoch (``2/write#1`` -> ``write#1``)."""
-    return activation.rpartition("/")[2]
-
-
 def step_rows(reader: Any, run_id: str, depth: int = 0) -> list[StepRow]:
     """The run's activations in commit order, each child run's rows right after its step."""
     ckpts = history(reader, run_id)
@@ -85,7 +81,9 @@ def step_rows(reader: Any, run_id: str, depth: int = 0) -> list[StepRow]:
     rows = [row for ckpt in ckpts if (row := _row(run_id, depth, ckpt)) is not None]
     # A failure or pause checkpoint names the method; the activation it stopped is still in
     # flight (a resume runs it again), so name that, as the step's other rows do.
-    waiting = {bare(act).partition("#")[0]: bare(act) for act in latest.in_flight}
+    waiting = {
+        activation_of_key(act).partition("#")[0]: activation_of_key(act) for act in latest.in_flight
+    }
     for row in rows:
         if row.outcome in (FAILED, PAUSED) and "#" not in row.step and row.step in waiting:
             row.step = waiting[row.step]
@@ -97,13 +95,15 @@ def step_rows(reader: Any, run_id: str, depth: int = 0) -> list[StepRow]:
     held = waits(reader, latest) if isinstance(reader.store, DeploymentStore) else {}
     shown = step_states(latest, held)
     for act in latest.in_flight:
-        if running or bare(act) not in stopped:
-            state = shown.get(bare(act))
+        if running or activation_of_key(act) not in stopped:
+            state = shown.get(activation_of_key(act))
             outcome = state.state if state is not None else PENDING
             why = state.waits_for if state is not None else None
-            rows.append(StepRow(run_id, depth, bare(act), outcome, waits_for=why))
+            rows.append(StepRow(run_id, depth, activation_of_key(act), outcome, waits_for=why))
     out: list[StepRow] = []
-    links = {bare(act): link.run_id for act, link in latest.meta.links.children.items()}
+    links = {
+        activation_of_key(act): link.run_id for act, link in latest.meta.links.children.items()
+    }
     for i, row in enumerate(rows):
         out.append(row)
         child = links.get(row.step)
@@ -133,7 +133,7 @@ def _row(run_id: str, depth: int, ckpt: Checkpoint) -> StepRow | None:
         "usage": ckpt.usage.model_dump() if ckpt.usage is not None else None,
     }
     if ckpt.event == METHOD_FINISHED and ckpt.activation:
-        return StepRow(run_id, depth, bare(ckpt.activation), DONE, **common)
+        return StepRow(run_id, depth, activation_of_key(ckpt.activation), DONE, **common)
     if ckpt.event == METHOD_FAILED and ckpt.step:
         error = ckpt.error
         if error is not None and common["attempts"] is None:

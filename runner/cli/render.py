@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.flow.rates import priority_text
+from runner.ids import activation_of_key
 from runner.store.models import Answer, Checkpoint, RunInfo, RunStatus, StepError
 from runner.views import (
     WAITING,
@@ -335,7 +336,7 @@ def history_table(
             str(ckpt.seq),
             shown.get(ckpt.id, ckpt.id),
             short_event(ckpt.event) + _answered((answers or {}).get(ckpt.id)),
-            ckpt.activation.rpartition("/")[2] if ckpt.activation else ckpt.step or "-",
+            activation_of_key(ckpt.activation) if ckpt.activation else ckpt.step or "-",
             status_text(ckpt.status),
             stamp(ckpt.created_at),
         )

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
+from runner import ids
 from runner.distributed.client import load_flow
 from runner.distributed.control import find_checkpoint
 from runner.distributed.engine import Runtime, task_id
@@ -289,7 +290,7 @@ def mermaid(graph: FlowGraph, methods: list[dict[str, Any]]) -> str:
 def _activation_of(ckpt: Checkpoint) -> str | None:
     """The activation id (``method#n``) a checkpoint is about, if any."""
     if ckpt.activation:
-        return ckpt.activation.rpartition("/")[2]  # drop the epoch of an idempotency key
+        return ids.activation_of_key(ckpt.activation)
     if ckpt.step:
         return next((a for a in ckpt.in_flight if a.rpartition("#")[0] == ckpt.step), None)
     return None

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from runner import ids
 from runner.errors import (
     ChildRunFailed,
     CommitConflict,
@@ -163,7 +164,7 @@ def dispatch(
     (``RunMeta.scheduling.priority``); return the ids sent."""
     if not acts:
         return []
-    keys = [tr.activation_key_in(epoch, a.id) for a in acts]
+    keys = [ids.activation_key_in(epoch, a.id) for a in acts]
     handoff.hold(rt.coord, run_id, keys)  # a sender dying before the send leaves a lapsing lease
     fresh = [True] * len(acts) if force else rt.coord.mark_dispatched(run_id, keys)
     chosen = [act for act, is_new in zip(acts, fresh, strict=True) if is_new]
@@ -171,7 +172,7 @@ def dispatch(
         rt.coord, run_id, [k for k, is_new in zip(keys, fresh, strict=True) if not is_new]
     )
     for act in chosen if force else ():
-        rt.coord.redispatch_stamp(run_id, tr.activation_key_in(epoch, act.id))
+        rt.coord.redispatch_stamp(run_id, ids.activation_key_in(epoch, act.id))
     return send(rt, flow_name, run_id, epoch, chosen, priority=priority)
 
 
@@ -204,7 +205,7 @@ def send(
     with broker.priority_queues(rt.app):
         broker.publish_batch(rt.app, publish)
     # The broker has them: from now on the steps are queued, not lost.
-    handoff.let_go(rt.coord, run_id, [tr.activation_key_in(epoch, act.id) for act in acts])
+    handoff.let_go(rt.coord, run_id, [ids.activation_key_in(epoch, act.id) for act in acts])
     return [act.id for act in acts]
 
 
@@ -399,7 +400,7 @@ def commit_and_send(
     marks: list[str] = []
     epoch, run_id, name = checkpoint.meta.epoch, checkpoint.run_id, str(checkpoint.meta.name)
     if ready and checkpoint.status is RunStatus.RUNNING:
-        marks = [tr.activation_key_in(epoch, a.id) for a in ready]
+        marks = [ids.activation_key_in(epoch, a.id) for a in ready]
     priority = checkpoint.meta.scheduling.priority
     messages = (
         outbox_commands(rt, name, run_id, epoch, ready, priority=priority)

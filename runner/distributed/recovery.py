@@ -52,6 +52,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from runner import ids
 from runner.errors import (
     CorruptCheckpoint,
     EncryptionKeyError,
@@ -205,7 +206,7 @@ def _stale(
     stale = []
     for act in pending:
         epoch = tr.epoch_of(latest, act.id)
-        key, task = tr.activation_key_in(epoch, act.id), task_id(latest.run_id, epoch, act.id)
+        key, task = ids.activation_key_in(epoch, act.id), task_id(latest.run_id, epoch, act.id)
         expiry = leases.get(key)
         wake = woken_at(latest, act.id)
         if wake is not None and marked.get(key, 0.0) < wake:

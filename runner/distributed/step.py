@@ -34,6 +34,7 @@ from typing import Any, NoReturn, TypeVar
 
 from celery.exceptions import Ignore, Retry
 
+from runner import ids
 from runner.errors import CorruptCheckpoint, EncryptionKeyError, RunnerError, StepFailed
 from runner.flow import events as ev
 from runner.flow import lifecycle, streaming, usage, versions
@@ -138,7 +139,7 @@ def execute(
     (:func:`_hand_over`)."""
     if deployment is not None and deployment != rt.settings.prefix:
         return _hand_back(rt, task, run_id, activation, deployment)
-    key, token = tr.activation_key_in(epoch, activation), attempt_token()
+    key, token = ids.activation_key_in(epoch, activation), attempt_token()
     try:
         latest, found, holder = rt.coord.begin_attempt(run_id, key, token)
     except CorruptCheckpoint as exc:
@@ -599,7 +600,7 @@ def hard_time_limit(
     """
     run_id, activation = str(kwargs["run_id"]), str(kwargs["activation"])
     epoch, attempt = int(kwargs.get("epoch", 0)), int(kwargs.get("attempt", 1))
-    key, token = tr.activation_key_in(epoch, activation), attempt_token()
+    key, token = ids.activation_key_in(epoch, activation), attempt_token()
     latest, found, holder = rt.coord.begin_attempt(run_id, key, token)
     if found == HELD:
         # The pool kills the attempt right after telling us; give it a moment to be gone.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runner import ids
 from runner.errors import RunnerError
 from runner.flow import transition as tr
 from runner.flow import versions
@@ -42,7 +43,7 @@ def waits_of(
     except (RunnerError, ImportError):
         return found  # the flow cannot be imported here: its queues are unknown
     for act in latest.in_flight:
-        step = act.rpartition("/")[2]
+        step = ids.activation_of_key(act)
         spec = graph.methods.get(step.partition("#")[0])
         if spec is None or spec.queue is None or step in found:
             continue
@@ -69,7 +70,7 @@ def _version_waits(
         graph = None  # the default queue: a method's own queue= is unknown here
     found: dict[str, str] = {}
     for act in latest.in_flight:
-        step = act.rpartition("/")[2]
+        step = ids.activation_of_key(act)
         spec = graph.methods.get(step.partition("#")[0]) if graph is not None else None
         base = routing.queue_name(settings, spec.queue if spec is not None else None)
         for version in wanted:

@@ -31,9 +31,9 @@ from typing import Any
 from celery import Celery, signals
 from celery.exceptions import TimeLimitExceeded
 
+from runner import ids
 from runner.embedded import mask_url
 from runner.errors import DefinitionError, FlowImportError, RunnerError, StoreUnavailable
-from runner.flow import transition as tr
 from runner.flow import versions
 from runner.flow.definition import is_declared, refs_allowed_in
 from runner.flow.loading import load_flow
@@ -316,7 +316,7 @@ def _senders(rt: Runtime, run_id: str, activation: str, mine: list[str]) -> list
     ready = [
         c.version
         for c in history
-        if any(key.rpartition("/")[2] == activation for key in c.in_flight or ())
+        if any(ids.activation_of_key(key) == activation for key in c.in_flight or ())
     ]
     found = [*reversed(ready), *(c.version for c in history)]
     return list(dict.fromkeys(v for v in found if v and v not in mine))
@@ -398,7 +398,7 @@ class _Receipts:
             return
         if kwargs.get("deployment", self.rt.settings.prefix) != self.rt.settings.prefix:
             return
-        key = tr.activation_key_in(int(kwargs.get("epoch", 0)), str(kwargs["activation"]))
+        key = ids.activation_key_in(int(kwargs.get("epoch", 0)), str(kwargs["activation"]))
         receipt = _Receipt(weakref.ref(request), str(kwargs["run_id"]), key)
         with self.lock:
             self.held[id(receipt)] = receipt

@@ -204,21 +204,14 @@ def epoch_of(latest: Checkpoint, activation_id: str) -> int:
 
 def activation_key(latest: Checkpoint, activation_id: str) -> str:
     """The store's idempotency key of an activation: unique across restarts of a run id."""
-    return activation_key_in(epoch_of(latest, activation_id), activation_id)
-
-
-def activation_key_in(epoch: int, activation_id: str) -> str:
-    """The idempotency key (also the lease and dispatch-marker key) of an activation in
-    ``epoch``: epoch 0 keeps the bare id, so runs that were never resumed read naturally."""
-    return f"{epoch}/{activation_id}" if epoch else activation_id
+    return ids.activation_key_in(epoch_of(latest, activation_id), activation_id)
 
 
 def attempt_epoch(ckpt: Checkpoint, activation_id: str) -> int:
     """The epoch of the attempt whose commit ``ckpt`` is (read off its idempotency key), else
     the one that may commit ``activation_id`` there (:func:`epoch_of`)."""
     if ckpt.activation:
-        epoch, slash, _ = ckpt.activation.partition("/")
-        return int(epoch) if slash and epoch.isdigit() else 0
+        return ids.epoch_of_key(ckpt.activation)
     return epoch_of(ckpt, activation_id)
 
 

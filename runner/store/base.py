@@ -206,7 +206,7 @@ class StopNotices(Protocol):
 class CoordinatedStore(CheckpointStore, Protocol):
     """A checkpoint store that also keeps dispatch markers and leases (the engine on workers).
 
-    Keys are activation keys (:func:`runner.flow.transition.activation_key_in`). Rules the
+    Keys are activation keys (:func:`runner.ids.activation_key_in`). Rules the
     conformance suite checks for every provider implementing this:
 
     * a commit naming an ``activation`` and an ``attempt`` drops that activation's lease;
