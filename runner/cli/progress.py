@@ -81,9 +81,8 @@ def step_rows(reader: Any, run_id: str, depth: int = 0) -> list[StepRow]:
     rows = [row for ckpt in ckpts if (row := _row(run_id, depth, ckpt)) is not None]
     # A failure or pause checkpoint names the method; the activation it stopped is still in
     # flight (a resume runs it again), so name that, as the step's other rows do.
-    waiting = {
-        activation_of_key(act).partition("#")[0]: activation_of_key(act) for act in latest.in_flight
-    }
+    in_flight = [activation_of_key(act) for act in latest.in_flight]
+    waiting = {act.partition("#")[0]: act for act in in_flight}
     for row in rows:
         if row.outcome in (FAILED, PAUSED) and "#" not in row.step and row.step in waiting:
             row.step = waiting[row.step]
@@ -94,12 +93,12 @@ def step_rows(reader: Any, run_id: str, depth: int = 0) -> list[StepRow]:
     # What a step waits for is the deployment's to say (a --location store has no limits).
     held = waits(reader, latest) if isinstance(reader.store, DeploymentStore) else {}
     shown = step_states(latest, held)
-    for act in latest.in_flight:
-        if running or activation_of_key(act) not in stopped:
-            state = shown.get(activation_of_key(act))
+    for act in in_flight:
+        if running or act not in stopped:
+            state = shown.get(act)
             outcome = state.state if state is not None else PENDING
             why = state.waits_for if state is not None else None
-            rows.append(StepRow(run_id, depth, activation_of_key(act), outcome, waits_for=why))
+            rows.append(StepRow(run_id, depth, act, outcome, waits_for=why))
     out: list[StepRow] = []
     links = {
         activation_of_key(act): link.run_id for act, link in latest.meta.links.children.items()
