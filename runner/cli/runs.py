@@ -373,10 +373,7 @@ def list_runs(
     )
     found = page.runs
     if as_json:
-        listed = (
-            [_listed(info) for info in found] if every else [_tree(reader, info) for info in found]
-        )
-        print_json(_with_expiry(reader.store, listed))
+        print_json(_json_listing(reader, found, nested=not every))
         if page.more:
             typer.echo(f"… {page.more} more (use --limit or --all)", err=True)
         return
@@ -492,30 +489,29 @@ def _nest(reader: Reader, infos: list[RunInfo], depth: int = 0) -> list[tuple[Ru
     return out
 
 
-def _tree(reader: Reader, info: RunInfo) -> dict[str, Any]:
-    children = [_tree(reader, child) for child in _child_infos(reader, info)]
-    return {**_listed(info), "children": children}
+def _json_listing(reader: Reader, found: list[RunInfo], nested: bool) -> list[dict[str, Any]]:
+    """``runs --json``: each run (``nested``: with its child runs under ``children``) and
+    when it expires, read for all of them in one round trip
+    (:func:`~runner.cli.expiry_view.expiry_fields`)."""
+    from .expiry_view import expiry_fields
+
+    entries: list[tuple[RunInfo, dict[str, Any]]] = []
+
+    def entry(info: RunInfo) -> dict[str, Any]:
+        listed = _listed(info)
+        entries.append((info, listed))
+        if nested:
+            listed["children"] = [entry(child) for child in _child_infos(reader, info)]
+        return listed
+
+    top = [entry(info) for info in found]
+    expiry = expiry_fields(reader.store, [info for info, _ in entries])
+    for info, listed in entries:
+        listed.update(expiry.get(info.run_id, {}))
+    return top
 
 
 def _listed(info: RunInfo) -> dict[str, Any]:
     """A run as ``runs --json`` lists it: its record, and when it starts if it is a delayed
     run still waiting (``scheduled_until``, as ``status --json`` has it)."""
     return {**info.model_dump(mode="json"), "scheduled_until": scheduled_until(info)}
-
-
-def _with_expiry(store: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``runs --json``'s entries (their children too) with when each expires, read in one
-    round trip (:func:`~runner.cli.expiry_view.expiry_fields`)."""
-    from .expiry_view import expiry_fields
-
-    every: list[dict[str, Any]] = []
-    todo = list(listed)
-    while todo:
-        entry = todo.pop()
-        every.append(entry)
-        todo += entry.get("children", [])
-    infos = [RunInfo.model_validate({k: e[k] for k in RunInfo.model_fields}) for e in every]
-    found = expiry_fields(store, infos)
-    for entry in every:
-        entry.update(found.get(entry["run_id"], {}))
-    return listed
