@@ -1,6 +1,5 @@
 """Starting and following runs: ``submit``, ``status``, ``watch``, ``runs``, ``cancel``."""
 
-import dataclasses
 import json
 import time
 from datetime import datetime
@@ -409,8 +408,7 @@ def _where(
     ]
     if twice:
         raise BadUsage(f"{', '.join(twice)} also in --where: give each once")
-    return dataclasses.replace(
-        chosen,
+    return chosen._replace(
         statuses=(status,) if status is not None else chosen.statuses,
         flows=(flow,) if flow is not None else chosen.flows,
         versions=(version,) if version is not None else chosen.versions,

@@ -8,7 +8,6 @@ fork names each rejected field in ``error.errors``. With a token, send it as
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 import time
@@ -176,8 +175,7 @@ def list_runs(
     those after this page."""
     store = console_of(request).rt.store
     chosen = selection.parse(where, time.time())
-    chosen = dataclasses.replace(
-        chosen,
+    chosen = chosen._replace(
         statuses=(status,) if status is not None else chosen.statuses,
         flows=(flow,) if flow else chosen.flows,
         text=q or chosen.text,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
@@ -148,8 +147,7 @@ OUTBOX_COMMANDS = {"lpush": True, "pexpire": True, "publish": False}
 """The commands an outbox may hold, and whether each names a key (a channel is not)."""
 
 
-@dataclass(frozen=True)
-class CommitRequest:
+class CommitRequest(NamedTuple):
     """One commit of a :class:`CoordinatedStore`: a checkpoint and what is written with it."""
 
     checkpoint: Checkpoint
@@ -184,13 +182,12 @@ class CommitRequest:
     duplicate commit announces again; a conflict or a stale attempt does not."""
 
 
-@dataclass(frozen=True)
-class Coordination:
+class Coordination(NamedTuple):
     """A run's leases and dispatch markers, read together (what the recovery pass needs)."""
 
-    leases: dict[str, float] = field(default_factory=dict)
+    leases: dict[str, float]
     """Activation key -> lease expiry (unix seconds) of every leased activation."""
-    markers: dict[str, float] = field(default_factory=dict)
+    markers: dict[str, float]
     """Activation key -> when it was last dispatched (or when its retry is due)."""
 
 

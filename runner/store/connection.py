@@ -18,9 +18,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
 import redis
@@ -148,8 +147,7 @@ class BadRedisSettings(StoreError):
     service, a password file that cannot be read): bad input, not a Redis that is down."""
 
 
-@dataclass(frozen=True)
-class SentinelGroup:
+class SentinelGroup(NamedTuple):
     """What a ``redis+sentinel://`` or ``rediss+sentinel://`` URL names."""
 
     sentinels: tuple[tuple[str, int], ...]

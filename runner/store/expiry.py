@@ -23,9 +23,8 @@ import heapq
 import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from . import scripts
 from .base import DeploymentStore
@@ -36,8 +35,7 @@ EXPIRE_OUTCOMES = ("gone", "early", "changed", "live", "undecided")
 """What :meth:`RetentionRecords.expire_run` may answer (see :data:`scripts.EXPIRE_RUN`)."""
 
 
-@dataclass(frozen=True)
-class Expiry:
+class Expiry(NamedTuple):
     """Where a run stands with retention."""
 
     pinned: bool = False

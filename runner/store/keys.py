@@ -70,16 +70,14 @@ Reading the whole run list, the checkpoint lookup or the active runs reads every
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 CLUSTER_SHARDS = 64
 """Index shards on Redis Cluster: runs spread over up to this many slots. Fixed, because
 every process of a deployment must agree on it."""
 
 
-@dataclass(frozen=True)
-class Keys:
+class Keys(NamedTuple):
     """Key builder for one deployment prefix (``shards``: 0 = single Redis)."""
 
     prefix: str = "runner"

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import scripts
 from .keys import Keys
@@ -41,8 +40,7 @@ RECENT = 2.0
 (the note goes when the limit admits it)."""
 
 
-@dataclass(frozen=True)
-class RateLimit:
+class RateLimit(NamedTuple):
     """A rate limit as the admission script takes it."""
 
     name: str
@@ -57,17 +55,15 @@ class RateLimit:
     """Seconds of the period it is given per (1, 60, 3600): the window its use is shown in."""
 
 
-@dataclass(frozen=True)
-class SlotLimit:
+class SlotLimit(NamedTuple):
     """A concurrency limit as the admission script takes it."""
 
     name: str
-    count: int
+    slots: int
     """Attempts that may hold a slot at once."""
 
 
-@dataclass(frozen=True)
-class Refusal:
+class Refusal(NamedTuple):
     """Why an admission waits: the limit (``kind``, ``name``) that holds it longest."""
 
     kind: str
@@ -76,8 +72,7 @@ class Refusal:
     """Until that limit lets the step try again (without jitter)."""
 
 
-@dataclass(frozen=True)
-class LimitUse:
+class LimitUse(NamedTuple):
     """One limit as ``runner limits`` shows it."""
 
     name: str
@@ -169,7 +164,7 @@ class LimitBook:
                 for r in rates
             ],
             "slots": [
-                [s.count, f"{CONCURRENCY}:{s.name}", _spec(str(s.count), 0.0, s.count, None)]
+                [s.slots, f"{CONCURRENCY}:{s.name}", _spec(str(s.slots), 0.0, s.slots, None)]
                 for s in slots
             ],
         }

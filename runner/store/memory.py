@@ -17,8 +17,7 @@ A commit is one script, so it is written whole or not at all. Any other policy e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.exceptions import NoPermissionError
 
@@ -27,8 +26,7 @@ from runner.errors import StoreFull
 NOEVICTION = "noeviction"
 
 
-@dataclass(frozen=True)
-class StoreMemory:
+class StoreMemory(NamedTuple):
     """One Redis server's memory as the store sees it."""
 
     store: str
@@ -49,7 +47,7 @@ class StoreMemory:
 
     def as_json(self) -> dict[str, Any]:
         """Every field, and ``free``."""
-        return {**vars(self), "free": self.free}
+        return {**self._asdict(), "free": self.free}
 
 
 def of_info(store: str, info: dict[str, Any], max_bytes: int | None, high: float) -> StoreMemory:

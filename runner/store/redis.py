@@ -36,8 +36,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import redis
 from pydantic_core import to_json
@@ -233,7 +232,7 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
         if told:  # a waiter is told in the commit's round trip, never before it lands
             assert stopped is not None
             notice = ("publish", self.keys.stopped(run), stopped.value)
-            request = replace(request, outbox=[*request.outbox, notice])
+            request = request._replace(outbox=[*request.outbox, notice])
         keys = [*self._commit_keys(run), *_outbox_keys(request.outbox, self.cluster)]
         now = time.time()
         base = self._base(run)
@@ -992,8 +991,7 @@ class _Demoted(Exception):
     """The node a commit was written to answered its ``WAIT`` as a replica."""
 
 
-@dataclass(frozen=True)
-class _Base:
+class _Base(NamedTuple):
     """The latest checkpoint a provider read or wrote for a run: its fields' digests and
     versions."""
 
@@ -1002,8 +1000,7 @@ class _Base:
     versions: dict[str, int]
 
 
-@dataclass(frozen=True)
-class _State:
+class _State(NamedTuple):
     """How a checkpoint's state is written: inside its snapshot (``inline``) or by field
     (``values``, each field's JSON, and their ``digests``); ``body`` is the snapshot."""
 
@@ -1037,8 +1034,7 @@ class _State:
         return _Delta(base.checkpoint_id, changed, versions)
 
 
-@dataclass(frozen=True)
-class _Delta:
+class _Delta(NamedTuple):
     """The state a commit writes: changed fields, the others' versions (``-1``: written now),
     based on checkpoint ``base`` (``""``: the whole state)."""
 

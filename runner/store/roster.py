@@ -31,8 +31,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 from .keys import Keys
 
@@ -40,8 +39,7 @@ FORGET_AFTER = 3600.0
 """Seconds after its lapse when a dead worker's record is dropped."""
 
 
-@dataclass(frozen=True)
-class WorkerFacts:
+class WorkerFacts(NamedTuple):
     """What a worker says of itself beside the queues it consumes."""
 
     routes: tuple[str, ...] = ()
@@ -58,8 +56,7 @@ class WorkerFacts:
     ``<queue>@<version>`` it consumes."""
 
 
-@dataclass(frozen=True)
-class WorkerRecord:
+class WorkerRecord(NamedTuple):
     """A worker's last record in the roster."""
 
     name: str

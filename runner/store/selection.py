@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from runner.errors import InvalidInputs
 from runner.store.base import CheckpointStore
@@ -42,8 +41,7 @@ class BadSelection(InvalidInputs):
     term and what is accepted."""
 
 
-@dataclass(frozen=True)
-class Where:
+class Where(NamedTuple):
     """What a selection keeps: every field set must hold (an empty one keeps every run)."""
 
     flows: tuple[str, ...] = ()
@@ -55,13 +53,13 @@ class Where:
     id_text: str = ""
     text: str = ""
     versions: tuple[str, ...] = ()
-    source: str = field(default="", compare=False)
-    """The text it was parsed from (for messages)."""
+    source: str = ""
+    """The text it was parsed from (for messages; no filter)."""
 
     @property
     def empty(self) -> bool:
         """True when it keeps every run."""
-        return self == Where()
+        return self._replace(source="") == Where()
 
     def keeps(self, info: RunInfo) -> bool:
         """Whether the run's record passes every filter."""
@@ -172,8 +170,7 @@ def matching(
         offset += page
 
 
-@dataclass(frozen=True)
-class Page:
+class Page(NamedTuple):
     """One page of a selection: its runs and how many runs the selection holds in all."""
 
     runs: list[RunInfo]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
@@ -79,8 +78,7 @@ class StreamAppend(NamedTuple):
     writer_run: str = ""
 
 
-@dataclass(frozen=True)
-class StreamEntry:
+class StreamEntry(NamedTuple):
     """One entry of a run's stream, decoded."""
 
     id: str
@@ -114,20 +112,18 @@ def attempt_key(writer_run: str, step: str) -> str:
     return f"{writer_run}/{step}" if writer_run else step
 
 
-@dataclass(frozen=True)
-class StreamRead:
+class StreamRead(NamedTuple):
     """What one read of a stream found: its entries after the id asked for, and the newest
     attempt number of every step that wrote (entries of an older attempt are superseded)."""
 
-    entries: list[StreamEntry] = field(default_factory=list)
-    current: dict[str, int] = field(default_factory=dict)
+    entries: list[StreamEntry]
+    current: dict[str, int]
     trimmed: str | None = None
     """With ``check_trim``: the first entry the cap kept, when the cap trimmed entries and the
     id asked for is older than it (the reader missed entries), else ``None``."""
 
 
-@dataclass(frozen=True)
-class StreamInfo:
+class StreamInfo(NamedTuple):
     """A stream's size and ends."""
 
     length: int
