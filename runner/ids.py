@@ -48,6 +48,30 @@ def run_id() -> str:
     return str(uuid.uuid4())
 
 
+# --- activation ids -------------------------------------------------------------------------
+
+ACTIVATION_MARK = "#"
+"""Between a method's name and its activation's number (``write#2``: write's second run)."""
+
+
+def activation_id(method: str, n: int) -> str:
+    """The id of ``method``'s ``n``-th activation in a run (``write#2``)."""
+    return f"{method}{ACTIVATION_MARK}{n}"
+
+
+def split_activation(activation_id: str) -> tuple[str, int] | None:
+    """``write#2`` as ``("write", 2)``; ``None`` for an id that is not ``method#n``."""
+    method, _, n = activation_id.rpartition(ACTIVATION_MARK)
+    return (method, int(n)) if method and n.isdigit() else None
+
+
+def method_of(activation_id: str) -> str:
+    """The method an activation id names (``write#2`` -> ``write``); an id that is not
+    ``method#n`` is taken as a method's name."""
+    split = split_activation(activation_id)
+    return activation_id if split is None else split[0]
+
+
 # --- activation keys ------------------------------------------------------------------------
 
 EPOCH_MARK = "/"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from runner.ids import activation_of_key
+from runner.ids import activation_of_key, method_of
 from runner.store.models import FLOW_RESUMED, Answer, Awaiting, Checkpoint, RunInfo, RunStatus
 
 
@@ -141,7 +141,7 @@ def step_states(latest: Checkpoint, waits: dict[str, str]) -> dict[str, StepStat
 def method_state(states: dict[str, StepState], method: str) -> str:
     """How ``method`` is shown while some of its activations are in flight (``states`` from
     :func:`step_states`): ``running`` if one of them runs, ``waiting`` if all wait."""
-    mine = [s.state for step, s in states.items() if step.partition("#")[0] == method]
+    mine = [s.state for step, s in states.items() if method_of(step) == method]
     return WAITING if mine and all(s == WAITING for s in mine) else RUNNING
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from runner import ids
+from runner.errors import RunStateError
 from runner.flow import epochs, lifecycle
 from runner.flow import orchestrator as orch
 from runner.flow import transition as tr
@@ -217,3 +218,27 @@ def test_an_activation_key_gives_back_its_activation_and_its_epoch(epoch: int) -
     assert key == ("write#3" if epoch == 0 else f"{epoch}/write#3")  # epoch 0: the bare id
     assert ids.activation_of_key(key) == "write#3"
     assert ids.epoch_of_key(key) == epoch
+
+
+@pytest.mark.parametrize(
+    ("activation", "split", "method"),
+    [
+        ("write#3", ("write", 3), "write"),
+        ("write#12", ("write", 12), "write"),
+        ("write", None, "write"),  # a method's name: no number
+        ("write#", None, "write#"),
+        ("#3", None, "#3"),
+        ("write#x", None, "write#x"),
+    ],
+)
+def test_an_activation_id_names_its_method_and_its_number(
+    activation: str, split: tuple[str, int] | None, method: str
+) -> None:
+    assert ids.split_activation(activation) == split
+    assert ids.method_of(activation) == method
+    if split is not None:
+        assert ids.activation_id(*split) == activation
+        assert orch.parse_activation(activation) == split
+    else:
+        with pytest.raises(RunStateError):  # the orchestrator's reading of a record is strict
+            orch.parse_activation(activation)

@@ -15,7 +15,7 @@ from typing import Any
 
 from runner.errors import DefinitionError
 from runner.flow.loading import load_flow
-from runner.ids import activation_of_key
+from runner.ids import activation_of_key, method_of, split_activation
 from runner.settings import get_settings
 from runner.store.base import DeploymentStore
 from runner.store.models import (
@@ -82,9 +82,13 @@ def step_rows(reader: Any, run_id: str, depth: int = 0) -> list[StepRow]:
     # A failure or pause checkpoint names the method; the activation it stopped is still in
     # flight (a resume runs it again), so name that, as the step's other rows do.
     in_flight = [activation_of_key(act) for act in latest.in_flight]
-    waiting = {act.partition("#")[0]: act for act in in_flight}
+    waiting = {method_of(act): act for act in in_flight}
     for row in rows:
-        if row.outcome in (FAILED, PAUSED) and "#" not in row.step and row.step in waiting:
+        if (
+            row.outcome in (FAILED, PAUSED)
+            and split_activation(row.step) is None
+            and row.step in waiting
+        ):
             row.step = waiting[row.step]
     # An in-flight step runs now; in a stopped run it is what a resume runs, shown once:
     # by its failure or pause row if it has one.

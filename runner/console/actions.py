@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from runner import ids
 from runner.crew import CrewFlow
 from runner.distributed import control
 from runner.distributed.client import RunHandle, check_fields, load_flow
@@ -136,7 +137,7 @@ def fork_form(rt: Runtime, ref: str) -> dict[str, Any]:
         "fields": form_fields(flow_cls, source.state),
         "outputs": task_outputs(flow_cls, source.state),
         "steps": list(graph.methods),
-        "completed": sorted({a.rpartition("#")[0] for a in source.completed}),
+        "completed": sorted({ids.method_of(a) for a in source.completed}),
     }
 
 

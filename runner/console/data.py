@@ -68,7 +68,7 @@ def flow_of(path: str | None) -> tuple[Any, str | None]:
 def _methods_of(activations: Iterable[str]) -> list[str]:
     seen: dict[str, None] = {}
     for act in activations:
-        seen.setdefault(act.rpartition("#")[0] or act, None)
+        seen.setdefault(ids.method_of(act), None)
     return list(seen)
 
 
@@ -197,7 +197,7 @@ def method_states(
     states = states or {}
     counts: dict[str, int] = {}
     for act in latest.completed:
-        method = act.rpartition("#")[0]
+        method = ids.method_of(act)
         counts[method] = counts.get(method, 0) + 1
     in_flight = set(_methods_of(latest.in_flight))
     names = (
@@ -229,7 +229,7 @@ def method_states(
         why = [
             s.line(step)
             for step, s in states.items()
-            if state == WAITING and step.partition("#")[0] == name
+            if state == WAITING and ids.method_of(step) == name
         ]
         rows.append(
             {
@@ -292,7 +292,7 @@ def _activation_of(ckpt: Checkpoint) -> str | None:
     if ckpt.activation:
         return ids.activation_of_key(ckpt.activation)
     if ckpt.step:
-        return next((a for a in ckpt.in_flight if a.rpartition("#")[0] == ckpt.step), None)
+        return next((a for a in ckpt.in_flight if ids.method_of(a) == ckpt.step), None)
     return None
 
 

@@ -44,7 +44,7 @@ def waits_of(
         return found  # the flow cannot be imported here: its queues are unknown
     for act in latest.in_flight:
         step = ids.activation_of_key(act)
-        spec = graph.methods.get(step.partition("#")[0])
+        spec = graph.methods.get(ids.method_of(step))
         if spec is None or spec.queue is None or step in found:
             continue
         if routing.unconsumed(store, settings, spec.queue):
@@ -71,7 +71,7 @@ def _version_waits(
     found: dict[str, str] = {}
     for act in latest.in_flight:
         step = ids.activation_of_key(act)
-        spec = graph.methods.get(step.partition("#")[0]) if graph is not None else None
+        spec = graph.methods.get(ids.method_of(step)) if graph is not None else None
         base = routing.queue_name(settings, spec.queue if spec is not None else None)
         for version in wanted:
             twin = routing.version_queue(base, version)

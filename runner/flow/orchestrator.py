@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from runner import ids
 from runner.errors import (
     CycleLimitExceeded,
     DefinitionError,
@@ -64,11 +65,11 @@ class Activation:
 
 
 def parse_activation(activation_id: str) -> tuple[str, int]:
-    """Split ``"method#n"`` into ``("method", n)``."""
-    method, _, n = activation_id.rpartition("#")
-    if not method or not n.isdigit():
+    """Split ``"method#n"`` into ``("method", n)``; a malformed id is a corrupt record."""
+    split = ids.split_activation(activation_id)
+    if split is None:
         raise RunStateError(f"malformed activation id {activation_id!r}", activation=activation_id)
-    return method, int(n)
+    return split
 
 
 def _copy(record: ExecutionRecord) -> ExecutionRecord:
@@ -104,7 +105,7 @@ def _activate(
             step=method,
             limit=limit,
         )
-    act = Activation(f"{method}#{n}", method, n, trigger)
+    act = Activation(ids.activation_id(method, n), method, n, trigger)
     rec.dispatched[method] = n
     rec.in_flight.append(act.id)
     rec.triggers[act.id] = trigger
@@ -132,7 +133,7 @@ def _latest_done(rec: ExecutionRecord, methods: Iterable[str]) -> str | None:
     if not done:
         return None
     _, method = max(done)
-    return f"{method}#{rec.done[method][0]}"
+    return ids.activation_id(method, rec.done[method][0])
 
 
 def _emitter(rec: ExecutionRecord, event: str) -> str | None:
@@ -373,7 +374,7 @@ def invalidate(graph: FlowGraph, record: ExecutionRecord, steps: Iterable[str]) 
     for step in _roots(graph, wanted):
         n = record.dispatched.get(step, 0)
         if n:
-            last = f"{step}#{n}"
+            last = ids.activation_id(step, n)
             causes = [c for c in record.causes.get(last, []) if rec.is_completed(c)]
             _activate(graph, rec, step, record.triggers.get(last), causes)
         elif step in graph.kickoff:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from runner import ids
 from runner.errors import InvalidInputs
 from runner.flow.graph import FlowGraph
 from runner.flow.transition import ACTIVATION_NOTES
@@ -30,8 +31,11 @@ def check_map(graph: FlowGraph, renames: Mapping[str, str]) -> None:
 
 
 def _act(act: str, renames: Mapping[str, str]) -> str:
-    method, mark, n = act.rpartition("#")
-    return f"{renames.get(method, method)}{mark}{n}" if mark else renames.get(act, act)
+    split = ids.split_activation(act)
+    if split is None:
+        return renames.get(act, act)
+    method, n = split
+    return ids.activation_id(renames.get(method, method), n)
 
 
 def renamed_record(record: ExecutionRecord, renames: Mapping[str, str]) -> ExecutionRecord:

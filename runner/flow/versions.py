@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from runner import ids
 from runner.errors import RunnerError, StateUnreadable
 from runner.flow.graph import FlowGraph
 from runner.settings import RunnerSettings, get_settings
@@ -224,7 +225,7 @@ def deploy_problems(flow_cls: Any, ckpt: Checkpoint) -> list[str]:
     graph = flow_cls.graph()
     record = ckpt.record
     for act in record.in_flight:
-        method = act.partition("#")[0]
+        method = ids.method_of(act)
         spec = graph.methods.get(method)
         if spec is None:
             continue  # named by cannot_continue

@@ -487,8 +487,7 @@ class RunMeta(BaseModel):
 
 def _split(activation_id: str) -> tuple[str, int]:
     """``"method#n"`` as ``("method", n)``; ``n`` is 0 when the id is malformed."""
-    method, _, n = activation_id.rpartition("#")
-    return (method, int(n)) if method and n.isdigit() else (activation_id, 0)
+    return ids.split_activation(activation_id) or (activation_id, 0)
 
 
 def _tracked(
@@ -501,8 +500,8 @@ def _tracked(
     (``fork --rerun`` re-creates it with its trigger and causes) and each method's latest
     committed one (the emitter an ``and_`` join names as a cause)."""
     kept = set(in_flight)
-    kept.update(f"{m}#{n}" for m, n in dispatched.items() if n > forgotten.get(m, 0))
-    kept.update(f"{m}#{n}" for m, (n, _) in done.items())
+    kept.update(ids.activation_id(m, n) for m, n in dispatched.items() if n > forgotten.get(m, 0))
+    kept.update(ids.activation_id(m, n) for m, (n, _) in done.items())
     return kept
 
 
@@ -577,8 +576,9 @@ class ExecutionRecord(BaseModel):
         for method in sorted(self.done, key=lambda m: self.done[m][1]):
             first = self.forgotten.get(method, 0) + 1
             for n in range(first, self.dispatched.get(method, 0) + 1):
-                if f"{method}#{n}" not in flying:
-                    acts.append(f"{method}#{n}")
+                act = ids.activation_id(method, n)
+                if act not in flying:
+                    acts.append(act)
         return acts
 
     def is_completed(self, activation_id: str) -> bool:
@@ -618,7 +618,7 @@ def _from_history(data: dict[str, Any]) -> dict[str, Any]:
     present = {*completed, *in_flight}
     forgotten = {}
     for method, count in dispatched.items():
-        gone = [n for n in range(1, count + 1) if f"{method}#{n}" not in present]
+        gone = [n for n in range(1, count + 1) if ids.activation_id(method, n) not in present]
         if gone:
             forgotten[method] = max(gone)
     causes = {str(a): [str(c) for c in cs] for a, cs in (data.get("causes") or {}).items()}

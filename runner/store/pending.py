@@ -157,10 +157,10 @@ def pending_checkpoint(
     already in flight, else a new one), so that answering it commits that method."""
     method = context.method_name
     record = latest.record.model_copy(deep=True) if latest is not None else ExecutionRecord()
-    activation = next((a for a in record.in_flight if a.partition("#")[0] == method), None)
+    activation = next((a for a in record.in_flight if ids.method_of(a) == method), None)
     if activation is None:
         n = record.dispatched.get(method, 0) + 1
-        activation = f"{method}#{n}"
+        activation = ids.activation_id(method, n)
         record.dispatched[method] = n
         record.in_flight.append(activation)
         record.triggers[activation] = None
