@@ -9,6 +9,7 @@ modules decide one thing.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 RUNNER = Path(__file__).resolve().parent.parent / "runner"
@@ -21,10 +22,16 @@ def _module(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed once for every check of this file (none changes it)."""
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path, type_only: bool = False) -> list[tuple[str, list[str]]]:
     """(module imported, names imported from it) for every import in the file, however deep;
     imports for type checking only if ``type_only``."""
-    tree = ast.parse(path.read_text())
+    tree = _parsed(path)
     here = _module(path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     # Imports for type checking only never run, so they cannot make a cycle.
@@ -213,7 +220,7 @@ def test_nothing_outside_runner_flow_uses_a_private_member_of_flow() -> None:
     for path in RUNNER.rglob("*.py"):
         if path.is_relative_to(RUNNER / "flow"):
             continue
-        uses = _flow_private_uses(ast.parse(path.read_text()), private)
+        uses = _flow_private_uses(_parsed(path), private)
         offenders += [f"{_module(path)}: {use}" for use in uses]
     assert offenders == []
 
@@ -222,7 +229,7 @@ def _defs(names: set[str]) -> list[tuple[str, str | None, str]]:
     """(module, enclosing class or None, name) of every function defined with one of ``names``."""
     found = []
     for path in RUNNER.rglob("*.py"):
-        tree = ast.parse(path.read_text())
+        tree = _parsed(path)
         classes = {
             id(f): c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body
         }
@@ -254,7 +261,7 @@ def test_the_store_defines_its_immutable_records_as_named_tuples() -> None:
     frozen = [
         f"{_module(path)}.{node.name}"
         for path in (RUNNER / "store").rglob("*.py")
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(_parsed(path))
         if isinstance(node, ast.ClassDef)
         and any(
             "dataclass" in ast.unparse(d) and "frozen" in ast.unparse(d)
