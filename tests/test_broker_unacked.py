@@ -21,10 +21,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from runner.distributed import handoff
+from runner.distributed import handoff, recovery
 from runner.distributed.app import make_app
 from runner.distributed.broker import QUEUE_READ_LIMIT, BrokerView, queue_length
-from runner.distributed.engine import Runtime, first_checkpoint, task_id
+from runner.distributed.engine import Runtime, first_checkpoint, task_id, task_name
 from runner.distributed.recovery import recover
 from runner.settings import RunnerSettings
 from runner.store.base import CommitRequest
@@ -77,6 +77,34 @@ def test_a_message_lost_between_queue_and_worker_is_sent_again_once(
     time.sleep(LEASE + 0.2)
     assert recover(lone, force=True) == {}
     assert queue_length(lone.app, lone.settings.queue) == 1
+
+
+def test_a_message_a_live_worker_records_while_the_pass_looks_is_not_sent_again(
+    lone: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker pops the message of a step queued for over a lease (a backlog) just as the
+    # pass reads the broker: between its BRPOP and kombu's record in ``unacked`` the message
+    # is in neither place, and the pass must not send it again (it would start twice).
+    run = _marked_sent(lone)
+    time.sleep(LEASE + 0.2)
+    with lone.app.connection_for_read() as conn:
+        taken = []
+
+        def the_worker_records_it() -> None:
+            # What the worker does in that moment: the message reaches it (sent here, where
+            # the lost one would have been) and kombu records it as taken.
+            name = task_name(LinearParity.flow_name(), "one")
+            lone.app.send_task(name, task_id=task_id(run, 0, "one#1"), queue=lone.settings.queue)
+            taken.append(conn.default_channel.basic_get(lone.settings.queue, no_ack=False))
+
+        monkeypatch.setattr(recovery, "settle_handoff", the_worker_records_it)
+        try:
+            assert recover(lone, force=True) == {}  # found nowhere once, then taken: not lost
+            assert [m.headers["id"] for m in taken] == [task_id(run, 0, "one#1")]
+            assert queue_length(lone.app, lone.settings.queue) == 0  # nothing sent again
+        finally:
+            for message in taken:
+                message.ack()
 
 
 def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again_once(

@@ -609,8 +609,8 @@ class BrokerView:
 
         ``False`` when that cannot be told (another broker, a queue too long to read, Redis
         unreachable). A message caught in a live worker's hands between its pop and its
-        record (a moment) looks lost: it is sent again, and the step's begin turns the
-        duplicate away.
+        record (a moment) looks lost: recovery looks again (:meth:`lost_afresh`) before it
+        sends it again.
         """
         client = self.client
         if client is None:
@@ -635,6 +635,13 @@ class BrokerView:
         if any(q is None for q in found) or self._taken is None:
             return False
         return all(task not in q for q in found if q is not None) and task not in self._taken
+
+    def lost_afresh(self, task: str, name: str, versions: Collection[str] = ()) -> bool:
+        """:meth:`lost`, with the queues and what was taken read again (not this pass's
+        earlier reads): the second look at a message found nowhere the first time."""
+        self._queues.clear()
+        self._taken_read = False
+        return self.lost(task, name, versions)
 
     def _unacked(self, before: float) -> dict[str, float] | None:
         """Task id -> when taken, for messages taken before ``before`` (``None``: unread)."""

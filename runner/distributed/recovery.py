@@ -16,7 +16,9 @@ Run by every worker every ``recovery_interval`` (one at a time, by a lock) and b
   queue more than ``lease_seconds`` ago and never acknowledged, with no lease recorded for
   it (that worker died between taking it and recording it), and a message sent more than
   ``lease_seconds`` ago that is neither queued nor taken (a worker died with it in the
-  reply to its ``BRPOP``). Either is re-sent, once (RabbitMQ requeues such messages itself).
+  reply to its ``BRPOP``; found nowhere twice, :data:`HANDOFF_SETTLE` apart, since a live
+  worker's message is nowhere too for a moment). Either is re-sent, once (RabbitMQ requeues
+  such messages itself).
   The broker is read through :class:`~runner.distributed.broker.BrokerView`, the adapter
   that owns kombu's layout; in a process whose check found that layout changed, recovery
   goes by leases only.
@@ -91,6 +93,19 @@ log = logging.getLogger("runner.worker")
 
 QUARANTINED = "quarantined"
 """Event recorded on the metadata of a run that recovery quarantined."""
+
+HANDOFF_SETTLE = 0.25
+"""Seconds the pass waits before its second look at a step whose message it found nowhere.
+A live worker that has just popped a message off the queue holds it in neither the queue nor
+kombu's ``unacked`` hash until kombu records it there, a moment later (longer on a loaded
+CPU): found nowhere twice, it is lost; found taken, running or committed the second time, it
+is not sent again (which would start it twice, the begin turning the copy away)."""
+
+
+def settle_handoff() -> None:
+    """Wait :data:`HANDOFF_SETTLE` seconds: what a worker between its pop and its record of
+    a message needs to record it."""
+    time.sleep(HANDOFF_SETTLE)
 
 
 class Unreadable(Exception):
@@ -204,6 +219,7 @@ def _stale(
     found = rt.coord.coordination(latest.run_id)
     leases, marked = found.leases, found.markers
     stale = []
+    nowhere: list[tuple[Activation, str, str, str, list[str]]] = []
     for act in pending:
         epoch = tr.epoch_of(latest, act.id)
         key, task = ids.activation_key_in(epoch, act.id), task_id(latest.run_id, epoch, act.id)
@@ -225,13 +241,38 @@ def _stale(
             # Taken off the queue by a worker that died before recording it, and not
             # re-sent since (a re-send stamps the marker later than that delivery).
             stale.append(act)
-        elif now - marked[key] >= rt.settings.lease_seconds and broker.lost(
-            task,
-            task_name(str(latest.meta.name), act.method),
-            versions.waiting_for(latest, rt.settings.version_policy),
-        ):
-            stale.append(act)  # sent a lease ago and in nobody's hands: lost in the hand-off
+        elif now - marked[key] >= rt.settings.lease_seconds:
+            name = task_name(str(latest.meta.name), act.method)
+            twins = versions.waiting_for(latest, rt.settings.version_policy)
+            if broker.lost(task, name, twins):
+                nowhere.append((act, key, task, name, twins))  # or in a worker's hand
+    if nowhere:
+        stale += _still_nowhere(rt, latest, marked, nowhere, broker)
     return stale
+
+
+def _still_nowhere(
+    rt: Runtime,
+    latest: Checkpoint,
+    marked: dict[str, float],
+    nowhere: list[tuple[Activation, str, str, str, list[str]]],
+    broker: BrokerView,
+) -> list[Activation]:
+    """Of the steps sent a lease ago whose message the pass found nowhere, those lost in the
+    hand-off: still nowhere a moment later (:data:`HANDOFF_SETTLE`), with no attempt holding a
+    lease, not sent again and no commit of the run meanwhile (the next pass decides then)."""
+    settle_handoff()
+    info = rt.store.run(latest.run_id)
+    if info is None or info.seq != latest.seq:
+        return []
+    again = rt.coord.coordination(latest.run_id)
+    return [
+        act
+        for act, key, task, name, twins in nowhere
+        if key not in again.leases
+        and again.markers.get(key) == marked[key]
+        and broker.lost_afresh(task, name, twins)
+    ]
 
 
 DEADLINE_PASSED = "its deadline passed"
