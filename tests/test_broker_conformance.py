@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -35,7 +38,7 @@ from kombu.transport.redis import Channel as RedisChannel
 from runner.distributed import broker, handoff
 from runner.distributed.client import submit
 from runner.distributed.engine import Runtime, task_id
-from runner.distributed.processes import WorkerProcess
+from runner.distributed.processes import WORKER_COMMAND, WorkerProcess
 from runner.ids import activation_key_in
 from runner.store.models import RunStatus
 from tests import kombu_faults
@@ -529,3 +532,32 @@ def test_rabbitmq_gives_back_what_a_killed_worker_took_and_the_adapter_reads_not
             with Connection(AMQP) as conn:
                 conn.default_channel.queue_delete(rt.settings.queue)
     assert adapter_warnings(caplog) == []
+
+
+@pytest.mark.processes
+def test_the_worker_command_runs_without_celerys_umbrella_command_and_its_plugins(
+    worker_env: dict[str, str],
+) -> None:
+    # `celery -A APP worker` first imports every `celery.commands` plugin (Flower's, a
+    # dependency of runner) and `celery amqp`'s prompt_toolkit; the entry runner starts its
+    # workers with runs Celery's worker command alone, with the same options.
+    env = {**os.environ, **worker_env, "RUNNER_FLOW_MODULES": "tests.flows.results"}
+
+    def imported(*argv: str) -> set[str]:
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", *argv, "--help"],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "celery worker [OPTIONS]" in done.stdout and "--concurrency" in done.stdout
+        lines = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
+        return {line.rsplit("|", 1)[1].strip() for line in lines[1:]}
+
+    def cli_only(modules: set[str]) -> set[str]:
+        return {m.split(".")[0] for m in modules if m.startswith(("flower.", "prompt_toolkit"))}
+
+    umbrella = imported("-m", "celery", "-A", "runner.worker", "worker")
+    entry = imported("-m", WORKER_COMMAND, "runner.worker")
+    assert cli_only(umbrella) == {"flower", "prompt_toolkit"} and "celery.bin.celery" in umbrella
+    assert cli_only(entry) == set() and "celery.bin.celery" not in entry
+    assert {"celery.bin.worker", "runner.distributed.worker"} <= entry  # the app was loaded

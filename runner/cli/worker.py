@@ -7,6 +7,8 @@ import sys
 
 import typer
 
+from runner.distributed.processes import WORKER_COMMAND
+
 from ._app import commands
 
 app = commands()
@@ -27,6 +29,6 @@ def worker(ctx: typer.Context) -> None:
     the `runner dev` found from this folder (with neither allow-list, it refuses to start).
     Every argument goes to Celery's worker command.
     """
-    argv = [sys.executable, "-m", "celery", "-A", APP_MODULE, "worker", *ctx.args]
+    argv = [sys.executable, "-m", WORKER_COMMAND, APP_MODULE, *ctx.args]
     # Replaced rather than wrapped: signals from a process manager reach Celery directly.
     os.execv(sys.executable, argv)

@@ -66,6 +66,11 @@ What the runner takes from them that is not their public API, and what it expect
   runner steps on.
 * **Log records** (:data:`CONNECTION_LOGGERS` and the messages after it): the worker turns
   Celery's and kombu's records of a lost connection into one WARNING of its own.
+* **The worker command** (:func:`run_worker_command`): Celery's ``worker`` command
+  (``celery.bin.worker.worker``) run with the ``celery.bin.base.CLIContext`` its umbrella
+  command would give it, without the umbrella, which first loads every ``celery.commands``
+  plugin (Flower's) and ``celery amqp``'s prompt_toolkit; the umbrella runs instead, said at
+  WARNING, when either is not as expected.
 
 Each of the first three is checked before the process first relies on it, against what
 kombu itself does: :func:`outbox_ready` records one publish through a Redis client that
@@ -83,6 +88,8 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
+import sys
 import threading
 import time
 import uuid
@@ -1114,6 +1121,48 @@ def redis_backlog(app: Celery, queues: Collection[str]) -> dict[str, Backlog]:
                 sent.append(at)
         found[queue] = Backlog(depth, min(sent) if sent else None)
     return found
+
+
+def run_worker_command(app_module: str, args: list[str]) -> NoReturn:
+    """Run Celery's ``worker`` command with ``args`` on the app ``app_module`` names, as
+    ``celery -A app_module worker ARGS`` does, but without Celery's umbrella command: it
+    imports every plugin of ``celery.commands`` first (Flower's, which imports tornado and
+    Flower's views) and ``celery amqp``'s prompt_toolkit, 0.1-0.25 s of CPU at each worker's
+    start on a 2-core machine, which neither the worker nor ``runner dev``'s restarts need.
+
+    Celery 5.7's umbrella gives its subcommands a ``celery.bin.base.CLIContext`` of the app
+    (after adding the app's ``worker`` user options to the command); the same is done here.
+    Should either not be as expected, the umbrella command runs (``os.execv``), said at
+    WARNING. Variables ``CELERY_WORKER_<OPTION>`` set options, as under the umbrella.
+    """
+    try:
+        import click
+        from celery.app.utils import find_app
+        from celery.bin.base import CLIContext
+        from celery.bin.worker import worker as command
+
+        usable = isinstance(command, click.Command) and {"app", "no_color", "workdir"} <= set(
+            inspect.signature(CLIContext).parameters
+        )
+    except ImportError:
+        usable = False
+    if not usable:
+        log.warning(
+            "Celery %s's worker command is not as runner expects it (written against %s): "
+            "started through `celery -A %s worker` instead",
+            celery.__version__,
+            WRITTEN_AGAINST["celery"],
+            app_module,
+        )
+        umbrella = [sys.executable, "-m", "celery", "-A", app_module, "worker", *args]
+        os.execv(sys.executable, umbrella)
+    app = find_app(app_module)
+    command.params.extend(app.user_options.get("worker", ()))
+    context = CLIContext(app=app, no_color=None, workdir=None)
+    command.main(
+        args=args, obj=context, prog_name="celery worker", auto_envvar_prefix="CELERY_WORKER"
+    )
+    sys.exit(0)  # click's main exits on its own; this is for the type checker
 
 
 def pool_name(implementation: Any) -> str | None:

@@ -20,6 +20,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # `runner dev` imports this module; only a worker's probe needs Celery
     from celery import Celery
 
+WORKER_COMMAND = "runner.distributed.worker_command"
+"""The module (``python -m``) that starts a worker: ``celery -A APP worker`` without Celery's
+umbrella command (:func:`runner.distributed.broker.run_worker_command`)."""
+
 
 def children(pid: int) -> list[int]:
     """Pids of the direct children of ``pid`` (a prefork worker's pool processes)."""
@@ -74,7 +78,7 @@ class WorkerProcess:
     def start(self, app: Celery | None = None, timeout: float = 30.0) -> WorkerProcess:
         """Start the worker; with ``app``, wait until it answers a ping."""
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        args = [*self.wrapper, sys.executable, "-m", "celery", "-A", self.app_module, "worker"]
+        args = [*self.wrapper, sys.executable, "-m", WORKER_COMMAND, self.app_module]
         args += ["-P", self.pool, "-c", str(self.concurrency), "-n", self.name]
         args += ["--without-gossip", "--without-mingle", "-l", self.loglevel]
         self.proc = subprocess.Popen(
