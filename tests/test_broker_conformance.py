@@ -561,3 +561,10 @@ def test_the_worker_command_runs_without_celerys_umbrella_command_and_its_plugin
     assert cli_only(umbrella) == {"flower", "prompt_toolkit"} and "celery.bin.celery" in umbrella
     assert cli_only(entry) == set() and "celery.bin.celery" not in entry
     assert {"celery.bin.worker", "runner.distributed.worker"} <= entry  # the app was loaded
+    # gevent (eventlet too) must be patched in before anything else: Celery's own entry does
+    # that, so the worker starts through it (here it stops there: gevent is not installed)
+    gevent = subprocess.run(
+        [sys.executable, "-m", WORKER_COMMAND, "runner.worker", "-P", "gevent", "--help"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert "in _patch_gevent" in gevent.stderr, gevent.stderr[-2000:]

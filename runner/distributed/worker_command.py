@@ -6,22 +6,26 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
-import celery
-
 USAGE = "usage: python -m runner.distributed.worker_command APP [celery worker options]"
+PATCHING_POOLS = ("eventlet", "gevent")
+"""Pools whose libraries Celery's own entry point patches in before anything else is
+imported: with one named anywhere in the options, the worker starts through that entry."""
 
 
 def main(argv: list[str]) -> None:
     """Start the worker: ``argv`` is the app's module, then Celery's worker options."""
     if not argv or argv[0].startswith("-"):
         sys.exit(USAGE)
-    # eventlet's or gevent's patches before the adapter imports kombu, as `celery` does first
-    celery.maybe_patch_concurrency(["worker", *argv[1:]])
+    app_module, options = argv[0], argv[1:]
+    if any(pool in option for option in options for pool in PATCHING_POOLS):
+        umbrella = [sys.executable, "-m", "celery", "-A", app_module, "worker", *options]
+        os.execv(sys.executable, umbrella)
     from runner.distributed.broker import run_worker_command
 
-    run_worker_command(argv[0], argv[1:])
+    run_worker_command(app_module, options)
 
 
 if __name__ == "__main__":
