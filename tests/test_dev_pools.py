@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.distributed.processes import children
+from runner.distributed.processes import WORKER_COMMAND, children
 from tests.test_dev import FLOWS, DevProcess, bare_env, dev_argv, runner
 
 pytestmark = pytest.mark.workers  # `runner dev` starts workers
@@ -44,7 +44,7 @@ def test_runner_dev_starts_a_thread_pool_worker_on_the_queues_named(project: Pat
         (worker,) = [
             cmd
             for pid in children(dev.proc.pid)
-            if "worker" in (cmd := Path(f"/proc/{pid}/cmdline").read_text().split("\0"))
+            if WORKER_COMMAND in (cmd := Path(f"/proc/{pid}/cmdline").read_text().split("\0"))
         ]
         assert worker[worker.index("-P") + 1] == "threads"
         assert worker[worker.index("-c") + 1] == "50"
