@@ -23,6 +23,7 @@ import redis
 from runner.distributed import control
 from runner.distributed.acl import acl_rules
 from runner.distributed.client import submit
+from runner.distributed.processes import WORKER_COMMAND
 from runner.errors import StoreError
 from runner.settings import reset_settings
 from runner.store.models import RunStatus
@@ -105,7 +106,7 @@ def test_workers_producers_and_a_read_only_console_run_with_least_privilege(
             with runner_env(worker_login):  # the pool's readiness ping speaks as a worker
                 worker = pool.start()
             shown = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-            assert "celery" in shown and not any(s in shown for s in secrets.values())
+            assert WORKER_COMMAND in shown and not any(s in shown for s in secrets.values())
 
             producer_login = {"RUNNER_REDIS_USERNAME": "producer"}
             with runner_env({**producer_login, "RUNNER_REDIS_PASSWORD": secrets["producer"]}):
