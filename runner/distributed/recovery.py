@@ -50,9 +50,11 @@ run stops the pass over the others.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from runner import ids
 from runner.errors import (
@@ -112,6 +114,20 @@ class Unreadable(Exception):
     """A run's data cannot be read; the message says what is wrong (never leaves this module)."""
 
 
+class _SecondLook(NamedTuple):
+    """A run with steps sent a lease ago whose messages the pass found nowhere: looked for
+    again once the pass's other runs are done and :data:`HANDOFF_SETTLE` has passed."""
+
+    latest: Checkpoint
+    marked: dict[str, float]
+    """Activation key -> dispatch marker, as the first look read them."""
+    nowhere: list[tuple[Activation, str, str, str, list[str]]]
+    """(activation, key, task id, task name, version twins) of each."""
+
+
+T = TypeVar("T")
+
+
 def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
     """Re-dispatch in-flight steps whose lease expired or that were never sent.
 
@@ -140,25 +156,22 @@ def recover(rt: Runtime, *, force: bool = False) -> dict[str, list[str]]:
             log.exception("recovery pass: %s failed; the pass goes on", duty.__name__)
     due = set(rt.store.due_timers(STARTS, now))
     held_by_dead = {run_of_task(task) for task in broker.taken_long_ago()}
+    looks: list[_SecondLook] = []
     for run_id in rt.coord.runs_to_check(now, held_by_dead | due):
-        try:
-            sent = _recover_run(rt, run_id, broker)
-        except StoreUnavailable:
-            raise  # Redis is gone for every run: the caller retries the pass
-        except (CorruptCheckpoint, Unreadable) as exc:
-            quarantine(rt, run_id, str(exc))
-            continue
-        except EncryptionKeyError as exc:
-            # This worker lacks the run's key (RUNNER_ENCRYPTION_KEYS): a worker that has it
-            # recovers the run; its data is fine, so it is not quarantined.
-            log.error("recovery of run %s skipped: %s", run_id, exc)
-            continue
-        except Exception:
-            # A bug, not bad data: name the run and go on with the others.
-            log.exception("recovery of run %s failed; the pass goes on", run_id)
-            continue
-        if sent:
-            resent[run_id] = sent
+        done = _for_run(rt, run_id, functools.partial(_recover_run, rt, run_id, broker))
+        if done is not None:
+            sent, look = done
+            if sent:
+                resent[run_id] = sent
+            if look is not None:
+                looks.append(look)
+    if looks:
+        settle_handoff()  # once for the pass: a worker's moment between its pop and record
+        for look in looks:
+            run_id = look.latest.run_id
+            lost = _for_run(rt, run_id, functools.partial(_look_again, rt, look, broker))
+            if lost:
+                resent[run_id] = [*resent.get(run_id, []), *lost]
     for run_id in due:
         rt.store.drop_timer(STARTS, run_id, now)  # sent above (or not running): not needed again
     metrics.recovered(sum(len(sent) for sent in resent.values()))
@@ -185,24 +198,50 @@ def quarantine(rt: Runtime, run_id: str, reason: str) -> bool:
     return True
 
 
-def _recover_run(rt: Runtime, run_id: str, broker: BrokerView) -> list[str]:
+def _for_run(rt: Runtime, run_id: str, work: Callable[[], T]) -> T | None:
+    """``work()`` on one run of the pass; ``None`` when it failed, so the pass goes on."""
+    try:
+        return work()
+    except StoreUnavailable:
+        raise  # Redis is gone for every run: the caller retries the pass
+    except (CorruptCheckpoint, Unreadable) as exc:
+        quarantine(rt, run_id, str(exc))
+    except EncryptionKeyError as exc:
+        # This worker lacks the run's key (RUNNER_ENCRYPTION_KEYS): a worker that has it
+        # recovers the run; its data is fine, so it is not quarantined.
+        log.error("recovery of run %s skipped: %s", run_id, exc)
+    except Exception:
+        # A bug, not bad data: name the run and go on with the others.
+        log.exception("recovery of run %s failed; the pass goes on", run_id)
+    return None
+
+
+def _recover_run(
+    rt: Runtime, run_id: str, broker: BrokerView
+) -> tuple[list[str], _SecondLook | None]:
+    """The steps of the run re-sent now, and those to look for again (see :func:`_stale`)."""
     latest = rt.coord.read(run_id)
     if latest is None:
         raise Unreadable(f"run {run_id} is running but its latest checkpoint is missing")
     if latest.status is not RunStatus.RUNNING:
-        return []
+        return [], None
     if scheduled_until(latest) is not None:
-        return []  # a delayed start, not due: its timer brings it back then
+        return [], None  # a delayed start, not due: its timer brings it back then
     if not latest.meta.name or not latest.flow:
         raise Unreadable(f"checkpoint {latest.id} of run {run_id} names no flow")
     flow_cls = allowed_flow(rt, latest)
     if flow_cls is None:
-        return []
+        return [], None
     try:
         pending = orch.pending(tr.record_of(latest))
     except (KeyError, TypeError, ValueError) as exc:
         raise Unreadable(f"checkpoint {latest.id} of run {run_id}: bad record ({exc!r})") from None
-    stale = _stale(rt, latest, pending, broker)
+    stale, look = _stale(rt, latest, pending, broker)
+    return _resend(rt, latest, stale), look
+
+
+def _resend(rt: Runtime, latest: Checkpoint, stale: list[Activation]) -> list[str]:
+    """Send ``stale`` again, but for steps waiting on a child run; the ids sent."""
     if stale and latest.meta.links.children:
         waiting = waiting_children(rt, latest)
         stale = [act for act in stale if act.id not in waiting]
@@ -213,8 +252,9 @@ def _recover_run(rt: Runtime, run_id: str, broker: BrokerView) -> list[str]:
 
 def _stale(
     rt: Runtime, latest: Checkpoint, pending: list[Activation], broker: BrokerView
-) -> list[Activation]:
-    """The activations of ``pending`` nobody answers for (see the module docstring)."""
+) -> tuple[list[Activation], _SecondLook | None]:
+    """The activations of ``pending`` nobody answers for (see the module docstring), and
+    those whose message is nowhere, to be looked for again (:func:`_still_nowhere`)."""
     now = time.time()
     found = rt.coord.coordination(latest.run_id)
     leases, marked = found.leases, found.markers
@@ -246,31 +286,28 @@ def _stale(
             twins = versions.waiting_for(latest, rt.settings.version_policy)
             if broker.lost(task, name, twins):
                 nowhere.append((act, key, task, name, twins))  # or in a worker's hand
-    if nowhere:
-        stale += _still_nowhere(rt, latest, marked, nowhere, broker)
-    return stale
+    return stale, _SecondLook(latest, marked, nowhere) if nowhere else None
 
 
-def _still_nowhere(
-    rt: Runtime,
-    latest: Checkpoint,
-    marked: dict[str, float],
-    nowhere: list[tuple[Activation, str, str, str, list[str]]],
-    broker: BrokerView,
-) -> list[Activation]:
+def _look_again(rt: Runtime, look: _SecondLook, broker: BrokerView) -> list[str]:
+    """Send again the steps of ``look`` still nowhere (:func:`_still_nowhere`); the ids sent."""
+    return _resend(rt, look.latest, _still_nowhere(rt, look, broker))
+
+
+def _still_nowhere(rt: Runtime, look: _SecondLook, broker: BrokerView) -> list[Activation]:
     """Of the steps sent a lease ago whose message the pass found nowhere, those lost in the
-    hand-off: still nowhere a moment later (:data:`HANDOFF_SETTLE`), with no attempt holding a
-    lease, not sent again and no commit of the run meanwhile (the next pass decides then)."""
-    settle_handoff()
-    info = rt.store.run(latest.run_id)
-    if info is None or info.seq != latest.seq:
+    hand-off: still nowhere after :data:`HANDOFF_SETTLE`, with no attempt holding a lease,
+    not sent again and no commit of the run meanwhile (the next pass decides then)."""
+    run_id = look.latest.run_id
+    info = rt.store.run(run_id)
+    if info is None or info.seq != look.latest.seq:
         return []
-    again = rt.coord.coordination(latest.run_id)
+    again = rt.coord.coordination(run_id)
     return [
         act
-        for act, key, task, name, twins in nowhere
+        for act, key, task, name, twins in look.nowhere
         if key not in again.leases
-        and again.markers.get(key) == marked[key]
+        and again.markers.get(key) == look.marked[key]
         and broker.lost_afresh(task, name, twins)
     ]
 
