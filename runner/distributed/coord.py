@@ -28,9 +28,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 
+from runner.errors import StoreError
 from runner.store.base import BeginOutcome, Begun, CoordinatedStore, Coordination, StopNotices
 from runner.store.models import Checkpoint, RunStatus
 
@@ -173,6 +174,39 @@ class Coordinator:
         finally:
             self._beats.remove(run_id, key)
 
+    # -- tellers: a run's closing event after its steps' events ----------------------------
+
+    @contextmanager
+    def telling(self, run_id: str, token: str, wanted: bool) -> Iterator[Callable[[], None]]:
+        """Order the run's closing event after every committed step's events.
+
+        An attempt tells its step's events after its commit, and that commit may already have
+        sent the step that ends the run, in another process. So the block (commit, then tell)
+        runs under ``token``'s word, given before the commit and dropped after: a commit that
+        ends the run comes after it and sees it. The block calls what this yields before it
+        tells the run's closing event: that waits until no other attempt's word is good
+        (a teller that died lapses after a lease). Nothing, not a round trip, when
+        ``wanted`` is false (nobody listens in this process).
+        """
+        if not wanted:
+            yield _at_once
+            return
+        self.store.add_teller(run_id, token, time.time() + self.lease_seconds)
+        try:
+            yield lambda: self._others_told(run_id, token)
+        finally:
+            try:
+                self.store.drop_teller(run_id, token)
+            except StoreError as exc:  # its word lapses after a lease
+                log.warning("run %s: could not drop this attempt's teller mark: %s", run_id, exc)
+
+    def _others_told(self, run_id: str, token: str) -> None:
+        deadline = time.monotonic() + self.lease_seconds
+        while time.monotonic() < deadline:
+            if not [t for t in self.store.tellers(run_id, time.time()) if t != token]:
+                return
+            time.sleep(0.01)
+
     # -- runs ------------------------------------------------------------------------------
 
     def active_runs(self) -> list[str]:
@@ -196,6 +230,10 @@ class Coordinator:
     def try_lock(self, ttl: float) -> bool:
         """Take the recovery lock for ``ttl`` seconds; ``False`` if another holds it."""
         return self.store.try_lock(RECOVER_LOCK, ttl)
+
+
+def _at_once() -> None:
+    """Nothing to wait for (see :meth:`Coordinator.telling`)."""
 
 
 class _Heartbeats:

@@ -14,6 +14,9 @@
    dispatched;
 5. **send** those steps: with a Redis broker, the commit's own script writes their
    messages (see :mod:`runner.distributed.outbox`); otherwise they are sent after it.
+6. **tell** the step's events to the flow's listeners, after the commit; the run's closing
+   event waits for other processes still telling theirs
+   (:meth:`~runner.distributed.coord.Coordinator.telling`).
 
 Celery sees the outcome as it is, so Flower and ``celery events`` tell the truth:
 SUCCESS for a committed step (or a pause), RETRY with the real error for a retry,
@@ -377,26 +380,28 @@ def _settle(
         # Set before the commit, so no run paused on a question lacks its timer (one left
         # for a pause that was not committed changes nothing: the pass reads the run).
         rt.store.set_timer(ANSWERS, run_id, end.awaiting.deadline)
-    try:
-        committed = _commit_settled(
-            rt,
-            flow_cls,
-            run_id,
-            result,
-            outcome,
-            epoch=epoch,
-            token=lease.token,
-            worker=task.request.hostname,
-            first=latest,
-        )
-    except CancelledMeanwhile:
-        return _skipped(run_id, act.id, "its run was cancelled while it ran; a resume runs it")
-    if committed is None:
-        _duplicate(task, run_id, act.id, "another attempt committed it", [])
-    ckpt, settled = committed
-    if settled.outcome is Outcome.SLEEPING and isinstance(end, Slept):
-        return _asleep(rt, ckpt, act.id, end)
-    lifecycle.announce(settled, listeners_of(flow), duration=result.duration)
+    listeners = listeners_of(flow)
+    with rt.coord.telling(run_id, lease.token, ev.wanted(listeners)) as others_told:
+        try:
+            committed = _commit_settled(
+                rt,
+                flow_cls,
+                run_id,
+                result,
+                outcome,
+                epoch=epoch,
+                token=lease.token,
+                worker=task.request.hostname,
+                first=latest,
+            )
+        except CancelledMeanwhile:
+            return _skipped(run_id, act.id, "its run was cancelled while it ran; a resume runs it")
+        if committed is None:
+            _duplicate(task, run_id, act.id, "another attempt committed it", [])
+        ckpt, settled = committed
+        if settled.outcome is Outcome.SLEEPING and isinstance(end, Slept):
+            return _asleep(rt, ckpt, act.id, end)
+        lifecycle.announce(settled, listeners, duration=result.duration, before_closing=others_told)
     if settled.outcome is Outcome.FAILED:
         _step_failed(ckpt, settled, result)
     if settled.outcome is Outcome.PAUSED and isinstance(end, Asked | Halted):
@@ -641,22 +646,23 @@ def hard_time_limit(
                 ),
             )
             return "retried"
-        try:
-            committed = _commit_settled(
-                rt,
-                flow_cls,
-                run_id,
-                result,
-                Outcome.FAILED,
-                epoch=epoch,
-                token=token,
-                worker=worker,
-            )
-        except CancelledMeanwhile:
-            return "the run was cancelled"
-        if committed is None:
-            return "another attempt committed the step"
-        lifecycle.announce(committed[1])
+        with rt.coord.telling(run_id, token, ev.wanted()) as others_told:
+            try:
+                committed = _commit_settled(
+                    rt,
+                    flow_cls,
+                    run_id,
+                    result,
+                    Outcome.FAILED,
+                    epoch=epoch,
+                    token=token,
+                    worker=worker,
+                )
+            except CancelledMeanwhile:
+                return "the run was cancelled"
+            if committed is None:
+                return "another attempt committed the step"
+            lifecycle.announce(committed[1], before_closing=others_told)
         log.error(
             "run %s step %s failed after %d attempt(s): killed at its hard time limit (%s)",
             run_id,

@@ -27,7 +27,7 @@ Outcomes:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -277,6 +277,7 @@ def announce(
     listeners: Sequence[ev.EventListener] = (),
     *,
     duration: float | None = None,
+    before_closing: Callable[[], None] | None = None,
 ) -> None:
     """Tell what a committed settle came to: the one path after a step's commit, in both
     executors and for child runs.
@@ -287,7 +288,8 @@ def announce(
     commit ended the run, ``flow_finished`` or ``flow_failed``, once per run, with the
     duration of the run's part that ended (from its start, or its latest resume) and, in
     ``data``, that part's ``epoch`` and ``opened_at``. ``duration`` is the step's (its last
-    attempt's), where known.
+    attempt's), where known. ``before_closing`` runs before the run's closing event is told
+    (workers wait there for other processes still telling their steps' events).
     """
     step = settled.transition
     ckpt = step.checkpoint
@@ -327,6 +329,8 @@ def announce(
         ev.tell(ev.METHOD_FINISHED, run_id, flow, listeners, method=ckpt.step, duration=duration)
     closing = step.closing
     if closing is not None:
+        if before_closing is not None:
+            before_closing()
         opened = closing.meta.opened_at
         took = None if opened is None else max(closing.created_at - opened, 0.0)
         # The part of the run that ended: its epoch (a resume opens the next) and its start.

@@ -275,6 +275,19 @@ class CoordinatedStore(CheckpointStore, Protocol):
         """:meth:`release` each ``(run id, key, token)``, in one round trip where it can."""
         ...
 
+    def add_teller(self, run_id: str, token: str, until: float) -> None:
+        """Note that attempt ``token`` will tell its step's events after its commit, its word
+        good until ``until`` (a time): :meth:`tellers` shows it until it is dropped or lapses."""
+        ...
+
+    def drop_teller(self, run_id: str, token: str) -> None:
+        """Drop ``token``'s word (:meth:`add_teller`): it told its events, or commits nothing."""
+        ...
+
+    def tellers(self, run_id: str, now: float) -> list[str]:
+        """The tokens whose word (:meth:`add_teller`) is still good at ``now``."""
+        ...
+
     def active_runs(self) -> list[str]:
         """Ids of runs whose status is running."""
         ...

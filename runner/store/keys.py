@@ -17,6 +17,8 @@ key                        type    holds
 ``P:{T}:dispatched``       hash    activation -> when it was last sent (or its retry is due)
 ``P:{T}:leases``           zset    running activations scored by lease expiry
 ``P:{T}:owners``           hash    activation -> attempt token holding its lease
+``P:{T}:tellers``          zset    attempts telling a committed step's events, by when their
+                                   word lapses (the run's closing event waits for them)
 ``P:{T}:stopped``          channel pub/sub: the run's new status when it stops running
 ``P:{T}:stream``           stream  the run's live output: one entry per chunk (step, attempt,
                                    channel, type, JSON payload, writing run), capped
@@ -159,6 +161,11 @@ class Keys(NamedTuple):
         """Attempt tokens holding the leases."""
         return self.run(run_id, "owners")
 
+    def tellers(self, run_id: str) -> str:
+        """Attempts telling a committed step's events, by when their word lapses (the run's
+        closing event waits for them)."""
+        return self.run(run_id, "tellers")
+
     def stopped(self, run_id: str) -> str:
         """Pub/sub channel told the run's status when it stops running (``RunHandle.wait``)."""
         return self.run(run_id, "stopped")
@@ -300,6 +307,7 @@ RUN_PARTS = (
     Keys.dispatched,
     Keys.leases,
     Keys.owners,
+    Keys.tellers,
     Keys.values,
     Keys.stream,
     Keys.stream_attempts,

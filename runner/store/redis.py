@@ -30,6 +30,7 @@ import hashlib
 import heapq
 import itertools
 import json
+import math
 import threading
 import time
 import weakref
@@ -667,6 +668,30 @@ class RedisProvider(DeploymentRecords, RetentionRecords, PendingFeedbackStore, S
             elif isinstance(done, Exception):
                 with self._wrapped():
                     raise done
+
+    def add_teller(self, run_id: str, token: str, until: float) -> None:
+        """Score ``token`` by ``until`` in the run's tellers; the key itself lapses with the
+        last word given, so a teller that died leaves nothing behind for long."""
+        key = self.keys.tellers(run_id)
+
+        def add() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zadd(key, {token: until})
+            pipe.expire(key, max(1, math.ceil(until - time.time())))
+            return pipe.execute()
+
+        self._guard(add)
+
+    def drop_teller(self, run_id: str, token: str) -> None:
+        """Remove ``token`` from the run's tellers (Redis deletes the key once it is empty)."""
+        self._guard(lambda: self.client.zrem(self.keys.tellers(run_id), token))
+
+    def tellers(self, run_id: str, now: float) -> list[str]:
+        """Tokens in the run's tellers scored after ``now``."""
+        found = self._guard(
+            lambda: self.client.zrangebyscore(self.keys.tellers(run_id), f"({now!r}", "+inf")
+        )
+        return [raw.decode() for raw in found]
 
     def active_runs(self) -> list[str]:
         """Ids of runs whose status is running."""

@@ -8,10 +8,11 @@ to a recorder that keeps them in Redis by run, whichever process tells them
 
 from __future__ import annotations
 
-from typing import Annotated
+import time
+from typing import Annotated, Any
 
-from runner import FlowState, and_, append, listen, or_, router, start
-from tests.flows._recording import Recorded, after, attempts, meet
+from runner import Flow, FlowEvent, FlowState, and_, append, listen, or_, router, start
+from tests.flows._recording import Recorded, Recorder, after, attempts, meet
 
 
 class ParityState(FlowState):
@@ -50,6 +51,44 @@ class JoinParity(Recorded[ParityState]):
 
     @listen(begin)
     def right(self) -> str:
+        self.state.trail = [*self.state.trail, "right"]
+        return "r"
+
+    @listen(and_(left, right))
+    def join(self) -> str:
+        self.state.count = len(self.state.trail)
+        return "joined"
+
+
+class _LateTeller(Recorder):
+    """A recorder whose process tells ``left``'s end late (a busy process, a slow listener)."""
+
+    def on_event(self, event: FlowEvent) -> None:
+        if (event.type, event.method) == ("method_execution_finished", "left"):
+            time.sleep(0.5)
+        super().on_event(event)
+
+
+class LateTellerJoin(Flow[ParityState]):
+    """:class:`JoinParity`'s shape with both branches running at once, and ``left``'s end told
+    half a second after its commit, when the commit that sends ``join`` may have landed."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(listeners=[_LateTeller()], **kwargs)
+
+    @start()
+    def begin(self) -> str:
+        return "go"
+
+    @listen(begin)
+    def left(self) -> str:
+        meet(self.state.tag, "both-running", 2)
+        self.state.trail = [*self.state.trail, "left"]
+        return "l"
+
+    @listen(begin)
+    def right(self) -> str:
+        meet(self.state.tag, "both-running", 2)
         self.state.trail = [*self.state.trail, "right"]
         return "r"
 
