@@ -168,6 +168,24 @@ def twins_paused_on_left() -> Any:
     return graph, paused.checkpoint
 
 
+def test_a_step_pausing_a_run_that_already_asks_leaves_its_question_asked() -> None:
+    """``right``'s review comes while the run asks ``left``'s: the run still asks ``left``'s
+    (its reason too), ``right``'s waits in ``meta.human.reviews``, and the answer to ``left``
+    sends both again: ``right`` then asks its own without running its method again."""
+    _graph, paused = twins_paused_on_left()
+    asked = paused.meta.human.awaiting
+    right = next(a for a in orch.pending(tr.record_of(paused)) if a.method == "right")
+    review = Awaiting(kind="feedback", method="right", activation=right.id, message="Right ok?")
+    both = tr.step_awaiting(
+        paused, right, review, base_state={}, new_state={}, reducers={}
+    ).checkpoint
+    assert both.status is RunStatus.PAUSED and both.step == "right"
+    assert both.meta.human.awaiting == asked and both.meta.human.pause_reason == "Left ok?"
+    assert set(both.meta.human.reviews) == {"left#1", "right#1"}
+    answer = Answer(text="fine", awaited=asked)
+    assert tr.answered(both, answer).checkpoint.meta.ready == ["left#1", "right#1"]
+
+
 def test_an_answer_carries_a_step_still_running_instead_of_running_it_again() -> None:
     """Two reviewed steps in parallel: ``left`` paused the run while ``right``'s attempt
     still runs. The answer sends ``left`` again in epoch 3, not ``right``: its attempt of

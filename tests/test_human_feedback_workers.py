@@ -15,10 +15,10 @@ import redis
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.distributed import control
+from runner.distributed import answers, control
 from runner.errors import InvalidInputs, RunStateError
 from runner.store.models import RunStatus
-from tests._dist_support import paused
+from tests._dist_support import eventually, paused
 from tests.console_support import serving
 from tests.flows.dist import executions, key
 from tests.flows.reviews import (
@@ -35,19 +35,6 @@ def ran(r: redis.Redis, run_id: str, *methods: str) -> list[int]:
 
 
 STEPS = ("research", "write", "review", "publish", "shelve")
-
-
-def answer_as_asked(handle: Any, feedback: str, timeout: float = 30) -> None:
-    """``handle.resume(feedback=)``, given again while a parallel step's commit changes the
-    paused run under it (what the refusal tells a user to do)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            handle.resume(feedback=feedback)
-            return
-        except RunStateError as exc:
-            if "changed while answering" not in str(exc) or time.monotonic() > deadline:
-                raise
 
 
 def test_a_review_in_the_middle_pauses_and_the_answer_routes_without_rerunning_anything(
@@ -113,11 +100,11 @@ def test_two_reviews_paused_in_parallel_are_asked_in_turn_and_neither_method_run
     handle = TwinReviewFlow.submit({"topic": "kelp"}, rt=rt)
     first = paused(handle).meta.human.awaiting
     assert first is not None
-    # The run has one question at a time: when both reviewed methods ran before the first
-    # pause, the other review waits with it (meta.human.reviews) and is asked next. The
-    # other method may still be committing its review: the answer is then refused ("changed
-    # while answering; try again") and given again, as the refusal asks.
-    answer_as_asked(handle, f"fine {first.method}")
+    # The run has one question at a time, and the first stays asked: when both reviewed
+    # methods ran before the first pause, the other review waits with it
+    # (meta.human.reviews) and is asked next. The other method may be committing its review
+    # while the answer is given: the answer is planned again on that commit, not refused.
+    handle.resume(feedback=f"fine {first.method}")
     deadline, second = time.monotonic() + 30, None
     while second is None or second.method == first.method:
         assert time.monotonic() < deadline, "the other review was never asked"
@@ -126,6 +113,48 @@ def test_two_reviews_paused_in_parallel_are_asked_in_turn_and_neither_method_run
         time.sleep(0.05)
     assert second.output == f"{second.method} on kelp"
     handle.resume(feedback=f"fine {second.method}")
+    assert handle.result(timeout=30) == "joined"
+    assert ran(redis_client, handle.run_id, "begin", "left", "right", "join") == [1, 1, 1, 1]
+
+
+def test_a_parallel_review_committed_while_the_answer_is_planned_keeps_the_question_asked(
+    rt: Any, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``left``'s review pauses the run while ``right`` runs. As ``left``'s answer is being
+    planned, ``right`` pauses for its own review: the run still asks ``left``'s question, so
+    the answer is planned again on that commit and given to ``left`` (not refused, not given
+    to ``right``); ``right``'s attempt has ended with its commit (no lease left to carry it),
+    so the answer sends it again, and its review is asked next. Neither method runs twice."""
+    handle = HeldTwinReviewFlow.submit({"topic": "kelp"}, rt=rt)
+    asked = paused(handle).meta.human.awaiting
+    assert asked is not None and asked.method == "left"
+    plan_running, raced = answers.running_steps, []
+
+    def right_pauses_meanwhile(rt_: Any, latest: Any) -> frozenset[str]:
+        found = plan_running(rt_, latest)
+        if not raced:  # the first plan: right's review commits after it read the run
+            raced.append(found)
+            redis_client.set(key(handle.run_id, "gate", "right"), 1)
+            eventually(lambda: "right#1" in handle.latest().meta.human.reviews)
+        return found
+
+    monkeypatch.setattr(answers, "running_steps", right_pauses_meanwhile)
+    handle.resume(feedback="fine left")
+    assert "right#1" in raced[0]  # the first plan saw right running
+    history = rt.store.history(handle.run_id, limit=50)
+    (parked,) = [c for c in history if c.event == "flow_paused" and c.step == "right"]
+    assert parked.meta.human.awaiting == asked  # the first question stays asked
+    opened = next(c for c in history if c.meta.human.answers)
+    assert list(opened.meta.human.answers) == ["left#1"]
+    assert opened.meta.carried == {} and sorted(opened.meta.ready) == ["left#1", "right#1"]
+
+    def asking_right() -> Any:
+        latest = handle.latest()
+        waiting = latest.meta.human.awaiting if latest.status is RunStatus.PAUSED else None
+        return waiting if waiting is not None and waiting.method == "right" else None
+
+    assert eventually(asking_right, 30).output == "right on kelp"
+    handle.resume(feedback="fine right")
     assert handle.result(timeout=30) == "joined"
     assert ran(redis_client, handle.run_id, "begin", "left", "right", "join") == [1, 1, 1, 1]
 

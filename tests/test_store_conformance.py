@@ -506,6 +506,27 @@ def test_a_pause_keeps_the_leases_and_a_new_epoch_only_those_it_carries(coord_st
     assert coord_store.leases(run) == {} and coord_store.markers(run) == {}
 
 
+def test_a_commit_drops_the_lease_of_the_attempt_it_releases_while_that_attempt_holds_it(
+    coord_store,
+):
+    """A step that paused stays in flight, uncommitted, but its attempt has ended: the pause's
+    commit drops that attempt's lease (``CommitRequest.released``), and no other's."""
+    run = ids.run_id()
+    coord_store.commit(ckpt(run))
+    coord_store.mark_dispatched(run, ["left#1", "right#1"])
+    coord_store.begin_attempt(run, "left#1", "t-left", 30)
+    coord_store.begin_attempt(run, "right#1", "t-right", 30)
+    left_paused = ckpt(run, status=RunStatus.PAUSED)
+    coord_store.commit_request(CommitRequest(left_paused, released=("left#1", "t-left")))
+    assert set(coord_store.leases(run)) == {"right#1"}
+    assert set(coord_store.markers(run)) == {"left#1", "right#1"}  # in flight: still sent
+
+    not_its = ckpt(run, status=RunStatus.PAUSED)
+    coord_store.commit_request(CommitRequest(not_its, released=("right#1", "t-left")))
+    assert set(coord_store.leases(run)) == {"right#1"}
+    assert coord_store.renew(run, "right#1", "t-right", 30) is True
+
+
 def test_an_expired_lease_is_taken_by_the_next_attempt(coord_store):
     run = ids.run_id()
     coord_store.commit(ckpt(run))

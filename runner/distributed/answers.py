@@ -11,7 +11,7 @@ still running when its run paused is not sent again: its attempt goes on into th
 
 from __future__ import annotations
 
-from runner.errors import RunNotFound
+from runner.errors import RunNotFound, RunStateError
 from runner.flow import plans
 from runner.flow.loading import load_flow
 from runner.store.models import Checkpoint
@@ -35,24 +35,35 @@ def deliver(
     :class:`~runner.errors.InvalidInputs`.
 
     ``step`` (a method name or an activation id) is the step the answerer read the question
-    of: when the run now awaits another one (two steps paused in parallel, and the later
-    pause holds the run's one question), the answer is refused rather than given to a
-    question its author never saw."""
+    of: when the run now awaits another one (it was answered meanwhile and asks the next),
+    the answer is refused rather than given to a question its author never saw. A parallel
+    step that commits while the answer is planned (its own pause leaves the run's question
+    in place) does not refuse it: the answer is planned again on that commit."""
     latest = rt.store.latest(run_id)
     if latest is None:
         raise RunNotFound(f"no run {run_id}", run_id=run_id)
     flow_cls = load_flow(str(latest.flow))
-    plan = plans.plan_answer(
-        flow_cls.graph(),
-        latest,
-        text,
-        by=by,
-        outcome=outcome,
-        step=step,
-        flow_cls=flow_cls,
-        running=running_steps(rt, latest),
-    )
-    done = commit_on_latest(rt, run_id, plan.opening)
+    while True:
+        plan = plans.plan_answer(
+            flow_cls.graph(),
+            latest,
+            text,
+            by=by,
+            outcome=outcome,
+            step=step,
+            flow_cls=flow_cls,
+            running=running_steps(rt, latest),
+        )
+        try:
+            done = commit_on_latest(rt, run_id, plan.opening)
+            break
+        except RunStateError:
+            newer = rt.store.latest(run_id)
+            if newer is None or not plan.still_asked(newer):
+                raise
+            # Each pass follows another commit of a paused part of the run: its steps
+            # still running are few, and each commits once.
+            latest = newer
     assert done is not None
     ckpt, went_on = done
     dispatch_ready(rt, flow_cls, ckpt, went_on.ready)

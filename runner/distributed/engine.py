@@ -336,6 +336,7 @@ def commit_on_latest(
     *,
     first: Checkpoint | None = None,
     send_ready: bool = False,
+    released: tuple[str, str] | None = None,
 ) -> tuple[Checkpoint, Any] | None:
     """Compare-and-set loop: rebuild on the newest checkpoint until the commit lands.
 
@@ -344,8 +345,10 @@ def commit_on_latest(
     the committed checkpoint and what ``build`` returned. ``first`` is a checkpoint
     the caller already read, tried before re-reading. ``send_ready``: the activations
     the commit makes ready are sent (when the run goes on running; see
-    :func:`commit_and_send`). ``None`` when ``build`` declines or another attempt of the
-    step committed. Tells waiters when the run stops, and the parent when a child run ends.
+    :func:`commit_and_send`). ``released``: an attempt's ``(activation key, token)``, its
+    lease dropped by the commit (see ``CommitRequest.released``). ``None`` when ``build``
+    declines or another attempt of the step committed. Tells waiters when the run stops,
+    and the parent when a child run ends.
     """
     latest = first
     for _ in range(200):
@@ -360,7 +363,13 @@ def commit_on_latest(
         try:
             ready = step.ready if send_ready else []
             ckpt = commit_and_send(
-                rt, step.checkpoint, latest.seq, ready, closing=step.closing, announce=True
+                rt,
+                step.checkpoint,
+                latest.seq,
+                ready,
+                closing=step.closing,
+                announce=True,
+                released=released,
             )
         except CommitConflict:
             latest = None
@@ -384,6 +393,7 @@ def commit_and_send(
     *,
     closing: Checkpoint | None = None,
     announce: bool = False,
+    released: tuple[str, str] | None = None,
 ) -> Checkpoint:
     """Commit ``checkpoint`` (compare-and-set on ``expected_seq``), and the run's
     ``closing`` checkpoint after it if it ends the run, and send ``ready``, the
@@ -395,7 +405,8 @@ def commit_and_send(
     sender's soft lease, and they are sent after it (see :mod:`.handoff`): a committer
     dying in between leaves leases that lapse, and recovery sends them. ``announce``: a
     commit that stops the run tells its waiters (:meth:`~.coord.Coordinator.watch_stopped`)
-    in the same round trip where the store can (see ``CommitRequest.announce``).
+    in the same round trip where the store can (see ``CommitRequest.announce``);
+    ``released`` as in ``CommitRequest``.
     """
     marks: list[str] = []
     epoch, run_id, name = checkpoint.meta.epoch, checkpoint.run_id, str(checkpoint.meta.name)
@@ -418,6 +429,7 @@ def commit_and_send(
             outbox=messages or (),
             announce=announce,
             carried=[tr.activation_key(checkpoint, a) for a in checkpoint.meta.carried],
+            released=released,
         )
     )
     if marks and messages is None:

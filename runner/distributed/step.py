@@ -399,6 +399,7 @@ def _settle(
         if committed is None:
             _duplicate(task, run_id, act.id, "another attempt committed it", [])
         ckpt, settled = committed
+        lease.held = False  # the commit dropped it
         if settled.outcome is Outcome.SLEEPING and isinstance(end, Slept):
             return _asleep(rt, ckpt, act.id, end)
         lifecycle.announce(settled, listeners, duration=result.duration, before_closing=others_told)
@@ -406,7 +407,6 @@ def _settle(
         _step_failed(ckpt, settled, result)
     if settled.outcome is Outcome.PAUSED and isinstance(end, Asked | Halted):
         return {"run_id": run_id, "step": act.id, "paused": end.reason, "checkpoint": ckpt.id}
-    lease.held = False  # the commit dropped it
     # A running run's ready steps were sent by the commit.
     sent = [a.id for a in settled.transition.ready] if ckpt.status is RunStatus.RUNNING else []
     return {
@@ -420,7 +420,8 @@ def _settle(
 
 def _asleep(rt: Runtime, ckpt: Checkpoint, act: str, slept: Slept) -> dict[str, Any]:
     """The step ``act`` committed its durable sleep: the recovery pass wakes it (its start
-    timer brings the run in then); this attempt ends, its lease released on the way out."""
+    timer brings the run in then); this attempt ends, its lease dropped by the commit (or
+    released on the way out)."""
     wake_at = slept.sleep.wake_at
     rt.store.set_timer(STARTS, ckpt.run_id, wake_at)
     log.info("run %s step %s sleeps until %s", ckpt.run_id, act, time.ctime(wake_at))
@@ -464,7 +465,10 @@ def _commit_settled(
             version=version,
         )
 
-    return commit_on_latest(rt, run_id, build, first=first, send_ready=True)
+    # Whatever it settles as, the attempt has ended: the commit drops its lease, so a step
+    # that paused or slept (still in flight) is not taken for a running one.
+    released = (ids.activation_key_in(epoch, result.activation.id), token)
+    return commit_on_latest(rt, run_id, build, first=first, send_ready=True, released=released)
 
 
 def _spent_for(rt: Runtime, run_id: str, activation: str, spent: UsageMetrics) -> Any:

@@ -231,7 +231,8 @@ class AnswerPlan:
     def opening(self, latest: Checkpoint | None) -> tr.Transition:
         """The checkpoint that records the answer on ``latest`` (the run's latest as the
         commit reads it); :class:`RunStateError` if the run moved on since it paused (it
-        was answered, resumed or cancelled meanwhile: this answer is not for it)."""
+        was answered, resumed or cancelled meanwhile: this answer is not for it; or a
+        parallel step committed: :meth:`still_asked` says whether to plan again)."""
         if latest is not None and latest.id != self.paused.id:
             raise RunStateError(
                 f"run {self.run_id} changed while answering (now at seq {latest.seq}); try again",
@@ -242,6 +243,18 @@ class AnswerPlan:
             opened.checkpoint.state = dict(self.state)
             opened.checkpoint.version = self.version
         return upgrade_recorded(opened, self.upgrade)
+
+    def still_asked(self, latest: Checkpoint | None) -> bool:
+        """Whether ``latest``, a checkpoint after ``paused``, still asks the question this
+        answer is for, in the same part of the run: a parallel step committed meanwhile (a
+        step that paused too leaves the run's question in place), so the answer is planned
+        again on ``latest``, its state and its running steps."""
+        return (
+            latest is not None
+            and latest.status is RunStatus.PAUSED
+            and latest.meta.epoch == self.paused.meta.epoch
+            and latest.meta.human.awaiting == self.paused.meta.human.awaiting
+        )
 
 
 def plan_answer(

@@ -320,7 +320,12 @@ def step_awaiting(
 ) -> Transition:
     """The step waits for a person's answer: its state so far applied onto ``latest``,
     what it awaits recorded (``meta.human.awaiting``), the run paused, the step in flight until
-    :func:`answered` sends it again."""
+    :func:`answered` sends it again.
+
+    A run asks one question at a time, and the first one stays asked: a step pausing a run
+    that already awaits an answer (a parallel step's) leaves that question in place. Its own
+    waits for the answer's epoch, which sends the step again: a review is kept in
+    ``meta.human.reviews`` (the method does not run again), a question is asked again."""
     merged, conflicts = apply_changes(
         latest.state, base_state, diff(base_state, new_state), reducers
     )
@@ -330,11 +335,16 @@ def step_awaiting(
     reviews = latest.meta.human.reviews
     if awaiting.kind == FEEDBACK:  # the output under review outlives this pause
         reviews = {**reviews, activation.id: awaiting}
+    human = latest.meta.human
+    if latest.status is RunStatus.PAUSED and human.awaiting is not None:
+        asked, reason = human.awaiting, human.pause_reason
+    else:
+        asked, reason = awaiting, awaiting.message
     meta = latest.meta.updated(
         ready=[],
         conflicts=conflicts,
-        awaiting=awaiting,
-        pause_reason=awaiting.message,
+        awaiting=asked,
+        pause_reason=reason,
         reviews=reviews,
     )
     ckpt = with_record(

@@ -175,6 +175,10 @@ class CommitRequest(NamedTuple):
     """Activation keys whose lease, owner and dispatch marker outlive the new epoch this
     checkpoint opens (steps still running on from the epoch before, when a paused run goes
     on by an answer or a resume); a new epoch or a run's end drops every other's."""
+    released: tuple[str, str] | None = None
+    """``(activation key, attempt token)``: that attempt's lease, dropped in the same write if
+    the token still holds it. A step that paused or slept stays in flight, uncommitted, but
+    its attempt has ended: an answer that comes right after sends it again."""
     announce: bool = False
     """When the commit stops the run (its last checkpoint's status is not running), tell
     :meth:`CoordinatedStore.stop_notices` subscribers, as :meth:`CoordinatedStore.notify_stopped`

@@ -1105,6 +1105,7 @@ def _commit_args(
         "outbox": [[command, target] for command, target, _ in request.outbox],
         "closing": "",
         "carried": list(request.carried),
+        "released": list(request.released or ("", "")),
     }
     if request.closing is not None:
         closing_always = _meta_fields(request.closing, now)[0]

@@ -156,6 +156,8 @@ COMMIT = (
 --   closing                   '' or {id, always}: the run's closing checkpoint, next in seq
 --   carried                   activation keys whose lease, owner and marker outlive a new
 --                             epoch (steps still running when a paused run went on)
+--   released                  [activation key, token]: that lease dropped if the token holds
+--                             it (an attempt that paused or slept: ended, the step in flight)
 -- ARGV[2] snapshot JSON without its opening '{', without seq (and state, when by field)
 -- ARGV[3] the closing checkpoint's snapshot, likewise ('' = none)
 -- ARGV[4...] the changed fields' values (JSON), then the outbox commands' values
@@ -202,6 +204,11 @@ if activation ~= '' then
     redis.call('ZREM', KEYS[7], activation)
     redis.call('HDEL', KEYS[8], activation)
   end
+end
+local released = h.released
+if released[1] ~= '' and redis.call('HGET', KEYS[8], released[1]) == released[2] then
+  redis.call('ZREM', KEYS[7], released[1])
+  redis.call('HDEL', KEYS[8], released[1])
 end
 -- Markers and leases serve a run in one epoch: a run that ends, or a resume into a new
 -- epoch, leaves none behind (old-epoch messages and attempts are skipped, and a resume
