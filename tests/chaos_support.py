@@ -338,6 +338,7 @@ class ChaosDriver:
                 "RUNNER_PREFIX": f"chaos-{token}",
                 "RUNNER_QUEUE": f"chaos-{token}",
                 "RUNNER_FLOW_MODULES": "tests.flows.reliability",
+                reliability.TRACE_RECEIPTS: "1",
             }
             self.rt = runtime_on(self.env)
             self.probe = redis.Redis.from_url(server.url, socket_timeout=5)
@@ -461,7 +462,9 @@ class ChaosDriver:
         self._recovery_delays(report, traces)
 
     def _recovery_delays(self, report: Report, traces: dict[str, list[dict[str, Any]]]) -> None:
-        """For each execution a kill cut short: the time until its step ran again."""
+        """For each execution a kill cut short: the time until its step ran again, from the
+        last kill that cut its recovery (a worker killed after it received the step's
+        re-sent message, before it ran it: that kill's own recovery)."""
         for kill in report.kills:
             for run_id, entries in traces.items():
                 for e in entries:
@@ -482,9 +485,29 @@ class ChaosDriver:
                         if x["e"] == "start" and x["m"] == e["m"] and x["t"] > kill.at
                     ]
                     if again:
-                        report.recovery_delays.append(min(again) - kill.at)
+                        first = min(again)
+                        since = recovery_cut_last(report.kills, entries, e["m"], kill.at, first)
+                        report.recovery_delays.append(first - since)
                     else:
                         report.unrecovered.append(f"{run_id} {e['m']} (pid {e['pid']})")
+
+
+def recovery_cut_last(
+    kills: list[Kill], entries: list[dict[str, Any]], method: str, since: float, until: float
+) -> float:
+    """When the recovery of ``method``, cut at ``since`` and running again at ``until``,
+    was last cut: ``since``, or the later kill of a worker that had received the step's
+    message (``recv``) after the clock last started, not having run it."""
+    for kill in sorted(kills, key=lambda k: k.at):
+        if since < kill.at < until and any(
+            x["e"] == "recv"
+            and x["m"] == method
+            and x["pid"] in kill.pids
+            and since <= x["t"] <= kill.at
+            for x in entries
+        ):
+            since = kill.at
+    return since
 
 
 def seed_from_env() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos_support import ChaosDriver, seed_from_env
+from tests.chaos_support import ChaosDriver, Kill, recovery_cut_last, seed_from_env
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -38,3 +38,19 @@ def test_runs_survive_random_kills_and_a_redis_restart_at_the_defaults(tmp_path:
     assert report.unrecovered == [], context
     # Recovery within the promised 10 s of a kill, at the defaults.
     assert max(report.recovery_delays, default=0.0) < 10.0, context
+
+
+def test_a_kill_that_takes_a_re_sent_message_with_it_starts_the_recovery_clock_again() -> None:
+    """``a`` is cut at 10 (its pool child, pid 1), re-sent and received at 15.5 by worker 8,
+    whose whole worker (7, 8) is killed at 16; it runs again at 22: 6 s after the kill that
+    cut its recovery, not 12. A kill of a worker that never received it changes nothing."""
+    kills = [Kill("child", 10.0, [1]), Kill("worker", 16.0, [7, 8]), Kill("worker", 18.0, [9])]
+    entries = [
+        {"e": "start", "m": "a", "pid": 1, "t": 9.0},
+        {"e": "recv", "m": "a", "pid": 8, "t": 15.5},
+        {"e": "recv", "m": "b", "pid": 9, "t": 17.0},
+        {"e": "start", "m": "a", "pid": 3, "t": 22.0},
+    ]
+    assert recovery_cut_last(kills, entries, "a", 10.0, 22.0) == 16.0
+    assert recovery_cut_last(kills, entries, "b", 10.0, 22.0) == 18.0
+    assert recovery_cut_last(kills, entries[:1] + entries[3:], "a", 10.0, 22.0) == 10.0

@@ -17,12 +17,18 @@ from functools import lru_cache
 from typing import Annotated, Any
 
 import redis
+from celery import signals
 from celery.exceptions import SoftTimeLimitExceeded
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from runner import Flow, FlowState, and_, append, listen, or_, router, start
+from runner.ids import method_of
 
+TRACE_RECEIPTS = "RELIABILITY_TRACE_RECEIPTS"
+"""Set (to anything) in a worker's environment: its main process also traces each step
+message it receives (``recv``, with its own pid), so the chaos driver can tell a kill that
+took a step's re-sent message with it."""
 BUSY = "reliability:busy"
 """Hash pid -> ``<run>|<method>`` of the steps running now (the chaos killer aims at them)."""
 
@@ -66,6 +72,18 @@ class trace:
         client().hdel(BUSY, str(self.pid))
         if exc_type is None:
             self._push("end")
+
+
+def _received(request: Any = None, **_: Any) -> None:
+    kwargs = getattr(request, "kwargs", None) or {}
+    run_id, activation = kwargs.get("run_id"), kwargs.get("activation")
+    if run_id and activation:
+        entry = {"m": method_of(str(activation)), "pid": os.getpid(), "t": time.time(), "e": "recv"}
+        client().rpush(trace_key(str(run_id)), json.dumps(entry))
+
+
+if os.environ.get(TRACE_RECEIPTS):
+    signals.task_received.connect(_received, weak=False)
 
 
 def executions(r: redis.Redis, run_id: str, method: str | None = None) -> list[dict[str, Any]]:
