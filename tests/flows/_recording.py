@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import redis
 from pydantic import BaseModel
@@ -67,7 +67,9 @@ def recorded(run_id: str) -> list[tuple[str, str | None]]:
 
 class Recorded(Flow[StateT]):
     """Base of flows whose objects tell a :class:`Recorder` (on workers too: each attempt
-    makes its flow object there): ``class F(Recorded[MyState])``."""
+    makes its flow object there): ``class F(Recorded[MyState])``; ``recorder``, the class."""
+
+    recorder: ClassVar[type[Recorder]] = Recorder
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(listeners=[Recorder()], **kwargs)
+        super().__init__(listeners=[self.recorder()], **kwargs)

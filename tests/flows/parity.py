@@ -9,9 +9,9 @@ to a recorder that keeps them in Redis by run, whichever process tells them
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
-from runner import Flow, FlowEvent, FlowState, and_, append, listen, or_, router, start
+from runner import FlowEvent, FlowState, and_, append, listen, or_, router, start
 from tests.flows._recording import Recorded, Recorder, after, attempts, meet
 
 
@@ -69,33 +69,21 @@ class _LateTeller(Recorder):
         super().on_event(event)
 
 
-class LateTellerJoin(Flow[ParityState]):
-    """:class:`JoinParity`'s shape with both branches running at once, and ``left``'s end told
-    half a second after its commit, when the commit that sends ``join`` may have landed."""
+class LateTellerJoin(JoinParity):
+    """:class:`JoinParity` with both branches running at once, and ``left``'s end told half a
+    second after its commit, when the commit that sends ``join`` may have landed."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(listeners=[_LateTeller()], **kwargs)
+    recorder = _LateTeller
 
-    @start()
-    def begin(self) -> str:
-        return "go"
-
-    @listen(begin)
+    @listen("begin")
     def left(self) -> str:
         meet(self.state.tag, "both-running", 2)
-        self.state.trail = [*self.state.trail, "left"]
-        return "l"
+        return super().left()
 
-    @listen(begin)
+    @listen("begin")
     def right(self) -> str:
         meet(self.state.tag, "both-running", 2)
-        self.state.trail = [*self.state.trail, "right"]
-        return "r"
-
-    @listen(and_(left, right))
-    def join(self) -> str:
-        self.state.count = len(self.state.trail)
-        return "joined"
+        return super().right()
 
 
 class OrParity(Recorded[ParityState]):
