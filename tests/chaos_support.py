@@ -353,15 +353,20 @@ class ChaosDriver:
 
     @contextlib.contextmanager
     def _env(self) -> Iterator[None]:
-        # The producer's own settings come from ``self.env`` (the driver's process too).
-        saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RUNNER_")}
-        os.environ.update({k: v for k, v in self.env.items()})
+        # The producer's own settings come from ``self.env`` (the driver's process too); every
+        # variable it sets goes with the session (processes the test process starts later,
+        # such as other tests' workers, must not trace receipts).
+        def ours(name: str) -> bool:
+            return name.startswith("RUNNER_") or name in self.env
+
+        saved = {k: os.environ.pop(k) for k in list(os.environ) if ours(k)}
+        os.environ.update(self.env)
         reset_settings()
         try:
             yield
         finally:
             for k in list(os.environ):
-                if k.startswith("RUNNER_"):
+                if ours(k):
                     del os.environ[k]
             os.environ.update(saved)
             reset_settings()

@@ -9,11 +9,13 @@ killer), so the assertions do not depend on timing.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.chaos_support import ChaosDriver, Kill, recovery_cut_last, seed_from_env
+from tests.flows.reliability import TRACE_RECEIPTS
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -27,6 +29,8 @@ def test_runs_survive_random_kills_and_a_redis_restart_at_the_defaults(tmp_path:
     # A run still open after the budget is reported stuck (not a pytest timeout).
     report = ChaosDriver(runs=RUNS, kills=KILLS, seed=seed, workdir=tmp_path, budget=300).run()
     print(report.table())
+    # The session's variables went with it: later tests' workers do not trace receipts.
+    assert TRACE_RECEIPTS not in os.environ
     context = f"CHAOS_SEED={seed} logs={tmp_path}"
     assert report.runs == RUNS, context
     assert len(report.kills) >= KILLS, context
