@@ -184,14 +184,15 @@ def test_the_run_s_closing_event_is_told_after_a_step_whose_process_tells_late(
 ) -> None:
     """On workers a step tells its events after its commit, and whichever of ``left`` and
     ``right`` commits second sends ``join``, which ends the run, to the other process before
-    ``left``'s end is told: ``flow_finished`` is still the last event, as in process."""
+    ``left``'s end is told: ``join``'s end and ``flow_finished`` are still the last events,
+    as in process."""
     mine, theirs = _tags()
     out, local_id = _in_process(parity.LateTellerJoin, local, mine)
     worker_id = _on_workers(rt, parity.LateTellerJoin, theirs)
     there = _same(local, rt, local_id, worker_id, frozenset({"trail"}))
     assert out == orch.last_output(there[-1].record) == "joined"
     told = _told_alike(local_id, worker_id)
-    assert told[-1] == ("flow_finished", None)
+    assert told[-2:] == [("method_execution_finished", "join"), ("flow_finished", None)]
 
 
 def test_a_loop_past_max_calls_fails_the_run_with_cycle_limit_exceeded_in_both(

@@ -184,8 +184,8 @@ class Coordinator:
         sent the step that ends the run, in another process. So the block (commit, then tell)
         runs under ``token``'s word, given before the commit and dropped after: a commit that
         ends the run comes after it and sees it. The block calls what this yields before it
-        tells the run's closing event: that waits until no other attempt's word is good
-        (a teller that died lapses after a lease). Nothing, not a round trip, when
+        tells the events of a commit that ended the run: that waits until no other attempt's
+        word is good (a teller that died lapses after a lease). Nothing, not a round trip, when
         ``wanted`` is false (nobody listens in this process).
         """
         if not wanted:

@@ -288,8 +288,9 @@ def announce(
     commit ended the run, ``flow_finished`` or ``flow_failed``, once per run, with the
     duration of the run's part that ended (from its start, or its latest resume) and, in
     ``data``, that part's ``epoch`` and ``opened_at``. ``duration`` is the step's (its last
-    attempt's), where known. ``before_closing`` runs before the run's closing event is told
-    (workers wait there for other processes still telling their steps' events).
+    attempt's), where known. When the commit ended the run, ``before_closing`` runs first,
+    before the step's own events (workers wait there for other processes still telling
+    theirs), so the run's last step and its end are the last events, as in process.
     """
     step = settled.transition
     ckpt = step.checkpoint
@@ -302,6 +303,9 @@ def announce(
         )
     if not ev.wanted(listeners):
         return
+    closing = step.closing
+    if closing is not None and before_closing is not None:
+        before_closing()
     run_id, flow = ckpt.run_id, str(ckpt.meta.name)
     error = None if settled.error is None else described(settled.error)
     if settled.outcome is Outcome.PAUSED:
@@ -327,10 +331,7 @@ def announce(
             data = {"field": name}
             ev.tell(ev.STATE_CONFLICT, run_id, flow, listeners, method=ckpt.step, data=data)
         ev.tell(ev.METHOD_FINISHED, run_id, flow, listeners, method=ckpt.step, duration=duration)
-    closing = step.closing
     if closing is not None:
-        if before_closing is not None:
-            before_closing()
         opened = closing.meta.opened_at
         took = None if opened is None else max(closing.created_at - opened, 0.0)
         # The part of the run that ended: its epoch (a resume opens the next) and its start.
