@@ -174,11 +174,12 @@ class Coordinator:
         finally:
             self._beats.remove(run_id, key)
 
-    # -- tellers: a run's closing event after its steps' events ----------------------------
+    # -- tellers: a run's last events after its other steps' events -----------------------
 
     @contextmanager
     def telling(self, run_id: str, token: str, wanted: bool) -> Iterator[Callable[[], None]]:
-        """Order the run's closing event after every committed step's events.
+        """Order the events of the commit that ends a run (its step's, then the run's
+        closing event) after every other committed step's events.
 
         An attempt tells its step's events after its commit, and that commit may already have
         sent the step that ends the run, in another process. So the block (commit, then tell)

@@ -14,8 +14,8 @@
    dispatched;
 5. **send** those steps: with a Redis broker, the commit's own script writes their
    messages (see :mod:`runner.distributed.outbox`); otherwise they are sent after it.
-6. **tell** the step's events to the flow's listeners, after the commit; the run's closing
-   event waits for other processes still telling theirs
+6. **tell** the step's events to the flow's listeners, after the commit; a commit that ended
+   the run tells its step's events and the run's only once other processes have told theirs
    (:meth:`~runner.distributed.coord.Coordinator.telling`).
 
 Celery sees the outcome as it is, so Flower and ``celery events`` tell the truth:
