@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
@@ -380,29 +380,28 @@ def _settle(
         # Set before the commit, so no run paused on a question lacks its timer (one left
         # for a pause that was not committed changes nothing: the pass reads the run).
         rt.store.set_timer(ANSWERS, run_id, end.awaiting.deadline)
-    listeners = listeners_of(flow)
-    with rt.coord.telling(run_id, lease.token, ev.wanted(listeners)) as others_told:
-        try:
-            committed = _commit_settled(
-                rt,
-                flow_cls,
-                run_id,
-                result,
-                outcome,
-                epoch=epoch,
-                token=lease.token,
-                worker=task.request.hostname,
-                first=latest,
-            )
-        except CancelledMeanwhile:
-            return _skipped(run_id, act.id, "its run was cancelled while it ran; a resume runs it")
-        if committed is None:
-            _duplicate(task, run_id, act.id, "another attempt committed it", [])
-        ckpt, settled = committed
-        lease.held = False  # the commit dropped it
-        if settled.outcome is Outcome.SLEEPING and isinstance(end, Slept):
-            return _asleep(rt, ckpt, act.id, end)
-        lifecycle.announce(settled, listeners, duration=result.duration, before_closing=others_told)
+    try:
+        committed = _commit_settled(
+            rt,
+            flow_cls,
+            run_id,
+            result,
+            outcome,
+            epoch=epoch,
+            token=lease.token,
+            worker=task.request.hostname,
+            first=latest,
+            listeners=listeners_of(flow),
+            duration=result.duration,
+        )
+    except CancelledMeanwhile:
+        return _skipped(run_id, act.id, "its run was cancelled while it ran; a resume runs it")
+    if committed is None:
+        _duplicate(task, run_id, act.id, "another attempt committed it", [])
+    ckpt, settled = committed
+    lease.held = False  # the commit dropped it
+    if settled.outcome is Outcome.SLEEPING and isinstance(end, Slept):
+        return _asleep(rt, ckpt, act.id, end)
     if settled.outcome is Outcome.FAILED:
         _step_failed(ckpt, settled, result)
     if settled.outcome is Outcome.PAUSED and isinstance(end, Asked | Halted):
@@ -439,11 +438,16 @@ def _commit_settled(
     token: str,
     worker: str | None,
     first: Checkpoint | None = None,
+    listeners: Sequence[ev.EventListener] = (),
+    duration: float | None = None,
 ) -> tuple[Checkpoint, lifecycle.Settled] | None:
     """Commit ``result`` settled as ``outcome`` with compare-and-set, sending the steps it
-    makes ready: an attempt's own end and one killed at the hard time limit both commit
-    this way. ``None`` when another attempt committed the step; :class:`CancelledMeanwhile`
-    when the run was cancelled in this epoch (nothing is committed)."""
+    makes ready, then tell its events to ``listeners`` and the registered ones (a sleep
+    tells none; ``duration``: the step's, if known) under :meth:`Coordinator.telling
+    <runner.distributed.coord.Coordinator.telling>`. An attempt's own end and one killed at
+    the hard time limit both commit this way. ``None`` when another attempt committed the
+    step; :class:`CancelledMeanwhile` when the run was cancelled in this epoch (nothing is
+    committed)."""
     graph, reducers = flow_cls.graph(), reducers_for(flow_cls.state_type())
     version = versions.of(graph, rt.settings)
 
@@ -468,7 +472,15 @@ def _commit_settled(
     # Whatever it settles as, the attempt has ended: the commit drops its lease, so a step
     # that paused or slept (still in flight) is not taken for a running one.
     released = (ids.activation_key_in(epoch, result.activation.id), token)
-    return commit_on_latest(rt, run_id, build, first=first, send_ready=True, released=released)
+    with rt.coord.telling(run_id, token, ev.wanted(listeners)) as others_told:
+        committed = commit_on_latest(
+            rt, run_id, build, first=first, send_ready=True, released=released
+        )
+        if committed is not None and committed[1].outcome is not Outcome.SLEEPING:
+            lifecycle.announce(
+                committed[1], listeners, duration=duration, before_closing=others_told
+            )
+    return committed
 
 
 def _spent_for(rt: Runtime, run_id: str, activation: str, spent: UsageMetrics) -> Any:
@@ -650,23 +662,21 @@ def hard_time_limit(
                 ),
             )
             return "retried"
-        with rt.coord.telling(run_id, token, ev.wanted()) as others_told:
-            try:
-                committed = _commit_settled(
-                    rt,
-                    flow_cls,
-                    run_id,
-                    result,
-                    Outcome.FAILED,
-                    epoch=epoch,
-                    token=token,
-                    worker=worker,
-                )
-            except CancelledMeanwhile:
-                return "the run was cancelled"
-            if committed is None:
-                return "another attempt committed the step"
-            lifecycle.announce(committed[1], before_closing=others_told)
+        try:
+            committed = _commit_settled(
+                rt,
+                flow_cls,
+                run_id,
+                result,
+                Outcome.FAILED,
+                epoch=epoch,
+                token=token,
+                worker=worker,
+            )
+        except CancelledMeanwhile:
+            return "the run was cancelled"
+        if committed is None:
+            return "another attempt committed the step"
         log.error(
             "run %s step %s failed after %d attempt(s): killed at its hard time limit (%s)",
             run_id,
