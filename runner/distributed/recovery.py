@@ -121,8 +121,8 @@ class _SecondLook(NamedTuple):
     latest: Checkpoint
     marked: dict[str, float]
     """Activation key -> dispatch marker, as the first look read them."""
-    nowhere: list[tuple[Activation, str, str, str, list[str]]]
-    """(activation, key, task id, task name, version twins) of each."""
+    nowhere: list[tuple[Activation, str, str, str]]
+    """(activation, key, task id, task name) of each."""
 
 
 T = TypeVar("T")
@@ -259,7 +259,8 @@ def _stale(
     found = rt.coord.coordination(latest.run_id)
     leases, marked = found.leases, found.markers
     stale = []
-    nowhere: list[tuple[Activation, str, str, str, list[str]]] = []
+    nowhere: list[tuple[Activation, str, str, str]] = []
+    twins = versions.waiting_for(latest, rt.settings.version_policy)
     for act in pending:
         epoch = tr.epoch_of(latest, act.id)
         key, task = ids.activation_key_in(epoch, act.id), task_id(latest.run_id, epoch, act.id)
@@ -283,9 +284,8 @@ def _stale(
             stale.append(act)
         elif now - marked[key] >= rt.settings.lease_seconds:
             name = task_name(str(latest.meta.name), act.method)
-            twins = versions.waiting_for(latest, rt.settings.version_policy)
             if broker.lost(task, name, twins):
-                nowhere.append((act, key, task, name, twins))  # or in a worker's hand
+                nowhere.append((act, key, task, name))  # or in a worker's hand
     return stale, _SecondLook(latest, marked, nowhere) if nowhere else None
 
 
@@ -303,9 +303,10 @@ def _still_nowhere(rt: Runtime, look: _SecondLook, broker: BrokerView) -> list[A
     if info is None or info.seq != look.latest.seq:
         return []
     again = rt.coord.coordination(run_id)
+    twins = versions.waiting_for(look.latest, rt.settings.version_policy)
     return [
         act
-        for act, key, task, name, twins in look.nowhere
+        for act, key, task, name in look.nowhere
         if key not in again.leases
         and again.markers.get(key) == look.marked[key]
         and broker.lost_afresh(task, name, twins)
