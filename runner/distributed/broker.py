@@ -88,7 +88,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -114,6 +113,7 @@ from runner.flow.rates import PRIORITIES
 from runner.store import connection
 from runner.store.base import OUTBOX_COMMANDS, OutboxCommand
 
+from .processes import exec_celery_worker
 from .services import services
 
 log = logging.getLogger("runner.broker")
@@ -1154,8 +1154,7 @@ def run_worker_command(app_module: str, args: list[str]) -> NoReturn:
             WRITTEN_AGAINST["celery"],
             app_module,
         )
-        umbrella = [sys.executable, "-m", "celery", "-A", app_module, "worker", *args]
-        os.execv(sys.executable, umbrella)
+        exec_celery_worker(app_module, args)
     app = find_app(app_module)
     command.params.extend(app.user_options.get("worker", ()))
     context = CLIContext(app=app, no_color=None, workdir=None)

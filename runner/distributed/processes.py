@@ -14,8 +14,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # `runner dev` imports this module; only a worker's probe needs Celery
     from celery import Celery
@@ -23,6 +24,13 @@ if TYPE_CHECKING:  # `runner dev` imports this module; only a worker's probe nee
 WORKER_COMMAND = "runner.distributed.worker_command"
 """The module (``python -m``) that starts a worker: ``celery -A APP worker`` without Celery's
 umbrella command (:func:`runner.distributed.broker.run_worker_command`)."""
+
+
+def exec_celery_worker(app_module: str, options: Sequence[str]) -> NoReturn:
+    """Become Celery's own ``celery -A app_module worker OPTIONS``, umbrella command and all
+    (where :data:`WORKER_COMMAND` cannot do without it)."""
+    argv = [sys.executable, "-m", "celery", "-A", app_module, "worker", *options]
+    os.execv(sys.executable, argv)
 
 
 def children(pid: int) -> list[int]:

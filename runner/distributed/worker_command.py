@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
+
+from runner.distributed.processes import exec_celery_worker
 
 USAGE = "usage: python -m runner.distributed.worker_command APP [celery worker options]"
 PATCHING_POOLS = ("eventlet", "gevent")
@@ -21,8 +22,7 @@ def main(argv: list[str]) -> None:
         sys.exit(USAGE)
     app_module, options = argv[0], argv[1:]
     if any(pool in option for option in options for pool in PATCHING_POOLS):
-        umbrella = [sys.executable, "-m", "celery", "-A", app_module, "worker", *options]
-        os.execv(sys.executable, umbrella)
+        exec_celery_worker(app_module, options)
     from runner.distributed.broker import run_worker_command
 
     run_worker_command(app_module, options)
