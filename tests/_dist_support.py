@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -18,23 +15,15 @@ from runner.distributed.app import make_app
 from runner.distributed.engine import Runtime
 from runner.settings import RunnerSettings
 from runner.store.models import Checkpoint, RunStatus
+from tests import cli_support
 from tests.conftest import WorkerPool, _settings_kwargs
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def runner_cli(env: dict[str, str], *args: str, **more: str) -> subprocess.CompletedProcess[str]:
-    """``runner ARGS...`` in a subprocess, as an operator types it, on the deployment ``env``
-    names (``more`` variables on top, e.g. ``COLUMNS="200"`` so a table does not fold)."""
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        env={**os.environ, **env, **more},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    """``runner ARGS...`` as an operator types it, on the deployment ``env`` names (``more``
+    variables on top, e.g. ``COLUMNS="200"`` so a table does not fold); in this process
+    (:mod:`tests.cli_support`)."""
+    return cli_support.run(*args, env={**env, **more})
 
 
 def eventually(check: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05) -> Any:

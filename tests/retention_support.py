@@ -4,20 +4,16 @@ kicked off into it in process, and the CLI on it."""
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from runner import CheckpointConfig
 from runner.distributed.app import make_app
 from runner.distributed.engine import Runtime
 from runner.settings import RunnerSettings
+from tests import cli_support
 from tests.flows.retained import Report
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager
@@ -46,21 +42,12 @@ def kickoff(rt: Runtime, flow_cls: Any = Report, **inputs: Any) -> str:
 
 
 def cli(rt: Runtime, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``runner ARGS`` in a process of its own on the test's deployment."""
+    """``runner ARGS`` on the test's deployment (in this process: :mod:`tests.cli_support`)."""
     environ = {
-        **os.environ,
         "RUNNER_REDIS_URL": str(rt.store.url),
         "RUNNER_PREFIX": rt.settings.prefix,
         "RUNNER_FLOW_MODULES": "tests.flows.retained",
         "COLUMNS": "220",
         **env,
     }
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        env=environ,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return cli_support.run(*args, env=environ)

@@ -26,6 +26,7 @@ from runner.distributed.engine import Runtime
 from runner.distributed.retention import PAUSE_FILE, close_archives, collect
 from runner.store.archive import archive_run, open_archive, whole_history
 from runner.store.models import RunStatus
+from tests import cli_support
 from tests.flows.retained import Report
 from tests.retention_support import cli, deployment, kickoff, policy
 
@@ -73,7 +74,6 @@ def archived(rt: Runtime, where: str, retention: str = "succeeded=0s,failed=0s")
     return collect(rt.store, policy(rt, retention, archive=where))
 
 
-@pytest.mark.processes
 def test_a_run_goes_to_the_archive_whole_and_comes_back(deploy: Runtime, location: str) -> None:
     failed = kickoff(deploy, fail=True)
     before = whole_history(deploy.store, failed)
@@ -114,7 +114,6 @@ def test_a_run_goes_to_the_archive_whole_and_comes_back(deploy: Runtime, locatio
     assert deploy.store.run(str(fork.state.id)).status is RunStatus.SUCCEEDED
 
 
-@pytest.mark.processes
 def test_restore_refuses_a_run_already_in_redis(deploy: Runtime, tmp_path: Path) -> None:
     where = str(tmp_path / "archive.db")
     run = kickoff(deploy)
@@ -192,15 +191,7 @@ def test_fork_location_restores_the_archived_run_and_forks_it_on_workers(
     assert rt.store.delete_run(failed) and rt.store.run(failed) is None  # only archived now
 
     changed = ["--set", "fail=false", "--wait"]
-    forked = subprocess.run(
-        [sys.executable, "-m", "runner", "fork", last.id, "--location", where, *changed],
-        env={**os.environ, **worker_env},
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
+    forked = cli_support.run("fork", last.id, "--location", where, *changed, env=worker_env)
     assert forked.returncode == 0, forked.stderr
     assert f"run {failed} restored" in forked.stderr
     assert rt.store.run(failed) is not None  # the source is back in Redis

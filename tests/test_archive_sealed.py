@@ -96,7 +96,6 @@ def one_error_line(done: Any, says: str) -> None:
     assert not any(secret.decode() in done.stdout + done.stderr for secret in SECRETS)
 
 
-@pytest.mark.processes
 def test_a_sealed_run_is_archived_sealed_read_with_the_key_and_restored(
     sealed: Runtime, where: str, redis_client: Any
 ) -> None:
@@ -169,7 +168,6 @@ def test_a_sealed_run_is_archived_sealed_read_with_the_key_and_restored(
     assert again.state.draft.startswith("LOREM IPSUM")
 
 
-@pytest.mark.processes
 def test_rekey_location_reseals_an_archive_to_the_first_key(sealed: Runtime, where: str) -> None:
     runs = {kickoff(sealed, fail=True), kickoff(sealed)}
     assert set(archive_now(sealed, where)) == runs
@@ -203,7 +201,6 @@ def test_rekey_location_reseals_an_archive_to_the_first_key(sealed: Runtime, whe
     assert no_key.returncode == 1 and "RUNNER_ENCRYPTION_KEYS" in no_key.stderr
 
 
-@pytest.mark.processes
 def test_a_run_archived_before_encryption_still_reads_and_restores(
     clear: Runtime, redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
@@ -252,7 +249,6 @@ def test_a_checkpoint_directory_used_in_process_seals_with_the_keys_set(
         JsonProvider(where).latest(run)
 
 
-@pytest.mark.processes
 def test_runs_json_and_status_say_when_a_run_expires(clear: Runtime) -> None:
     kept = kickoff(clear)
     failed = kickoff(clear, fail=True)

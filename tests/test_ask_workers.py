@@ -5,10 +5,7 @@ deadline in the store after which the run goes on with ``None`` though nobody an
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ from runner.distributed.client import RunHandle
 from runner.errors import RunFailed, RunStateError
 from runner.store.models import RunStatus
 from runner.store.timers import ANSWERS, Timers
+from tests import cli_support
 from tests._dist_support import private_pool, recovery_passes
 from tests.flows.asking import (
     DeadlineFlow,
@@ -133,14 +131,7 @@ def test_status_shows_when_an_unanswered_question_goes_on_with_none(
 ) -> None:
     handle = DeadlineFlow.submit({"timeout": 600.0}, rt=rt)
     deadline = asked(handle, "proceed?").meta.human.awaiting.deadline
-    shown = subprocess.run(
-        [sys.executable, "-m", "runner", "status", handle.run_id],
-        env={**os.environ, **worker_env, "COLUMNS": "120"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    shown = cli_support.run("status", handle.run_id, env={**worker_env, "COLUMNS": "120"})
     assert shown.returncode == 0, shown.stderr
     at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(deadline))
     line = re.escape(at) + r" \(in 9m \d\ds\): then it goes on with None"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 from runner.distributed import client
 from runner.distributed.engine import Runtime
 from runner.store.models import RunStatus
+from tests import cli_support
 from tests._dist_support import eventually
 from tests.console_support import console_deployment, serving, snapshot
 
@@ -82,16 +82,8 @@ def open_gates(rt: Runtime, run_ids: list[str]) -> None:
 def cli(
     env: dict[str, str], *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``runner ARGS`` in a process of its own on the deployment."""
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        env={**os.environ, **env, "COLUMNS": "200"},
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    """``runner ARGS`` on the deployment (in this process: :mod:`tests.cli_support`)."""
+    return cli_support.run(*args, env={**env, "COLUMNS": "200"}, stdin=stdin)
 
 
 def statuses(rt: Runtime, run_ids: list[str]) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """``runner checkpoints|show|diff|prune|resume --location``: the checkpoint commands over a
 JSON directory or a SQLite file that runs made in process wrote, as over Redis (CrewAI's
-``crewai checkpoint --location``). Real CLI processes, with no Redis configured: a store of
-files needs none.
+``crewai checkpoint --location``). The CLI runs with no Redis configured: a store of files
+needs none. The probe runs its commands in a process of its own, to see what they import.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from runner import CheckpointConfig, JsonProvider, RedisProvider, SqliteProvider
 from runner.cli.refs import MIN_CHECKPOINT
 from runner.store.base import CheckpointStore
 from runner.views import short_ids
+from tests import cli_support
 from tests.location_flows import FAIL_ENV, LOG_ENV, ThreeStages
-
-pytestmark = pytest.mark.processes  # the CLI in subprocesses
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,16 +75,9 @@ def open_store(kind: str, where: Path) -> CheckpointStore:
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``runner ARGS`` in a process of its own."""
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    """``runner ARGS`` with ``env`` as the whole environment (in this process:
+    :mod:`tests.cli_support`)."""
+    return cli_support.run(*args, env=cli_support.only(env))
 
 
 def probe(env: dict[str, str], commands: list[list[str]]) -> list[dict[str, Any]]:
@@ -106,6 +98,7 @@ def probe(env: dict[str, str], commands: list[list[str]]) -> list[dict[str, Any]
     return found
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
 def test_checkpoints_show_and_diff_read_a_run_made_in_process_without_redis(
     kind: str, tmp_path: Path, env: dict[str, str]
@@ -240,6 +233,7 @@ def test_prune_without_keep_keeps_the_configured_maximum(
     store.close()
 
 
+@pytest.mark.processes
 def test_a_bad_location_is_one_error_line_and_exit_2_and_creates_nothing(
     tmp_path: Path, env: dict[str, str]
 ) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from runner.flow import transition as tr
 from runner.flow.definition import invalid_definition
 from runner.flow.llm import register_llm
 from runner.store.models import RunStatus
+from tests import cli_support
 from tests._dist_support import eventually, private_pool
 from tests.flows.declared import ECHO, count_key
 from tests.test_flow_definition import Report
@@ -404,14 +404,7 @@ def test_a_malformed_definition_is_refused_with_the_fields_path(change: Any, pat
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        capture_output=True,
-        text=True,
-        env={**env, "PATH": "/usr/bin:/bin"},
-        timeout=120,
-        check=False,
-    )
+    return cli_support.run(*args, env=env)
 
 
 def test_runner_submit_refuses_a_malformed_file_before_storing_anything(
@@ -568,7 +561,6 @@ def test_a_declared_run_is_cancelled_resumed_and_forked_from_the_cli(
         redis_client.delete(*keys)
 
 
-@pytest.mark.processes
 def test_runner_graph_draws_a_definition_file(tmp_path: Path) -> None:
     source = tmp_path / "routed.yaml"
     source.write_text(ROUTE)

@@ -3,17 +3,15 @@
 run (:mod:`runner.flow.results` decides it), for runs that end with a plain step, a router,
 a step a person reviewed and a crew run as a child; made in process or on the workers.
 
-The CLI runs as a subprocess with the workers' environment; the console is served on the
-workers' runtime. A reviewed step's result is a ``HumanFeedbackResult`` in Python (as
-``kickoff`` has always returned it) and that result as JSON on the CLI and the API.
+The CLI runs with the workers' environment (in this process: :mod:`tests.cli_support`); the
+console is served on the workers' runtime. A reviewed step's result is a
+``HumanFeedbackResult`` in Python (as ``kickoff`` has always returned it) and that result as
+JSON on the CLI and the API.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +22,7 @@ from pydantic_core import to_jsonable_python
 from runner import CheckpointConfig
 from runner.distributed.client import RunHandle
 from runner.flow.human_feedback import HumanFeedbackResult
+from tests import cli_support
 from tests.console_support import serving
 from tests.flows.results import CrewEnd, PlainEnd, ReviewedEnd, RouterEnd
 
@@ -31,15 +30,8 @@ FLOWS = [PlainEnd, RouterEnd, ReviewedEnd, CrewEnd]
 
 
 def runner_json(env: dict[str, str], *args: str) -> dict[str, Any]:
-    """``runner ARGS --json`` in a subprocess with the workers' environment; its JSON."""
-    done = subprocess.run(
-        [sys.executable, "-m", "runner", *args, "--json"],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    """``runner ARGS --json`` with the workers' environment; its JSON."""
+    done = cli_support.run(*args, "--json", env=env)
     assert done.returncode == 0, (done.stdout, done.stderr)
     found: dict[str, Any] = json.loads(done.stdout)
     return found

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from runner.console.data import list_runs
 from runner.distributed.client import RunHandle
 from runner.distributed.engine import Runtime, first_checkpoint, task_id, task_name
 from runner.store.models import Checkpoint, RunStatus
+from tests import cli_support
 from tests._dist_support import eventually, private_pool, recovery_passes
 from tests.flows.reliability import Nap
 
@@ -66,13 +66,7 @@ def _quarantine_lines(logdir: Path, run_id: str) -> list[str]:
 
 
 def _cli_runs(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "runner.cli", "runs", *args],
-        env={**env, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return cli_support.run("runs", *args, env=env)
 
 
 def test_unreadable_runs_are_quarantined_and_recovery_goes_on(

@@ -157,7 +157,6 @@ def test_a_pass_is_bounded_by_its_batch(deploy: Runtime) -> None:
     assert all(deploy.store.run(r) is None for r in runs)
 
 
-@pytest.mark.processes
 def test_gc_dry_run_lists_what_would_go_and_gc_deletes_it(deploy: Runtime) -> None:
     gone, kept = kickoff(deploy), kickoff(deploy, fail=True)
     env = {"RUNNER_RETENTION": "succeeded=0s,failed=30d"}
@@ -177,7 +176,6 @@ def test_gc_dry_run_lists_what_would_go_and_gc_deletes_it(deploy: Runtime) -> No
     assert day in listed.stdout  # when the failed run leaves Redis
 
 
-@pytest.mark.processes
 def test_pin_and_unpin_from_the_cli(deploy: Runtime) -> None:
     run = kickoff(deploy)
     pinned = cli(deploy, "pin", run[:12])
@@ -194,7 +192,6 @@ def test_pin_and_unpin_from_the_cli(deploy: Runtime) -> None:
     assert unknown.returncode == 2 and unknown.stderr.startswith("error:")
 
 
-@pytest.mark.processes
 def test_a_bad_retention_setting_is_one_line_naming_it(deploy: Runtime) -> None:
     for bad in ("succeeded=7x", "finished=1d", "succeeded"):
         done = cli(deploy, "runs", RUNNER_RETENTION=bad)
@@ -203,7 +200,6 @@ def test_a_bad_retention_setting_is_one_line_naming_it(deploy: Runtime) -> None:
         assert len(lines) == 1 and "RUNNER_RETENTION" in lines[0], done.stderr
 
 
-@pytest.mark.processes
 def test_an_archive_that_is_no_location_is_one_line_naming_it(deploy: Runtime) -> None:
     done = cli(deploy, "runs", RUNNER_ARCHIVE="redis://127.0.0.1:6379/5")
     assert done.returncode == 2

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -22,6 +20,7 @@ from runner.distributed.client import submit
 from runner.distributed.engine import Runtime
 from runner.settings import RunnerSettings
 from runner.store.models import RunStatus
+from tests import cli_support
 from tests.console_support import serving
 from tests.flows.flow_control import GpuFlow
 
@@ -48,14 +47,7 @@ def idle(worker_env: dict[str, str]) -> Iterator[tuple[Runtime, dict[str, str]]]
 
 
 def _runner(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        env={**os.environ, **env, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = cli_support.run(*args, env={**env, "COLUMNS": "200"})
     assert done.returncode == 0, (done.stdout, done.stderr)
     return done.stdout
 
