@@ -282,16 +282,27 @@ def worker_pool(
 
 @pytest.fixture
 def rt(worker_env: dict[str, str], worker_pool: WorkerPool) -> Iterator[Any]:
-    """The producer runtime of the test workers (their prefix and queue), made current."""
+    """The producer runtime of the test workers (their prefix and queue), made current.
+
+    At teardown it cancels (stopping their attempts) the runs the test left running: the
+    session's workers are shared by the file's later tests, and a step crawling on in their
+    pool would slow those down or take the pool process a test needs (two steps meeting at
+    a barrier)."""
     from runner.distributed.app import make_app
+    from runner.distributed.cancel import cancel_run
     from runner.distributed.client import set_runtime
     from runner.distributed.engine import Runtime
+    from runner.errors import RunnerError
     from runner.settings import RunnerSettings
 
     settings = RunnerSettings(**_settings_kwargs(worker_env))
     runtime = Runtime.create(make_app(settings), settings)
     set_runtime(runtime)
+    before = set(runtime.coord.active_runs())
     yield runtime
+    for run_id in set(runtime.coord.active_runs()) - before:
+        with contextlib.suppress(RunnerError):
+            cancel_run(runtime, run_id, "left running by a test")
     set_runtime(None)
     runtime.close()
 

@@ -7,19 +7,16 @@ cancelled directly fails its parent's step, as before."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
 import redis
 
 from runner.distributed import control
-from runner.distributed.cancel import cancel_run, follow_parent
+from runner.distributed.cancel import follow_parent
 from runner.distributed.client import RunHandle, submit
 from runner.distributed.engine import Runtime, commit_on_latest
-from runner.errors import RunnerError
 from runner.flow import transition as tr
 from runner.flow.children import child_run_id
 from runner.store.models import FLOW_CANCELLED, RunStatus
@@ -30,18 +27,6 @@ from tests.flows.dist import executions, key
 from tests.test_cli import Cli, cli  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _cancel_what_the_test_left_running(rt: Runtime) -> Iterator[None]:
-    """Cancel (stopping their attempts) the runs a test leaves running: a test that fails
-    before its own cancel would leave a task crawling for a minute in the session worker's
-    pool, and the next tests on that worker would time out behind it."""
-    before = set(rt.coord.active_runs())
-    yield
-    for run_id in set(rt.coord.active_runs()) - before:
-        with contextlib.suppress(RunnerError):
-            cancel_run(rt, run_id, "left running by a test")
 
 
 def _alive(pid: int) -> bool:
