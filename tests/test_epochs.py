@@ -186,6 +186,21 @@ def test_a_step_pausing_a_run_that_already_asks_leaves_its_question_asked() -> N
     assert tr.answered(both, answer).checkpoint.meta.ready == ["left#1", "right#1"]
 
 
+def test_a_step_halting_a_run_that_already_asks_keeps_its_question_and_reason() -> None:
+    """``right`` calls ``self.pause()`` while the run asks ``left``'s question: the run still
+    asks it, for its own reason, and the answer sends ``right`` again, to pause anew."""
+    _graph, paused = twins_paused_on_left()
+    asked = paused.meta.human.awaiting
+    right = next(a for a in orch.pending(tr.record_of(paused)) if a.method == "right")
+    halted = tr.step_paused(paused, right, "waiting for the legal team").checkpoint
+    assert halted.status is RunStatus.PAUSED and halted.step == "right"
+    assert halted.meta.human.awaiting == asked and halted.meta.human.pause_reason == "Left ok?"
+    answer = Answer(text="fine", awaited=asked)
+    assert tr.answered(halted, answer).checkpoint.meta.ready == ["left#1", "right#1"]
+    alone = tr.step_paused(tr.answered(halted, answer).checkpoint, right, "legal").checkpoint
+    assert alone.meta.human.pause_reason == "legal"  # nothing asked now: its own reason
+
+
 def test_an_answer_carries_a_step_still_running_instead_of_running_it_again() -> None:
     """Two reviewed steps in parallel: ``left`` paused the run while ``right``'s attempt
     still runs. The answer sends ``left`` again in epoch 3, not ``right``: its attempt of

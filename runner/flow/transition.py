@@ -301,7 +301,13 @@ def step_paused(
     *,
     record: ExecutionRecord | None = None,
 ) -> Transition:
-    """The run waits for a human; the step stays in flight and re-runs on resume."""
+    """The run waits for a human; the step stays in flight and re-runs on resume.
+
+    As in :func:`step_awaiting`, a question the run already asks stays asked, its reason
+    too: this step pauses again when the answer's epoch sends it."""
+    human = latest.meta.human
+    if latest.status is RunStatus.PAUSED and human.awaiting is not None:
+        reason = human.pause_reason or reason
     return _step_stopped(
         latest, activation, FLOW_PAUSED, RunStatus.PAUSED, record, pause_reason=reason
     )
