@@ -194,6 +194,8 @@ class Report:
     runs: int = 0
     kills: list[Kill] = field(default_factory=list)
     redis_restarts: int = 0
+    redis_down: list[tuple[float, float]] = field(default_factory=list)
+    """When Redis was down for each restart (wall-clock seconds, as kills and traces)."""
     lost: list[str] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
@@ -203,7 +205,12 @@ class Report:
     recovery_delays: list[float] = field(default_factory=list)
     unrecovered: list[str] = field(default_factory=list)
     """Executions cut by a kill with no later execution of the step (should be empty)."""
+    worst_recovery: str = ""
+    """The step behind the worst recovery delay, its kill and any Redis restart since (so a
+    slow recovery can be told from a double fault)."""
     logdir: str = ""
+    started: float = field(default_factory=time.time)
+    """When the session began: the times :attr:`worst_recovery` gives count from it."""
 
     def kills_of(self, kind: str) -> int:
         """How many kills of ``kind`` (``worker`` or ``child``)."""
@@ -407,8 +414,10 @@ class ChaosDriver:
                     ):
                         if i == restart_at:
                             with self.quiet:
+                                down = time.time()
                                 server.restart(pause=1.0)
                             report.redis_restarts += 1
+                            report.redis_down.append((down, time.time()))
                         n = rng.randrange(1000)
                         handle = submit(ChaosRouted, {"n": n}, rt=self.rt)
                         submitted[handle.run_id] = (n, time.time())
@@ -492,9 +501,29 @@ class ChaosDriver:
                     if again:
                         first = min(again)
                         since = recovery_cut_last(report.kills, entries, e["m"], kill.at, first)
+                        if first - since > max(report.recovery_delays, default=0.0):
+                            report.worst_recovery = self._described(
+                                report, run_id, e["m"], kill, since, first
+                            )
                         report.recovery_delays.append(first - since)
                     else:
                         report.unrecovered.append(f"{run_id} {e['m']} (pid {e['pid']})")
+
+    @staticmethod
+    def _described(
+        report: Report, run_id: str, method: str, kill: Kill, since: float, first: float
+    ) -> str:
+        def t(at: float) -> str:
+            return f"{at - report.started:.1f} s"
+
+        said = f"{method} of run {run_id}: cut by a {kill.kind} kill at {t(kill.at)}"
+        if since != kill.at:
+            said += f", its recovery cut again at {t(since)}"
+        said += f"; ran again at {t(first)} ({first - since:.1f} s later)"
+        for down, up in report.redis_down:
+            if down < first and up > since - DEFAULT_LEASE:  # Redis down while it recovered
+                said += f"; Redis down from {t(down)} to {t(up)}"
+        return said
 
 
 def recovery_cut_last(
@@ -535,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         runs=args.runs, kills=args.kills, seed=seed, workdir=workdir, workers=args.workers
     ).run()
     print(report.table())
+    if report.worst_recovery:
+        print(f"worst recovery: {report.worst_recovery}")
     print(f"logs: {workdir}")
     bad = report.lost or report.stuck or report.wrong or report.double_commits
     for name in ("lost", "stuck", "wrong", "double_commits", "unrecovered"):
