@@ -58,6 +58,14 @@ return flushed
 """
 
 
+# Tests stop `runner dev`, the quick start and embedded servers with SIGINT, as Ctrl-C in a
+# terminal would. A shell without job control starts a background command (`make test &`,
+# `nohup make test &`) with SIGINT ignored, and every process the suite starts would inherit
+# that: none would stop. A handler, unlike SIG_IGN, is not inherited across exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 # --- Redis ----------------------------------------------------------------------------------
 
 

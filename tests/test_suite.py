@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import tomllib
@@ -89,3 +90,26 @@ def test_the_session_workers_mark_their_tests(request: pytest.FixtureRequest) ->
     items = request.session.items
     using = [i for i in items if "worker_pool" in getattr(i, "fixturenames", ())]
     assert all(i.get_closest_marker("workers") for i in using)
+
+
+@pytest.mark.processes
+def test_children_of_a_suite_started_ignoring_sigint_stop_on_it() -> None:
+    """A child of the suite stops on SIGINT whatever the shell that ran the suite ignored:
+    a pytest started with SIGINT ignored (as `make test &` without job control does) hands
+    its children SIGINT's default."""
+    child = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+    code = (
+        "import subprocess, sys\n"
+        "import tests.conftest\n"
+        f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True,"
+        " text=True).stdout.strip())\n"
+    )
+    ignoring = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert ignoring.stdout.strip() == "False", ignoring.stderr
