@@ -5,6 +5,7 @@ explore the run afterwards, run as printed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -105,12 +106,24 @@ class DevProcess:
         return found
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        """Stop it as a user would; its exit code."""
+        """Stop it as a user would; its exit code. One that does not stop within a minute is
+        killed with every process below it (so a failing test leaves none running), and the
+        test fails."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=60)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            for pid in [*descendants(self.proc.pid), self.proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError(
+                f"runner dev did not stop on {signal.Signals(sig).name}: {self.log.read_text()}"
+            ) from None
+        finally:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
         return code
 
 
