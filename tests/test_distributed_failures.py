@@ -58,6 +58,27 @@ def test_exhausted_retries_fail_the_run_and_running_branches_still_commit(
     assert rt.coord.leases(run) == {}
 
 
+def test_a_resume_that_does_not_go_on_from_a_paused_run_reads_no_leases(
+    rt: Runtime, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a paused run resumed where it stands carries the steps still running; any other
+    resume (a failed run's, here) spends no round trip on its leases."""
+    handle = DistDoomed.submit()
+    assert handle.wait(timeout=20) is RunStatus.FAILED
+    redis_client.set(dist.key(handle.run_id, "gate", "sibling"), 1)
+    eventually(lambda: finished(rt, handle.run_id, "sibling"))
+    read: list[str] = []
+
+    def leases_read(rt: Runtime, latest: Any) -> set[str]:
+        read.append(latest.id)
+        return set()
+
+    monkeypatch.setattr(control, "running_steps", leases_read)
+    again = control.resume(handle.run_id, rt=rt)
+    assert read == []
+    assert again.wait(timeout=20) is RunStatus.FAILED  # doomed fails again
+
+
 def test_step_over_its_soft_time_limit_fails_the_run(
     rt: Runtime, redis_client: redis.Redis
 ) -> None:

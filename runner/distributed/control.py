@@ -110,7 +110,7 @@ def resume(
         run_id=run_id,
         info=info,
         latest=latest,
-        running=running_steps(rt, latest) if latest is not None else (),
+        running=running_steps(rt, latest) if latest and tr.goes_on(latest, source) else (),
     )
     done = commit_on_latest(rt, run_id, plan.opening)
     assert done is not None

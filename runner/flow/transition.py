@@ -404,6 +404,13 @@ def _step_stopped(
     return Transition(ckpt, record=record)
 
 
+def goes_on(latest: Checkpoint, source: Checkpoint) -> bool:
+    """Whether resuming the run at ``source`` goes on from where it stands: its latest
+    checkpoint, paused. Only then does :func:`resumed` carry the steps still running (so only
+    then are their leases worth reading)."""
+    return source.id == latest.id and latest.status is RunStatus.PAUSED
+
+
 def resumed(
     latest: Checkpoint,
     source: Checkpoint,
@@ -424,9 +431,10 @@ def resumed(
     goes on and commits into the new epoch under its own key (``RunMeta.carried``).
     """
     record = record_of(source)
-    continuing = source.id == latest.id and latest.status is RunStatus.PAUSED
     carried = (
-        {a: epoch_of(latest, a) for a in record.in_flight if a in running} if continuing else {}
+        {a: epoch_of(latest, a) for a in record.in_flight if a in running}
+        if goes_on(latest, source)
+        else {}
     )
     pending = [a for a in orch.pending(record) if a.id not in carried]
     ckpt = with_record(
