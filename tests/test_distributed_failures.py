@@ -58,15 +58,39 @@ def test_exhausted_retries_fail_the_run_and_running_branches_still_commit(
     assert rt.coord.leases(run) == {}
 
 
-def test_a_resume_that_does_not_go_on_from_a_paused_run_reads_no_leases(
+def test_a_failed_run_resumed_while_a_parallel_branch_still_runs_does_not_run_it_again(
+    rt: Runtime, redis_client: redis.Redis
+) -> None:
+    """``doomed`` fails the run while ``sibling`` still runs (it waits on its gate). The
+    failure keeps ``sibling``'s live lease, so a resume of the failed run goes on from where
+    it stands: ``sibling``'s attempt goes on and commits into the new epoch, its method run
+    once."""
+    handle = DistDoomed.submit()
+    run = handle.run_id
+    assert handle.wait(timeout=20) is RunStatus.FAILED
+    assert executions(redis_client, run, "sibling") == 1 and not finished(rt, run, "sibling")
+    assert set(rt.coord.leases(run)) == {"sibling#1"}  # the failing step's went with it
+    again = control.resume(run, rt=rt)
+    assert again.latest().meta.carried == {"sibling#1": 0}
+    redis_client.set(dist.key(run, "gate", "sibling"), 1)
+    eventually(lambda: finished(rt, run, "sibling"))
+    assert again.wait(timeout=20) is RunStatus.FAILED  # doomed fails again
+    assert executions(redis_client, run, "sibling") == 1
+    assert len(finished(rt, run, "sibling")) == 1
+    assert executions(redis_client, run, "doomed") == 6
+    assert rt.coord.leases(run) == {}  # nothing runs now: the last failure kept none
+
+
+def test_a_resume_from_an_older_checkpoint_reads_no_leases(
     rt: Runtime, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Only a paused run resumed where it stands carries the steps still running; any other
-    resume (a failed run's, here) spends no round trip on its leases."""
+    """Only a resume that goes on from where the run stands carries the steps still running;
+    one from an older checkpoint rewinds the run and spends no round trip on its leases."""
     handle = DistDoomed.submit()
     assert handle.wait(timeout=20) is RunStatus.FAILED
     redis_client.set(dist.key(handle.run_id, "gate", "sibling"), 1)
     eventually(lambda: finished(rt, handle.run_id, "sibling"))
+    (setup,) = finished(rt, handle.run_id, "setup")
     read: list[str] = []
 
     def leases_read(rt: Runtime, latest: Any) -> set[str]:
@@ -74,7 +98,7 @@ def test_a_resume_that_does_not_go_on_from_a_paused_run_reads_no_leases(
         return set()
 
     monkeypatch.setattr(control, "running_steps", leases_read)
-    again = control.resume(handle.run_id, rt=rt)
+    again = control.resume(handle.run_id, setup.id, rt=rt)
     assert read == []
     assert again.wait(timeout=20) is RunStatus.FAILED  # doomed fails again
 

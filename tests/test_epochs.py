@@ -230,19 +230,26 @@ def test_an_answer_carries_a_step_still_running_instead_of_running_it_again() ->
     assert again.carried == {"right#1": 2}  # still its first attempt's epoch
 
 
-def test_a_resume_of_a_paused_run_where_it_stands_carries_its_running_steps_on() -> None:
-    """A resume of a paused run's latest checkpoint goes on from where it stands, as an
-    answer does: a step still running goes on. One from an older checkpoint rewinds the
-    run, and one of a run that is not paused has nothing running to carry."""
+def test_resuming_a_paused_or_failed_run_where_it_stands_carries_running_steps() -> None:
+    """A resume of a paused or failed run's latest checkpoint goes on from where it stands,
+    as an answer does: a step still running goes on (a failed run's parallel branch runs on,
+    and commits). One from an older checkpoint rewinds the run; a cancelled run's attempts
+    were stopped, so it has nothing running to carry."""
     _, paused = twins_paused_on_left()
     state = dict(paused.state)
     opened = tr.resumed(paused, paused, state, running={"right#1"}).checkpoint.meta
     assert (opened.carried, opened.ready) == ({"right#1": 2}, ["left#1"])
     older = paused.model_copy(update={"id": "older"})
+    assert not tr.goes_on(paused, older)
     rewound = tr.resumed(paused, older, state, running={"right#1"}).checkpoint.meta
     assert (rewound.carried, rewound.ready) == ({}, ["left#1", "right#1"])
     failed = paused.model_copy(update={"status": RunStatus.FAILED})
-    assert tr.resumed(failed, failed, state, running={"right#1"}).checkpoint.meta.carried == {}
+    again = tr.resumed(failed, failed, state, running={"right#1"}).checkpoint.meta
+    assert (again.carried, again.ready) == ({"right#1": 2}, ["left#1"])
+    cancelled = paused.model_copy(update={"status": RunStatus.CANCELLED})
+    assert not tr.goes_on(cancelled, cancelled)
+    stopped = tr.resumed(cancelled, cancelled, state, running={"right#1"}).checkpoint.meta
+    assert stopped.carried == {}
 
 
 @pytest.mark.parametrize("epoch", [0, 1, 12])

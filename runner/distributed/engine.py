@@ -303,8 +303,8 @@ def dispatch_in_epochs(
 
 def running_steps(rt: Runtime, latest: Checkpoint) -> set[str]:
     """The activations in flight at ``latest`` that an attempt holds a live lease on (running,
-    or held by the worker that received it): what a paused run going on carries into its
-    next epoch."""
+    or held by the worker that received it): what a paused or failed run going on carries
+    into its next epoch."""
     leases, now = rt.coord.leases(latest.run_id), time.time()
     return {a for a in latest.in_flight if leases.get(tr.activation_key(latest, a), 0.0) > now}
 

@@ -47,9 +47,9 @@ RULES: dict[str, tuple[Carry, Carry, Carry, Carry]] = {
     "name": (KEEP, KEEP, KEEP, KEEP),
     "epoch": (SET, SET, SET, SET),
     "ready": (SET, SET, SET, SET),
-    # A paused run going on from where it stands (an answer, a resume of its latest
-    # checkpoint) lets a parallel step still running go on (its lease is live); a restart,
-    # a fork or a rewinding resume runs every step again in the new epoch.
+    # A paused or failed run going on from where it stands (an answer, a resume of its
+    # latest checkpoint) lets a parallel step still running go on (its lease is live); a
+    # restart, a fork or a rewinding resume runs every step again in the new epoch.
     "carried": (RESET, SET, SET, RESET),
     "resumed_from": (KEEP, SET, SET, RESET),
     "forked_from": (KEEP, KEEP, KEEP, SET),

@@ -197,8 +197,8 @@ def notes_without(meta: RunMeta, activation_id: str) -> dict[str, Any]:
 
 def epoch_of(latest: Checkpoint, activation_id: str) -> int:
     """The epoch whose attempts may commit ``activation_id`` onto ``latest``: the run's, or
-    the earlier one its attempt still runs in (``RunMeta.carried``: a paused run went on
-    from where it stood, by an answer or a resume, while the step ran)."""
+    the earlier one its attempt still runs in (``RunMeta.carried``: a paused or failed run
+    went on from where it stood, by an answer or a resume, while the step ran)."""
     return latest.meta.carried.get(activation_id, latest.meta.epoch)
 
 
@@ -404,11 +404,17 @@ def _step_stopped(
     return Transition(ckpt, record=record)
 
 
+GOES_ON: frozenset[RunStatus] = frozenset({RunStatus.PAUSED, RunStatus.FAILED})
+"""The statuses a run may still have steps running in when it is resumed where it stands:
+paused (a parallel step runs on) or failed (a parallel branch runs on, and commits). A
+cancelled run's attempts were stopped."""
+
+
 def goes_on(latest: Checkpoint, source: Checkpoint) -> bool:
     """Whether resuming the run at ``source`` goes on from where it stands: its latest
-    checkpoint, paused. Only then does :func:`resumed` carry the steps still running (so only
-    then are their leases worth reading)."""
-    return source.id == latest.id and latest.status is RunStatus.PAUSED
+    checkpoint, paused or failed. Only then does :func:`resumed` carry the steps still
+    running (so only then are their leases worth reading)."""
+    return source.id == latest.id and latest.status in GOES_ON
 
 
 def resumed(
@@ -426,9 +432,10 @@ def resumed(
     A new epoch gives the re-dispatched steps fresh idempotency keys and task ids,
     so their earlier attempts (also from later history) can neither block nor
     duplicate them. Except for ``running``, the activations an attempt still runs (a
-    live lease) when a paused run goes on from where it stands (an answer, or a resume of
-    its latest checkpoint): sending one again would run its method twice, so its attempt
-    goes on and commits into the new epoch under its own key (``RunMeta.carried``).
+    live lease) when the run goes on from where it stands (:func:`goes_on`: an answer, or a
+    resume of its latest checkpoint, paused or failed): sending one again would run its
+    method twice, so its attempt goes on and commits into the new epoch under its own key
+    (``RunMeta.carried``).
     """
     record = record_of(source)
     carried = (

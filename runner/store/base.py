@@ -173,8 +173,10 @@ class CommitRequest(NamedTuple):
     nor when the attempt's commit is a duplicate or stale."""
     carried: Sequence[str] = ()
     """Activation keys whose lease, owner and dispatch marker outlive the new epoch this
-    checkpoint opens (steps still running on from the epoch before, when a paused run goes
-    on by an answer or a resume); a new epoch or a run's end drops every other's."""
+    checkpoint opens (steps still running on from the epoch before, when a paused or failed
+    run goes on by an answer or a resume); a new epoch or a run's end drops every other's,
+    except that a commit failing the run keeps those whose lease is live (a parallel branch
+    still running, which a resume of the failed run carries on)."""
     released: tuple[str, str] | None = None
     """``(activation key, attempt token)``: that attempt's lease, dropped in the same write if
     the token still holds it. A step that paused or slept stays in flight, uncommitted, but

@@ -155,7 +155,7 @@ COMMIT = (
 --                             ('lpush'/'pexpire' a key, the next of KEYS[16...]; 'publish')
 --   closing                   '' or {id, always}: the run's closing checkpoint, next in seq
 --   carried                   activation keys whose lease, owner and marker outlive a new
---                             epoch (steps still running when a paused run went on)
+--                             epoch (steps still running when a paused or failed run went on)
 --   released                  [activation key, token]: that lease dropped if the token holds
 --                             it (an attempt that paused or slept: ended, the step in flight)
 -- ARGV[2] snapshot JSON without its opening '{', without seq (and state, when by field)
@@ -213,16 +213,24 @@ end
 -- Markers and leases serve a run in one epoch: a run that ends, or a resume into a new
 -- epoch, leaves none behind (old-epoch messages and attempts are skipped, and a resume
 -- dispatches every pending step again), except those of the steps carried on (still
--- running when a paused run went on). A pause keeps them: its epoch's steps may still run.
+-- running when a paused or failed run went on). A pause keeps them: its epoch's steps may
+-- still run. So does a failure, for the steps whose lease is live: a parallel branch runs
+-- on, and a resume of the failed run carries it rather than run its method again.
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if (status ~= 'running' and status ~= 'paused') or (epoch and epoch ~= h.epoch) then
+  local keys = h.carried or {}
+  if status == 'failed' and not (epoch and epoch ~= h.epoch) then
+    for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], '(' .. now, '+inf')) do
+      keys[#keys + 1] = key
+    end
+  end
   local kept = {}
-  for i, key in ipairs(h.carried or {}) do
+  for i, key in ipairs(keys) do
     kept[i] = {redis.call('ZSCORE', KEYS[7], key), redis.call('HGET', KEYS[8], key),
                redis.call('HGET', KEYS[9], key)}
   end
   redis.call('DEL', KEYS[7], KEYS[8], KEYS[9])
-  for i, key in ipairs(h.carried or {}) do
+  for i, key in ipairs(keys) do
     if kept[i][1] then redis.call('ZADD', KEYS[7], kept[i][1], key) end
     if kept[i][2] then redis.call('HSET', KEYS[8], key, kept[i][2]) end
     if kept[i][3] then redis.call('HSET', KEYS[9], key, kept[i][3]) end
