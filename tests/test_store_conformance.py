@@ -487,7 +487,8 @@ def test_a_commit_drops_only_its_own_activations_lease(coord_store):
 def test_a_pause_keeps_the_leases_and_a_new_epoch_only_those_it_carries(coord_store):
     """A paused run's steps may still run: its leases and markers stay. The next epoch drops
     them, but for the steps it carries on (``CommitRequest.carried``: still running when a
-    paused run went on); a run's end drops them all."""
+    paused run went on); a run's end drops them all, but a failure keeps the live ones (a
+    parallel branch runs on, and a resume of the failed run carries it)."""
     run = ids.run_id()
     coord_store.commit(ckpt(run))
     coord_store.mark_dispatched(run, ["left#1", "right#1"])
@@ -503,7 +504,22 @@ def test_a_pause_keeps_the_leases_and_a_new_epoch_only_those_it_carries(coord_st
     assert coord_store.renew(run, "right#1", "t-right", 30) is True  # its attempt holds it still
 
     coord_store.commit(ckpt(run, status=RunStatus.FAILED, meta=RunMeta(epoch=1)))
+    assert set(coord_store.leases(run)) == set(coord_store.markers(run)) == {"right#1"}
+    assert coord_store.renew(run, "right#1", "t-right", 30) is True
+    coord_store.commit(ckpt(run, status=RunStatus.CANCELLED, meta=RunMeta(epoch=1)))
     assert coord_store.leases(run) == {} and coord_store.markers(run) == {}
+
+
+def test_a_failure_keeps_the_live_leases_only(coord_store):
+    """A commit that fails the run keeps the leases (and markers) that are live, and drops
+    the lapsed ones with the markers of steps nobody holds."""
+    run = ids.run_id()
+    coord_store.commit(ckpt(run))
+    coord_store.mark_dispatched(run, ["left#1", "right#1", "queued#1"])
+    coord_store.begin_attempt(run, "left#1", "t-left", 30)
+    coord_store.begin_attempt(run, "right#1", "t-right", 0)  # a lease lapsed (holder died)
+    coord_store.commit(ckpt(run, status=RunStatus.FAILED))
+    assert set(coord_store.leases(run)) == set(coord_store.markers(run)) == {"left#1"}
 
 
 def test_a_commit_drops_the_lease_of_the_attempt_it_releases_while_that_attempt_holds_it(
