@@ -26,7 +26,6 @@ from tests import cli_support
 from tests._dist_support import eventually
 from tests.console_support import console_deployment, serving, snapshot
 
-ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bulk-t0ken"
 CHROMIUM = "/usr/bin/chromium"
 
